@@ -1,0 +1,119 @@
+"""Procedural addition: prompts "<bos>57+68=", answers "125<eos>" (or, with
+fixed_width, "<bos>07+68=" and "075<eos>": operands zero-padded to num_digits and the sum to
+num_digits + 1 digits, which small models learn much faster because every digit sits at a fixed
+position). With reverse_answer the sum is written least-significant digit first ("570" for
+075), the order in which carries are computed: small transformers learn that format far
+faster (Lee et al. 2023, "Teaching Arithmetic to Small Transformers").
+
+Operands are integers in [0, 10^num_digits). The held-out test split is a fixed set of
+*unordered* pairs {a, b}, so neither a+b nor b+a of a test problem is ever trained on.
+Everything is a pure function of (config, seed, position): no files, no downloads.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from grpo_jax.data.tokenizer import CharTokenizer, pad_rows
+
+_SPLIT_SEED = 1234  # fixed: the split must not move with the experiment's seed
+
+
+def drop_carries(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+  """The classic mistake: each digit is (a_i + b_i) mod 10, carries forgotten (57+68 -> 15)."""
+  out = np.zeros_like(a)
+  scale = 1
+  a, b = a.copy(), b.copy()
+  while np.any((a > 0) | (b > 0)):
+    out += ((a % 10 + b % 10) % 10) * scale
+    a //= 10
+    b //= 10
+    scale *= 10
+  return out
+
+
+@dataclasses.dataclass
+class PromptBatch:
+  prompt_tokens: np.ndarray  # (B, P) int32, left-padded
+  prompt_mask: np.ndarray  # (B, P) bool
+  target_tokens: np.ndarray  # (B, N) int32: answer digits then <eos>, pad after
+  target_mask: np.ndarray  # (B, N) bool
+  operands: np.ndarray  # (B, 2) int64
+
+
+class AdditionTask:
+  """Train/test problems, tokenisation, and the data stream for RL and warm-up."""
+
+  def __init__(self, num_digits: int, test_size: int, max_new_tokens: int,
+               fixed_width: bool = False, reverse_answer: bool = False):
+    if num_digits < 1:
+      raise ValueError(f"task.num_digits={num_digits}; use an integer >= 1.")
+    self.num_digits = num_digits
+    self.fixed_width = fixed_width
+    self.reverse_answer = reverse_answer
+    self.tokenizer = CharTokenizer("0123456789+=")
+    self.prompt_len = 1 + 2 * num_digits + 2
+    self.answer_len = num_digits + 2  # digits of a sum of two d-digit numbers, plus <eos>
+    if max_new_tokens < self.answer_len:
+      raise ValueError(f"rollout.max_new_tokens={max_new_tokens} is shorter than the longest "
+                       f"answer of {num_digits}-digit addition ({self.answer_len} tokens with "
+                       f"<eos>); set it to at least {self.answer_len}.")
+    self.max_new_tokens = max_new_tokens
+    n = 10 ** num_digits
+    a, b = np.triu_indices(n)  # unordered pairs a <= b
+    num_pairs = len(a)
+    if not 0 < test_size < num_pairs:
+      raise ValueError(f"task.test_size={test_size} must be in (0, {num_pairs}) for "
+                       f"{num_digits}-digit operands.")
+    order = np.random.default_rng(_SPLIT_SEED).permutation(num_pairs)
+    test_idx, train_idx = order[:test_size], order[test_size:]
+    self.test_pairs = np.stack([a[test_idx], b[test_idx]], 1)
+    train = np.stack([a[train_idx], b[train_idx]], 1)
+    swapped = train[train[:, 0] != train[:, 1]][:, ::-1]
+    self.train_pairs = np.concatenate([train, swapped], 0)  # both orders of each train pair
+
+  def encode(self, operands: np.ndarray, answers: np.ndarray | None = None) -> PromptBatch:
+    tok = self.tokenizer
+    answers = operands.sum(1) if answers is None else answers
+    d = self.num_digits if self.fixed_width else 0
+    prompts = [tok.encode(f"{x:0{d}d}+{y:0{d}d}=", bos=True) for x, y in operands]
+    texts = [f"{s:0{d + 1 if d else 0}d}" for s in answers]
+    targets = [tok.encode(t[::-1] if self.reverse_answer else t, eos=True) for t in texts]
+    pt, pm = pad_rows(prompts, self.prompt_len, tok.pad_id, left=True)
+    tt, tm = pad_rows(targets, self.max_new_tokens, tok.pad_id, left=False)
+    return PromptBatch(pt, pm, tt, tm, operands)
+
+  def train_operands(self, position: int, count: int, seed: int) -> np.ndarray:
+    """Problems [position, position + count) of the training stream.
+
+    The stream walks epoch e through the training pairs in the order of a permutation seeded
+    by (seed, e), so any position can be reproduced (and resumed) without replaying the stream.
+    """
+    num = len(self.train_pairs)
+    idx = []
+    while len(idx) < count:
+      epoch, offset = divmod(position + len(idx), num)
+      perm = np.random.default_rng([seed, epoch]).permutation(num)
+      idx.extend(perm[offset:offset + count - len(idx)].tolist())
+    return self.train_pairs[np.asarray(idx)]
+
+  def train_batch(self, position: int, count: int, seed: int) -> PromptBatch:
+    return self.encode(self.train_operands(position, count, seed))
+
+  def test_batch(self, size: int) -> PromptBatch:
+    if size > len(self.test_pairs):
+      raise ValueError(f"eval size {size} exceeds the {len(self.test_pairs)} test problems; "
+                       f"lower train.eval_size or raise task.test_size.")
+    return self.encode(self.test_pairs[:size])
+
+  def warmup_batch(self, step: int, count: int, seed: int,
+                   carry_drop_fraction: float) -> PromptBatch:
+    """Supervised warm-up data: training problems whose answer has its carries dropped with
+    probability `carry_drop_fraction`, so the warmed-up policy is only partly right."""
+    operands = self.train_operands(step * count, count, seed + 1)
+    rng = np.random.default_rng([seed, 7, step])
+    wrong = rng.random(count) < carry_drop_fraction
+    answers = np.where(wrong, drop_carries(operands[:, 0], operands[:, 1]), operands.sum(1))
+    return self.encode(operands, answers)

@@ -1,0 +1,52 @@
+"""A character-level tokenizer for the built-in synthetic tasks (no files, no downloads)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+class CharTokenizer:
+  """ids 0..2 are <pad>, <bos>, <eos>; then one id per character of `alphabet`."""
+
+  pad_id, bos_id, eos_id = 0, 1, 2
+  _specials = ("<pad>", "<bos>", "<eos>")
+
+  def __init__(self, alphabet: str):
+    if len(set(alphabet)) != len(alphabet):
+      raise ValueError(f"alphabet {alphabet!r} repeats a character.")
+    self.alphabet = alphabet
+    self._ids = {c: i + len(self._specials) for i, c in enumerate(alphabet)}
+
+  @property
+  def vocab_size(self) -> int:
+    return len(self._specials) + len(self.alphabet)
+
+  def encode(self, text: str, bos: bool = False, eos: bool = False) -> list[int]:
+    try:
+      ids = [self._ids[c] for c in text]
+    except KeyError as e:
+      raise ValueError(f"character {e.args[0]!r} of {text!r} is not in the tokenizer's "
+                       f"alphabet {self.alphabet!r}.") from None
+    return ([self.bos_id] if bos else []) + ids + ([self.eos_id] if eos else [])
+
+  def decode(self, ids, stop_at_eos: bool = True) -> str:
+    out = []
+    for i in np.asarray(ids).tolist():
+      if i == self.eos_id and stop_at_eos:
+        break
+      if i >= len(self._specials):
+        out.append(self.alphabet[i - len(self._specials)])
+    return "".join(out)
+
+
+def pad_rows(rows: list[list[int]], length: int, pad_id: int, left: bool):
+  """Pads token rows to `length` -> (tokens (B, length) int32, mask (B, length) bool)."""
+  tokens = np.full((len(rows), length), pad_id, np.int32)
+  mask = np.zeros((len(rows), length), bool)
+  for i, row in enumerate(rows):
+    if len(row) > length:
+      raise ValueError(f"a row of {len(row)} tokens does not fit the length {length}.")
+    sl = slice(length - len(row), length) if left else slice(0, len(row))
+    tokens[i, sl] = row
+    mask[i, sl] = True
+  return tokens, mask

@@ -1,0 +1,42 @@
+"""The shape of a decoder of the Llama / Qwen family, as a frozen (hashable) dataclass."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax.numpy as jnp
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+  """Hyper-parameters of a Llama/Qwen-family decoder (names follow HF's config.json)."""
+
+  vocab_size: int
+  hidden_size: int
+  intermediate_size: int
+  num_layers: int
+  num_heads: int
+  num_kv_heads: int
+  head_dim: int
+  rope_theta: float = 10_000.0
+  rms_norm_eps: float = 1e-6
+  tie_embeddings: bool = True
+  qkv_bias: bool = False  # Qwen2 has biases on q/k/v.
+  qk_norm: bool = False  # Qwen3 RMS-normalises q and k per head.
+  param_dtype: str = "float32"
+  compute_dtype: str = "float32"
+
+  def __post_init__(self):
+    if self.num_heads % self.num_kv_heads:
+      raise ValueError(
+          f"model.num_heads={self.num_heads} is not a multiple of model.num_kv_heads="
+          f"{self.num_kv_heads}; grouped-query attention needs heads = kv_heads * group.")
+
+  @property
+  def dtype(self):
+    return jnp.dtype(self.compute_dtype)
+
+  @classmethod
+  def from_config_dict(cls, cfg) -> "ModelConfig":
+    fields = {f.name for f in dataclasses.fields(cls)}
+    return cls(**{k: v for k, v in dict(cfg).items() if k in fields})

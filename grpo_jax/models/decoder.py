@@ -1,0 +1,200 @@
+"""A decoder-only transformer of the Llama / Qwen family, in Flax Linen.
+
+RMSNorm, rotary position embeddings (HF's rotate-half layout), grouped-query attention and a
+SwiGLU MLP. Module names follow Hugging Face's (``embed_tokens``, ``layers_i/self_attn/q_proj``,
+...), so that checkpoints map onto the params by name.
+
+The KV cache is an explicit argument and an explicit output: ``apply`` is a pure function
+
+    logits, cache = Decoder(cfg).apply({"params": p}, tokens, positions, kv_mask, cache, offset)
+
+* ``tokens`` (B, T) int32, ``positions`` (B, T) int32 (the rotary position of each token);
+* without a cache (``cache=None``) the T tokens attend causally to each other, keys restricted
+  to ``kv_mask`` (B, T) (False for padding);
+* with a cache (a tuple of per-layer ``{"k", "v"}`` arrays of shape (B, S, kv_heads, head_dim))
+  the T tokens are written at cache slots ``[offset, offset + T)`` and attend to every slot
+  ``s <= their own slot`` with ``kv_mask[:, s]`` True; ``kv_mask`` then has shape (B, S).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from grpo_jax.models.config import ModelConfig
+
+Cache = tuple  # tuple of {"k": (B, S, Hkv, D), "v": (B, S, Hkv, D)} per layer
+
+_init = nn.initializers.normal(stddev=0.02)
+
+
+class RMSNorm(nn.Module):
+  """y = x / sqrt(mean(x^2) + eps) * weight, computed in float32."""
+  eps: float
+  param_dtype: Any = jnp.float32
+
+  @nn.compact
+  def __call__(self, x):
+    weight = self.param("weight", nn.initializers.ones, (x.shape[-1],), self.param_dtype)
+    x32 = x.astype(jnp.float32)
+    y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
+    return (y * weight.astype(jnp.float32)).astype(x.dtype)
+
+
+def rotary_embedding(x: jax.Array, positions: jax.Array, theta: float) -> jax.Array:
+  """Applies RoPE in HF's rotate-half layout.
+
+  With inv_freq_i = theta^(-2i/D), angle = position * inv_freq, cos/sin tiled twice over D:
+      rope(x) = x * cos + rotate_half(x) * sin,  rotate_half([x1, x2]) = [-x2, x1].
+  x: (B, T, H, D); positions: (B, T).
+  """
+  head_dim = x.shape[-1]
+  inv_freq = 1.0 / (theta ** (jnp.arange(0, head_dim, 2, dtype=jnp.float32) / head_dim))
+  angles = positions.astype(jnp.float32)[..., None] * inv_freq  # (B, T, D/2)
+  angles = jnp.concatenate([angles, angles], axis=-1)[:, :, None, :]  # (B, T, 1, D)
+  x32 = x.astype(jnp.float32)
+  x1, x2 = jnp.split(x32, 2, axis=-1)
+  rotated = jnp.concatenate([-x2, x1], axis=-1)
+  return (x32 * jnp.cos(angles) + rotated * jnp.sin(angles)).astype(x.dtype)
+
+
+def grouped_query_attention(q, k, v, mask):
+  """softmax(q k^T / sqrt(D) + mask) v with kv heads shared by groups of query heads.
+
+  q: (B, Tq, H, D); k, v: (B, Tk, Hkv, D); mask: (B, Tq, Tk) bool (True = may attend).
+  Scores and softmax are float32. Returns (B, Tq, H, D).
+  """
+  batch, tq, heads, dim = q.shape
+  kv_heads = k.shape[2]
+  q = q.reshape(batch, tq, kv_heads, heads // kv_heads, dim)
+  scores = jnp.einsum("bqhgd,bkhd->bhgqk", q, k, preferred_element_type=jnp.float32)
+  scores = scores / jnp.sqrt(jnp.float32(dim))
+  scores = jnp.where(mask[:, None, None, :, :], scores, jnp.finfo(jnp.float32).min)
+  probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
+  out = jnp.einsum("bhgqk,bkhd->bqhgd", probs, v)
+  return out.reshape(batch, tq, heads, dim)
+
+
+class Attention(nn.Module):
+  cfg: ModelConfig
+
+  @nn.compact
+  def __call__(self, x, positions, mask, layer_cache, offset):
+    cfg = self.cfg
+    dense = lambda n, bias, name: nn.Dense(  # noqa: E731
+        n, use_bias=bias, dtype=cfg.dtype, param_dtype=cfg.param_dtype, kernel_init=_init,
+        name=name)
+    batch, t, _ = x.shape
+    q = dense(cfg.num_heads * cfg.head_dim, cfg.qkv_bias, "q_proj")(x)
+    k = dense(cfg.num_kv_heads * cfg.head_dim, cfg.qkv_bias, "k_proj")(x)
+    v = dense(cfg.num_kv_heads * cfg.head_dim, cfg.qkv_bias, "v_proj")(x)
+    q = q.reshape(batch, t, cfg.num_heads, cfg.head_dim)
+    k = k.reshape(batch, t, cfg.num_kv_heads, cfg.head_dim)
+    v = v.reshape(batch, t, cfg.num_kv_heads, cfg.head_dim)
+    if cfg.qk_norm:
+      q = RMSNorm(cfg.rms_norm_eps, cfg.param_dtype, name="q_norm")(q)
+      k = RMSNorm(cfg.rms_norm_eps, cfg.param_dtype, name="k_norm")(k)
+    q = rotary_embedding(q, positions, cfg.rope_theta)
+    k = rotary_embedding(k, positions, cfg.rope_theta)
+    if layer_cache is not None:
+      k_all = jax.lax.dynamic_update_slice_in_dim(layer_cache["k"], k.astype(layer_cache["k"].dtype), offset, axis=1)
+      v_all = jax.lax.dynamic_update_slice_in_dim(layer_cache["v"], v.astype(layer_cache["v"].dtype), offset, axis=1)
+      layer_cache = {"k": k_all, "v": v_all}
+      k, v = k_all.astype(cfg.dtype), v_all.astype(cfg.dtype)
+    out = grouped_query_attention(q, k, v, mask)
+    out = out.reshape(batch, t, cfg.num_heads * cfg.head_dim)
+    return dense(cfg.hidden_size, False, "o_proj")(out), layer_cache
+
+
+class MLP(nn.Module):
+  """SwiGLU: down(silu(gate(x)) * up(x))."""
+  cfg: ModelConfig
+
+  @nn.compact
+  def __call__(self, x):
+    cfg = self.cfg
+    dense = lambda n, name: nn.Dense(  # noqa: E731
+        n, use_bias=False, dtype=cfg.dtype, param_dtype=cfg.param_dtype, kernel_init=_init,
+        name=name)
+    hidden = nn.silu(dense(cfg.intermediate_size, "gate_proj")(x)) * dense(
+        cfg.intermediate_size, "up_proj")(x)
+    return dense(cfg.hidden_size, "down_proj")(hidden)
+
+
+class DecoderLayer(nn.Module):
+  cfg: ModelConfig
+
+  @nn.compact
+  def __call__(self, x, positions, mask, layer_cache, offset):
+    cfg = self.cfg
+    h, layer_cache = Attention(cfg, name="self_attn")(
+        RMSNorm(cfg.rms_norm_eps, cfg.param_dtype, name="input_layernorm")(x),
+        positions, mask, layer_cache, offset)
+    x = x + h
+    x = x + MLP(cfg, name="mlp")(
+        RMSNorm(cfg.rms_norm_eps, cfg.param_dtype, name="post_attention_layernorm")(x))
+    return x, layer_cache
+
+
+def attention_mask(kv_mask: jax.Array, num_queries: int, offset) -> jax.Array:
+  """(B, Tq, S) bool: query i (at slot offset + i) may see key slot s iff s <= offset + i and
+  kv_mask[b, s]."""
+  num_keys = kv_mask.shape[1]
+  query_slots = offset + jnp.arange(num_queries)
+  causal = jnp.arange(num_keys)[None, :] <= query_slots[:, None]
+  return causal[None, :, :] & kv_mask[:, None, :].astype(bool)
+
+
+class Decoder(nn.Module):
+  """Token ids -> next-token logits (float32). See the module docstring for the cache API."""
+  cfg: ModelConfig
+
+  @nn.compact
+  def __call__(self, tokens, positions, kv_mask, cache: Optional[Cache] = None, offset=0,
+               return_hidden: bool = False):
+    cfg = self.cfg
+    embed = nn.Embed(cfg.vocab_size, cfg.hidden_size, dtype=cfg.dtype,
+                     param_dtype=cfg.param_dtype, embedding_init=_init, name="embed_tokens")
+    x = embed(tokens)
+    mask = attention_mask(kv_mask, tokens.shape[1], offset)
+    new_cache = []
+    for i in range(cfg.num_layers):
+      layer_cache = None if cache is None else cache[i]
+      x, layer_cache = DecoderLayer(cfg, name=f"layers_{i}")(x, positions, mask, layer_cache,
+                                                              offset)
+      new_cache.append(layer_cache)
+    x = RMSNorm(cfg.rms_norm_eps, cfg.param_dtype, name="norm")(x)
+    if cfg.tie_embeddings:
+      logits = embed.attend(x)
+    else:
+      logits = nn.Dense(cfg.vocab_size, use_bias=False, dtype=cfg.dtype,
+                        param_dtype=cfg.param_dtype, kernel_init=_init, name="lm_head")(x)
+    logits = logits.astype(jnp.float32)
+    out_cache = None if cache is None else tuple(new_cache)
+    if return_hidden:
+      return logits, out_cache, x
+    return logits, out_cache
+
+
+def init_cache(cfg: ModelConfig, batch: int, length: int, dtype=None) -> Cache:
+  """A zeroed KV cache for `length` slots."""
+  dtype = dtype or cfg.dtype
+  shape = (batch, length, cfg.num_kv_heads, cfg.head_dim)
+  return tuple({"k": jnp.zeros(shape, dtype), "v": jnp.zeros(shape, dtype)}
+               for _ in range(cfg.num_layers))
+
+
+def init_params(cfg: ModelConfig, key: jax.Array):
+  """Random params (a plain nested dict of arrays)."""
+  tokens = jnp.zeros((1, 2), jnp.int32)
+  variables = Decoder(cfg).init(key, tokens, jnp.zeros((1, 2), jnp.int32),
+                                jnp.ones((1, 2), bool))
+  return variables["params"]
+
+
+def positions_from_mask(mask: jax.Array) -> jax.Array:
+  """Rotary positions for a left-padded row: 0, 1, ... over the real tokens (pads get 0)."""
+  return jnp.maximum(jnp.cumsum(mask.astype(jnp.int32), axis=-1) - 1, 0)

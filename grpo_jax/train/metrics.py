@@ -1,0 +1,58 @@
+"""Where metrics go: workdir/metrics.jsonl (one JSON object per record), TensorBoard event
+files (tensorboardX, no TensorFlow needed), and a progress line on stdout."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+from typing import Mapping
+
+# Wall-clock fields: the only metrics that differ between two runs of the same config.
+TIMING_KEYS = ("tokens_per_s", "step_time_s", "elapsed_s")
+
+
+def to_python(metrics: Mapping) -> dict:
+  out = {}
+  for k, v in metrics.items():
+    v = v.item() if hasattr(v, "item") else v
+    out[k] = float(v) if isinstance(v, float) or (hasattr(v, "dtype")) else v
+  return out
+
+
+class MetricsWriter:
+  def __init__(self, workdir: str, total_steps: int, stream=sys.stdout):
+    self.path = os.path.join(workdir, "metrics.jsonl")
+    self.total_steps = total_steps
+    self.stream = stream
+    try:
+      from tensorboardX import SummaryWriter
+      self._tb = SummaryWriter(logdir=workdir, flush_secs=10)
+    except ImportError:  # optional: metrics.jsonl is the record of truth
+      self._tb = None
+
+  def write(self, step: int, metrics: Mapping, prefix: str = "") -> None:
+    record = {"step": int(step), **to_python(metrics)}
+    if not prefix:
+      with open(self.path, "a") as f:
+        f.write(json.dumps(record) + "\n")
+    if self._tb is not None:
+      for k, v in record.items():
+        if k != "step" and isinstance(v, (int, float)) and math.isfinite(v):
+          self._tb.add_scalar(f"{prefix}{k}", v, int(step))
+
+  def progress(self, step: int, m: Mapping, seconds_per_step: float) -> None:
+    eta = max(self.total_steps - step, 0) * seconds_per_step
+    parts = [f"step {step:>4}/{self.total_steps}",
+             f"reward {m['reward_mean']:.3f}", f"kl {m['kl']:.4f}",
+             f"loss {m['loss']:+.4f}", f"clip {m['clip_frac']:.3f}",
+             f"len {m['response_len']:.2f}", f"tok/s {m['tokens_per_s']:,.0f}",
+             f"eta {int(eta) // 60}m{int(eta) % 60:02d}s"]
+    if "eval_accuracy" in m:
+      parts.append(f"eval_acc {m['eval_accuracy']:.3f}")
+    print(" | ".join(parts), file=self.stream, flush=True)
+
+  def close(self) -> None:
+    if self._tb is not None:
+      self._tb.close()

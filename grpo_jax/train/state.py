@@ -1,0 +1,64 @@
+"""The one state pytree of a run, and the optimizer that updates it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import optax
+
+
+class TrainState(flax.struct.PyTreeNode):
+  """Everything a run needs to continue: checkpoint it, shard it or vmap it whole.
+
+  step: RL steps done; key: the run's base key (per-step keys are fold_in(key, step), so the
+  randomness of step s does not depend on how the run got there); data_position: training
+  prompts consumed.
+  """
+  step: jax.Array
+  params: Any
+  opt_state: Any
+  ref_params: Any
+  key: jax.Array
+  data_position: jax.Array
+  skipped_updates: jax.Array  # updates refused for a non-finite loss or gradient
+
+
+def make_optimizer(optim_cfg, total_updates: int) -> optax.GradientTransformation:
+  """AdamW after global-norm clipping; linear warm-up to the peak rate, then constant."""
+  schedule = optax.join_schedules(
+      [optax.linear_schedule(0.0, optim_cfg.learning_rate, max(optim_cfg.warmup_steps, 1)),
+       optax.constant_schedule(optim_cfg.learning_rate)],
+      [max(optim_cfg.warmup_steps, 1)])
+  return optax.chain(
+      optax.clip_by_global_norm(optim_cfg.max_grad_norm),
+      optax.adamw(schedule, b1=optim_cfg.b1, b2=optim_cfg.b2,
+                  weight_decay=optim_cfg.weight_decay))
+
+
+def create_train_state(params, optimizer: optax.GradientTransformation, key) -> TrainState:
+  """A fresh state whose frozen reference is a copy of the starting policy."""
+  return TrainState(step=jnp.int32(0), params=params, opt_state=optimizer.init(params),
+                    ref_params=jax.tree.map(jnp.copy, params), key=key,
+                    data_position=jnp.int32(0), skipped_updates=jnp.int32(0))
+
+
+def step_key(state: TrainState, purpose: int) -> jax.Array:
+  """The key for one purpose (0 rollout, 1 update) of the current step."""
+  return jax.random.fold_in(jax.random.fold_in(state.key, state.step), purpose)
+
+
+def apply_if_finite(params, opt_state, grads, loss, optimizer):
+  """One optimizer step, or no change at all if the loss or any gradient is not finite.
+
+  Returns (params, opt_state, applied: bool array).
+  """
+  finite = jnp.isfinite(loss) & jnp.all(jnp.array(
+      [jnp.all(jnp.isfinite(g)) for g in jax.tree.leaves(grads)]))
+  safe_grads = jax.tree.map(lambda g: jnp.where(finite, g, 0.0), grads)
+  updates, new_opt_state = optimizer.update(safe_grads, opt_state, params)
+  new_params = optax.apply_updates(params, updates)
+  keep = lambda new, old: jax.tree.map(lambda n, o: jnp.where(finite, n, o), new, old)  # noqa
+  return keep(new_params, params), keep(new_opt_state, opt_state), finite

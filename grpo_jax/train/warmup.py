@@ -1,0 +1,49 @@
+"""Supervised warm-up (SFT on the task's own, deliberately noisy, answers) before RL."""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from grpo_jax.models.config import ModelConfig
+from grpo_jax.models.scoring import completion_logprobs
+from grpo_jax.rl.losses import masked_mean
+
+
+def sft_loss(params, model_cfg: ModelConfig, prompt_tokens, prompt_mask, target_tokens,
+             target_mask):
+  """Mean negative log-likelihood of the target tokens (answer and <eos>)."""
+  logp, _ = completion_logprobs(params, model_cfg, prompt_tokens, prompt_mask, target_tokens,
+                                target_mask)
+  return -masked_mean(logp, target_mask)
+
+
+def run_warmup(params, task, model_cfg: ModelConfig, warmup_cfg, seed: int, log=print):
+  """`warmup_cfg.steps` AdamW steps of SFT; returns the new params (a pure function of seed)."""
+  if warmup_cfg.steps <= 0:
+    return params
+  schedule = optax.warmup_cosine_decay_schedule(
+      0.0, warmup_cfg.learning_rate, min(100, warmup_cfg.steps), warmup_cfg.steps,
+      end_value=warmup_cfg.learning_rate * 0.05)
+  optimizer = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(schedule))
+  opt_state = optimizer.init(params)
+
+  @functools.partial(jax.jit, donate_argnums=(0, 1))
+  def step(params, opt_state, pt, pm, tt, tm):
+    loss, grads = jax.value_and_grad(sft_loss)(params, model_cfg, pt, pm, tt, tm)
+    updates, opt_state = optimizer.update(grads, opt_state, params)
+    return optax.apply_updates(params, updates), opt_state, loss
+
+  params = jax.tree.map(jnp.copy, params)
+  losses = []
+  for i in range(warmup_cfg.steps):
+    b = task.warmup_batch(i, warmup_cfg.batch_size, seed, warmup_cfg.carry_drop_fraction)
+    params, opt_state, loss = step(params, opt_state, b.prompt_tokens, b.prompt_mask,
+                                   b.target_tokens, b.target_mask)
+    losses.append(loss)
+    if (i + 1) % max(warmup_cfg.steps // 5, 1) == 0 or i + 1 == warmup_cfg.steps:
+      log(f"warm-up {i + 1:>5}/{warmup_cfg.steps} | sft loss {float(loss):.4f}")
+  return params

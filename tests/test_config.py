@@ -1,0 +1,60 @@
+"""Bad input fails with one sentence naming the value, before any compute."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from configs import grpo_tiny
+from grpo_jax.config import ConfigError, validate
+from grpo_jax.train.loop import train
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _main(*args):
+  return subprocess.run([sys.executable, "-m", "grpo_jax.main", "--config=configs/grpo_tiny.py",
+                         *args], cwd=ROOT, capture_output=True, text=True, timeout=120)
+
+
+def test_unknown_config_field_is_one_clear_sentence(tmp_path):
+  out = _main(f"--workdir={tmp_path}/w", "--config.rl.kl_coeff=0.1")
+  assert out.returncode == 2
+  assert out.stderr.strip().splitlines() == [
+      "error: --config.rl.kl_coeff is not a field of configs/grpo_tiny.py: rl has no field "
+      "'kl_coeff'; valid fields there: advantage, advantage_eps, clip_eps, kl_coef, "
+      "loss_aggregation, num_iterations, num_minibatches."]
+  assert not os.path.exists(f"{tmp_path}/w")
+
+
+def test_config_error_from_main_is_one_line(tmp_path):
+  out = _main(f"--workdir={tmp_path}/w", "--config.rollout.group_size=1")
+  assert out.returncode == 2
+  assert out.stderr.strip().splitlines()[-1].startswith("error: rollout.group_size=1 ")
+  assert "Traceback" not in out.stderr
+  assert not os.path.exists(f"{tmp_path}/w")
+
+
+@pytest.mark.parametrize("section,field,value,expected", [
+    ("rollout", "group_size", 1, "rollout.group_size=1 with rl.advantage='grpo'"),
+    ("rl", "num_minibatches", 5, "rollout batch of 128 completions (rollout.num_prompts=16 x "
+                                 "rollout.group_size=8) does not split into "
+                                 "rl.num_minibatches=5"),
+    ("rl", "advantage", "gae2", "rl.advantage='gae2' is unknown; valid: grpo, dr_grpo."),
+    ("rl", "loss_aggregation", "sum", "rl.loss_aggregation='sum' is unknown"),
+])
+def test_invalid_values_fail_before_any_compute(tmp_path, section, field, value, expected):
+  config = grpo_tiny.get_config()
+  config[section][field] = value
+  with pytest.raises(ConfigError) as err:
+    validate(config)
+  assert expected in str(err.value)
+  assert str(err.value).count(". ") == 0 and str(err.value).endswith(".")  # one sentence
+  with pytest.raises(ConfigError):
+    train(config, str(tmp_path / "w"))
+  assert not (tmp_path / "w").exists()  # nothing was started
+
+
+def test_the_shipped_config_is_valid():
+  validate(grpo_tiny.get_config())

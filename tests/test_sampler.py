@@ -1,0 +1,114 @@
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from grpo_jax.models.decoder import Decoder, positions_from_mask
+from grpo_jax.models.scoring import completion_logprobs
+from grpo_jax.rollout.sampler import generate
+from grpo_jax.rollout.sampling import top_k_filter, top_p_filter
+from tests.conftest import perturbed_params
+
+EOS, PAD = 2, 0
+PROMPTS = np.array([[0, 0, 3, 7, 9], [5, 6, 7, 8, 9], [0, 0, 0, 1, 4]], np.int32)
+PROMPT_MASK = PROMPTS != 0
+
+
+def test_greedy_equals_stepwise_argmax_of_full_forward(tiny_cfg):
+  params = perturbed_params(tiny_cfg)
+  steps = 6
+  out = generate(params, PROMPTS, PROMPT_MASK, jax.random.key(0), model_cfg=tiny_cfg,
+                 max_new_tokens=steps, temperature=0.0, eos_id=EOS, pad_id=PAD)
+  model = Decoder(tiny_cfg)
+  for row in range(len(PROMPTS)):
+    seq = [int(t) for t, m in zip(PROMPTS[row], PROMPT_MASK[row]) if m]  # no padding at all
+    expected = []
+    for _ in range(steps):
+      tokens = jnp.asarray([seq])
+      mask = jnp.ones_like(tokens, bool)
+      logits, _ = model.apply({"params": params}, tokens, positions_from_mask(mask), mask)
+      nxt = int(np.argmax(np.asarray(logits)[0, -1]))
+      expected.append(nxt)
+      seq.append(nxt)
+      if nxt == EOS:
+        break
+    got = np.asarray(out.completion_tokens[row])
+    n = len(expected)
+    assert got[:n].tolist() == expected
+    assert np.all(got[n:] == PAD)
+    assert np.asarray(out.completion_mask[row]).tolist() == [True] * n + [False] * (steps - n)
+
+
+@pytest.mark.parametrize("temperature,top_k,top_p", [(1.0, 0, 1.0), (0.7, 5, 1.0),
+                                                     (1.3, 0, 0.8)])
+def test_sampler_logprobs_equal_full_forward_recomputation(tiny_cfg, temperature, top_k,
+                                                           top_p):
+  params = perturbed_params(tiny_cfg, seed=3)
+  rep = np.repeat(PROMPTS, 4, 0), np.repeat(PROMPT_MASK, 4, 0)
+  out = generate(params, *rep, jax.random.key(7), model_cfg=tiny_cfg, max_new_tokens=8,
+                 temperature=temperature, top_k=top_k, top_p=top_p, eos_id=EOS, pad_id=PAD)
+  assert np.asarray(out.completion_mask).sum() > 20  # something was actually sampled
+  recomputed, _ = completion_logprobs(params, tiny_cfg, out.prompt_tokens, out.prompt_mask,
+                                      out.completion_tokens, out.completion_mask, temperature)
+  np.testing.assert_allclose(np.asarray(out.logprobs), np.asarray(recomputed), atol=1e-5)
+
+
+def test_eos_ends_each_row_and_masks_follow(tiny_cfg):
+  params = perturbed_params(tiny_cfg, seed=5)
+  # Make <eos> likely so some rows stop early and others not.
+  params["embed_tokens"]["embedding"] = params["embed_tokens"]["embedding"].at[EOS].multiply(3.0)
+  rep = np.repeat(PROMPTS, 8, 0), np.repeat(PROMPT_MASK, 8, 0)
+  out = generate(params, *rep, jax.random.key(1), model_cfg=tiny_cfg, max_new_tokens=6,
+                 temperature=1.0, eos_id=EOS, pad_id=PAD)
+  tokens, mask = np.asarray(out.completion_tokens), np.asarray(out.completion_mask)
+  lengths = mask.sum(1)
+  assert 0 < np.sum(out.truncated) < len(tokens)  # both kinds of row occur
+  for row in range(len(tokens)):
+    eos_at = np.flatnonzero(tokens[row] == EOS)
+    if out.truncated[row]:
+      assert eos_at.size == 0 and lengths[row] == 6
+    else:
+      assert lengths[row] == eos_at[0] + 1  # mask covers up to and including <eos>
+    assert np.all(tokens[row][lengths[row]:] == PAD)
+    assert np.all(np.asarray(out.logprobs)[row][lengths[row]:] == 0.0)
+    assert mask[row].tolist() == [True] * lengths[row] + [False] * (6 - lengths[row])
+
+
+def _np_top_k(logits, k):
+  out = np.full_like(logits, -1e30)
+  for r, row in enumerate(logits):
+    kth = np.sort(row)[::-1][k - 1]
+    out[r] = np.where(row >= kth, row, -1e30)
+  return out
+
+
+def _np_top_p(logits, p):
+  out = np.full_like(logits, -1e30)
+  for r, row in enumerate(logits):
+    probs = np.exp(row - row.max())
+    probs /= probs.sum()
+    mass = 0.0
+    for i in np.argsort(-row, kind="stable"):
+      if mass < p:
+        out[r, i] = row[i]
+      mass += probs[i]
+  return out
+
+
+def test_top_k_and_top_p_filters_match_numpy():
+  logits = np.asarray(jax.random.normal(jax.random.key(0), (5, 11)), np.float32) * 2
+  for k in (1, 3, 10):
+    np.testing.assert_array_equal(np.asarray(top_k_filter(jnp.asarray(logits), k)),
+                                  _np_top_k(logits, k))
+  for p in (0.05, 0.5, 0.9):
+    np.testing.assert_array_equal(np.asarray(top_p_filter(jnp.asarray(logits), p)),
+                                  _np_top_p(logits, p))
+
+
+def test_top_k_one_sampling_is_greedy(tiny_cfg):
+  params = perturbed_params(tiny_cfg)
+  kw = dict(model_cfg=tiny_cfg, max_new_tokens=5, eos_id=EOS, pad_id=PAD)
+  greedy = generate(params, PROMPTS, PROMPT_MASK, jax.random.key(0), temperature=0.0, **kw)
+  top1 = generate(params, PROMPTS, PROMPT_MASK, jax.random.key(9), temperature=1.0, top_k=1,
+                  **kw)
+  np.testing.assert_array_equal(greedy.completion_tokens, top1.completion_tokens)
