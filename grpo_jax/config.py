@@ -1,11 +1,56 @@
-"""Checks on a resolved config, run before any compute. Each failure is one sentence naming the
-value and the fix."""
+"""Config defaults for the RL section, and the checks run on a resolved config before any
+compute. Each failure is one sentence naming the value and the fix."""
 
 from __future__ import annotations
 
-ADVANTAGES = ("grpo", "dr_grpo")
-LOSS_AGGREGATIONS = ("token-mean", "seq-mean-token-mean")
+import ml_collections
+
+from grpo_jax.rl.aggregation import LOSS_AGGREGATIONS
+from grpo_jax.rl.kl import KL_ESTIMATORS
+
+# Outcome estimators compare the G completions of a prompt with each other.
+GROUP_ADVANTAGES = ("grpo", "dr_grpo", "grpo_batch_std", "rloo", "reinforce_pp_baseline",
+                    "process")
+ADVANTAGES = GROUP_ADVANTAGES + ("reinforce_pp", "remax", "gae")
+POLICY_LOSSES = ("ppo_clip", "gspo")
+KL_PLACEMENTS = ("loss", "reward")
+VALUE_HEADS = ("none", "shared", "separate")
 TASKS = ("addition",)
+
+
+def rl_defaults(**overrides) -> ml_collections.ConfigDict:
+  """Every field of `config.rl`, with GRPO defaults (sources in README's RL section)."""
+  rl = ml_collections.ConfigDict(dict(
+      advantage="grpo",  # one of ADVANTAGES
+      advantage_eps=1e-6,  # group-std epsilon (verl 1e-6; TRL 1e-4)
+      gamma=1.0, lam=1.0,  # discount and GAE lambda (verl: 1.0, 1.0)
+      whiten_advantages=False,  # GAE: whiten advantages over the batch
+      loss="ppo_clip",  # one of POLICY_LOSSES
+      clip_eps_low=0.2, clip_eps_high=0.2,  # DAPO clip-higher: clip_eps_high=0.28
+      dual_clip_c=0.0,  # dual clip constant c > 1 for A < 0 (verl 3.0); 0 = off
+      log_ratio_clamp=20.0,  # log-ratio clamped to +-this before exp
+      tis_cap=0.0,  # truncated importance sampling cap (e.g. 2.0); 0 = off
+      entropy_coef=0.0,
+      loss_aggregation="token-mean",  # one of LOSS_AGGREGATIONS
+      kl_coef=0.04,  # beta; 0 = no KL (and no reference forward pass)
+      kl_estimator="k3", kl_clamp=20.0,  # |logp - ref| clamp (verl: 20); 0 = off
+      kl_in="loss",  # "loss" (GRPO) or "reward" (PPO / InstructGPT per-token penalty)
+      adaptive_kl=False, kl_target=0.1, kl_horizon=10_000.0,
+      ref_update_every=0,  # refresh the reference every N steps; 0 = frozen
+      ref_mix=1.0,  # ref <- mix * policy + (1 - mix) * ref at a refresh
+      value_head="none",  # "shared" (head on the policy) or "separate" (own critic model)
+      value_coef=0.5, value_clip_eps=0.5,  # verl cliprange_value 0.5
+      dynamic_sampling=False,  # DAPO: drop groups whose rewards are all equal, resample
+      max_extra_rollouts=4,  # at most this many extra sampling rounds per step
+      overlong_buffer=0,  # DAPO soft overlong punishment: buffer length in tokens; 0 = off
+      overlong_penalty=1.0,  # ... and its maximum penalty
+      mask_truncated=False,  # completions without <eos> contribute no loss
+      num_iterations=1,  # mu: passes over each rollout batch
+      num_minibatches=1,  # optimizer steps per pass
+      num_micro_batches=1,  # gradient accumulation inside a minibatch (exact)
+  ))
+  rl.update(overrides)
+  return rl
 
 
 class ConfigError(ValueError):
@@ -17,36 +62,58 @@ def _require(condition: bool, message: str):
     raise ConfigError(message)
 
 
+def _one_of(value, valid, name):
+  _require(value in valid, f"{name}={value!r} is unknown; valid: {', '.join(valid)}.")
+
+
 def validate(config) -> None:
   r, rl, tr, opt = config.rollout, config.rl, config.train, config.optim
-  _require(config.task.name in TASKS,
-           f"task.name={config.task.name!r} is unknown; valid: {', '.join(TASKS)}.")
-  _require(rl.advantage in ADVANTAGES,
-           f"rl.advantage={rl.advantage!r} is unknown; valid: {', '.join(ADVANTAGES)}.")
-  _require(rl.loss_aggregation in LOSS_AGGREGATIONS,
-           f"rl.loss_aggregation={rl.loss_aggregation!r} is unknown; valid: "
-           f"{', '.join(LOSS_AGGREGATIONS)}.")
+  _one_of(config.task.name, TASKS, "task.name")
+  _one_of(rl.advantage, ADVANTAGES, "rl.advantage")
+  _one_of(rl.loss, POLICY_LOSSES, "rl.loss")
+  _one_of(rl.loss_aggregation, LOSS_AGGREGATIONS, "rl.loss_aggregation")
+  _one_of(rl.kl_estimator, KL_ESTIMATORS, "rl.kl_estimator")
+  _one_of(rl.kl_in, KL_PLACEMENTS, "rl.kl_in")
+  _one_of(rl.value_head, VALUE_HEADS, "rl.value_head")
   _require(r.num_prompts >= 1, f"rollout.num_prompts={r.num_prompts}; use at least 1.")
   _require(r.group_size >= 1, f"rollout.group_size={r.group_size}; use at least 1.")
-  if rl.advantage == "grpo":
+  if rl.advantage in GROUP_ADVANTAGES:
     _require(r.group_size >= 2,
-             f"rollout.group_size={r.group_size} with rl.advantage='grpo' has no group "
-             f"standard deviation to normalise by; use group_size >= 2 (or rl.advantage="
-             f"'dr_grpo' with group_size >= 2).")
-  if rl.advantage == "dr_grpo":
-    _require(r.group_size >= 2,
-             f"rollout.group_size={r.group_size} leaves a group of one, whose advantage "
-             f"r - mean(r) is always 0; use group_size >= 2.")
+             f"rollout.group_size={r.group_size} with rl.advantage={rl.advantage!r} leaves "
+             f"groups of one, with no group mean or standard deviation to compare against; "
+             f"use group_size >= 2 (or rl.advantage='gae' with a value head).")
+  if rl.dynamic_sampling:
+    _require(r.group_size >= 2, f"rl.dynamic_sampling needs groups to compare; "
+             f"rollout.group_size={r.group_size}, use >= 2.")
+  _require(rl.advantage != "gae" or rl.value_head != "none",
+           "rl.advantage='gae' needs a critic, but rl.value_head='none'; set rl.value_head to "
+           "'shared' or 'separate'.")
   batch = r.num_prompts * r.group_size
   _require(rl.num_minibatches >= 1 and batch % rl.num_minibatches == 0,
            f"the rollout batch of {batch} completions (rollout.num_prompts={r.num_prompts} x "
            f"rollout.group_size={r.group_size}) does not split into rl.num_minibatches="
            f"{rl.num_minibatches} equal minibatches; pick a divisor of {batch}.")
+  minibatch = batch // max(rl.num_minibatches, 1)
+  _require(rl.num_micro_batches >= 1 and minibatch % rl.num_micro_batches == 0,
+           f"a minibatch of {minibatch} completions does not split into rl.num_micro_batches="
+           f"{rl.num_micro_batches} equal micro-batches; pick a divisor of {minibatch}.")
   _require(rl.num_iterations >= 1, f"rl.num_iterations={rl.num_iterations}; use at least 1.")
   _require(r.temperature >= 0, f"rollout.temperature={r.temperature}; use >= 0 (0 = greedy).")
   _require(0 < r.top_p <= 1, f"rollout.top_p={r.top_p}; use a value in (0, 1].")
-  _require(rl.clip_eps > 0, f"rl.clip_eps={rl.clip_eps}; use a positive value such as 0.2.")
+  _require(rl.clip_eps_low > 0 and rl.clip_eps_high > 0,
+           f"rl.clip_eps_low={rl.clip_eps_low}, rl.clip_eps_high={rl.clip_eps_high}; use "
+           f"positive values such as 0.2 and 0.28.")
+  _require(rl.dual_clip_c == 0 or rl.dual_clip_c > 1,
+           f"rl.dual_clip_c={rl.dual_clip_c}; use 0 (off) or a constant > 1 such as 3.0.")
   _require(rl.kl_coef >= 0, f"rl.kl_coef={rl.kl_coef}; use a value >= 0 (0 turns KL off).")
+  _require(not rl.adaptive_kl or (rl.kl_target > 0 and rl.kl_horizon > 0 and rl.kl_coef > 0),
+           f"rl.adaptive_kl needs rl.kl_coef > 0, rl.kl_target > 0 and rl.kl_horizon > 0 "
+           f"(got {rl.kl_coef}, {rl.kl_target}, {rl.kl_horizon}).")
+  _require(0 < rl.ref_mix <= 1, f"rl.ref_mix={rl.ref_mix}; use a value in (0, 1].")
+  _require(rl.tis_cap >= 0, f"rl.tis_cap={rl.tis_cap}; use 0 (off) or a positive cap.")
+  _require(0 <= rl.overlong_buffer < r.max_new_tokens,
+           f"rl.overlong_buffer={rl.overlong_buffer} must be in [0, rollout.max_new_tokens="
+           f"{r.max_new_tokens}).")
   _require(tr.steps >= 1, f"train.steps={tr.steps}; use at least 1.")
   _require(tr.eval_every >= 1, f"train.eval_every={tr.eval_every}; use at least 1.")
   _require(tr.eval_batch_size >= 1 and tr.eval_size % tr.eval_batch_size == 0,

@@ -23,8 +23,8 @@ def test_unknown_config_field_is_one_clear_sentence(tmp_path):
   assert out.returncode == 2
   assert out.stderr.strip().splitlines() == [
       "error: --config.rl.kl_coeff is not a field of configs/grpo_tiny.py: rl has no field "
-      "'kl_coeff'; valid fields there: advantage, advantage_eps, clip_eps, kl_coef, "
-      "loss_aggregation, num_iterations, num_minibatches."]
+      "'kl_coeff'; valid fields there: " + ", ".join(sorted(grpo_tiny.get_config().rl)) + "."]
+  assert "kl_coef, kl_estimator" in out.stderr
   assert not os.path.exists(f"{tmp_path}/w")
 
 
@@ -41,7 +41,14 @@ def test_config_error_from_main_is_one_line(tmp_path):
     ("rl", "num_minibatches", 5, "rollout batch of 128 completions (rollout.num_prompts=16 x "
                                  "rollout.group_size=8) does not split into "
                                  "rl.num_minibatches=5"),
-    ("rl", "advantage", "gae2", "rl.advantage='gae2' is unknown; valid: grpo, dr_grpo."),
+    ("rl", "advantage", "gae2", "rl.advantage='gae2' is unknown; valid: grpo, dr_grpo, "
+                                "grpo_batch_std, rloo, reinforce_pp_baseline, process, "
+                                "reinforce_pp, remax, gae."),
+    ("rl", "advantage", "gae", "rl.advantage='gae' needs a critic, but rl.value_head='none'"),
+    ("rl", "loss", "ppo2", "rl.loss='ppo2' is unknown; valid: ppo_clip, gspo."),
+    ("rl", "kl_estimator", "k4", "rl.kl_estimator='k4' is unknown; valid: k1, k2, k3."),
+    ("rl", "num_micro_batches", 3, "a minibatch of 128 completions does not split into "
+                                   "rl.num_micro_batches=3"),
     ("rl", "loss_aggregation", "sum", "rl.loss_aggregation='sum' is unknown"),
 ])
 def test_invalid_values_fail_before_any_compute(tmp_path, section, field, value, expected):

@@ -8,9 +8,10 @@ import numpy as np
 
 from grpo_jax.models.decoder import init_params
 from grpo_jax.rollout.sampler import generate
-from grpo_jax.train.grpo_step import make_update_step
-from grpo_jax.train.loop import make_prepare_batch
+from grpo_jax.config import rl_defaults
+from grpo_jax.train.experience import RewardInputs, make_prepare_batch
 from grpo_jax.train.state import create_train_state, make_optimizer, step_key
+from grpo_jax.train.update import make_update_step
 from tests.conftest import tiny_model_config
 
 TARGET = 7  # reward: the fraction of generated tokens that are TARGET
@@ -18,18 +19,17 @@ TARGET = 7  # reward: the fraction of generated tokens that are TARGET
 
 def test_grpo_raises_reward_on_a_toy_task():
   cfg = tiny_model_config(vocab_size=16)
-  rl = ml_collections.ConfigDict(dict(advantage="grpo", advantage_eps=1e-6, clip_eps=0.2,
-                                      kl_coef=0.01, loss_aggregation="token-mean",
-                                      num_iterations=2, num_minibatches=2))
+  rl = rl_defaults(kl_coef=0.01, num_iterations=2, num_minibatches=2)
   optim = ml_collections.ConfigDict(dict(learning_rate=1e-2, warmup_steps=2, weight_decay=0.0,
                                          b1=0.9, b2=0.99, max_grad_norm=1.0))
   optimizer = make_optimizer(optim, 100)
-  state = create_train_state(init_params(cfg, jax.random.key(0)), optimizer, jax.random.key(1))
+  state = create_train_state(init_params(cfg, jax.random.key(0)), optimizer, jax.random.key(1),
+                             kl_coef=rl.kl_coef)
   group, prompts = 8, np.array([[1, 5, 6], [1, 9, 4], [0, 1, 3], [1, 12, 11]], np.int32)
   prompts = np.repeat(prompts, group, 0)
   sample = functools.partial(generate, model_cfg=cfg, max_new_tokens=4, temperature=1.0,
                              eos_id=2, pad_id=0)
-  prepare = make_prepare_batch(cfg, rl, group, 1.0)
+  prepare = make_prepare_batch(cfg, rl, group, 1.0, 4)
   update = make_update_step(cfg, rl, optimizer, 1.0)
   rewards = []
   for _ in range(25):
@@ -37,8 +37,12 @@ def test_grpo_raises_reward_on_a_toy_task():
     mask = np.asarray(rollout.completion_mask)
     reward = ((np.asarray(rollout.completion_tokens) == TARGET) & mask).sum(1) / mask.sum(1)
     rewards.append(reward.mean())
-    state, metrics = update(state, prepare(state.params, state.ref_params, rollout,
-                                           reward.astype(np.float32)))
+    zeros = np.zeros(mask.shape, np.float32)
+    inputs = RewardInputs(reward.astype(np.float32), reward * 0, zeros,
+                          np.zeros(mask.shape, np.int32), mask)
+    batch, _ = prepare(state.params, state.value_params, state.ref_params, state.kl_coef,
+                       rollout, inputs)
+    state, metrics = update(state, batch)
     assert np.isfinite(float(metrics["loss"]))
   assert np.mean(rewards[:3]) < 0.2
   assert np.mean(rewards[-3:]) > np.mean(rewards[:3]) + 0.4, rewards

@@ -9,6 +9,8 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from grpo_jax.rl.kl import adaptive_kl_coef
+
 
 class TrainState(flax.struct.PyTreeNode):
   """Everything a run needs to continue: checkpoint it, shard it or vmap it whole.
@@ -19,8 +21,10 @@ class TrainState(flax.struct.PyTreeNode):
   """
   step: jax.Array
   params: Any
-  opt_state: Any
+  value_params: Any  # critic head (+ backbone for a separate critic), or None
+  opt_state: Any  # of the pair (params, value_params)
   ref_params: Any
+  kl_coef: jax.Array  # beta (moves under the adaptive controller)
   key: jax.Array
   data_position: jax.Array
   skipped_updates: jax.Array  # updates refused for a non-finite loss or gradient
@@ -38,11 +42,14 @@ def make_optimizer(optim_cfg, total_updates: int) -> optax.GradientTransformatio
                   weight_decay=optim_cfg.weight_decay))
 
 
-def create_train_state(params, optimizer: optax.GradientTransformation, key) -> TrainState:
+def create_train_state(params, optimizer: optax.GradientTransformation, key,
+                       value_params=None, kl_coef: float = 0.0) -> TrainState:
   """A fresh state whose frozen reference is a copy of the starting policy."""
-  return TrainState(step=jnp.int32(0), params=params, opt_state=optimizer.init(params),
-                    ref_params=jax.tree.map(jnp.copy, params), key=key,
-                    data_position=jnp.int32(0), skipped_updates=jnp.int32(0))
+  return TrainState(step=jnp.int32(0), params=params, value_params=value_params,
+                    opt_state=optimizer.init((params, value_params)),
+                    ref_params=jax.tree.map(jnp.copy, params),
+                    kl_coef=jnp.float32(kl_coef), key=key, data_position=jnp.int32(0),
+                    skipped_updates=jnp.int32(0))
 
 
 def step_key(state: TrainState, purpose: int) -> jax.Array:
@@ -62,3 +69,21 @@ def apply_if_finite(params, opt_state, grads, loss, optimizer):
   new_params = optax.apply_updates(params, updates)
   keep = lambda new, old: jax.tree.map(lambda n, o: jnp.where(finite, n, o), new, old)  # noqa
   return keep(new_params, params), keep(new_opt_state, opt_state), finite
+
+
+def end_of_step(state: TrainState, rl, rollout_kl, batch_size: int) -> TrainState:
+  """After an update: the adaptive KL controller and the reference refresh.
+
+  adaptive:  beta <- beta * (1 + clip(KL / target - 1, -0.2, 0.2) * B / horizon)
+  refresh:   every rl.ref_update_every steps, ref <- mix * policy + (1 - mix) * ref
+  """
+  if rl.adaptive_kl:
+    state = state.replace(kl_coef=adaptive_kl_coef(state.kl_coef, rollout_kl, rl.kl_target,
+                                                   rl.kl_horizon, batch_size))
+  if rl.ref_update_every > 0:
+    refresh = state.step % rl.ref_update_every == 0
+    mix = rl.ref_mix
+    state = state.replace(ref_params=jax.tree.map(
+        lambda p, r: jnp.where(refresh, mix * p + (1.0 - mix) * r, r), state.params,
+        state.ref_params))
+  return state

@@ -26,7 +26,7 @@ def run_warmup(params, task, model_cfg: ModelConfig, warmup_cfg, seed: int, log=
   if warmup_cfg.steps <= 0:
     return params
   schedule = optax.warmup_cosine_decay_schedule(
-      0.0, warmup_cfg.learning_rate, min(100, warmup_cfg.steps), warmup_cfg.steps,
+      0.0, warmup_cfg.learning_rate, max(1, min(100, warmup_cfg.steps // 10)), warmup_cfg.steps + 1,
       end_value=warmup_cfg.learning_rate * 0.05)
   optimizer = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(schedule))
   opt_state = optimizer.init(params)

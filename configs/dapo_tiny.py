@@ -1,0 +1,20 @@
+"""DAPO on the tiny addition task (configs/grpo_tiny.py's task, model and warm-up).
+
+    python -m grpo_jax.main --config=configs/dapo_tiny.py --workdir=/tmp/dapo_tiny
+
+Clip-higher (eps_low 0.2, eps_high 0.28), no KL term, token-mean loss, dynamic sampling (groups
+whose G rewards are all equal are dropped and more prompts drawn, up to 4 extra rounds), and
+the soft overlong penalty: answers take 4 tokens, the limit is 6, and the last 2 are the buffer
+(Yu et al. 2025).
+"""
+
+from configs import grpo_tiny
+
+
+def get_config():
+  c = grpo_tiny.get_config()
+  c.rollout.max_new_tokens = 6
+  c.rl.update(dict(advantage="grpo", clip_eps_low=0.2, clip_eps_high=0.28, kl_coef=0.0,
+                   loss_aggregation="token-mean", dynamic_sampling=True, max_extra_rollouts=4,
+                   overlong_buffer=2, overlong_penalty=1.0))
+  return c

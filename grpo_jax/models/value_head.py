@@ -1,0 +1,43 @@
+"""Critics: a scalar value per completion position, from the policy's own backbone ("shared")
+or from a separate decoder with its own params ("separate").
+
+value_params is a plain pytree: {"head": {"kernel": (H, 1), "bias": (1,)}} for "shared", plus
+"backbone" (decoder params) for "separate". V_t is read at the position whose logits predict
+completion token t, i.e. the value of the state before token t.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from grpo_jax.models.config import ModelConfig
+from grpo_jax.models.scoring import completion_logits
+
+
+def init_value_params(kind: str, model_cfg: ModelConfig, policy_params, key):
+  """A zero-initialised head; a separate critic's backbone starts as a copy of the policy
+  (verl's and OpenRLHF's usual start, when no reward model is given)."""
+  if kind == "none":
+    return None
+  head = {"kernel": jnp.zeros((model_cfg.hidden_size, 1), jnp.float32),
+          "bias": jnp.zeros((1,), jnp.float32)}
+  del key  # zero init needs none; kept in the signature for other initialisers
+  if kind == "shared":
+    return {"head": head}
+  if kind == "separate":
+    return {"head": head, "backbone": jax.tree.map(jnp.copy, policy_params)}
+  raise ValueError(f"value head kind {kind!r} is unknown; valid: none, shared, separate.")
+
+
+def apply_value_head(head, hidden):
+  """(B, N, H) hidden states -> (B, N) float32 values."""
+  return (hidden.astype(jnp.float32) @ head["kernel"] + head["bias"])[..., 0]
+
+
+def separate_critic_values(value_params, model_cfg: ModelConfig, prompt_tokens, prompt_mask,
+                           completion_tokens, completion_mask):
+  """Values from the critic's own backbone."""
+  _, hidden = completion_logits(value_params["backbone"], model_cfg, prompt_tokens, prompt_mask,
+                                completion_tokens, completion_mask, return_hidden=True)
+  return apply_value_head(value_params["head"], hidden)

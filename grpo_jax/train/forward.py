@@ -1,0 +1,33 @@
+"""One teacher-forced pass of the policy (and critic): log-probs, entropies and values of the
+completion tokens. Shared by experience preparation and the update."""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+
+from grpo_jax.models.config import ModelConfig
+from grpo_jax.models.scoring import completion_logits, token_logprobs_and_entropy
+from grpo_jax.models.value_head import apply_value_head, separate_critic_values
+
+
+def policy_and_values(params, value_params, seqs, model_cfg: ModelConfig, value_head: str,
+                      temperature: float):
+  """seqs has prompt_tokens, prompt_mask, completion_tokens, completion_mask.
+
+  Returns (logprobs, entropy, values), each (B, N) and 0 where the completion is masked;
+  values is None without a critic.
+  """
+  shared = value_head == "shared"
+  out = completion_logits(params, model_cfg, seqs.prompt_tokens, seqs.prompt_mask,
+                          seqs.completion_tokens, seqs.completion_mask, return_hidden=shared)
+  logits, hidden = out if shared else (out, None)
+  logp, entropy = token_logprobs_and_entropy(logits, seqs.completion_tokens, temperature)
+  mask = seqs.completion_mask.astype(bool)
+  values = None
+  if shared:
+    values = apply_value_head(value_params["head"], hidden)
+  elif value_head == "separate":
+    values = separate_critic_values(value_params, model_cfg, seqs.prompt_tokens,
+                                    seqs.prompt_mask, seqs.completion_tokens, mask)
+  zero = lambda x: None if x is None else jnp.where(mask, x, 0.0)  # noqa: E731
+  return zero(logp), zero(entropy), zero(values)

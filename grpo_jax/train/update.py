@@ -1,0 +1,128 @@
+"""The policy (and critic) update: a pure `update_step(state, batch) -> (state, metrics)`.
+
+    per-token loss = pg_t * w_t  [+ beta * KL_t if KL is in the loss]  [- c_H * H_t]
+    loss           = agg(per-token loss)  [+ c_V * agg(value loss)]
+
+pg is the PPO-clip (asymmetric, optional dual clip) or GSPO term, w the truncated importance
+weight (1 when off). Each step makes mu = rl.num_iterations passes over the batch in
+rl.num_minibatches shuffled minibatches, one optimizer step per minibatch; a minibatch may be
+split into rl.num_micro_batches whose gradients are summed, exactly equal to the whole
+minibatch's because each micro-batch is normalised by the minibatch's denominator.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from grpo_jax.models.config import ModelConfig
+from grpo_jax.rl.aggregation import aggregate, loss_normalizer, masked_sum
+from grpo_jax.rl.kl import kl_penalty
+from grpo_jax.rl.losses import entropy_bonus, gspo_loss, ppo_clip_loss, value_loss
+from grpo_jax.train.experience import Batch
+from grpo_jax.train.forward import policy_and_values
+from grpo_jax.train.state import TrainState, apply_if_finite, step_key
+
+# Metrics summed over micro-batches, then divided by the token count (`tokens`).
+_TOKEN_SUMS = ("kl", "clip_frac", "dual_clip_frac", "entropy", "ratio", "value_clip_frac")
+
+
+def loss_and_sums(trainable, mb: Batch, normalizer, kl_coef, *, model_cfg: ModelConfig, rl,
+                  temperature: float):
+  """The loss of (part of) a minibatch, normalised by `normalizer` (the whole minibatch's), and
+  metric numerators, so that both add up exactly over micro-batches."""
+  params, value_params = trainable
+  logp, entropy, values = policy_and_values(params, value_params, mb, model_cfg, rl.value_head,
+                                            temperature)
+  mask, mode = mb.loss_mask.astype(bool), rl.loss_aggregation
+  if rl.loss == "gspo":
+    pg, pm = gspo_loss(logp, mb.old_logprobs, mb.advantages, mask, rl.clip_eps_low,
+                       rl.clip_eps_high, rl.log_ratio_clamp or None)
+    pm["dual_clipped"] = jnp.zeros_like(mask)
+  else:
+    pg, pm = ppo_clip_loss(logp, mb.old_logprobs, mb.advantages, mask, rl.clip_eps_low,
+                           rl.clip_eps_high, rl.dual_clip_c or None, rl.log_ratio_clamp or None)
+  if rl.tis_cap > 0:
+    pg = pg * mb.is_weights
+  kl = kl_penalty(logp, mb.ref_logprobs, mask, rl.kl_estimator, rl.kl_clamp or None)
+  per_token = pg
+  if rl.kl_in == "loss" and rl.kl_coef > 0:
+    per_token = per_token + kl_coef * kl
+  if rl.entropy_coef:
+    per_token = per_token + entropy_bonus(entropy, mask, rl.entropy_coef)
+  loss = aggregate(per_token, mask, mode, normalizer)
+  sums = dict(pg_loss=aggregate(pg, mask, mode, normalizer), kl=masked_sum(kl, mask),
+              clip_frac=masked_sum(pm["clipped"], mask),
+              dual_clip_frac=masked_sum(pm["dual_clipped"], mask),
+              entropy=masked_sum(entropy, mask), ratio=masked_sum(pm["ratio"], mask),
+              tokens=jnp.sum(mask).astype(jnp.float32))
+  if values is not None:
+    vl, vm = value_loss(values, mb.old_values, mb.returns, mask, rl.value_clip_eps)
+    v_agg = aggregate(vl, mask, mode, normalizer)
+    loss = loss + rl.value_coef * v_agg
+    sums.update(value_loss=v_agg, value_clip_frac=masked_sum(vm["clipped"], mask))
+  sums["loss"] = loss
+  return loss, sums
+
+
+def make_update_step(model_cfg: ModelConfig, rl, optimizer, temperature: float):
+  """Builds the jitted update for a config (the rl section is read at trace time)."""
+  mu, num_mb, num_micro = rl.num_iterations, rl.num_minibatches, rl.num_micro_batches
+  grad_fn = jax.value_and_grad(loss_and_sums, has_aux=True)
+
+  def minibatch_grads(trainable, mb: Batch, kl_coef):
+    """Summed gradients of the minibatch's micro-batches (== the minibatch's gradient)."""
+    normalizer = loss_normalizer(mb.loss_mask, rl.loss_aggregation)
+    micro = jax.tree.map(lambda x: x.reshape(num_micro, -1, *x.shape[1:]), mb)
+
+    def one(acc, part):
+      (_, sums), grads = grad_fn(trainable, part, normalizer, kl_coef, model_cfg=model_cfg,
+                                 rl=rl, temperature=temperature)
+      return jax.tree.map(jnp.add, acc, (grads, sums)), None
+
+    zero_sums = jax.eval_shape(lambda: grad_fn(trainable, jax.tree.map(lambda x: x[0], micro),
+                                               normalizer, kl_coef, model_cfg=model_cfg, rl=rl,
+                                               temperature=temperature)[0][1])
+    init = (jax.tree.map(jnp.zeros_like, trainable),
+            jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), zero_sums))
+    (grads, sums), _ = jax.lax.scan(one, init, micro)
+    return grads, sums
+
+  @jax.jit
+  def update_step(state: TrainState, batch: Batch):
+    batch_size = batch.completion_tokens.shape[0]
+    key = step_key(state, 1)
+    if mu * num_mb > 1:
+      order = jnp.concatenate([jax.random.permutation(jax.random.fold_in(key, e), batch_size)
+                               for e in range(mu)])
+    else:
+      order = jnp.arange(batch_size)
+    minibatch_rows = order.reshape(mu * num_mb, batch_size // num_mb)
+
+    def one_minibatch(carry, rows):
+      trainable, opt_state = carry
+      mb = jax.tree.map(lambda x: jnp.take(x, rows, axis=0), batch)
+      grads, sums = minibatch_grads(trainable, mb, state.kl_coef)
+      trainable, opt_state, applied = apply_if_finite(trainable, opt_state, grads, sums["loss"],
+                                                      optimizer)
+      sums["grad_norm"] = _global_norm(grads)
+      sums["skipped"] = 1 - applied.astype(jnp.int32)
+      return (trainable, opt_state), sums
+
+    (trainable, opt_state), per_mb = jax.lax.scan(
+        one_minibatch, ((state.params, state.value_params), state.opt_state), minibatch_rows)
+    tokens = jnp.maximum(jnp.sum(per_mb["tokens"]), 1.0)
+    metrics = {k: (jnp.sum(v) / tokens if k in _TOKEN_SUMS else jnp.mean(v))
+               for k, v in per_mb.items() if k not in ("tokens", "skipped")}
+    skipped = state.skipped_updates + jnp.sum(per_mb["skipped"])
+    metrics["skipped_updates"] = skipped
+    new_state = state.replace(step=state.step + 1, params=trainable[0],
+                              value_params=trainable[1], opt_state=opt_state,
+                              skipped_updates=skipped)
+    return new_state, metrics
+
+  return update_step
+
+
+def _global_norm(tree):
+  return jnp.sqrt(sum(jnp.sum(jnp.square(x)) for x in jax.tree.leaves(tree)))

@@ -1,0 +1,111 @@
+"""Reward shaping, process rewards, advantage dispatch and DAPO's dynamic sampling."""
+
+import types
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from grpo_jax.config import ADVANTAGES, rl_defaults
+from grpo_jax.data.arithmetic import AdditionTask
+from grpo_jax.rewards.exact_match import token_step_rewards
+from grpo_jax.rl import advantages as adv_lib
+from grpo_jax.rl.shaping import overlong_penalty
+from grpo_jax.rollout.sampler import Rollout
+from grpo_jax.train.collect import collect
+from grpo_jax.train.experience import RewardInputs, estimate_advantages
+
+
+def test_overlong_penalty_matches_piecewise_definition():
+  max_len, buffer, factor = 10, 4, 0.5
+  lengths = np.arange(0, 13)
+  expected = []
+  for n in lengths:
+    if n <= max_len - buffer:
+      expected.append(0.0)
+    elif n <= max_len:
+      expected.append(((max_len - buffer) - n) / buffer * factor)
+    else:
+      expected.append(-factor)
+  got = overlong_penalty(jnp.asarray(lengths), max_len, buffer, factor)
+  np.testing.assert_allclose(np.asarray(got), expected, atol=1e-7)
+  assert float(got[10]) == pytest.approx(-0.5)  # a completion at the limit gets the full penalty
+
+
+def test_token_step_rewards_score_each_token_against_the_target():
+  completion = np.array([[5, 6, 2, 0], [5, 7, 7, 2]])
+  cmask = np.array([[1, 1, 1, 0], [1, 1, 1, 1]], bool)
+  target = np.array([[5, 6, 2, 0], [5, 6, 2, 0]])
+  tmask = np.array([[1, 1, 1, 0], [1, 1, 1, 0]], bool)
+  rewards, end, step_mask = token_step_rewards(completion, cmask, target, tmask)
+  np.testing.assert_array_equal(np.asarray(rewards), [[1, 1, 1, 0], [1, 0, 0, 0]])
+  np.testing.assert_array_equal(np.asarray(end), [[0, 1, 2, 3]] * 2)
+  np.testing.assert_array_equal(np.asarray(step_mask), cmask)
+
+
+def test_every_estimator_dispatches_to_its_formula():
+  rng = np.random.default_rng(0)
+  group, b, n = 4, 8, 5
+  mask = jnp.asarray(np.arange(n)[None] < rng.integers(1, n + 1, b)[:, None])
+  rewards = jnp.asarray(rng.integers(0, 2, b).astype(np.float32))
+  token_rewards = adv_lib.place_reward_on_last_token(rewards, mask)
+  values = jnp.asarray(rng.normal(size=(b, n)).astype(np.float32))
+  inputs = RewardInputs(rewards, jnp.asarray(rng.random(b).astype(np.float32)),
+                        token_rewards, jnp.tile(jnp.arange(n), (b, 1)), mask)
+  seen = set()
+  for name in ADVANTAGES:
+    rl = rl_defaults(advantage=name)
+    adv, returns = estimate_advantages(rl, group, token_rewards, mask, values, inputs)
+    assert adv.shape == (b, n) and returns.shape == (b, n)
+    assert np.all(np.asarray(adv)[~np.asarray(mask)] == 0)
+    seen.add(np.asarray(adv).round(5).tobytes())
+  assert len(seen) == len(ADVANTAGES)  # nine estimators, nine different answers
+  grpo, _ = estimate_advantages(rl_defaults(), group, token_rewards, mask, values, inputs)
+  expected = adv_lib.broadcast_to_tokens(
+      adv_lib.group_normalized_advantages(rewards, group, 1e-6), mask)
+  np.testing.assert_array_equal(np.asarray(grpo), np.asarray(expected))
+
+
+class _ScriptedSampler:
+  """Answers right on some groups only: in round k, group g is half right iff (g + k) % 3 == 0,
+  otherwise all wrong, so dynamic sampling must draw extra rounds."""
+
+  def __init__(self, task, group):
+    self.task, self.group, self.round = task, group, 0
+
+  def __call__(self, params, prompt_tokens, prompt_mask, key):
+    tok = self.task.tokenizer
+    rows = []
+    for i, (tokens, mask) in enumerate(zip(prompt_tokens, prompt_mask)):
+      a, b = tok.decode(tokens[mask]).rstrip("=").split("+")
+      right = ((i // self.group + self.round) % 3 == 0) and (i % 2 == 0)
+      answer = self.task.encode(np.array([[int(a), int(b)]]),
+                                np.array([int(a) + int(b) + (0 if right else 1)]))
+      rows.append((answer.target_tokens[0], answer.target_mask[0]))
+    self.round += 1
+    tokens = np.stack([r[0] for r in rows])
+    mask = np.stack([r[1] for r in rows])
+    return Rollout(prompt_tokens, prompt_mask, tokens, mask, np.zeros(mask.shape, np.float32),
+                   np.zeros(len(rows), bool))
+
+
+@pytest.mark.parametrize("max_extra", [4, 1])
+def test_dynamic_sampling_keeps_only_groups_with_a_reward_spread(max_extra):
+  task = AdditionTask(2, 100, 4, True, True)
+  config = types.SimpleNamespace(
+      seed=0, rollout=types.SimpleNamespace(num_prompts=6, group_size=4),
+      rl=rl_defaults(dynamic_sampling=True, max_extra_rollouts=max_extra))
+  state = types.SimpleNamespace(params=None, data_position=jnp.int32(12))
+  sampler = _ScriptedSampler(task, 4)
+  out = collect(state, task, config, sampler, None, key=jax.random.key(0))
+  rewards = np.asarray(out.inputs.rewards).reshape(6, 4)
+  spread = rewards.max(1) > rewards.min(1)
+  # Each round yields 2 of 6 groups with a spread: 3 rounds fill the batch.
+  expected_rounds = 3 if max_extra >= 2 else 2
+  assert out.sampling_rounds == expected_rounds
+  assert out.prompts_consumed == 6 * expected_rounds
+  assert spread.sum() == min(6, 2 * expected_rounds) == 6 - out.groups_without_spread
+  assert np.all(spread[:6 - out.groups_without_spread])  # kept groups first, fillers after
+  assert np.all(rewards[spread] .sum(1) == 2)  # half right, as scripted
+  assert out.rollout.completion_tokens.shape == (24, 4)

@@ -1,0 +1,115 @@
+"""The assembled update: micro-batching is exact, critics, KL controller, reference refresh,
+and the non-finite guard."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import ml_collections
+import pytest
+
+from grpo_jax.config import rl_defaults
+from grpo_jax.models.value_head import init_value_params
+from grpo_jax.rl.aggregation import LOSS_AGGREGATIONS
+from grpo_jax.rollout.sampler import generate
+from grpo_jax.train.experience import RewardInputs, make_prepare_batch
+from grpo_jax.train.state import create_train_state, end_of_step, make_optimizer
+from grpo_jax.train.update import make_update_step
+from tests.conftest import perturbed_params, tiny_model_config
+
+CFG = tiny_model_config(vocab_size=16)
+OPTIM = ml_collections.ConfigDict(dict(learning_rate=1e-2, warmup_steps=1, weight_decay=0.0,
+                                       b1=0.9, b2=0.99, max_grad_norm=1e9))
+PROMPTS = np.repeat(np.array([[1, 5, 6], [1, 9, 4], [0, 1, 3], [1, 12, 11]], np.int32), 4, 0)
+
+
+def _batch_and_state(rl, seed=0):
+  params = perturbed_params(CFG, seed)
+  value_params = init_value_params(rl.value_head, CFG, params, None)
+  if value_params is not None:  # a non-trivial head so values matter
+    value_params["head"]["kernel"] = jax.random.normal(jax.random.key(5), (CFG.hidden_size, 1))
+  optimizer = make_optimizer(OPTIM, 10)
+  state = create_train_state(params, optimizer, jax.random.key(1), value_params, rl.kl_coef)
+  state = state.replace(ref_params=perturbed_params(CFG, seed + 1))  # a reference that differs
+  rollout = generate(params, PROMPTS, PROMPTS != 0, jax.random.key(seed), model_cfg=CFG,
+                     max_new_tokens=5, temperature=1.0, eos_id=2, pad_id=0)
+  mask = np.asarray(rollout.completion_mask)
+  rewards = np.asarray(jax.random.uniform(jax.random.key(9), (len(PROMPTS),)))
+  inputs = RewardInputs(jnp.asarray(rewards, jnp.float32), jnp.zeros(len(PROMPTS)),
+                        jnp.zeros(mask.shape), jnp.zeros(mask.shape, jnp.int32),
+                        jnp.asarray(mask))
+  prepare = make_prepare_batch(CFG, rl, 4, 1.0, 5)
+  batch, _ = prepare(state.params, state.value_params, state.ref_params, state.kl_coef, rollout,
+                     inputs)
+  return state, batch, optimizer
+
+
+@pytest.mark.parametrize("mode,value_head", [(m, "none") for m in LOSS_AGGREGATIONS] +
+                         [("seq-mean-token-mean", "shared")])
+def test_micro_batches_give_the_full_batch_update(mode, value_head):
+  results = []
+  for micro in (1, 4):
+    rl = rl_defaults(loss_aggregation=mode, num_micro_batches=micro, value_head=value_head,
+                     advantage="gae" if value_head != "none" else "grpo", entropy_coef=0.01,
+                     num_minibatches=2, num_iterations=1)
+    state, batch, optimizer = _batch_and_state(rl)
+    new_state, metrics = make_update_step(CFG, rl, optimizer, 1.0)(state, batch)
+    results.append((new_state, metrics))
+  (a, ma), (b, mb) = results
+  for x, y in zip(jax.tree.leaves((a.params, a.value_params)),
+                  jax.tree.leaves((b.params, b.value_params))):
+    np.testing.assert_allclose(np.asarray(x), np.asarray(y), atol=1e-6)
+  for key in ("loss", "pg_loss", "kl", "clip_frac", "entropy"):
+    assert float(ma[key]) == pytest.approx(float(mb[key]), rel=1e-6, abs=1e-6), key
+  moved = max(float(jnp.max(jnp.abs(x - y))) for x, y in
+              zip(jax.tree.leaves(a.params), jax.tree.leaves(_batch_and_state(rl)[0].params)))
+  assert moved > 1e-4  # the update did something
+
+
+@pytest.mark.parametrize("value_head", ["shared", "separate"])
+def test_critic_values_are_frozen_at_rollout_and_then_fitted(value_head):
+  rl = rl_defaults(advantage="gae", value_head=value_head, value_coef=1.0, kl_coef=0.0)
+  state, batch, optimizer = _batch_and_state(rl)
+  update = make_update_step(CFG, rl, optimizer, 1.0)
+  old_values = np.asarray(batch.old_values)
+  mask = np.asarray(batch.completion_mask)
+  assert np.abs(old_values[mask]).max() > 0 and np.all(old_values[~mask] == 0)
+  losses = []
+  for _ in range(5):
+    state, metrics = update(state, batch)
+    losses.append(float(metrics["value_loss"]))
+  np.testing.assert_array_equal(np.asarray(batch.old_values), old_values)  # never re-read
+  assert losses[-1] < losses[0]
+  if value_head == "separate":
+    moved = jax.tree.leaves(jax.tree.map(lambda a, b: float(jnp.max(jnp.abs(a - b))),
+                                         state.value_params["backbone"], state.params))
+    assert max(moved) > 0  # the critic's backbone is its own
+
+
+def test_non_finite_loss_leaves_state_unchanged_and_is_counted():
+  rl = rl_defaults()
+  state, batch, optimizer = _batch_and_state(rl)
+  bad = batch._replace(advantages=batch.advantages.at[0, 0].set(jnp.nan))
+  new_state, metrics = make_update_step(CFG, rl, optimizer, 1.0)(state, bad)
+  for x, y in zip(jax.tree.leaves((state.params, state.opt_state)),
+                  jax.tree.leaves((new_state.params, new_state.opt_state))):
+    np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+  assert int(metrics["skipped_updates"]) == 1 and int(new_state.step) == 1
+
+
+def test_adaptive_kl_and_reference_refresh():
+  rl = rl_defaults(adaptive_kl=True, kl_coef=0.1, kl_target=0.1, kl_horizon=1000.0,
+                   ref_update_every=2, ref_mix=0.25)
+  state, _, _ = _batch_and_state(rl)
+  state = state.replace(step=jnp.int32(1))
+  after = end_of_step(state, rl, rollout_kl=jnp.float32(0.5), batch_size=16)
+  # KL/target - 1 = 4, clipped to 0.2: beta * (1 + 0.2 * 16 / 1000)
+  assert float(after.kl_coef) == pytest.approx(0.1 * (1 + 0.2 * 16 / 1000), rel=1e-6)
+  for r, r0 in zip(jax.tree.leaves(after.ref_params), jax.tree.leaves(state.ref_params)):
+    np.testing.assert_array_equal(np.asarray(r), np.asarray(r0))  # step 1: no refresh
+  lower = end_of_step(state, rl, rollout_kl=jnp.float32(0.09), batch_size=16)
+  assert float(lower.kl_coef) == pytest.approx(0.1 * (1 - 0.1 * 16 / 1000), rel=1e-6)
+  at_two = end_of_step(state.replace(step=jnp.int32(2)), rl, jnp.float32(0.1), 16)
+  for r, p, r0 in zip(jax.tree.leaves(at_two.ref_params), jax.tree.leaves(state.params),
+                      jax.tree.leaves(state.ref_params)):
+    np.testing.assert_allclose(np.asarray(r), 0.25 * np.asarray(p) + 0.75 * np.asarray(r0),
+                               atol=1e-6)
