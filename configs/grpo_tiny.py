@@ -44,5 +44,6 @@ def get_config() -> ml_collections.ConfigDict:
       max_grad_norm=1.0))
 
   c.train = ml_collections.ConfigDict(dict(
-      steps=300, eval_every=30, eval_size=500, eval_batch_size=250))
+      steps=300, eval_every=30, eval_size=500, eval_batch_size=250, eval_pass_k=0,
+      export=False))
   return c

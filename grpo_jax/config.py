@@ -15,7 +15,7 @@ ADVANTAGES = GROUP_ADVANTAGES + ("reinforce_pp", "remax", "gae")
 POLICY_LOSSES = ("ppo_clip", "gspo")
 KL_PLACEMENTS = ("loss", "reward")
 VALUE_HEADS = ("none", "shared", "separate")
-TASKS = ("addition",)
+TASKS = ("addition", "gsm8k")
 
 
 def rl_defaults(**overrides) -> ml_collections.ConfigDict:
@@ -75,6 +75,12 @@ def validate(config) -> None:
   _one_of(rl.kl_estimator, KL_ESTIMATORS, "rl.kl_estimator")
   _one_of(rl.kl_in, KL_PLACEMENTS, "rl.kl_in")
   _one_of(rl.value_head, VALUE_HEADS, "rl.value_head")
+  if config.task.name == "gsm8k":
+    _validate_gsm8k(config)
+  elif config.model.get("path", ""):
+    raise ConfigError(f"model.path={config.model.path!r} is set but task.name="
+                      f"{config.task.name!r} brings its own character tokenizer; clear "
+                      f"model.path or use task.name='gsm8k'.")
   _require(r.num_prompts >= 1, f"rollout.num_prompts={r.num_prompts}; use at least 1.")
   _require(r.group_size >= 1, f"rollout.group_size={r.group_size}; use at least 1.")
   if rl.advantage in GROUP_ADVANTAGES:
@@ -116,11 +122,36 @@ def validate(config) -> None:
            f"{r.max_new_tokens}).")
   _require(tr.steps >= 1, f"train.steps={tr.steps}; use at least 1.")
   _require(tr.eval_every >= 1, f"train.eval_every={tr.eval_every}; use at least 1.")
-  _require(tr.eval_batch_size >= 1 and tr.eval_size % tr.eval_batch_size == 0,
-           f"train.eval_size={tr.eval_size} is not a multiple of train.eval_batch_size="
-           f"{tr.eval_batch_size}; pick a divisor.")
+  _require(tr.eval_batch_size >= 1 and tr.eval_size >= 1,
+           f"train.eval_size={tr.eval_size}, train.eval_batch_size={tr.eval_batch_size}; use "
+           f"positive values.")
   _require(opt.learning_rate > 0, f"optim.learning_rate={opt.learning_rate}; use > 0.")
   m = config.model
+  if m.get("path", ""):
+    return  # the checkpoint's config.json describes the model
   _require(m.num_heads % m.num_kv_heads == 0,
            f"model.num_heads={m.num_heads} is not a multiple of model.num_kv_heads="
            f"{m.num_kv_heads}; grouped-query attention needs heads = kv_heads x group.")
+
+
+def _validate_gsm8k(config) -> None:
+  import os  # noqa: PLC0415
+  path = config.model.get("path", "")
+  _require(bool(path), "task.name='gsm8k' needs model.path, a local Hugging Face checkpoint "
+           "folder; e.g. hf download Qwen/Qwen2.5-0.5B-Instruct --local-dir "
+           "/ckpt/qwen2.5-0.5b-instruct, then --config.model.path=/ckpt/qwen2.5-0.5b-instruct.")
+  _require(os.path.isdir(path), f"model.path={path} is not a directory; download the "
+           f"checkpoint first, e.g. hf download Qwen/Qwen2.5-0.5B-Instruct "
+           f"--local-dir {path}.")
+  _require(config.warmup.steps == 0, f"warmup.steps={config.warmup.steps}: the supervised "
+           f"warm-up is for the synthetic task only; set warmup.steps=0 for a real checkpoint.")
+  _require(config.rl.advantage != "process", "rl.advantage='process' needs step rewards, "
+           "which task 'gsm8k' does not provide; pick another estimator.")
+  data = config.data
+  _require(data.source in ("jsonl", "tfds"), f"data.source={data.source!r} is unknown; valid: "
+           f"jsonl, tfds.")
+  if data.source == "jsonl":
+    for split in ("train", "test"):
+      file = os.path.join(data.path, f"{split}.jsonl")
+      _require(os.path.isfile(file), f"data.path={data.path!r} has no {split}.jsonl; point it "
+               f"at a folder with GSM8K's train.jsonl and test.jsonl.")

@@ -40,7 +40,8 @@ def test_rendering_round_trips(fixed_width, reverse):
     answer = tok.decode(batch.target_tokens[row])
     assert prompt.replace("+", " ").replace("=", "").split() == [
         f"{a:02d}" if fixed_width else str(a), f"{b:02d}" if fixed_width else str(b)]
-    assert int(answer) == a + b
+    assert int(answer[::-1] if reverse else answer) == a + b
+    assert len(answer) == (3 if fixed_width else len(str(a + b)))
     assert batch.target_tokens[row][batch.target_mask[row]][-1] == tok.eos_id
 
 

@@ -17,6 +17,7 @@ import dataclasses
 import numpy as np
 
 from grpo_jax.data.tokenizer import CharTokenizer, pad_rows
+from grpo_jax.rewards.exact_match import exact_match_reward, token_step_rewards
 
 _SPLIT_SEED = 1234  # fixed: the split must not move with the experiment's seed
 
@@ -117,3 +118,26 @@ class AdditionTask:
     wrong = rng.random(count) < carry_drop_fraction
     answers = np.where(wrong, drop_carries(operands[:, 0], operands[:, 1]), operands.sum(1))
     return self.encode(operands, answers)
+
+  # The task interface the loop uses (shared with GSM8KTask).
+  @property
+  def eos_id(self) -> int:
+    return self.tokenizer.eos_id
+
+  @property
+  def pad_id(self) -> int:
+    return self.tokenizer.pad_id
+
+  def score(self, batch: PromptBatch, completion_tokens, completion_mask, group_size: int):
+    """Exact-match rewards (B * G,) and per-token process rewards for the G completions of
+    each prompt (rows grouped contiguously)."""
+    repeat = lambda x: np.repeat(x, group_size, axis=0)  # noqa: E731
+    tt, tm = repeat(batch.target_tokens), repeat(batch.target_mask)
+    rewards = np.asarray(exact_match_reward(completion_tokens, completion_mask, tt, tm))
+    steps = tuple(np.asarray(x) for x in token_step_rewards(completion_tokens, completion_mask,
+                                                             tt, tm))
+    return rewards, steps
+
+  def eval_scores(self, batch: PromptBatch, completion_tokens, completion_mask) -> dict:
+    return {"eval_accuracy": np.asarray(exact_match_reward(
+        completion_tokens, completion_mask, batch.target_tokens, batch.target_mask))}

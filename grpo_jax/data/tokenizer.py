@@ -21,6 +21,9 @@ class CharTokenizer:
   def vocab_size(self) -> int:
     return len(self._specials) + len(self.alphabet)
 
+  def __len__(self) -> int:
+    return self.vocab_size
+
   def encode(self, text: str, bos: bool = False, eos: bool = False) -> list[int]:
     try:
       ids = [self._ids[c] for c in text]

@@ -10,7 +10,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from grpo_jax.rewards.exact_match import exact_match_reward, token_step_rewards
 from grpo_jax.rollout.sampler import Rollout
 from grpo_jax.train.experience import RewardInputs
 
@@ -24,12 +23,15 @@ class Collected:
   groups_without_spread: int  # groups kept although all their rewards were equal
 
 
-def _score(task_targets, rollout: Rollout, group_size: int):
-  repeat = lambda x: np.repeat(x, group_size, axis=0)  # noqa: E731
-  tt, tm = repeat(task_targets.target_tokens), repeat(task_targets.target_mask)
-  rewards = exact_match_reward(rollout.completion_tokens, rollout.completion_mask, tt, tm)
-  steps = token_step_rewards(rollout.completion_tokens, rollout.completion_mask, tt, tm)
-  return np.asarray(rewards), steps
+def _score(task, prompts, rollout: Rollout, group_size: int):
+  """Rewards (B,) and step rewards (three (B, K) arrays; zeros if the task has none)."""
+  rewards, steps = task.score(prompts, rollout.completion_tokens, rollout.completion_mask,
+                              group_size)
+  if steps is None:
+    mask = np.asarray(rollout.completion_mask)
+    steps = (np.zeros(mask.shape, np.float32), np.zeros(mask.shape, np.int32),
+             np.zeros(mask.shape, bool))
+  return np.asarray(rewards, np.float32), steps
 
 
 def _rows(tree, rows):
@@ -54,12 +56,10 @@ def collect(state, task, config, sample, greedy, key) -> Collected:
     rollout = sample(state.params, repeat(prompts.prompt_tokens), repeat(prompts.prompt_mask),
                      jax.random.fold_in(key, rounds))
     rounds += 1
-    rewards, steps = _score(prompts, rollout, group)
+    rewards, steps = _score(task, prompts, rollout, group)
     if rl.advantage == "remax":
       g = greedy(state.params, prompts.prompt_tokens, prompts.prompt_mask)
-      greedy_rewards = np.repeat(np.asarray(exact_match_reward(
-          g.completion_tokens, g.completion_mask, prompts.target_tokens,
-          prompts.target_mask)), group)
+      greedy_rewards = np.repeat(_score(task, prompts, g, 1)[0], group)
     else:
       greedy_rewards = np.zeros_like(rewards)
     for g in range(num_prompts):

@@ -12,39 +12,18 @@ import jax.numpy as jnp
 import numpy as np
 
 from grpo_jax import config as config_lib
-from grpo_jax.data.arithmetic import AdditionTask
 from grpo_jax.models.config import ModelConfig
-from grpo_jax.models.decoder import init_params
 from grpo_jax.models.value_head import init_value_params
-from grpo_jax.rewards.exact_match import exact_match_reward
 from grpo_jax.rollout.sampler import generate
 from grpo_jax.train.collect import collect
 from grpo_jax.train.experience import make_prepare_batch
+from grpo_jax.train.evaluation import evaluate
 from grpo_jax.train.metrics import MetricsWriter
+from grpo_jax.train.setup import build_model, build_task, uses_checkpoint
 from grpo_jax.train.state import (TrainState, create_train_state, end_of_step, make_optimizer,
                                   step_key)
 from grpo_jax.train.update import make_update_step
 from grpo_jax.train.warmup import run_warmup
-
-
-def build_task(config):
-  t = config.task
-  return AdditionTask(t.num_digits, t.test_size, config.rollout.max_new_tokens, t.fixed_width,
-                      t.reverse_answer)
-
-
-def evaluate(params, task, model_cfg: ModelConfig, train_cfg) -> dict:
-  """Greedy exact-match accuracy on the first train.eval_size held-out problems."""
-  batch = task.test_batch(train_cfg.eval_size)
-  correct = []
-  for start in range(0, train_cfg.eval_size, train_cfg.eval_batch_size):
-    sl = slice(start, start + train_cfg.eval_batch_size)
-    r = generate(params, batch.prompt_tokens[sl], batch.prompt_mask[sl], jax.random.key(0),
-                 model_cfg=model_cfg, max_new_tokens=task.max_new_tokens, temperature=0.0,
-                 eos_id=task.tokenizer.eos_id, pad_id=task.tokenizer.pad_id)
-    correct.append(exact_match_reward(r.completion_tokens, r.completion_mask,
-                                      batch.target_tokens[sl], batch.target_mask[sl]))
-  return {"eval_accuracy": float(jnp.mean(jnp.concatenate(correct)))}
 
 
 def _prepare_workdir(config, workdir: str) -> None:
@@ -68,17 +47,16 @@ def _rollout_metrics(collected, group_size: int) -> dict:
 def train(config, workdir: str, log=print) -> TrainState:
   """Runs config.train.steps RL steps; writes config.json and metrics.jsonl in workdir."""
   config_lib.validate(config)
-  task = build_task(config)
-  model_cfg = ModelConfig.from_config_dict(config.model)
-  if model_cfg.vocab_size < task.tokenizer.vocab_size:
+  task = build_task(config, log)
+  base_key = jax.random.key(config.seed)
+  model_cfg, params = build_model(config, jax.random.fold_in(base_key, 0))
+  if model_cfg.vocab_size < len(task.tokenizer):
     raise config_lib.ConfigError(
-        f"model.vocab_size={model_cfg.vocab_size} is smaller than the task's vocabulary of "
-        f"{task.tokenizer.vocab_size}; raise model.vocab_size.")
+        f"model.vocab_size={model_cfg.vocab_size} is smaller than the tokenizer's "
+        f"{len(task.tokenizer)} tokens; raise model.vocab_size.")
   _prepare_workdir(config, workdir)
 
   r_cfg, rl, t_cfg = config.rollout, config.rl, config.train
-  base_key = jax.random.key(config.seed)
-  params = init_params(model_cfg, jax.random.fold_in(base_key, 0))
   log(f"model: {sum(x.size for x in jax.tree.leaves(params)):,} parameters")
   params = run_warmup(params, task, model_cfg, config.warmup, config.seed, log)
 
@@ -93,13 +71,15 @@ def train(config, workdir: str, log=print) -> TrainState:
   update_step = make_update_step(model_cfg, rl, optimizer, r_cfg.temperature)
   finish_step = jax.jit(functools.partial(end_of_step, rl=rl, batch_size=batch_size))
   common = dict(model_cfg=model_cfg, max_new_tokens=r_cfg.max_new_tokens,
-                eos_id=task.tokenizer.eos_id, pad_id=task.tokenizer.pad_id)
+                eos_id=task.eos_id, pad_id=task.pad_id)
   sample = functools.partial(generate, temperature=r_cfg.temperature, top_k=r_cfg.top_k,
                              top_p=r_cfg.top_p, **common)
   greedy = lambda p, t, m: generate(p, t, m, jax.random.key(0), temperature=0.0, **common)  # noqa
 
   writer = MetricsWriter(workdir, t_cfg.steps)
-  eval_metrics = evaluate(state.params, task, model_cfg, t_cfg)
+  eval_key = jax.random.fold_in(base_key, 3)
+  run_eval = lambda p: evaluate(p, task, model_cfg, t_cfg, r_cfg, eval_key)  # noqa: E731
+  eval_metrics = run_eval(state.params)
   writer.write(0, eval_metrics)
   log(f"step    0/{t_cfg.steps} | eval_acc {eval_metrics['eval_accuracy']:.3f}")
   start = time.perf_counter()
@@ -116,7 +96,7 @@ def train(config, workdir: str, log=print) -> TrainState:
                "kl_coef": float(state.kl_coef)}
     step = int(state.step)
     if step % t_cfg.eval_every == 0 or step == t_cfg.steps:
-      metrics.update(evaluate(state.params, task, model_cfg, t_cfg))
+      metrics.update(run_eval(state.params))
     now = time.perf_counter()
     rollout = collected.rollout
     tokens = int(np.asarray(rollout.prompt_mask).sum() + np.asarray(rollout.completion_mask).sum())
@@ -125,4 +105,9 @@ def train(config, workdir: str, log=print) -> TrainState:
     writer.write(step, metrics)
     writer.progress(step, metrics, (now - start) / step)
   writer.close()
+  if uses_checkpoint(config) and t_cfg.export:
+    from grpo_jax.models.hf import export_hf_checkpoint
+    out = os.path.join(workdir, "hf_export")
+    export_hf_checkpoint(state.params, model_cfg, out, source_dir=config.model.path)
+    log(f"exported the trained policy as a Hugging Face checkpoint: {out}")
   return state

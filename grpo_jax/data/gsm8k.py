@@ -1,0 +1,179 @@
+"""GSM8K: local jsonl files or tensorflow-datasets, prompts through the model's chat template,
+and host-side scoring of decoded completions.
+
+Records are {"question": str, "answer": "...reasoning...\\n#### 18"}. The prompt is the chat
+template applied to one user message: the question, a space, and `data.instruction` (verl's
+recipe: 'Let\\'s think step by step and output the final answer after "####".').
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+
+import numpy as np
+
+from grpo_jax.data.tokenizer import pad_rows
+from grpo_jax.rewards.gsm8k import extract_flexible, extract_strict, get_reward_function, gold_answer
+
+VERL_INSTRUCTION = 'Let\'s think step by step and output the final answer after "####".'
+
+
+def load_jsonl(path: str) -> list[dict]:
+  """GSM8K records from a jsonl file; a malformed line fails naming the file and line."""
+  if not os.path.isfile(path):
+    raise FileNotFoundError(f"GSM8K file {path} does not exist; set data.path to a folder "
+                            f"holding train.jsonl and test.jsonl (one JSON object per line).")
+  records = []
+  with open(path) as f:
+    for number, line in enumerate(f, 1):
+      if not line.strip():
+        continue
+      try:
+        record = json.loads(line)
+      except json.JSONDecodeError as e:
+        raise ValueError(f"{path}:{number} is not valid JSON ({e.msg}); each line must be one "
+                         f"object with 'question' and 'answer'.") from None
+      if not (isinstance(record, dict) and isinstance(record.get("question"), str)
+              and isinstance(record.get("answer"), str)):
+        raise ValueError(f"{path}:{number} lacks a string 'question' or 'answer'; each line must "
+                         f"be one object with both.")
+      try:
+        record["gold"] = gold_answer(record["answer"])
+      except ValueError as e:
+        raise ValueError(f"{path}:{number}: {e}") from None
+      records.append(record)
+  return records
+
+
+def load_tfds(split: str, data_dir: str | None = None) -> list[dict]:
+  """GSM8K from tensorflow-datasets, prepared already (offline it fails at once, no retries)."""
+  try:
+    import tensorflow_datasets as tfds
+    import tensorflow_datasets.text.gsm8k  # noqa: F401  registers the builder
+  except ImportError as e:
+    raise ImportError(f"data.source='tfds' needs tensorflow-datasets and importlib_resources "
+                      f"(pip install tensorflow-datasets importlib_resources); {e}.") from None
+  builder = tfds.builder("gsm8k", data_dir=data_dir)
+  if not builder.is_prepared():
+    raise FileNotFoundError(
+        f"tfds gsm8k is not prepared under {builder.data_dir}; run once with network access: "
+        f"python -c \"import tensorflow_datasets as tfds, tensorflow_datasets.text.gsm8k; "
+        f"tfds.builder('gsm8k').download_and_prepare()\", or use data.source='jsonl'.")
+  records = []
+  for example in tfds.as_numpy(builder.as_dataset(split=split)):
+    question, answer = example["question"].decode(), example["answer"].decode()
+    records.append({"question": question, "answer": answer, "gold": gold_answer(answer)})
+  return records
+
+
+@dataclasses.dataclass
+class GSM8KPrompts:
+  prompt_tokens: np.ndarray  # (B, P) int32, left-padded
+  prompt_mask: np.ndarray  # (B, P) bool
+  gold: list  # normalised gold answers
+
+
+class GSM8KTask:
+  """Prompts, gold answers and scoring for GSM8K with a Hugging Face tokenizer."""
+
+  def __init__(self, data_cfg, reward_cfg, tokenizer, max_prompt_tokens: int,
+               max_new_tokens: int, log=print):
+    self.tokenizer = tokenizer
+    self.max_new_tokens = max_new_tokens
+    self.prompt_len = max_prompt_tokens
+    self.instruction = data_cfg.instruction
+    self.use_chat_template = data_cfg.use_chat_template
+    self.reward_fn = get_reward_function(reward_cfg.name)
+    self.format_score = reward_cfg.format_score
+    if data_cfg.source == "jsonl":
+      train = load_jsonl(os.path.join(data_cfg.path, "train.jsonl"))
+      test = load_jsonl(os.path.join(data_cfg.path, "test.jsonl"))
+    elif data_cfg.source == "tfds":
+      train, test = load_tfds("train", data_cfg.tfds_dir or None), load_tfds("test",
+                                                                               data_cfg.tfds_dir or None)
+    else:
+      raise ValueError(f"data.source={data_cfg.source!r} is unknown; valid: jsonl, tfds.")
+    self.train, dropped = self._encode_all(train)
+    self.test, dropped_test = self._encode_all(test)
+    if dropped or dropped_test:
+      log(f"gsm8k: dropped {dropped} train and {dropped_test} test prompts longer than "
+          f"data.max_prompt_tokens={max_prompt_tokens}")
+    if not self.train or not self.test:
+      raise ValueError(f"no GSM8K prompt fits data.max_prompt_tokens={max_prompt_tokens}; "
+                       f"raise it.")
+
+  def prompt_text(self, question: str) -> str:
+    content = f"{question} {self.instruction}".strip()
+    if self.use_chat_template and getattr(self.tokenizer, "chat_template", None):
+      return self.tokenizer.apply_chat_template([{"role": "user", "content": content}],
+                                                tokenize=False, add_generation_prompt=True)
+    return f"Question: {content}\nAnswer:"
+
+  def _encode_all(self, records):
+    kept, dropped = [], 0
+    for record in records:
+      ids = self.tokenizer(self.prompt_text(record["question"]), add_special_tokens=False)[
+          "input_ids"]
+      if len(ids) > self.prompt_len:
+        dropped += 1
+        continue
+      kept.append((ids, record["gold"]))
+    return kept, dropped
+
+  @property
+  def eos_id(self) -> int:
+    return self.tokenizer.eos_token_id
+
+  @property
+  def pad_id(self) -> int:
+    pad = self.tokenizer.pad_token_id
+    return self.eos_id if pad is None else pad
+
+  def _batch(self, items):
+    tokens, mask = pad_rows([ids for ids, _ in items], self.prompt_len, self.pad_id, left=True)
+    return GSM8KPrompts(tokens, mask, [g for _, g in items])
+
+  def train_batch(self, position: int, count: int, seed: int) -> GSM8KPrompts:
+    """Prompts [position, position + count) of a stream that reshuffles every epoch by
+    (seed, epoch), so any position is reproducible without replay."""
+    num = len(self.train)
+    items = []
+    while len(items) < count:
+      epoch, offset = divmod(position + len(items), num)
+      perm = np.random.default_rng([seed, epoch]).permutation(num)
+      items.extend(self.train[i] for i in perm[offset:offset + count - len(items)])
+    return self._batch(items)
+
+  def test_batch(self, size: int) -> GSM8KPrompts:
+    if size > len(self.test):
+      raise ValueError(f"eval size {size} exceeds the {len(self.test)} GSM8K test prompts; "
+                       f"lower train.eval_size.")
+    return self._batch(self.test[:size])
+
+  def decode(self, completion_tokens, completion_mask) -> list[str]:
+    tokens, mask = np.asarray(completion_tokens), np.asarray(completion_mask)
+    return [self.tokenizer.decode(t[m].tolist(), skip_special_tokens=True)
+            for t, m in zip(tokens, mask)]
+
+  def score(self, batch: GSM8KPrompts, completion_tokens, completion_mask, group_size: int):
+    """Rewards (B * G,) float32 of the configured reward function; no step rewards."""
+    texts = self.decode(completion_tokens, completion_mask)
+    golds = np.repeat(np.asarray(batch.gold, dtype=object), group_size)
+    rewards = np.array([self.reward_fn(t, g, self.format_score) for t, g in zip(texts, golds)],
+                       np.float32)
+    if not np.all(np.isfinite(rewards)):
+      bad = int(np.flatnonzero(~np.isfinite(rewards))[0])
+      raise ValueError(f"reward {self.reward_fn.__name__} returned {rewards[bad]} for "
+                       f"completion {texts[bad][:200]!r}; rewards must be finite.")
+    return rewards, None
+
+  def eval_scores(self, batch: GSM8KPrompts, completion_tokens, completion_mask) -> dict:
+    """Per-prompt strict and flexible correctness (verl's two GSM8K scores)."""
+    texts = self.decode(completion_tokens, completion_mask)
+    golds = batch.gold
+    return {"eval_accuracy": np.array([extract_strict(t) == g for t, g in zip(texts, golds)],
+                                      np.float32),
+            "eval_accuracy_flexible": np.array(
+                [extract_flexible(t) == g for t, g in zip(texts, golds)], np.float32)}

@@ -1,0 +1,45 @@
+"""Evaluation alone: python -m grpo_jax.eval --config=configs/<name>.py --workdir=DIR
+[--config.model.path=CKPT] [--config.train.eval_pass_k=K]
+
+Evaluates the policy at config.model.path (for example a run's `hf_export/`) on the task's
+held-out split, prints the figures and writes DIR/eval.json.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import jax
+from absl import app, flags
+
+from grpo_jax import config as config_lib
+from grpo_jax.main import _CONFIG, _WORKDIR, parse_flags
+
+
+def main(argv):
+  del argv
+  from grpo_jax.train.evaluation import evaluate
+  from grpo_jax.train.setup import build_model, build_task
+  config = _CONFIG.value
+  try:
+    config_lib.validate(config)
+    task = build_task(config)
+    key = jax.random.key(config.seed)
+    model_cfg, params = build_model(config, jax.random.fold_in(key, 0))
+  except config_lib.ConfigError as e:
+    print(f"error: {e}", file=sys.stderr)
+    sys.exit(2)
+  metrics = evaluate(params, task, model_cfg, config.train, config.rollout,
+                     jax.random.fold_in(key, 3))
+  os.makedirs(_WORKDIR.value, exist_ok=True)
+  with open(os.path.join(_WORKDIR.value, "eval.json"), "w") as f:
+    json.dump(metrics, f, indent=2)
+  for name, value in metrics.items():
+    print(f"{name}: {value:.4f}")
+
+
+if __name__ == "__main__":
+  del flags  # the flags are those of grpo_jax.main
+  app.run(main, flags_parser=parse_flags)

@@ -1,0 +1,352 @@
+"""Hugging Face checkpoints <-> our decoder params: config.json, safetensors loading, export.
+
+Supported ``model_type``s: llama, mistral, qwen2, qwen3 (default RoPE, full attention).
+
+Names map one to one (``model.layers.3.self_attn.q_proj.weight`` <->
+``layers_3/self_attn/q_proj/kernel``); Dense kernels are stored (out, in) by torch and (in, out)
+here, so they are transposed on the way in and out. Nothing here touches the network:
+download a checkpoint first, e.g. ``hf download Qwen/Qwen2.5-0.5B-Instruct --local-dir PATH``.
+
+bfloat16 tensors are read through safetensors' NumPy API as ``ml_dtypes.bfloat16`` arrays (the
+dtype jax registers with NumPy; safetensors >= 0.5 understands it) and cast to ``param_dtype``.
+"""
+
+from __future__ import annotations
+
+import collections
+import functools
+import json
+import pathlib
+import re
+import shutil
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from safetensors import safe_open
+from safetensors.numpy import save_file
+
+from grpo_jax.models.config import ModelConfig
+from grpo_jax.models.decoder import init_params
+
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
+EXPORT_DTYPES = ("float32", "bfloat16", "float16")
+TOKENIZER_FILES = (
+    "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json",
+    "merges.txt", "tokenizer.model", "added_tokens.json", "generation_config.json",
+    "chat_template.jinja")
+_ARCHITECTURES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
+                  "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
+_EXAMPLE_REPO = "Qwen/Qwen2.5-0.5B-Instruct"
+_ARCHITECTURE_FIELDS = ("vocab_size", "hidden_size", "intermediate_size", "num_layers",
+                        "num_heads", "num_kv_heads", "head_dim", "rope_theta", "rms_norm_eps",
+                        "tie_embeddings", "qkv_bias", "qk_norm")
+
+
+# ----------------------------------------------------------------------------- config.json
+
+
+def model_config_from_hf(hf_config: dict, param_dtype: str = "float32",
+                         compute_dtype: str = "float32") -> ModelConfig:
+  """The ModelConfig of a Hugging Face config.json (as a dict)."""
+  model_type = hf_config.get("model_type")
+  if model_type not in SUPPORTED_MODEL_TYPES:
+    raise ValueError(
+        f"config.json model_type={model_type!r} is not supported; use a checkpoint of one of "
+        f"{', '.join(SUPPORTED_MODEL_TYPES)}.")
+  _check_supported_features(hf_config, model_type)
+  heads = _require(hf_config, "num_attention_heads")
+  return ModelConfig(
+      vocab_size=_require(hf_config, "vocab_size"),
+      hidden_size=_require(hf_config, "hidden_size"),
+      intermediate_size=_require(hf_config, "intermediate_size"),
+      num_layers=_require(hf_config, "num_hidden_layers"),
+      num_heads=heads,
+      num_kv_heads=hf_config.get("num_key_value_heads") or heads,
+      head_dim=_head_dim(hf_config, model_type),
+      rope_theta=_rope_theta(hf_config),
+      rms_norm_eps=float(hf_config.get("rms_norm_eps", 1e-6)),
+      tie_embeddings=bool(hf_config.get("tie_word_embeddings", False)),
+      qkv_bias=model_type == "qwen2",
+      qk_norm=model_type == "qwen3",
+      param_dtype=param_dtype,
+      compute_dtype=compute_dtype)
+
+
+def hf_config_from_model_config(model_cfg: ModelConfig, model_type: str = "qwen2",
+                                dtype: str = "float32") -> dict:
+  """A minimal config.json (transformers-5 style, plus rope_theta for 4.x) for model_cfg."""
+  _check_export_model_type(model_cfg, model_type)
+  hf_config = {
+      "architectures": [_ARCHITECTURES[model_type]],
+      "model_type": model_type,
+      "vocab_size": model_cfg.vocab_size,
+      "hidden_size": model_cfg.hidden_size,
+      "intermediate_size": model_cfg.intermediate_size,
+      "num_hidden_layers": model_cfg.num_layers,
+      "num_attention_heads": model_cfg.num_heads,
+      "num_key_value_heads": model_cfg.num_kv_heads,
+      "head_dim": model_cfg.head_dim,
+      "hidden_act": "silu",
+      "rms_norm_eps": model_cfg.rms_norm_eps,
+      "tie_word_embeddings": model_cfg.tie_embeddings,
+      "rope_parameters": {"rope_type": "default", "rope_theta": model_cfg.rope_theta},
+      "rope_theta": model_cfg.rope_theta,
+      "dtype": dtype,
+  }
+  if model_type != "qwen2":
+    hf_config["attention_bias"] = False
+  if model_type == "llama":
+    hf_config["mlp_bias"] = False
+  if model_type in ("qwen2", "qwen3"):
+    hf_config["use_sliding_window"] = False
+  if model_type == "mistral":
+    hf_config["sliding_window"] = None
+  return hf_config
+
+
+def _require(hf_config: dict, key: str):
+  """hf_config[key], or a clear error when config.json lacks it."""
+  if hf_config.get(key) is None:
+    raise ValueError(f"config.json has no {key!r}; use the config.json that came with the "
+                     f"checkpoint.")
+  return hf_config[key]
+
+
+def _head_dim(hf_config: dict, model_type: str) -> int:
+  """head_dim, defaulting like transformers does (Qwen3: 128, others: hidden / heads)."""
+  if hf_config.get("head_dim"):
+    return int(hf_config["head_dim"])
+  if model_type == "qwen3":
+    return 128
+  return _require(hf_config, "hidden_size") // _require(hf_config, "num_attention_heads")
+
+
+def _rope_theta(hf_config: dict) -> float:
+  """rope_theta from rope_parameters (transformers 5) or rope_theta / rope_scaling (older)."""
+  rope = hf_config.get("rope_parameters") or hf_config.get("rope_scaling") or {}
+  rope_type = rope.get("rope_type", rope.get("type", "default"))
+  if rope_type != "default":
+    raise ValueError(f"config.json rope_type={rope_type!r} is not supported yet; use a "
+                     f"checkpoint with default (unscaled) RoPE.")
+  return float(rope.get("rope_theta", hf_config.get("rope_theta", 10_000.0)))
+
+
+def _check_supported_features(hf_config: dict, model_type: str) -> None:
+  """Raises on config.json options that the decoder cannot represent."""
+  act = hf_config.get("hidden_act", "silu")
+  if act != "silu":
+    raise ValueError(f"config.json hidden_act={act!r} is not supported; the decoder's MLP is "
+                     f"SwiGLU (hidden_act='silu').")
+  if model_type != "qwen2" and hf_config.get("attention_bias"):
+    raise ValueError("config.json attention_bias=true puts a bias on o_proj, which the decoder "
+                     "does not have; only Qwen2-style q/k/v biases are supported.")
+  if hf_config.get("mlp_bias"):
+    raise ValueError("config.json mlp_bias=true is not supported; the decoder's MLP has no "
+                     "biases.")
+  if model_type == "mistral":
+    window = hf_config.get("sliding_window", 4096)  # transformers' default for Mistral.
+  else:
+    window = hf_config.get("sliding_window") if hf_config.get("use_sliding_window") else None
+  if window is not None:
+    raise ValueError(f"config.json asks for sliding-window attention (sliding_window={window}), "
+                     f"which is not supported yet; use a checkpoint with full attention.")
+
+
+def _check_export_model_type(model_cfg: ModelConfig, model_type: str) -> None:
+  """Raises unless model_type's architecture matches model_cfg's biases and q/k norms."""
+  if model_type not in SUPPORTED_MODEL_TYPES:
+    raise ValueError(f"model_type={model_type!r} is not supported; pass one of "
+                     f"{', '.join(SUPPORTED_MODEL_TYPES)}.")
+  want = (model_type == "qwen2", model_type == "qwen3")
+  if (model_cfg.qkv_bias, model_cfg.qk_norm) != want:
+    raise ValueError(
+        f"model_type={model_type!r} needs qkv_bias={want[0]} and qk_norm={want[1]} but the "
+        f"model has qkv_bias={model_cfg.qkv_bias}, qk_norm={model_cfg.qk_norm}; pass qwen2 "
+        f"for q/k/v biases, qwen3 for q/k norms, llama for neither.")
+
+
+# ----------------------------------------------------------------------------- names
+
+
+def _hf_name(path: tuple) -> tuple:
+  """Our param path -> (Hugging Face tensor name, whether the array is transposed)."""
+  *modules, leaf = path
+  modules = [re.sub(r"^layers_(\d+)$", r"layers.\1", m) for m in modules]
+  prefix = [] if modules[0] == "lm_head" else ["model"]
+  hf_leaf = "weight" if leaf in ("kernel", "embedding") else leaf
+  return ".".join(prefix + modules + [hf_leaf]), leaf == "kernel"
+
+
+def _param_layout(model_cfg: ModelConfig):
+  """[(param path, HF name, transposed, our shape)] in tree order, and the params' treedef."""
+  shapes = jax.eval_shape(functools.partial(init_params, model_cfg), jax.random.key(0))
+  flat, treedef = jax.tree_util.tree_flatten_with_path(shapes)
+  layout = []
+  for key_path, leaf in flat:
+    path = tuple(k.key for k in key_path)
+    layout.append((path, *_hf_name(path), tuple(leaf.shape)))
+  return layout, treedef
+
+
+def _preview(names) -> str:
+  """The first few names, comma-separated, with a count of the rest."""
+  names = sorted(names)
+  more = f" (+{len(names) - 5} more)" if len(names) > 5 else ""
+  return ", ".join(names[:5]) + more
+
+
+# ----------------------------------------------------------------------------- loading
+
+
+def load_hf_checkpoint(path, param_dtype: str = "float32", compute_dtype: str = "float32"):
+  """(ModelConfig, params) of a local Hugging Face checkpoint directory (safetensors weights).
+
+  params has exactly the structure of ``init_params(cfg, key)``, cast to param_dtype.
+  """
+  path = pathlib.Path(path)
+  model_cfg = model_config_from_hf(_read_config(path), param_dtype, compute_dtype)
+  weight_map = _weight_map(path)
+  layout, treedef = _param_layout(model_cfg)
+  _check_tensor_names({name for _, name, _, _ in layout}, set(weight_map), model_cfg)
+  arrays = _read_tensors(weight_map, layout, jnp.dtype(param_dtype))
+  return model_cfg, jax.tree.unflatten(treedef, [arrays[name] for _, name, _, _ in layout])
+
+
+def _download_hint(path) -> str:
+  return f"`hf download {_EXAMPLE_REPO} --local-dir {path}`"
+
+
+def _read_config(path: pathlib.Path) -> dict:
+  """The checkpoint's config.json as a dict."""
+  if not path.is_dir():
+    raise FileNotFoundError(f"No checkpoint directory at {path}; download a Hugging Face "
+                            f"checkpoint there first, e.g. {_download_hint(path)}.")
+  config_file = path / "config.json"
+  if not config_file.is_file():
+    raise FileNotFoundError(f"{path} has no config.json; point at a full Hugging Face "
+                            f"checkpoint directory, e.g. one from {_download_hint(path)}.")
+  return json.loads(config_file.read_text())
+
+
+def _weight_map(path: pathlib.Path) -> dict:
+  """{tensor name: safetensors file} from model.safetensors or its sharded index."""
+  index = path / "model.safetensors.index.json"
+  if index.is_file():
+    weight_map = json.loads(index.read_text())["weight_map"]
+    return {name: path / file for name, file in weight_map.items()}
+  single = path / "model.safetensors"
+  if single.is_file():
+    with safe_open(str(single), framework="np") as f:
+      return {name: single for name in f.keys()}
+  raise FileNotFoundError(
+      f"{path} has no model.safetensors or model.safetensors.index.json (.bin weights are not "
+      f"read); download safetensors weights with {_download_hint(path)}.")
+
+
+def _check_tensor_names(expected: set, found: set, model_cfg: ModelConfig) -> None:
+  """Raises when the checkpoint lacks a tensor the config implies, or has one we cannot use."""
+  ignorable = {n for n in found if n.endswith("rotary_emb.inv_freq")}
+  if model_cfg.tie_embeddings:
+    ignorable.add("lm_head.weight")  # Some tied checkpoints store a copy of the embedding.
+  missing, unexpected = expected - found, found - expected - ignorable
+  if missing:
+    raise ValueError(f"The checkpoint lacks tensors {_preview(missing)} that its config.json "
+                     f"implies; check that config.json belongs to these weights.")
+  if unexpected:
+    raise ValueError(f"The checkpoint has tensors {_preview(unexpected)} that the decoder has "
+                     f"no parameter for; only plain {', '.join(SUPPORTED_MODEL_TYPES)} "
+                     f"checkpoints are supported.")
+
+
+def _read_tensors(weight_map: dict, layout: list, dtype) -> dict:
+  """{HF name: our array}, reading each safetensors file once."""
+  by_file = collections.defaultdict(list)
+  for _, name, transposed, shape in layout:
+    by_file[weight_map[name]].append((name, transposed, shape))
+  arrays = {}
+  for file, entries in by_file.items():
+    if not pathlib.Path(file).is_file():
+      raise FileNotFoundError(f"The shard {file} listed in model.safetensors.index.json is "
+                              f"missing; download the whole checkpoint again.")
+    with safe_open(str(file), framework="np") as f:
+      for name, transposed, shape in entries:
+        arrays[name] = _to_param(f.get_tensor(name), name, transposed, shape, dtype)
+  return arrays
+
+
+def _to_param(array: np.ndarray, name: str, transposed: bool, shape: tuple, dtype):
+  """A torch-layout tensor -> our layout and dtype, after checking its shape."""
+  hf_shape = shape[::-1] if transposed else shape
+  if tuple(array.shape) != hf_shape:
+    raise ValueError(f"Tensor {name} has shape {tuple(array.shape)} but config.json implies "
+                     f"{hf_shape}; check that config.json belongs to these weights.")
+  return jnp.asarray(array.T if transposed else array, dtype=dtype)
+
+
+# ----------------------------------------------------------------------------- export
+
+
+def export_hf_checkpoint(params, model_cfg: ModelConfig, out_dir, source_dir=None,
+                         model_type: str = "qwen2", dtype: str = "float32") -> pathlib.Path:
+  """Writes params as a Hugging Face checkpoint (config.json, model.safetensors, tokenizer).
+
+  config.json is source_dir's (with its dtype set to ``dtype``) when given, else generated for
+  model_type; tokenizer and generation files are copied from source_dir when it has them.
+  Returns out_dir.
+  """
+  if dtype not in EXPORT_DTYPES:
+    raise ValueError(f"dtype={dtype!r} is not supported for export; pass one of "
+                     f"{', '.join(EXPORT_DTYPES)}.")
+  if source_dir is None:
+    hf_config = hf_config_from_model_config(model_cfg, model_type, dtype)
+  else:
+    hf_config = _source_config(pathlib.Path(source_dir), model_cfg, dtype)
+  tensors = _hf_tensors(params, model_cfg, np.dtype(jnp.dtype(dtype)))
+  out_dir = pathlib.Path(out_dir)
+  out_dir.mkdir(parents=True, exist_ok=True)
+  save_file(tensors, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
+  (out_dir / "config.json").write_text(json.dumps(hf_config, indent=2) + "\n")
+  if source_dir is not None:
+    _copy_tokenizer_files(pathlib.Path(source_dir), out_dir)
+  return out_dir
+
+
+def _source_config(source_dir: pathlib.Path, model_cfg: ModelConfig, dtype: str) -> dict:
+  """source_dir's config.json, checked against model_cfg, with its dtype set to dtype."""
+  hf_config = _read_config(source_dir)
+  source_cfg = model_config_from_hf(hf_config)
+  for field in _ARCHITECTURE_FIELDS:
+    ours, theirs = getattr(model_cfg, field), getattr(source_cfg, field)
+    if ours != theirs:
+      raise ValueError(f"model_cfg.{field}={ours!r} but {source_dir}/config.json implies "
+                       f"{theirs!r}; pass the source_dir the params were loaded from.")
+  hf_config = dict(hf_config)
+  for key in ("dtype", "torch_dtype"):
+    if key in hf_config:
+      hf_config[key] = dtype
+  hf_config.setdefault("dtype", dtype)
+  return hf_config
+
+
+def _hf_tensors(params, model_cfg: ModelConfig, dtype: np.dtype) -> dict:
+  """{HF name: contiguous torch-layout array in dtype}, checking params' structure."""
+  layout, treedef = _param_layout(model_cfg)
+  if jax.tree.structure(params) != treedef:
+    raise ValueError("params do not have the structure of init_params(model_cfg, key); pass "
+                     "the ModelConfig the params were built or loaded with.")
+  tensors = {}
+  for (path, name, transposed, shape), leaf in zip(layout, jax.tree.leaves(params)):
+    array = np.asarray(jax.device_get(leaf))
+    if array.shape != shape:
+      raise ValueError(f"param {'/'.join(path)} has shape {array.shape} but model_cfg implies "
+                       f"{shape}; pass the ModelConfig the params were built or loaded with.")
+    tensors[name] = np.ascontiguousarray((array.T if transposed else array).astype(dtype))
+  return tensors
+
+
+def _copy_tokenizer_files(source_dir: pathlib.Path, out_dir: pathlib.Path) -> None:
+  """Copies whichever tokenizer / generation files source_dir has."""
+  for name in TOKENIZER_FILES:
+    if (source_dir / name).is_file():
+      shutil.copyfile(source_dir / name, out_dir / name)

@@ -1,0 +1,50 @@
+"""Held-out evaluation: greedy accuracy (the task's scores) and pass@k."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import numpy as np
+
+from grpo_jax.models.config import ModelConfig
+from grpo_jax.rollout.sampler import generate
+
+
+def evaluate(params, task, model_cfg: ModelConfig, train_cfg, rollout_cfg=None,
+             key=None) -> dict:
+  """Greedy accuracy on the first train.eval_size held-out prompts (the task's scores), and
+  with train.eval_pass_k = k > 0 also pass@k: the fraction of prompts for which at least one
+  of k completions sampled at the rollout temperature earns reward 1."""
+  batch = task.test_batch(train_cfg.eval_size)
+  size, chunk = train_cfg.eval_size, train_cfg.eval_batch_size
+  pass_k = train_cfg.get("eval_pass_k", 0)
+  common = dict(model_cfg=model_cfg, max_new_tokens=task.max_new_tokens, eos_id=task.eos_id,
+                pad_id=task.pad_id)
+  tokens, masks, passed = [], [], []
+  for start in range(0, size, chunk):
+    # Every chunk has the same static shape: the last one is padded with repeated rows.
+    rows = np.minimum(np.arange(start, start + chunk), size - 1)
+    keep = min(chunk, size - start)
+    prompts, prompt_mask = batch.prompt_tokens[rows], batch.prompt_mask[rows]
+    r = generate(params, prompts, prompt_mask, jax.random.key(0), temperature=0.0, **common)
+    tokens.append(np.asarray(r.completion_tokens)[:keep])
+    masks.append(np.asarray(r.completion_mask)[:keep])
+    if pass_k:
+      s = generate(params, np.repeat(prompts, pass_k, 0), np.repeat(prompt_mask, pass_k, 0),
+                   jax.random.fold_in(key, start), temperature=rollout_cfg.temperature,
+                   top_k=rollout_cfg.top_k, top_p=rollout_cfg.top_p, **common)
+      rewards, _ = task.score(_take(batch, rows), s.completion_tokens, s.completion_mask, pass_k)
+      passed.append((rewards.reshape(chunk, pass_k) >= 1.0).any(1)[:keep])
+  scores = task.eval_scores(batch, np.concatenate(tokens), np.concatenate(masks))
+  if pass_k:
+    scores[f"eval_pass_at_{pass_k}"] = np.concatenate(passed)
+  return {name: float(np.mean(values)) for name, values in scores.items()}
+
+
+def _take(batch, rows):
+  """The rows of a task's prompt batch (a dataclass of arrays and lists)."""
+  return dataclasses.replace(batch, **{
+      f.name: (getattr(batch, f.name)[rows] if isinstance(getattr(batch, f.name), np.ndarray)
+               else [getattr(batch, f.name)[i] for i in rows])
+      for f in dataclasses.fields(batch)})

@@ -1,0 +1,85 @@
+"""GSM8K data and scoring, on the real data in ../shared/data/gsm8k and model-style outputs."""
+
+import json
+import os
+
+import pytest
+
+from grpo_jax.data.gsm8k import load_jsonl, load_tfds
+from grpo_jax.rewards import gsm8k as R
+
+DATA = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "..", "shared",
+                    "data", "gsm8k")
+
+
+@pytest.fixture(scope="module")
+def train_records():
+  return load_jsonl(os.path.join(DATA, "train.jsonl"))
+
+
+def test_real_gsm8k_loads_with_gold_answers(train_records):
+  test = load_jsonl(os.path.join(DATA, "test.jsonl"))
+  assert len(train_records) == 7473 and len(test) == 1319
+  assert train_records[0]["gold"] == "72"  # Natalia's clips
+  # Every gold answer is a normalised number, and the strict reward of the reference solution
+  # itself is 1 (the answer line is "#### <gold>").
+  for record in train_records[:500] + test[:500]:
+    assert R.normalize_number(record["gold"]) == record["gold"]
+    assert R.strict_reward(record["answer"], record["gold"]) == 1.0
+  assert any("," in r["answer"].splitlines()[-1] for r in train_records)  # commas occur
+
+
+@pytest.mark.parametrize("completion,strict,flexible", [
+    ("so the total is 1234.\n#### 1,234", "1234", "1234"),
+    ("She pays $18.00 in all.", None, "18"),
+    ("The answer is 18.", None, "18"),
+    ("I am not sure.", None, None),
+    ("#### 18\nWait, let me recount: 3 + 4 = 7.", "18", "7"),  # flexible takes the last number
+    ("#### -7", "-7", "-7"),
+    ("#### 3.50", "3.5", "3.5"),
+    ("#### $5", None, "5"),  # verl's strict pattern wants digits right after '#### '
+])
+def test_extraction_on_model_style_outputs(completion, strict, flexible):
+  assert R.extract_strict(completion) == strict
+  assert R.extract_flexible(completion) == flexible
+
+
+def test_only_the_last_300_characters_are_searched():
+  early = "#### 42\n" + "x" * 300
+  assert R.extract_strict(early) is None and R.extract_strict(early[-300:]) is None
+  assert R.extract_strict("x" * 300 + "#### 42") == "42"
+
+
+def test_scores_and_format_score():
+  assert R.strict_reward("#### 1,234", "1234") == 1.0
+  assert R.strict_reward("#### 1,235", "1234") == 0.0
+  assert R.strict_reward("#### 1,235", "1234", format_score=0.1) == 0.1
+  assert R.strict_reward("no answer", "1234", format_score=0.1) == 0.0
+  assert R.flexible_reward("The answer is 18.", "18") == 1.0
+  assert R.format_reward("#### 9", "18") == 1.0 and R.format_reward("9", "18") == 0.0
+  with pytest.raises(ValueError, match="reward.name='exact' is unknown; valid: gsm8k_flexible"):
+    R.get_reward_function("exact")
+
+
+def test_malformed_lines_name_file_and_line(tmp_path):
+  path = tmp_path / "train.jsonl"
+  good = json.dumps({"question": "1+1?", "answer": "2\n#### 2"})
+  path.write_text(good + "\n" + "{not json\n")
+  with pytest.raises(ValueError, match=rf"{path}:2 is not valid JSON"):
+    load_jsonl(str(path))
+  path.write_text(good + "\n" + json.dumps({"question": "q"}) + "\n")
+  with pytest.raises(ValueError, match=rf"{path}:2 lacks a string 'question' or 'answer'"):
+    load_jsonl(str(path))
+  path.write_text(json.dumps({"question": "q", "answer": "no marker"}) + "\n")
+  with pytest.raises(ValueError, match=rf"{path}:1: GSM8K answer .* has no '#### <number>'"):
+    load_jsonl(str(path))
+  with pytest.raises(FileNotFoundError, match="set data.path"):
+    load_jsonl(str(tmp_path / "missing.jsonl"))
+
+
+def test_tfds_fails_fast_offline(tmp_path):
+  import time
+  start = time.perf_counter()
+  with pytest.raises((FileNotFoundError, ImportError), match="tfds|tensorflow-datasets"):
+    load_tfds("train", data_dir=str(tmp_path))
+  assert time.perf_counter() - start < 30  # no minutes of retries
