@@ -46,4 +46,8 @@ def get_config() -> ml_collections.ConfigDict:
   c.train = ml_collections.ConfigDict(dict(
       steps=300, eval_every=30, eval_size=500, eval_batch_size=250, eval_pass_k=0,
       export=False))
+  # Devices: (data, fsdp, tensor) sizes, -1 = the rest; multi-host start-up (see README).
+  c.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, tensor=1))
+  c.distributed = ml_collections.ConfigDict(dict(
+      mode="none", coordinator_address="", num_processes=0, process_id=-1))
   return c

@@ -12,6 +12,7 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+from jax.sharding import NamedSharding
 
 from grpo_jax.models.config import ModelConfig
 from grpo_jax.models.decoder import Decoder, init_cache, positions_from_mask
@@ -28,18 +29,34 @@ class Rollout(NamedTuple):
   truncated: jax.Array  # (B,) bool, hit N tokens without EOS
 
 
+def _constrain_cache(cache, mesh):
+  """KV cache rows over the batch axes and kv heads over `tensor` (when they divide)."""
+  if mesh is None:
+    return cache
+  from grpo_jax.parallel.mesh import spec_for  # the one place that knows the mesh rules
+  def place(x):
+    spec = spec_for(("batch", None, "kv_heads", None), x.shape, mesh)
+    return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, spec))
+  return jax.tree.map(place, cache)
+
+
 @functools.partial(jax.jit, static_argnames=(
-    "model_cfg", "max_new_tokens", "temperature", "top_k", "top_p", "eos_id", "pad_id"))
+    "model_cfg", "max_new_tokens", "temperature", "top_k", "top_p", "eos_id", "pad_id",
+    "mesh"))
 def generate(params, prompt_tokens, prompt_mask, key, *, model_cfg: ModelConfig,
              max_new_tokens: int, temperature: float = 1.0, top_k: int = 0,
-             top_p: float = 1.0, eos_id: int, pad_id: int) -> Rollout:
-  """Samples up to `max_new_tokens` tokens after each left-padded prompt row."""
+             top_p: float = 1.0, eos_id: int, pad_id: int, mesh=None) -> Rollout:
+  """Samples up to `max_new_tokens` tokens after each left-padded prompt row.
+
+  With a `mesh`, the KV cache is laid out by the mesh rules (rows over data/fsdp, kv heads
+  over tensor); params and prompts carry their own shardings in.
+  """
   model = Decoder(model_cfg)
   batch, prompt_len = prompt_tokens.shape
   total = prompt_len + max_new_tokens
   prompt_mask = prompt_mask.astype(bool)
   kv_mask = jnp.concatenate([prompt_mask, jnp.zeros((batch, max_new_tokens), bool)], axis=1)
-  cache = init_cache(model_cfg, batch, total)
+  cache = _constrain_cache(init_cache(model_cfg, batch, total), mesh)
   logits, cache = model.apply({"params": params}, prompt_tokens,
                               positions_from_mask(prompt_mask), kv_mask, cache, 0)
   next_position = jnp.sum(prompt_mask, axis=1).astype(jnp.int32)  # (B,)
@@ -62,6 +79,7 @@ def generate(params, prompt_tokens, prompt_mask, key, *, model_cfg: ModelConfig,
     logits, cache = model.apply({"params": params}, token[:, None],
                                 (next_position + step)[:, None], kv_mask, cache,
                                 prompt_len + step)
+    cache = _constrain_cache(cache, mesh)
     return (step + 1, logits[:, 0], cache, done, kv_mask, tokens_out, logp_out, mask_out)
 
   carry = (jnp.int32(0), logits[:, -1], cache, jnp.zeros((batch,), bool), kv_mask,

@@ -7,9 +7,9 @@ from __future__ import annotations
 import dataclasses
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
+from grpo_jax.parallel.distributed import to_host
 from grpo_jax.rollout.sampler import Rollout
 from grpo_jax.train.experience import RewardInputs
 
@@ -46,7 +46,7 @@ def collect(state, task, config, sample, greedy, key) -> Collected:
   """
   r_cfg, rl = config.rollout, config.rl
   num_prompts, group = r_cfg.num_prompts, r_cfg.group_size
-  position = int(state.data_position)
+  start = position = int(to_host(state.data_position))
   kept, spare = [], []  # (rollout rows, rewards, steps, greedy rewards) per group
   rounds = 0
   while True:
@@ -56,9 +56,10 @@ def collect(state, task, config, sample, greedy, key) -> Collected:
     rollout = sample(state.params, repeat(prompts.prompt_tokens), repeat(prompts.prompt_mask),
                      jax.random.fold_in(key, rounds))
     rounds += 1
+    rollout = to_host(rollout)
     rewards, steps = _score(task, prompts, rollout, group)
     if rl.advantage == "remax":
-      g = greedy(state.params, prompts.prompt_tokens, prompts.prompt_mask)
+      g = to_host(greedy(state.params, prompts.prompt_tokens, prompts.prompt_mask))
       greedy_rewards = np.repeat(_score(task, prompts, g, 1)[0], group)
     else:
       greedy_rewards = np.zeros_like(rewards)
@@ -74,9 +75,7 @@ def collect(state, task, config, sample, greedy, key) -> Collected:
   cat = lambda xs: jax.tree.map(lambda *a: np.concatenate(a, 0), *xs)  # noqa: E731
   rollout = cat([c[0] for c in chosen])
   step_rewards, step_end, step_mask = cat([c[2] for c in chosen])
-  inputs = RewardInputs(jnp.asarray(np.concatenate([c[1] for c in chosen])),
-                        jnp.asarray(np.concatenate([c[3] for c in chosen])),
-                        jnp.asarray(step_rewards), jnp.asarray(step_end),
-                        jnp.asarray(step_mask))
-  return Collected(Rollout(*map(jnp.asarray, rollout)), inputs,
-                   position - int(state.data_position), rounds, filler)
+  inputs = RewardInputs(np.concatenate([c[1] for c in chosen]),
+                        np.concatenate([c[3] for c in chosen]), step_rewards, step_end, step_mask)
+  return Collected(rollout, inputs,
+                   position - start, rounds, filler)

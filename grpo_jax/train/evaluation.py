@@ -8,11 +8,13 @@ import jax
 import numpy as np
 
 from grpo_jax.models.config import ModelConfig
+from grpo_jax.parallel.distributed import to_host
+from grpo_jax.parallel.mesh import shard_batch
 from grpo_jax.rollout.sampler import generate
 
 
 def evaluate(params, task, model_cfg: ModelConfig, train_cfg, rollout_cfg=None,
-             key=None) -> dict:
+             key=None, mesh=None) -> dict:
   """Greedy accuracy on the first train.eval_size held-out prompts (the task's scores), and
   with train.eval_pass_k = k > 0 also pass@k: the fraction of prompts for which at least one
   of k completions sampled at the rollout temperature earns reward 1."""
@@ -20,20 +22,23 @@ def evaluate(params, task, model_cfg: ModelConfig, train_cfg, rollout_cfg=None,
   size, chunk = train_cfg.eval_size, train_cfg.eval_batch_size
   pass_k = train_cfg.get("eval_pass_k", 0)
   common = dict(model_cfg=model_cfg, max_new_tokens=task.max_new_tokens, eos_id=task.eos_id,
-                pad_id=task.pad_id)
+                pad_id=task.pad_id, mesh=mesh)
+  place = (lambda *xs: shard_batch(xs, mesh)) if mesh is not None else (lambda *xs: xs)
   tokens, masks, passed = [], [], []
   for start in range(0, size, chunk):
     # Every chunk has the same static shape: the last one is padded with repeated rows.
     rows = np.minimum(np.arange(start, start + chunk), size - 1)
     keep = min(chunk, size - start)
     prompts, prompt_mask = batch.prompt_tokens[rows], batch.prompt_mask[rows]
-    r = generate(params, prompts, prompt_mask, jax.random.key(0), temperature=0.0, **common)
+    r = to_host(generate(params, *place(prompts, prompt_mask), jax.random.key(0),
+                         temperature=0.0, **common))
     tokens.append(np.asarray(r.completion_tokens)[:keep])
     masks.append(np.asarray(r.completion_mask)[:keep])
     if pass_k:
-      s = generate(params, np.repeat(prompts, pass_k, 0), np.repeat(prompt_mask, pass_k, 0),
-                   jax.random.fold_in(key, start), temperature=rollout_cfg.temperature,
-                   top_k=rollout_cfg.top_k, top_p=rollout_cfg.top_p, **common)
+      s = to_host(generate(params, *place(np.repeat(prompts, pass_k, 0),
+                                          np.repeat(prompt_mask, pass_k, 0)),
+                           jax.random.fold_in(key, start), temperature=rollout_cfg.temperature,
+                           top_k=rollout_cfg.top_k, top_p=rollout_cfg.top_p, **common))
       rewards, _ = task.score(_take(batch, rows), s.completion_tokens, s.completion_mask, pass_k)
       passed.append((rewards.reshape(chunk, pass_k) >= 1.0).any(1)[:keep])
   scores = task.eval_scores(batch, np.concatenate(tokens), np.concatenate(masks))

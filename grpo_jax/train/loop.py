@@ -14,6 +14,10 @@ import numpy as np
 from grpo_jax import config as config_lib
 from grpo_jax.models.config import ModelConfig
 from grpo_jax.models.value_head import init_value_params
+from grpo_jax.parallel import distributed
+from grpo_jax.parallel.distributed import to_host
+from grpo_jax.parallel.mesh import (batch_axis_size, bytes_per_device, make_mesh, place_tree,
+                                    shard_batch, tree_shardings)
 from grpo_jax.rollout.sampler import generate
 from grpo_jax.train.collect import collect
 from grpo_jax.train.experience import make_prepare_batch
@@ -24,6 +28,27 @@ from grpo_jax.train.state import (TrainState, create_train_state, end_of_step, m
                                   step_key)
 from grpo_jax.train.update import make_update_step
 from grpo_jax.train.warmup import run_warmup
+
+
+def _check_batches_fit_mesh(config, mesh) -> None:
+  """Every batch must split evenly over the mesh's data x fsdp devices (checked up front)."""
+  size = batch_axis_size(mesh)
+  r, t = config.rollout, config.train
+  batch = r.num_prompts * r.group_size
+  for name, value in ((f"the rollout batch (rollout.num_prompts={r.num_prompts} x "
+                       f"rollout.group_size={r.group_size})", batch),
+                      ("a minibatch", batch // config.rl.num_minibatches),
+                      ("a micro-batch", batch // config.rl.num_minibatches //
+                       config.rl.num_micro_batches),
+                      ("train.eval_batch_size", t.eval_batch_size)):
+    if value % size:
+      raise config_lib.ConfigError(
+          f"{name} = {value} does not split over the {size} devices of the mesh's data x fsdp "
+          f"axes ({mesh.shape['data']} x {mesh.shape['fsdp']}); make it a multiple of {size}.")
+  if config.rl.advantage == "remax" and r.num_prompts % size:
+    raise config_lib.ConfigError(
+        f"rl.advantage='remax' decodes one greedy row per prompt: rollout.num_prompts="
+        f"{r.num_prompts} must be a multiple of the {size} data x fsdp devices.")
 
 
 def _prepare_workdir(config, workdir: str) -> None:
@@ -47,6 +72,14 @@ def _rollout_metrics(collected, group_size: int) -> dict:
 def train(config, workdir: str, log=print) -> TrainState:
   """Runs config.train.steps RL steps; writes config.json and metrics.jsonl in workdir."""
   config_lib.validate(config)
+  distributed.initialize(config.get("distributed"))
+  try:
+    mesh = make_mesh(config.mesh)
+  except ValueError as e:
+    raise config_lib.ConfigError(str(e)) from None
+  _check_batches_fit_mesh(config, mesh)
+  if not distributed.is_main_process():
+    log = lambda *a, **k: None  # noqa: E731  process 0 speaks and writes for everyone
   task = build_task(config, log)
   base_key = jax.random.key(config.seed)
   model_cfg, params = build_model(config, jax.random.fold_in(base_key, 0))
@@ -54,7 +87,8 @@ def train(config, workdir: str, log=print) -> TrainState:
     raise config_lib.ConfigError(
         f"model.vocab_size={model_cfg.vocab_size} is smaller than the tokenizer's "
         f"{len(task.tokenizer)} tokens; raise model.vocab_size.")
-  _prepare_workdir(config, workdir)
+  if distributed.is_main_process():
+    _prepare_workdir(config, workdir)
 
   r_cfg, rl, t_cfg = config.rollout, config.rl, config.train
   log(f"model: {sum(x.size for x in jax.tree.leaves(params)):,} parameters")
@@ -65,20 +99,34 @@ def train(config, workdir: str, log=print) -> TrainState:
                                    jax.random.fold_in(base_key, 2))
   state = create_train_state(params, optimizer, jax.random.fold_in(base_key, 1), value_params,
                              rl.kl_coef)
+  state = place_tree(state, mesh)
+  log(f"mesh (data, fsdp, tensor) = {tuple(mesh.shape.values())} over {mesh.size} devices, "
+      f"{jax.process_count()} process(es); per device: params "
+      f"{bytes_per_device(state.params) / 2**20:.2f} MiB, optimizer state "
+      f"{bytes_per_device(state.opt_state) / 2**20:.2f} MiB, reference "
+      f"{bytes_per_device(state.ref_params) / 2**20:.2f} MiB")
   batch_size = r_cfg.num_prompts * r_cfg.group_size
   prepare = make_prepare_batch(model_cfg, rl, r_cfg.group_size, r_cfg.temperature,
                                r_cfg.max_new_tokens)
-  update_step = make_update_step(model_cfg, rl, optimizer, r_cfg.temperature)
-  finish_step = jax.jit(functools.partial(end_of_step, rl=rl, batch_size=batch_size))
+  state_shardings = tree_shardings(state, mesh)
+  update_step = make_update_step(model_cfg, rl, optimizer, r_cfg.temperature, state_shardings)
+  finish_step = jax.jit(functools.partial(end_of_step, rl=rl, batch_size=batch_size),
+                        out_shardings=state_shardings)
   common = dict(model_cfg=model_cfg, max_new_tokens=r_cfg.max_new_tokens,
                 eos_id=task.eos_id, pad_id=task.pad_id)
-  sample = functools.partial(generate, temperature=r_cfg.temperature, top_k=r_cfg.top_k,
-                             top_p=r_cfg.top_p, **common)
-  greedy = lambda p, t, m: generate(p, t, m, jax.random.key(0), temperature=0.0, **common)  # noqa
+  common["mesh"] = mesh
 
-  writer = MetricsWriter(workdir, t_cfg.steps)
+  def sample(p, tokens, mask, key):
+    return generate(p, *shard_batch((tokens, mask), mesh), key, temperature=r_cfg.temperature,
+                    top_k=r_cfg.top_k, top_p=r_cfg.top_p, **common)
+
+  def greedy(p, tokens, mask):
+    return generate(p, *shard_batch((tokens, mask), mesh), jax.random.key(0), temperature=0.0,
+                    **common)
+
+  writer = MetricsWriter(workdir, t_cfg.steps, enabled=distributed.is_main_process())
   eval_key = jax.random.fold_in(base_key, 3)
-  run_eval = lambda p: evaluate(p, task, model_cfg, t_cfg, r_cfg, eval_key)  # noqa: E731
+  run_eval = lambda p: evaluate(p, task, model_cfg, t_cfg, r_cfg, eval_key, mesh)  # noqa: E731
   eval_metrics = run_eval(state.params)
   writer.write(0, eval_metrics)
   log(f"step    0/{t_cfg.steps} | eval_acc {eval_metrics['eval_accuracy']:.3f}")
@@ -86,15 +134,17 @@ def train(config, workdir: str, log=print) -> TrainState:
   for _ in range(t_cfg.steps):
     t0 = time.perf_counter()
     collected = collect(state, task, config, sample, greedy, step_key(state, 0))
+    rollout_on_mesh, inputs_on_mesh = shard_batch((collected.rollout, collected.inputs), mesh)
     batch, prep_metrics = prepare(state.params, state.value_params, state.ref_params,
-                                  state.kl_coef, collected.rollout, collected.inputs)
+                                  state.kl_coef, rollout_on_mesh, inputs_on_mesh)
     state, metrics = update_step(state, batch)
     state = finish_step(state, rollout_kl=prep_metrics["rollout_kl"])
-    state = state.replace(data_position=state.data_position + collected.prompts_consumed)
-    metrics = {**jax.device_get(metrics), **jax.device_get(prep_metrics),
+    state = state.replace(data_position=jax.device_put(
+        state.data_position + collected.prompts_consumed, state_shardings.data_position))
+    metrics = {**to_host(metrics), **to_host(prep_metrics),
                **_rollout_metrics(collected, r_cfg.group_size),
-               "kl_coef": float(state.kl_coef)}
-    step = int(state.step)
+               "kl_coef": float(to_host(state.kl_coef))}
+    step = int(to_host(state.step))
     if step % t_cfg.eval_every == 0 or step == t_cfg.steps:
       metrics.update(run_eval(state.params))
     now = time.perf_counter()
@@ -106,8 +156,10 @@ def train(config, workdir: str, log=print) -> TrainState:
     writer.progress(step, metrics, (now - start) / step)
   writer.close()
   if uses_checkpoint(config) and t_cfg.export:
-    from grpo_jax.models.hf import export_hf_checkpoint
-    out = os.path.join(workdir, "hf_export")
-    export_hf_checkpoint(state.params, model_cfg, out, source_dir=config.model.path)
-    log(f"exported the trained policy as a Hugging Face checkpoint: {out}")
+    host_params = to_host(state.params)  # collective: every process takes part
+    if distributed.is_main_process():
+      from grpo_jax.models.hf import export_hf_checkpoint
+      out = os.path.join(workdir, "hf_export")
+      export_hf_checkpoint(host_params, model_cfg, out, source_dir=config.model.path)
+      log(f"exported the trained policy as a Hugging Face checkpoint: {out}")
   return state

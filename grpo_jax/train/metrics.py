@@ -22,10 +22,14 @@ def to_python(metrics: Mapping) -> dict:
 
 
 class MetricsWriter:
-  def __init__(self, workdir: str, total_steps: int, stream=sys.stdout):
+  def __init__(self, workdir: str, total_steps: int, stream=sys.stdout, enabled: bool = True):
     self.path = os.path.join(workdir, "metrics.jsonl")
     self.total_steps = total_steps
     self.stream = stream
+    self.enabled = enabled  # only process 0 of a multi-host run writes
+    self._tb = None
+    if not enabled:
+      return
     try:
       from tensorboardX import SummaryWriter
       self._tb = SummaryWriter(logdir=workdir, flush_secs=10)
@@ -33,6 +37,8 @@ class MetricsWriter:
       self._tb = None
 
   def write(self, step: int, metrics: Mapping, prefix: str = "") -> None:
+    if not self.enabled:
+      return
     record = {"step": int(step), **to_python(metrics)}
     if not prefix:
       with open(self.path, "a") as f:
@@ -43,6 +49,8 @@ class MetricsWriter:
           self._tb.add_scalar(f"{prefix}{k}", v, int(step))
 
   def progress(self, step: int, m: Mapping, seconds_per_step: float) -> None:
+    if not self.enabled:
+      return
     eta = max(self.total_steps - step, 0) * seconds_per_step
     parts = [f"step {step:>4}/{self.total_steps}",
              f"reward {m['reward_mean']:.3f}", f"kl {m['kl']:.4f}",

@@ -65,8 +65,11 @@ def loss_and_sums(trainable, mb: Batch, normalizer, kl_coef, *, model_cfg: Model
   return loss, sums
 
 
-def make_update_step(model_cfg: ModelConfig, rl, optimizer, temperature: float):
-  """Builds the jitted update for a config (the rl section is read at trace time)."""
+def make_update_step(model_cfg: ModelConfig, rl, optimizer, temperature: float,
+                     state_shardings=None):
+  """Builds the jitted update for a config (the rl section is read at trace time). With
+  `state_shardings`, the new state keeps the layout of the old one, so the next step compiles
+  nothing new."""
   mu, num_mb, num_micro = rl.num_iterations, rl.num_minibatches, rl.num_micro_batches
   grad_fn = jax.value_and_grad(loss_and_sums, has_aux=True)
 
@@ -88,7 +91,6 @@ def make_update_step(model_cfg: ModelConfig, rl, optimizer, temperature: float):
     (grads, sums), _ = jax.lax.scan(one, init, micro)
     return grads, sums
 
-  @jax.jit
   def update_step(state: TrainState, batch: Batch):
     batch_size = batch.completion_tokens.shape[0]
     key = step_key(state, 1)
@@ -121,7 +123,9 @@ def make_update_step(model_cfg: ModelConfig, rl, optimizer, temperature: float):
                               skipped_updates=skipped)
     return new_state, metrics
 
-  return update_step
+  if state_shardings is None:
+    return jax.jit(update_step)
+  return jax.jit(update_step, out_shardings=(state_shardings, None))
 
 
 def _global_norm(tree):

@@ -1,0 +1,156 @@
+"""The device mesh and the one table that maps logical axis names to mesh axes (MaxText style).
+
+Mesh axes: `data` (pure data parallelism), `fsdp` (data parallelism whose params, optimizer
+state and reference are sharded too), `tensor` (heads and MLP columns split across devices).
+Every other module names logical axes only; `LOGICAL_RULES` decides where they go.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+
+import jax
+import numpy as np
+from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
+
+MESH_AXES = ("data", "fsdp", "tensor")
+
+# logical axis -> mesh axis (or axes); None = replicated.
+LOGICAL_RULES = {
+    "batch": ("data", "fsdp"),  # rows of prompts / completions / KV cache
+    "vocab": "tensor",
+    "embed": "fsdp",  # the model dimension of weights (FSDP shards it)
+    "heads": "tensor",  # q/k/v/o projections' head dimension (flattened heads * head_dim)
+    "kv_heads": "tensor",
+    "mlp": "tensor",
+    "norm": None,
+    "value": None,
+}
+
+
+def resolve_mesh_shape(mesh_cfg, num_devices: int) -> tuple[int, int, int]:
+  """Sizes of (data, fsdp, tensor); one of them may be -1 for "the rest of the devices"."""
+  sizes = [int(mesh_cfg.data), int(mesh_cfg.fsdp), int(mesh_cfg.tensor)]
+  wildcards = [i for i, s in enumerate(sizes) if s == -1]
+  if len(wildcards) > 1 or any(s == 0 or s < -1 for s in sizes):
+    raise ValueError(f"mesh (data, fsdp, tensor) = {tuple(sizes)}: use positive sizes with at "
+                     f"most one -1 (the rest of the devices).")
+  known = math.prod(s for s in sizes if s != -1)
+  if wildcards:
+    if num_devices % known:
+      raise ValueError(f"mesh (data, fsdp, tensor) = {tuple(sizes)} cannot fill {num_devices} "
+                       f"devices: {num_devices} is not a multiple of {known}.")
+    sizes[wildcards[0]] = num_devices // known
+  if math.prod(sizes) != num_devices:
+    raise ValueError(f"mesh (data, fsdp, tensor) = {tuple(sizes)} has {math.prod(sizes)} "
+                     f"devices but {num_devices} are present; make the product {num_devices} "
+                     f"(or set one axis to -1).")
+  return tuple(sizes)
+
+
+def make_mesh(mesh_cfg, devices=None) -> Mesh:
+  devices = list(jax.devices() if devices is None else devices)
+  shape = resolve_mesh_shape(mesh_cfg, len(devices))
+  return jax.make_mesh(shape, MESH_AXES, axis_types=(AxisType.Auto,) * 3, devices=devices)
+
+
+def batch_axis_size(mesh: Mesh) -> int:
+  return mesh.shape["data"] * mesh.shape["fsdp"]
+
+
+def spec_for(logical: tuple, shape: tuple, mesh: Mesh) -> PartitionSpec:
+  """PartitionSpec of an array whose dims carry `logical` names; a dim that does not divide
+  by its mesh axes stays replicated (so every model shape runs on every mesh)."""
+  parts = []
+  for name, dim in zip(logical, shape):
+    axes = LOGICAL_RULES.get(name) if name else None
+    if axes is not None:
+      axes_t = axes if isinstance(axes, tuple) else (axes,)
+      if dim % math.prod(mesh.shape[a] for a in axes_t):
+        axes = None
+    parts.append(axes)
+  return PartitionSpec(*parts)
+
+
+# Parameter path (as "a/b/c") -> logical axes, first match wins.
+_PARAM_AXES = (
+    (r"embed_tokens/embedding$", ("vocab", "embed")),
+    (r"lm_head/kernel$", ("embed", "vocab")),
+    (r"(q_proj|k_proj|v_proj)/kernel$", ("embed", "heads")),
+    (r"(q_proj|k_proj|v_proj)/bias$", ("heads",)),
+    (r"o_proj/kernel$", ("heads", "embed")),
+    (r"(gate_proj|up_proj)/kernel$", ("embed", "mlp")),
+    (r"down_proj/kernel$", ("mlp", "embed")),
+    (r"head/kernel$", ("embed", "value")),
+    (r"(weight|bias)$", ("norm",)),
+)
+
+
+def param_logical_axes(path: str, ndim: int) -> tuple:
+  for pattern, axes in _PARAM_AXES:
+    if re.search(pattern, path) and len(axes) == ndim:
+      return axes
+  return (None,) * ndim
+
+
+def _path_str(path) -> str:
+  return "/".join(str(getattr(k, "key", getattr(k, "idx", k))) for k in path)
+
+
+def place_tree(tree, mesh: Mesh):
+  """Puts a params-like pytree (host or device arrays, identical on every process) on the mesh
+  by the rules."""
+  def place(x, sharding):
+    if isinstance(x, jax.Array) and jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
+      return jax.random.wrap_key_data(place(jax.random.key_data(x), sharding),
+                                      impl=jax.random.key_impl(x))
+    if isinstance(x, jax.Array) and x.is_fully_addressable and jax.process_count() == 1:
+      return jax.device_put(x, sharding)
+    host = np.asarray(x)
+    return jax.make_array_from_callback(host.shape, sharding, lambda index: host[index])
+  return jax.tree.map(place, tree, tree_shardings(tree, mesh))
+
+
+def tree_shardings(tree, mesh: Mesh):
+  """NamedShardings for a params-like pytree (optimizer states included: their leaves keep the
+  param paths as suffixes, so the same rules apply); scalars are replicated."""
+  def one(path, leaf):
+    shape = np.shape(leaf)
+    logical = param_logical_axes(_path_str(path), len(shape))
+    return NamedSharding(mesh, spec_for(logical, shape, mesh))
+  return jax.tree_util.tree_map_with_path(one, tree)
+
+
+def batch_sharding(mesh: Mesh, ndim: int) -> NamedSharding:
+  """Leading dim over (data, fsdp), the rest replicated."""
+  return NamedSharding(mesh, PartitionSpec(LOGICAL_RULES["batch"], *([None] * (ndim - 1))))
+
+
+def shard_batch(tree, mesh: Mesh):
+  """Places every array of a batch pytree with its leading dim split over the batch axes."""
+  size = batch_axis_size(mesh)
+
+  def place(x):
+    x = x if isinstance(x, jax.Array) else np.asarray(x)
+    if x.ndim and x.shape[0] % size:
+      raise ValueError(f"a batch of {x.shape[0]} rows does not split over the {size} devices "
+                       f"of the mesh's data x fsdp axes ({mesh.shape['data']} x "
+                       f"{mesh.shape['fsdp']}); make the batch a multiple of {size}.")
+    sharding = batch_sharding(mesh, x.ndim) if x.ndim else NamedSharding(mesh, PartitionSpec())
+    if isinstance(x, np.ndarray):
+      # Every process holds the same global host array and contributes its own shards.
+      return jax.make_array_from_callback(x.shape, sharding, lambda index: x[index])
+    return jax.device_put(x, sharding)
+  return jax.tree.map(place, tree)
+
+
+def bytes_per_device(tree) -> int:
+  """Bytes of `tree` held by the most loaded device."""
+  per_device = {}
+  for leaf in jax.tree.leaves(tree):
+    if not isinstance(leaf, jax.Array):
+      continue
+    for shard in leaf.addressable_shards:
+      per_device[shard.device] = per_device.get(shard.device, 0) + shard.data.nbytes
+  return max(per_device.values()) if per_device else 0

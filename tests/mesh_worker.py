@@ -1,0 +1,85 @@
+"""Run in a subprocess with XLA_FLAGS=--xla_force_host_platform_device_count=8: compares the
+sampler and the update on several meshes with the single-device run; prints one JSON line."""
+
+import json
+import sys
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+
+from grpo_jax.config import rl_defaults
+from grpo_jax.parallel.mesh import make_mesh, shard_batch, tree_shardings
+from grpo_jax.rollout.sampler import generate
+from grpo_jax.train.experience import RewardInputs, make_prepare_batch
+from grpo_jax.train.state import create_train_state, make_optimizer
+from grpo_jax.train.update import make_update_step
+from tests.conftest import perturbed_params, tiny_model_config
+
+CFG = tiny_model_config(vocab_size=16)
+OPTIM = ml_collections.ConfigDict(dict(learning_rate=1e-2, warmup_steps=1, weight_decay=0.0,
+                                       b1=0.9, b2=0.99, max_grad_norm=1.0))
+PROMPTS = np.repeat(np.array([[1, 5, 6], [1, 9, 4], [0, 1, 3], [1, 12, 11]], np.int32), 4, 0)
+MESHES = [(8, 1, 1), (2, 4, 1), (2, 2, 2), (1, 2, 4)]
+
+
+def mesh_of(shape, devices):
+  return make_mesh(ml_collections.ConfigDict(dict(zip(("data", "fsdp", "tensor"), shape))),
+                   devices)
+
+
+def run_on(mesh, batch_inputs, micro=1):
+  params = perturbed_params(CFG)
+  rl = rl_defaults(num_minibatches=2, num_micro_batches=micro, kl_coef=0.05)
+  optimizer = make_optimizer(OPTIM, 10)
+  state = create_train_state(params, optimizer, jax.random.key(1), None, rl.kl_coef)
+  state = jax.device_put(state, tree_shardings(state, mesh))
+  prompts, mask = shard_batch((PROMPTS, PROMPTS != 0), mesh)
+  kw = dict(model_cfg=CFG, max_new_tokens=6, eos_id=2, pad_id=0, mesh=mesh)
+  greedy = generate(state.params, prompts, mask, jax.random.key(0), temperature=0.0, **kw)
+  sampled = generate(state.params, prompts, mask, jax.random.key(3), temperature=1.0, **kw)
+  prepare = make_prepare_batch(CFG, rl, 4, 1.0, 6)
+  update = make_update_step(CFG, rl, optimizer, 1.0)
+  rollout, inputs = shard_batch(batch_inputs, mesh)
+  for _ in range(2):
+    batch, _ = prepare(state.params, state.value_params, state.ref_params, state.kl_coef,
+                       rollout, inputs)
+    state, metrics = update(state, batch)
+  return (np.asarray(greedy.completion_tokens), np.asarray(sampled.completion_tokens),
+          jax.device_get(state.params), float(metrics["loss"]))
+
+
+def main():
+  devices = jax.devices()
+  assert len(devices) == 8, devices
+  single = mesh_of((1, 1, 1), devices[:1])
+  # One fixed rollout batch for the updates, sampled on one device.
+  r = generate(perturbed_params(CFG), PROMPTS, PROMPTS != 0, jax.random.key(3), model_cfg=CFG,
+               max_new_tokens=6, temperature=1.0, eos_id=2, pad_id=0)
+  mask = np.asarray(r.completion_mask)
+  rewards = (np.asarray(r.completion_tokens) == 7).sum(1).astype(np.float32)
+  inputs = RewardInputs(jnp.asarray(rewards), jnp.zeros(len(rewards)),
+                        jnp.zeros(mask.shape), jnp.zeros(mask.shape, jnp.int32),
+                        jnp.asarray(mask))
+  batch_inputs = (jax.device_get(r), jax.device_get(inputs))
+  ref = run_on(single, batch_inputs)
+  out = {}
+  for shape in MESHES:
+    mesh = mesh_of(shape, devices)
+    got = run_on(mesh, batch_inputs)
+    accum = run_on(mesh, batch_inputs, micro=4)
+    diff = lambda a, b: max(float(np.max(np.abs(x - y)))  # noqa: E731
+                            for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
+    out[str(shape)] = dict(
+        greedy_equal=bool(np.array_equal(got[0], ref[0])),
+        sampled_equal=bool(np.array_equal(got[1], ref[1])),
+        params_max_diff=diff(got[2], ref[2]),
+        accum_params_max_diff=diff(accum[2], got[2]),
+        params_moved=diff(got[2], jax.device_get(perturbed_params(CFG))),
+        loss=got[3], ref_loss=ref[3])
+  print(json.dumps(out))
+
+
+if __name__ == "__main__":
+  sys.exit(main())
