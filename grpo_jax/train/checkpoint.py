@@ -79,22 +79,37 @@ class Checkpoints:
 
   def restore_latest(self, template: TrainState) -> TrainState | None:
     """The newest checkpoint that restores; a damaged one is reported in one line and the one
-    before it tried. None if there is no checkpoint; RunStopped if none restores."""
+    before it tried. Damaged ones newer than the one restored are moved aside to
+    `<step>.unreadable` (the resumed run saves those steps again). None if there is no
+    checkpoint; RunStopped if none restores (nothing is moved then)."""
     steps = self.steps()
-    error = None
+    error, damaged = None, []
     for step in reversed(steps):
       try:
-        return self.restore(step, template)
+        state = self.restore(step, template)
       except Exception as e:  # noqa: BLE001  orbax / tensorstore raise many types
         error = e
+        damaged.append(step)
         self.log(f"warning: checkpoint {self.directory}/{step} cannot be restored "
                  f"({_short(e)}); trying the one before it.")
+        continue
+      for bad in damaged:
+        os.replace(os.path.join(self.directory, str(bad)), self._aside(bad))
+      if damaged:
+        self.manager.reload()
+      return state
     if steps:
       raise RunStopped(
           f"no checkpoint in {self.directory} (steps {steps}) can be restored, the last error "
           f"being {_short(error)}; if the config changed since they were written use a new "
           f"--workdir, else delete {self.directory} to start afresh.") from error
     return None
+
+  def _aside(self, step: int) -> str:
+    path, n = os.path.join(self.directory, f"{step}.unreadable"), 1
+    while os.path.exists(path):
+      path, n = os.path.join(self.directory, f"{step}.unreadable{n}"), n + 1
+    return path
 
   def close(self) -> None:
     self.manager.close()

@@ -34,7 +34,8 @@ def evaluate(params, task, model_cfg: ModelConfig, train_cfg, rollout_cfg=None,
       s = generate(params, np.repeat(prompts, pass_k, 0), np.repeat(prompt_mask, pass_k, 0),
                    jax.random.fold_in(key, start), temperature=rollout_cfg.temperature,
                    top_k=rollout_cfg.top_k, top_p=rollout_cfg.top_p, **common)
-      rewards, _ = task.score(take_rows(batch, rows), s.completion_tokens, s.completion_mask, pass_k)
+      rewards, _ = task.score(take_rows(batch, rows), s.completion_tokens, s.completion_mask,
+                              pass_k)
       passed.append((rewards.reshape(chunk, pass_k) >= 1.0).any(1)[:keep])
   scores = task.eval_scores(batch, np.concatenate(tokens), np.concatenate(masks))
   if pass_k:
