@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+import types
 
 import jax
 import jax.numpy as jnp
@@ -22,6 +23,7 @@ from grpo_jax.config import ConfigError, rl_defaults, validate
 from grpo_jax.data.arithmetic import AdditionTask
 from grpo_jax.train import faults, update as update_lib
 from grpo_jax.train.checkpoint import Checkpoints
+from grpo_jax.train.collect import collect
 from grpo_jax.train.loop import train
 from grpo_jax.train.metrics import TIMING_KEYS, keep_records_until
 from grpo_jax.train.state import create_train_state, make_optimizer
@@ -177,20 +179,23 @@ def _template():
                         jax.random.key(0))
 
 
-def _nan_grad_loss(monkeypatch):
-  """Patches the update's loss: same value, but a NaN gradient for one weight matrix."""
+def _nan_grad_loss(monkeypatch, always: bool):
+  """Patches the update's loss: same value, but a NaN gradient for one weight matrix, always
+  or only for a batch marked by non-zero old_values (unused without a critic)."""
   @jax.custom_vjp
-  def nan_grad(x):
+  def nan_grad(x, scale):
     return x
 
-  nan_grad.defvjp(lambda x: (x, None),
-                  lambda _, g: (jax.tree.map(lambda t: t * jnp.nan, g),))
+  nan_grad.defvjp(lambda x, scale: (x, scale),
+                  lambda scale, g: (jax.tree.map(lambda t: t * scale, g), None))
   original = update_lib.loss_and_sums
 
-  def loss(trainable, *args, **kwargs):
+  def loss(trainable, mb, *args, **kwargs):
     params, value_params = trainable
-    params = {**params, "embed_tokens": nan_grad(params["embed_tokens"])}
-    return original((params, value_params), *args, **kwargs)
+    on = True if always else jnp.any(mb.old_values != 0)
+    scale = jnp.where(on, jnp.nan, 1.0)
+    params = {**params, "embed_tokens": nan_grad(params["embed_tokens"], scale)}
+    return original((params, value_params), mb, *args, **kwargs)
 
   monkeypatch.setattr(update_lib, "loss_and_sums", loss)
 
@@ -199,24 +204,24 @@ def test_injected_nan_gradient_leaves_params_unchanged_and_is_counted(monkeypatc
   from tests.test_update import CFG as cfg, _batch_and_state  # noqa: PLC0415
   rl = rl_defaults(num_minibatches=2)
   state, batch, optimizer = _batch_and_state(rl)
-  with monkeypatch.context() as m:
-    _nan_grad_loss(m)
-    bad_step = update_lib.make_update_step(cfg, rl, optimizer, 1.0)
-  good_step = update_lib.make_update_step(cfg, rl, optimizer, 1.0)
-  after, metrics = bad_step(state, batch)
+  _nan_grad_loss(monkeypatch, always=False)
+  update_step = update_lib.make_update_step(cfg, rl, optimizer, 1.0)
+  marked = batch._replace(old_values=jnp.ones_like(batch.old_values))
+  after, metrics = update_step(state, marked)
   assert np.isfinite(float(metrics["loss"])) and not np.isfinite(float(metrics["grad_norm"]))
   _assert_trees_equal((after.params, after.opt_state), (state.params, state.opt_state))
   assert int(after.skipped_updates) == 2 and int(after.consecutive_skips) == 2
   assert int(metrics["skipped_updates"]) == 2 and int(after.step) == 1
-  # A clean step trains again and resets the run of skips, not the total.
-  again, _ = good_step(after, batch)
+  # A clean batch trains again and resets the run of skips, not the total.
+  again, metrics = update_step(after, batch)
+  assert np.isfinite(float(metrics["grad_norm"])) and float(metrics["grad_norm"]) > 0
   assert int(again.skipped_updates) == 2 and int(again.consecutive_skips) == 0
   delta = optax.tree.norm(jax.tree.map(jnp.subtract, again.params, after.params))
   assert float(delta) > 1e-4
 
 
 def test_consecutive_skips_stop_the_run_with_finite_unchanged_params(monkeypatch, tmp_path):
-  _nan_grad_loss(monkeypatch)
+  _nan_grad_loss(monkeypatch, always=True)
   config = grpo_tiny.get_config()
   config.warmup.steps = 0
   config.rollout.update(num_prompts=4, group_size=4)
@@ -280,6 +285,40 @@ def test_failing_reward_stops_the_run_or_scores_zero(mode):
   np.testing.assert_array_equal(rewards, [1, 0, 0, 0, 0, 0])  # rows 1 and 5 scored 0
   assert errors == 2 and steps[0].shape == (6, 4)
   assert np.all(steps[0][[1, 5]] == 0) and steps[0][0].sum() == 4  # 3 digits + <eos>
+
+
+class _NanWhenRight:
+  """The addition task, whose reward is NaN wherever it should be 1."""
+
+  def __init__(self, task):
+    self.task = task
+
+  def __getattr__(self, name):
+    return getattr(self.task, name)
+
+  def score(self, batch, tokens, mask, group_size):
+    rewards, steps = self.task.score(batch, tokens, mask, group_size)
+    return np.where(np.asarray(rewards) == 1, np.nan, rewards), steps
+
+
+def test_collect_counts_zeroed_rewards_or_stops():
+  from tests.test_collect import _ScriptedSampler  # noqa: PLC0415
+  task = AdditionTask(2, 100, 4, True, True)
+  config = types.SimpleNamespace(seed=0, rollout=types.SimpleNamespace(num_prompts=6,
+                                                                       group_size=4),
+                                 rl=rl_defaults())
+  state = types.SimpleNamespace(params=None, data_position=jnp.int32(0))
+  clean = collect(state, task, config, _ScriptedSampler(task, 4), None, jax.random.key(0))
+  assert float(np.sum(clean.inputs.rewards)) == 4 and clean.reward_errors == 0
+  out = collect(state, _NanWhenRight(task), config, _ScriptedSampler(task, 4), None,
+                jax.random.key(0), on_reward_error="zero")
+  np.testing.assert_array_equal(np.asarray(out.rollout.completion_tokens),
+                                np.asarray(clean.rollout.completion_tokens))
+  assert out.reward_errors == 4 and float(np.abs(out.inputs.rewards).sum()) == 0
+  assert float(np.abs(out.inputs.step_rewards).sum()) < float(clean.inputs.step_rewards.sum())
+  with pytest.raises(faults.RewardError, match=r"^the reward function returned nan"):
+    collect(state, _NanWhenRight(task), config, _ScriptedSampler(task, 4), None,
+            jax.random.key(0))
 
 
 def test_metrics_resume_keeps_records_up_to_the_restored_step(tmp_path):
