@@ -55,7 +55,11 @@ def get_config() -> ml_collections.ConfigDict:
       max_grad_norm=1.0))
   c.train = ml_collections.ConfigDict(dict(
       steps=875, eval_every=25, eval_size=1319, eval_batch_size=128, eval_pass_k=0,
-      export=True))
+      export=True,
+      checkpoint_every=25,  # also at step 0, at the end and on SIGTERM (preemptible VMs)
+      keep_checkpoints=3,
+      max_consecutive_skips=20,  # stop after this many non-finite updates in a row
+      on_reward_error="raise"))  # or "zero": score a failing reward 0 and count it
   # Devices: (data, fsdp, tensor) sizes, -1 = the rest; multi-host start-up (see README).
   c.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, tensor=1))
   c.distributed = ml_collections.ConfigDict(dict(

@@ -45,7 +45,11 @@ def get_config() -> ml_collections.ConfigDict:
 
   c.train = ml_collections.ConfigDict(dict(
       steps=300, eval_every=30, eval_size=500, eval_batch_size=250, eval_pass_k=0,
-      export=False))
+      export=False,
+      checkpoint_every=50,  # also at step 0, at the end and on SIGTERM; 0 = only those last two
+      keep_checkpoints=3,  # the newest K (a damaged newest one falls back to the one before)
+      max_consecutive_skips=20,  # stop after this many non-finite updates in a row
+      on_reward_error="raise"))  # a reward that raises / is not finite: "raise" or "zero"
   # Devices: (data, fsdp, tensor) sizes, -1 = the rest; multi-host start-up (see README).
   c.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, tensor=1))
   c.distributed = ml_collections.ConfigDict(dict(

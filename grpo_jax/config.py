@@ -16,6 +16,7 @@ POLICY_LOSSES = ("ppo_clip", "gspo")
 KL_PLACEMENTS = ("loss", "reward")
 VALUE_HEADS = ("none", "shared", "separate")
 TASKS = ("addition", "gsm8k")
+REWARD_ERROR_MODES = ("raise", "zero")  # train.on_reward_error
 
 
 def rl_defaults(**overrides) -> ml_collections.ConfigDict:
@@ -125,6 +126,13 @@ def validate(config) -> None:
   _require(tr.eval_batch_size >= 1 and tr.eval_size >= 1,
            f"train.eval_size={tr.eval_size}, train.eval_batch_size={tr.eval_batch_size}; use "
            f"positive values.")
+  _require(tr.checkpoint_every >= 0, f"train.checkpoint_every={tr.checkpoint_every}; use a "
+           f"number of steps >= 0 (0 = only at the end and on SIGTERM).")
+  _require(tr.keep_checkpoints >= 1, f"train.keep_checkpoints={tr.keep_checkpoints}; keep at "
+           f"least 1 (2 or more lets a damaged newest checkpoint fall back to the previous).")
+  _require(tr.max_consecutive_skips >= 1, f"train.max_consecutive_skips="
+           f"{tr.max_consecutive_skips}; use at least 1.")
+  _one_of(tr.on_reward_error, REWARD_ERROR_MODES, "train.on_reward_error")
   _require(opt.learning_rate > 0, f"optim.learning_rate={opt.learning_rate}; use > 0.")
   m = config.model
   if m.get("path", ""):

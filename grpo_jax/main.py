@@ -5,7 +5,7 @@ from __future__ import annotations
 import runpy
 import sys
 
-from absl import app, flags
+from absl import app, flags, logging
 from ml_collections import config_flags
 
 from grpo_jax.config import ConfigError
@@ -49,14 +49,26 @@ def parse_flags(argv: list[str]) -> list[str]:
 
 
 def main(argv):
+  """Exit status: 0 done, 2 a bad config, 1 a run that cannot go on (too many skipped
+  updates, a failing reward), 143 stopped by SIGTERM after checkpointing (run it again to
+  resume)."""
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {' '.join(argv[1:])}")
-  from grpo_jax.train.loop import train  # imported late so that --help stays fast
+  if not flags.FLAGS["verbosity"].present:
+    logging.set_verbosity(logging.WARNING)  # orbax logs every save at INFO
+  from grpo_jax.train import faults  # imported late so that --help stays fast
+  from grpo_jax.train.loop import train
   try:
     train(_CONFIG.value, _WORKDIR.value)
   except ConfigError as e:
     print(f"error: {e}", file=sys.stderr)
     sys.exit(2)
+  except faults.RunStopped as e:
+    print(f"error: {e}", file=sys.stderr)
+    sys.exit(1)
+  except faults.Preempted as e:
+    print(str(e), file=sys.stderr, flush=True)
+    sys.exit(faults.PREEMPTED_EXIT_CODE)
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ import numpy as np
 from grpo_jax.parallel.distributed import to_host
 from grpo_jax.rollout.sampler import Rollout
 from grpo_jax.train.experience import RewardInputs
+from grpo_jax.train.faults import guarded_score
 
 
 @dataclasses.dataclass
@@ -21,34 +22,36 @@ class Collected:
   prompts_consumed: int  # how far the data stream advanced
   sampling_rounds: int  # 1 + extra rounds drawn by dynamic sampling
   groups_without_spread: int  # groups kept although all their rewards were equal
+  reward_errors: int = 0  # completions scored 0 because their reward raised or was not finite
 
 
-def _score(task, prompts, rollout: Rollout, group_size: int):
-  """Rewards (B,) and step rewards (three (B, K) arrays; zeros if the task has none)."""
-  rewards, steps = task.score(prompts, rollout.completion_tokens, rollout.completion_mask,
-                              group_size)
+def _score(task, prompts, rollout: Rollout, group_size: int, on_error: str):
+  """Rewards (B,), step rewards (three (B, K) arrays; zeros if the task has none) and the
+  number of completions scored 0 for a failing reward (see faults.guarded_score)."""
+  rewards, steps, errors = guarded_score(task, prompts, rollout.completion_tokens,
+                                         rollout.completion_mask, group_size, on_error)
   if steps is None:
     mask = np.asarray(rollout.completion_mask)
     steps = (np.zeros(mask.shape, np.float32), np.zeros(mask.shape, np.int32),
              np.zeros(mask.shape, bool))
-  return np.asarray(rewards, np.float32), steps
+  return np.asarray(rewards, np.float32), steps, errors
 
 
 def _rows(tree, rows):
   return jax.tree.map(lambda x: np.asarray(x)[rows], tree)
 
 
-def collect(state, task, config, sample, greedy, key) -> Collected:
+def collect(state, task, config, sample, greedy, key, on_reward_error="raise") -> Collected:
   """Samples config.rollout.num_prompts groups of G completions (see module docstring).
 
   sample(params, prompt_tokens, prompt_mask, key) and greedy(params, prompt_tokens,
-  prompt_mask) are the jitted samplers.
+  prompt_mask) are the jitted samplers; on_reward_error is train.on_reward_error.
   """
   r_cfg, rl = config.rollout, config.rl
   num_prompts, group = r_cfg.num_prompts, r_cfg.group_size
   start = position = int(to_host(state.data_position))
   kept, spare = [], []  # (rollout rows, rewards, steps, greedy rewards) per group
-  rounds = 0
+  rounds = errors = 0
   while True:
     prompts = task.train_batch(position, num_prompts, config.seed)
     position += num_prompts
@@ -57,10 +60,12 @@ def collect(state, task, config, sample, greedy, key) -> Collected:
                      jax.random.fold_in(key, rounds))
     rounds += 1
     rollout = to_host(rollout)
-    rewards, steps = _score(task, prompts, rollout, group)
+    rewards, steps, bad = _score(task, prompts, rollout, group, on_reward_error)
+    errors += bad
     if rl.advantage == "remax":
       g = to_host(greedy(state.params, prompts.prompt_tokens, prompts.prompt_mask))
-      greedy_rewards = np.repeat(_score(task, prompts, g, 1)[0], group)
+      greedy_rewards, _, bad = _score(task, prompts, g, 1, on_reward_error)
+      greedy_rewards, errors = np.repeat(greedy_rewards, group), errors + bad
     else:
       greedy_rewards = np.zeros_like(rewards)
     for g in range(num_prompts):
@@ -77,5 +82,4 @@ def collect(state, task, config, sample, greedy, key) -> Collected:
   step_rewards, step_end, step_mask = cat([c[2] for c in chosen])
   inputs = RewardInputs(np.concatenate([c[1] for c in chosen]),
                         np.concatenate([c[3] for c in chosen]), step_rewards, step_end, step_mask)
-  return Collected(rollout, inputs,
-                   position - start, rounds, filler)
+  return Collected(rollout, inputs, position - start, rounds, filler, errors)

@@ -39,7 +39,7 @@ def evaluate(params, task, model_cfg: ModelConfig, train_cfg, rollout_cfg=None,
                                           np.repeat(prompt_mask, pass_k, 0)),
                            jax.random.fold_in(key, start), temperature=rollout_cfg.temperature,
                            top_k=rollout_cfg.top_k, top_p=rollout_cfg.top_p, **common))
-      rewards, _ = task.score(_take(batch, rows), s.completion_tokens, s.completion_mask, pass_k)
+      rewards, _ = task.score(take_rows(batch, rows), s.completion_tokens, s.completion_mask, pass_k)
       passed.append((rewards.reshape(chunk, pass_k) >= 1.0).any(1)[:keep])
   scores = task.eval_scores(batch, np.concatenate(tokens), np.concatenate(masks))
   if pass_k:
@@ -47,7 +47,7 @@ def evaluate(params, task, model_cfg: ModelConfig, train_cfg, rollout_cfg=None,
   return {name: float(np.mean(values)) for name, values in scores.items()}
 
 
-def _take(batch, rows):
+def take_rows(batch, rows):
   """The rows of a task's prompt batch (a dataclass of arrays and lists)."""
   return dataclasses.replace(batch, **{
       f.name: (getattr(batch, f.name)[rows] if isinstance(getattr(batch, f.name), np.ndarray)

@@ -8,7 +8,6 @@ import os
 import time
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from grpo_jax import config as config_lib
@@ -19,15 +18,18 @@ from grpo_jax.parallel.distributed import to_host
 from grpo_jax.parallel.mesh import (batch_axis_size, bytes_per_device, make_mesh, place_tree,
                                     shard_batch, tree_shardings)
 from grpo_jax.rollout.sampler import generate
+from grpo_jax.train.checkpoint import Checkpoints
 from grpo_jax.train.collect import collect
 from grpo_jax.train.experience import make_prepare_batch
 from grpo_jax.train.evaluation import evaluate
-from grpo_jax.train.metrics import MetricsWriter
+from grpo_jax.train.faults import Preempted, TerminationFlag, check_skips
+from grpo_jax.train.metrics import MetricsWriter, keep_records_until
 from grpo_jax.train.setup import build_model, build_task, uses_checkpoint
 from grpo_jax.train.state import (TrainState, create_train_state, end_of_step, make_optimizer,
                                   step_key)
 from grpo_jax.train.update import make_update_step
 from grpo_jax.train.warmup import run_warmup
+from grpo_jax.train.workdir import record_start, write_config
 
 
 def _check_batches_fit_mesh(config, mesh) -> None:
@@ -51,13 +53,6 @@ def _check_batches_fit_mesh(config, mesh) -> None:
         f"{r.num_prompts} must be a multiple of the {size} data x fsdp devices.")
 
 
-def _prepare_workdir(config, workdir: str) -> None:
-  os.makedirs(workdir, exist_ok=True)
-  with open(os.path.join(workdir, "config.json"), "w") as f:
-    f.write(config.to_json_best_effort(indent=2, sort_keys=True))
-  open(os.path.join(workdir, "metrics.jsonl"), "w").close()
-
-
 def _rollout_metrics(collected, group_size: int) -> dict:
   rewards = np.asarray(collected.inputs.rewards).reshape(-1, group_size)
   mask = np.asarray(collected.rollout.completion_mask)
@@ -69,8 +64,22 @@ def _rollout_metrics(collected, group_size: int) -> dict:
               groups_without_spread=collected.groups_without_spread)
 
 
+def _initial_state(config, model_cfg, params, optimizer, base_key) -> TrainState:
+  """The state at step 0 from the starting policy (a frozen reference copy, a fresh critic)."""
+  value_params = init_value_params(config.rl.value_head, model_cfg, params,
+                                   jax.random.fold_in(base_key, 2))
+  return create_train_state(params, optimizer, jax.random.fold_in(base_key, 1), value_params,
+                            config.rl.kl_coef)
+
+
 def train(config, workdir: str, log=print) -> TrainState:
-  """Runs config.train.steps RL steps; writes config.json and metrics.jsonl in workdir."""
+  """Runs RL steps until config.train.steps, resuming from the newest checkpoint in
+  workdir/checkpoints if there is one (without the warm-up, whose result it holds); writes
+  config.json, run_info.json and metrics.jsonl.
+
+  Raises faults.Preempted after checkpointing the current step when SIGTERM arrives, and
+  faults.RunStopped (RewardError included) when the run cannot go on.
+  """
   config_lib.validate(config)
   distributed.initialize(config.get("distributed"))
   try:
@@ -87,24 +96,48 @@ def train(config, workdir: str, log=print) -> TrainState:
     raise config_lib.ConfigError(
         f"model.vocab_size={model_cfg.vocab_size} is smaller than the tokenizer's "
         f"{len(task.tokenizer)} tokens; raise model.vocab_size.")
-  if distributed.is_main_process():
-    _prepare_workdir(config, workdir)
-
-  r_cfg, rl, t_cfg = config.rollout, config.rl, config.train
+  main_process = distributed.is_main_process()
+  if main_process:
+    write_config(config, workdir)
+  rl, t_cfg = config.rl, config.train
   log(f"model: {sum(x.size for x in jax.tree.leaves(params)):,} parameters")
-  params = run_warmup(params, task, model_cfg, config.warmup, config.seed, log)
-
   optimizer = make_optimizer(config.optim, t_cfg.steps * rl.num_iterations * rl.num_minibatches)
-  value_params = init_value_params(rl.value_head, model_cfg, params,
-                                   jax.random.fold_in(base_key, 2))
-  state = create_train_state(params, optimizer, jax.random.fold_in(base_key, 1), value_params,
-                             rl.kl_coef)
-  state = place_tree(state, mesh)
-  log(f"mesh (data, fsdp, tensor) = {tuple(mesh.shape.values())} over {mesh.size} devices, "
-      f"{jax.process_count()} process(es); per device: params "
-      f"{bytes_per_device(state.params) / 2**20:.2f} MiB, optimizer state "
-      f"{bytes_per_device(state.opt_state) / 2**20:.2f} MiB, reference "
-      f"{bytes_per_device(state.ref_params) / 2**20:.2f} MiB")
+  ckpts = Checkpoints(os.path.join(workdir, "checkpoints"), t_cfg.keep_checkpoints, log)
+  try:
+    with TerminationFlag() as sigterm:
+      template = jax.eval_shape(
+          lambda p, k: _initial_state(config, model_cfg, p, optimizer, k), params, base_key)
+      state = ckpts.restore_latest(template)
+      resumed = state is not None
+      metrics_path = os.path.join(workdir, "metrics.jsonl")
+      if resumed and main_process:
+        record_start(workdir, int(state.step))
+        dropped = keep_records_until(metrics_path, int(state.step))
+        log(f"resumed from checkpoint {ckpts.directory}/{int(state.step)} (no warm-up); "
+            f"dropped {dropped} metrics records written after it")
+      elif not resumed:
+        if main_process:
+          record_start(workdir, None)
+          keep_records_until(metrics_path, -1)
+        params = run_warmup(params, task, model_cfg, config.warmup, config.seed, log)
+        state = _initial_state(config, model_cfg, params, optimizer, base_key)
+      del params  # the state holds them (fresh) or a restored copy replaced them
+      state = place_tree(state, mesh)
+      log(f"mesh (data, fsdp, tensor) = {tuple(mesh.shape.values())} over {mesh.size} devices, "
+          f"{jax.process_count()} process(es); per device: params "
+          f"{bytes_per_device(state.params) / 2**20:.2f} MiB, optimizer state "
+          f"{bytes_per_device(state.opt_state) / 2**20:.2f} MiB, reference "
+          f"{bytes_per_device(state.ref_params) / 2**20:.2f} MiB")
+      return _run(config, workdir, task, model_cfg, optimizer, base_key, state, resumed, ckpts,
+                  sigterm, log, mesh)
+  finally:
+    ckpts.close()
+
+
+def _run(config, workdir, task, model_cfg, optimizer, base_key, state, resumed, ckpts,
+         sigterm, log, mesh) -> TrainState:
+  """The RL steps from state.step to config.train.steps (see `train`)."""
+  r_cfg, rl, t_cfg = config.rollout, config.rl, config.train
   batch_size = r_cfg.num_prompts * r_cfg.group_size
   prepare = make_prepare_batch(model_cfg, rl, r_cfg.group_size, r_cfg.temperature,
                                r_cfg.max_new_tokens)
@@ -113,8 +146,7 @@ def train(config, workdir: str, log=print) -> TrainState:
   finish_step = jax.jit(functools.partial(end_of_step, rl=rl, batch_size=batch_size),
                         out_shardings=state_shardings)
   common = dict(model_cfg=model_cfg, max_new_tokens=r_cfg.max_new_tokens,
-                eos_id=task.eos_id, pad_id=task.pad_id)
-  common["mesh"] = mesh
+                eos_id=task.eos_id, pad_id=task.pad_id, mesh=mesh)
 
   def sample(p, tokens, mask, key):
     return generate(p, *shard_batch((tokens, mask), mesh), key, temperature=r_cfg.temperature,
@@ -124,37 +156,53 @@ def train(config, workdir: str, log=print) -> TrainState:
     return generate(p, *shard_batch((tokens, mask), mesh), jax.random.key(0), temperature=0.0,
                     **common)
 
-  writer = MetricsWriter(workdir, t_cfg.steps, enabled=distributed.is_main_process())
   eval_key = jax.random.fold_in(base_key, 3)
   run_eval = lambda p: evaluate(p, task, model_cfg, t_cfg, r_cfg, eval_key, mesh)  # noqa: E731
-  eval_metrics = run_eval(state.params)
-  writer.write(0, eval_metrics)
-  log(f"step    0/{t_cfg.steps} | eval_acc {eval_metrics['eval_accuracy']:.3f}")
-  start = time.perf_counter()
-  for _ in range(t_cfg.steps):
-    t0 = time.perf_counter()
-    collected = collect(state, task, config, sample, greedy, step_key(state, 0))
-    rollout_on_mesh, inputs_on_mesh = shard_batch((collected.rollout, collected.inputs), mesh)
-    batch, prep_metrics = prepare(state.params, state.value_params, state.ref_params,
-                                  state.kl_coef, rollout_on_mesh, inputs_on_mesh)
-    state, metrics = update_step(state, batch)
-    state = finish_step(state, rollout_kl=prep_metrics["rollout_kl"])
-    state = state.replace(data_position=jax.device_put(
-        state.data_position + collected.prompts_consumed, state_shardings.data_position))
-    metrics = {**to_host(metrics), **to_host(prep_metrics),
-               **_rollout_metrics(collected, r_cfg.group_size),
-               "kl_coef": float(to_host(state.kl_coef))}
-    step = int(to_host(state.step))
-    if step % t_cfg.eval_every == 0 or step == t_cfg.steps:
-      metrics.update(run_eval(state.params))
-    now = time.perf_counter()
-    rollout = collected.rollout
-    tokens = int(np.asarray(rollout.prompt_mask).sum() + np.asarray(rollout.completion_mask).sum())
-    metrics.update(step_time_s=now - t0, tokens_per_s=tokens / (now - t0),
-                   elapsed_s=now - start)
-    writer.write(step, metrics)
-    writer.progress(step, metrics, (now - start) / step)
-  writer.close()
+  writer = MetricsWriter(workdir, t_cfg.steps, enabled=distributed.is_main_process())
+  try:
+    if not resumed:
+      eval_metrics = run_eval(state.params)
+      writer.write(0, eval_metrics)
+      log(f"step    0/{t_cfg.steps} | eval_acc {eval_metrics['eval_accuracy']:.3f}")
+      if t_cfg.checkpoint_every:
+        ckpts.save(state)
+    first, start = int(to_host(state.step)), time.perf_counter()
+    while int(to_host(state.step)) < t_cfg.steps:
+      if sigterm.requested:
+        ckpts.save(state)
+        raise Preempted(f"SIGTERM: saved checkpoint {ckpts.directory}/{int(state.step)}; run "
+                        f"the same command again to resume from it.")
+      t0 = time.perf_counter()
+      collected = collect(state, task, config, sample, greedy, step_key(state, 0),
+                          on_reward_error=t_cfg.on_reward_error)
+      rollout_on_mesh, inputs_on_mesh = shard_batch((collected.rollout, collected.inputs), mesh)
+      batch, prep_metrics = prepare(state.params, state.value_params, state.ref_params,
+                                    state.kl_coef, rollout_on_mesh, inputs_on_mesh)
+      state, metrics = update_step(state, batch)
+      state = finish_step(state, rollout_kl=prep_metrics["rollout_kl"])
+      state = state.replace(data_position=jax.device_put(
+          state.data_position + collected.prompts_consumed, state_shardings.data_position))
+      metrics = {**to_host(metrics), **to_host(prep_metrics),
+                 **_rollout_metrics(collected, r_cfg.group_size),
+                 "kl_coef": float(to_host(state.kl_coef))}
+      if t_cfg.on_reward_error == "zero":
+        metrics["reward_errors"] = collected.reward_errors
+      step = int(to_host(state.step))
+      if step % t_cfg.eval_every == 0 or step == t_cfg.steps:
+        metrics.update(run_eval(state.params))
+      now = time.perf_counter()
+      rollout = collected.rollout
+      tokens = int(np.asarray(rollout.prompt_mask).sum() +
+                   np.asarray(rollout.completion_mask).sum())
+      metrics.update(step_time_s=now - t0, tokens_per_s=tokens / (now - t0),
+                     elapsed_s=now - start)
+      writer.write(step, metrics)
+      writer.progress(step, metrics, (now - start) / (step - first))
+      check_skips(int(to_host(state.consecutive_skips)), t_cfg.max_consecutive_skips, step)
+      if (t_cfg.checkpoint_every and step % t_cfg.checkpoint_every == 0) or step == t_cfg.steps:
+        ckpts.save(state)
+  finally:
+    writer.close()
   if uses_checkpoint(config) and t_cfg.export:
     host_params = to_host(state.params)  # collective: every process takes part
     if distributed.is_main_process():

@@ -21,6 +21,30 @@ def to_python(metrics: Mapping) -> dict:
   return out
 
 
+def keep_records_until(path: str, step: int) -> int:
+  """Rewrites metrics.jsonl keeping its records of steps <= `step` (all of them for the
+  resumed-from step; none with step=-1): a run killed after its last checkpoint may have written
+  records past it, which the resumed run writes again. Stops at the first unreadable line (a
+  record cut short by the kill). Returns how many records were dropped."""
+  kept, dropped = [], 0
+  if os.path.exists(path):
+    with open(path) as f:
+      lines = f.read().splitlines()
+    for i, line in enumerate(lines):
+      try:
+        record_step = json.loads(line)["step"]
+      except (ValueError, KeyError, TypeError):
+        dropped += len(lines) - i
+        break
+      if record_step <= step:
+        kept.append(line)
+      else:
+        dropped += 1
+  with open(path, "w") as f:
+    f.writelines(line + "\n" for line in kept)
+  return dropped
+
+
 class MetricsWriter:
   def __init__(self, workdir: str, total_steps: int, stream=sys.stdout, enabled: bool = True):
     self.path = os.path.join(workdir, "metrics.jsonl")

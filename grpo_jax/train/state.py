@@ -28,6 +28,7 @@ class TrainState(flax.struct.PyTreeNode):
   key: jax.Array
   data_position: jax.Array
   skipped_updates: jax.Array  # updates refused for a non-finite loss or gradient
+  consecutive_skips: jax.Array  # ... of which the latest in a row (0 after an applied one)
 
 
 def make_optimizer(optim_cfg, total_updates: int) -> optax.GradientTransformation:
@@ -49,7 +50,7 @@ def create_train_state(params, optimizer: optax.GradientTransformation, key,
                     opt_state=optimizer.init((params, value_params)),
                     ref_params=jax.tree.map(jnp.copy, params),
                     kl_coef=jnp.float32(kl_coef), key=key, data_position=jnp.int32(0),
-                    skipped_updates=jnp.int32(0))
+                    skipped_updates=jnp.int32(0), consecutive_skips=jnp.int32(0))
 
 
 def step_key(state: TrainState, purpose: int) -> jax.Array:
@@ -75,11 +76,12 @@ def end_of_step(state: TrainState, rl, rollout_kl, batch_size: int) -> TrainStat
   """After an update: the adaptive KL controller and the reference refresh.
 
   adaptive:  beta <- beta * (1 + clip(KL / target - 1, -0.2, 0.2) * B / horizon)
+             (unchanged when the KL is not finite)
   refresh:   every rl.ref_update_every steps, ref <- mix * policy + (1 - mix) * ref
   """
   if rl.adaptive_kl:
-    state = state.replace(kl_coef=adaptive_kl_coef(state.kl_coef, rollout_kl, rl.kl_target,
-                                                   rl.kl_horizon, batch_size))
+    beta = adaptive_kl_coef(state.kl_coef, rollout_kl, rl.kl_target, rl.kl_horizon, batch_size)
+    state = state.replace(kl_coef=jnp.where(jnp.isfinite(beta), beta, state.kl_coef))
   if rl.ref_update_every > 0:
     refresh = state.step % rl.ref_update_every == 0
     mix = rl.ref_mix

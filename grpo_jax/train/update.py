@@ -102,17 +102,19 @@ def make_update_step(model_cfg: ModelConfig, rl, optimizer, temperature: float,
     minibatch_rows = order.reshape(mu * num_mb, batch_size // num_mb)
 
     def one_minibatch(carry, rows):
-      trainable, opt_state = carry
+      trainable, opt_state, in_a_row = carry
       mb = jax.tree.map(lambda x: jnp.take(x, rows, axis=0), batch)
       grads, sums = minibatch_grads(trainable, mb, state.kl_coef)
       trainable, opt_state, applied = apply_if_finite(trainable, opt_state, grads, sums["loss"],
                                                       optimizer)
       sums["grad_norm"] = _global_norm(grads)
       sums["skipped"] = 1 - applied.astype(jnp.int32)
-      return (trainable, opt_state), sums
+      in_a_row = jnp.where(applied, 0, in_a_row + 1)
+      return (trainable, opt_state, in_a_row), sums
 
-    (trainable, opt_state), per_mb = jax.lax.scan(
-        one_minibatch, ((state.params, state.value_params), state.opt_state), minibatch_rows)
+    (trainable, opt_state, in_a_row), per_mb = jax.lax.scan(
+        one_minibatch, ((state.params, state.value_params), state.opt_state,
+                        state.consecutive_skips), minibatch_rows)
     tokens = jnp.maximum(jnp.sum(per_mb["tokens"]), 1.0)
     metrics = {k: (jnp.sum(v) / tokens if k in _TOKEN_SUMS else jnp.mean(v))
                for k, v in per_mb.items() if k not in ("tokens", "skipped")}
@@ -120,7 +122,7 @@ def make_update_step(model_cfg: ModelConfig, rl, optimizer, temperature: float,
     metrics["skipped_updates"] = skipped
     new_state = state.replace(step=state.step + 1, params=trainable[0],
                               value_params=trainable[1], opt_state=opt_state,
-                              skipped_updates=skipped)
+                              skipped_updates=skipped, consecutive_skips=in_a_row)
     return new_state, metrics
 
   if state_shardings is None:

@@ -1,0 +1,115 @@
+"""Checkpoints of the whole TrainState (policy, optimizer, reference, critic, step, key, data
+position, KL coefficient, skip counters) with orbax, and restoring the newest readable one.
+
+A checkpoint is written to a temporary folder and renamed when complete (orbax's atomic save),
+so a run killed mid-save leaves no half-written step behind; a step folder that was damaged
+later (a truncated file, a missing array) fails to restore and the one before it is used.
+"""
+
+from __future__ import annotations
+
+import os
+
+import jax
+import jax.numpy as jnp
+import orbax.checkpoint as ocp
+
+from grpo_jax.train.faults import RunStopped
+from grpo_jax.train.state import TrainState
+
+
+def to_saveable(state: TrainState) -> TrainState:
+  """The state with its typed PRNG key replaced by the key's raw uint32 data."""
+  return state.replace(key=jax.random.key_data(state.key))
+
+
+def from_saveable(tree: TrainState) -> TrainState:
+  """Inverse of to_saveable (the key gets jax's default implementation, as at the start)."""
+  return tree.replace(key=jax.random.wrap_key_data(tree.key))
+
+
+def check_restored(state: TrainState, step: int) -> None:
+  """Raises ValueError if a restored state does not belong to `step` or holds a non-finite
+  parameter (a checkpoint that reads without error but is damaged)."""
+  if int(state.step) != step:
+    raise ValueError(f"the state inside says step {int(state.step)}")
+  finite = [bool(jnp.all(jnp.isfinite(x))) for x in
+            jax.tree.leaves((state.params, state.value_params, state.ref_params))]
+  if not all(finite):
+    raise ValueError("it holds non-finite parameters")
+
+
+def _short(error: Exception) -> str:
+  text = str(error).strip().splitlines()
+  return f"{type(error).__name__}: {text[0][:200] if text else ''}"
+
+
+class Checkpoints:
+  """Saves every state handed to `save` under `directory/<step>`, keeping the newest `keep`."""
+
+  def __init__(self, directory: str, keep: int, log=print):
+    self.directory = os.path.abspath(directory)
+    self.log = log
+    options = ocp.CheckpointManagerOptions(max_to_keep=keep, create=True,
+                                           enable_async_checkpointing=False,
+                                           cleanup_tmp_directories=True)
+    self.manager = ocp.CheckpointManager(self.directory, options=options)
+
+  def steps(self) -> list[int]:
+    """Steps with a complete checkpoint, oldest first."""
+    self.manager.reload()
+    return sorted(self.manager.all_steps())
+
+  def save(self, state: TrainState) -> bool:
+    """Writes the state as checkpoint `state.step` (synchronously); False if it exists."""
+    step = int(state.step)
+    if step in self.steps():
+      return False
+    self.manager.save(step, args=ocp.args.StandardSave(to_saveable(state)), force=True)
+    self.manager.wait_until_finished()
+    return True
+
+  def restore(self, step: int, template: TrainState) -> TrainState:
+    """Checkpoint `step` in the structure of `template` (a state or its jax.eval_shape)."""
+    abstract = jax.eval_shape(to_saveable, template)
+    tree = self.manager.restore(step, args=ocp.args.StandardRestore(abstract))
+    state = from_saveable(tree)
+    check_restored(state, step)
+    return state
+
+  def restore_latest(self, template: TrainState) -> TrainState | None:
+    """The newest checkpoint that restores; a damaged one is reported in one line and the one
+    before it tried. Damaged ones newer than the one restored are moved aside to
+    `<step>.unreadable` (the resumed run saves those steps again). None if there is no
+    checkpoint; RunStopped if none restores (nothing is moved then)."""
+    steps = self.steps()
+    error, damaged = None, []
+    for step in reversed(steps):
+      try:
+        state = self.restore(step, template)
+      except Exception as e:  # noqa: BLE001  orbax / tensorstore raise many types
+        error = e
+        damaged.append(step)
+        self.log(f"warning: checkpoint {self.directory}/{step} cannot be restored "
+                 f"({_short(e)}); trying the one before it.")
+        continue
+      for bad in damaged:
+        os.replace(os.path.join(self.directory, str(bad)), self._aside(bad))
+      if damaged:
+        self.manager.reload()
+      return state
+    if steps:
+      raise RunStopped(
+          f"no checkpoint in {self.directory} (steps {steps}) can be restored, the last error "
+          f"being {_short(error)}; if the config changed since they were written use a new "
+          f"--workdir, else delete {self.directory} to start afresh.") from error
+    return None
+
+  def _aside(self, step: int) -> str:
+    path, n = os.path.join(self.directory, f"{step}.unreadable"), 1
+    while os.path.exists(path):
+      path, n = os.path.join(self.directory, f"{step}.unreadable{n}"), n + 1
+    return path
+
+  def close(self) -> None:
+    self.manager.close()

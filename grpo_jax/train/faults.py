@@ -1,0 +1,126 @@
+"""What stops a run, and how: SIGTERM (preemption), too many skipped updates, and reward
+functions that raise or return non-finite values."""
+
+from __future__ import annotations
+
+import signal
+import threading
+
+import numpy as np
+
+from grpo_jax.train.evaluation import take_rows
+
+# Exit status of a run stopped by SIGTERM after saving its checkpoint (128 + SIGTERM, as a
+# shell reports a process killed by it), so that a supervisor can tell it from a finished run.
+PREEMPTED_EXIT_CODE = 143
+
+
+class RunStopped(RuntimeError):
+  """The run cannot go on; the message says why and what to do."""
+
+
+class RewardError(RunStopped):
+  """A reward function raised or returned a non-finite value."""
+
+
+class Preempted(Exception):
+  """SIGTERM arrived; the state of the step reached was checkpointed."""
+
+
+class TerminationFlag:
+  """While entered, SIGTERM only sets `self.requested` (the loop saves and stops at the end of
+  the step). Installs nothing outside the main thread, where signals cannot be handled."""
+
+  def __init__(self):
+    self.requested = False
+    self._previous = None
+
+  def _handle(self, signum, frame):  # noqa: ARG002
+    self.requested = True
+
+  def __enter__(self):
+    if threading.current_thread() is threading.main_thread():
+      self._previous = signal.signal(signal.SIGTERM, self._handle)
+    return self
+
+  def __exit__(self, *exc):
+    if self._previous is not None:
+      signal.signal(signal.SIGTERM, self._previous)
+    return False
+
+
+def check_skips(consecutive: int, limit: int, step: int) -> None:
+  """Raises RunStopped once `limit` optimizer updates in a row were skipped."""
+  if consecutive >= limit:
+    raise RunStopped(
+        f"{consecutive} optimizer updates in a row were skipped for a non-finite loss or "
+        f"gradient (at step {step}, train.max_consecutive_skips={limit}); the params are still "
+        f"finite, so lower optim.learning_rate, check the rewards, or raise "
+        f"train.max_consecutive_skips.")
+
+
+def _text(tokenizer, tokens, mask, limit: int = 300) -> str:
+  text = tokenizer.decode(np.asarray(tokens)[np.asarray(mask, bool)].tolist())
+  return text if len(text) <= limit else text[:limit] + "..."
+
+
+def _row_is_finite(rewards, steps) -> np.ndarray:
+  ok = np.isfinite(np.asarray(rewards, np.float64))
+  if steps is not None:
+    ok &= np.all(np.isfinite(np.asarray(steps[0], np.float64)), axis=1)
+  return ok
+
+
+def _score_rows(task, prompts, tokens, mask, group_size: int):
+  """Scores each completion alone: (rewards, steps or None, {row: (what went wrong,
+  exception or None)})."""
+  rewards, steps, failures = [], [], {}
+  for row in range(tokens.shape[0]):
+    one = take_rows(prompts, np.array([row // group_size]))
+    try:
+      r, s = task.score(one, tokens[row:row + 1], mask[row:row + 1], 1)
+      if not _row_is_finite(r, s)[0]:
+        failures[row] = (f"returned {float(np.asarray(r)[0])} (or a non-finite step reward)",
+                         None)
+    except Exception as e:  # noqa: BLE001  a user's reward function may raise anything
+      r, s, failures[row] = None, None, (f"raised {type(e).__name__}: {e}", e)
+    rewards.append(0.0 if row in failures else float(np.asarray(r)[0]))
+    steps.append(None if s is None or row in failures else tuple(np.asarray(x) for x in s))
+  template = next((s for s in steps if s is not None), None)
+  if template is None:
+    return np.asarray(rewards, np.float32), None, failures
+  zeros = tuple(np.zeros_like(x) for x in template)
+  steps = tuple(np.concatenate(parts, 0) for parts in zip(*[s or zeros for s in steps]))
+  return np.asarray(rewards, np.float32), steps, failures
+
+
+def guarded_score(task, prompts, tokens, mask, group_size: int, on_error: str):
+  """task.score(prompts, tokens, mask, group_size) -> (rewards, steps, count scored 0).
+
+  A completion whose reward raises or is not finite stops the run with a RewardError showing
+  its prompt and completion (on_error="raise"), or is scored 0 (reward and step rewards) and
+  counted (on_error="zero").
+  """
+  tokens, mask = np.asarray(tokens), np.asarray(mask)
+  try:
+    rewards, steps = task.score(prompts, tokens, mask, group_size)
+    ok = _row_is_finite(rewards, steps)
+    first_error = None
+  except Exception as e:  # noqa: BLE001
+    ok, first_error = None, e
+  if ok is not None and ok.all():
+    return np.asarray(rewards, np.float32), steps, 0
+  rewards, steps, failures = _score_rows(task, prompts, tokens, mask, group_size)
+  if not failures:  # the batch failed but every completion scores alone: a batch-level bug
+    what = repr(first_error) if first_error is not None else "non-finite values"
+    raise RewardError(f"the reward function failed on the whole batch ({what}) but on no "
+                      f"completion alone; fix its batch handling.") from first_error
+  if on_error == "raise":
+    row, (what, error) = min(failures.items())
+    one = take_rows(prompts, np.array([row // group_size]))
+    prompt = _text(task.tokenizer, one.prompt_tokens[0], one.prompt_mask[0])
+    raise RewardError(
+        f"the reward function {what} for the prompt {prompt!r} and the completion "
+        f"{_text(task.tokenizer, tokens[row], mask[row])!r}; fix the reward function, or set "
+        f"train.on_reward_error='zero' to score such completions 0 and count them.") from error
+  return rewards, steps, len(failures)

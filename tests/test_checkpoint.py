@@ -1,0 +1,344 @@
+"""Checkpoints and faults: SIGKILL + resume reproduces the uninterrupted run, SIGTERM saves the
+current step, a damaged latest checkpoint falls back, non-finite gradients are skipped and stop
+the run, failing rewards stop it (or score 0), and the workdir records its provenance."""
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+import types
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import orbax.checkpoint as ocp
+import pytest
+
+from configs import grpo_tiny
+from grpo_jax.config import ConfigError, rl_defaults, validate
+from grpo_jax.data.arithmetic import AdditionTask
+from grpo_jax.train import faults, update as update_lib
+from grpo_jax.train.checkpoint import Checkpoints
+from grpo_jax.train.collect import collect
+from grpo_jax.train.loop import train
+from grpo_jax.train.metrics import TIMING_KEYS, keep_records_until
+from grpo_jax.train.state import create_train_state, make_optimizer
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+N = 3  # checkpoint every N steps; runs are 2N steps
+# Every piece of the state moves: a separate critic, an adaptive KL coefficient, a refreshed
+# reference, shuffled minibatches.
+SMALL = ["--config.warmup.steps=30", f"--config.train.steps={2 * N}", "--config.train.eval_every=3",
+         "--config.train.eval_size=40", "--config.train.eval_batch_size=20",
+         "--config.rollout.num_prompts=4", "--config.rollout.group_size=4",
+         "--config.rl.num_minibatches=2", "--config.rl.value_head=separate",
+         "--config.rl.adaptive_kl=True", "--config.rl.kl_target=0.001",
+         "--config.rl.ref_update_every=2", "--config.rl.ref_mix=0.5",
+         f"--config.train.checkpoint_every={N}", "--config.train.keep_checkpoints=3"]
+strip = lambda rs: [{k: v for k, v in r.items() if k not in TIMING_KEYS} for r in rs]  # noqa
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory):
+  """Subprocess environment sharing a persistent compilation cache (same programs, faster)."""
+  cache = tmp_path_factory.mktemp("jax_cache")
+  return {**os.environ, "JAX_COMPILATION_CACHE_DIR": str(cache),
+          "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
+          "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0"}
+
+
+def _command(workdir, *extra):
+  return [sys.executable, "-m", "grpo_jax.main", "--config=configs/grpo_tiny.py",
+          f"--workdir={workdir}", *SMALL, *extra]
+
+
+def _run(workdir, env, *extra):
+  out = subprocess.run(_command(workdir, *extra), cwd=ROOT, capture_output=True, text=True,
+                       timeout=600, env=env)
+  assert out.returncode == 0, out.stderr[-3000:]
+  return out.stdout
+
+
+def _start_and_signal(workdir, env, sig, at_step: int, delay: float, *extra):
+  """Starts a run, sends `sig` `delay` seconds after its progress line for `at_step`."""
+  err = open(os.path.join(workdir.parent, f"{workdir.name}.stderr"), "w+")
+  proc = subprocess.Popen(_command(workdir, *extra), cwd=ROOT, stdout=subprocess.PIPE,
+                          stderr=err, text=True, env=env)
+  for line in proc.stdout:
+    if line.startswith(f"step {at_step:>4}/"):
+      time.sleep(delay)
+      proc.send_signal(sig)
+      break
+  proc.stdout.read()
+  proc.wait(timeout=600)
+  err.seek(0)
+  return proc.returncode, err.read()
+
+
+def _records(workdir):
+  with open(os.path.join(workdir, "metrics.jsonl")) as f:
+    return [json.loads(line) for line in f]
+
+
+def _raw_state(workdir, step):
+  """A checkpoint as saved (nested dicts of arrays), read without any template."""
+  return ocp.StandardCheckpointer().restore(os.path.join(workdir, "checkpoints", str(step),
+                                                         "default"))
+
+
+def _assert_trees_equal(a, b):
+  assert jax.tree.structure(a) == jax.tree.structure(b)
+  for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
+    np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory, env):
+  """An uninterrupted run of 2N steps: (workdir, metrics records)."""
+  workdir = tmp_path_factory.mktemp("reference") / "run"
+  _run(workdir, env)
+  return workdir, _records(workdir)
+
+
+@pytest.mark.slow
+def test_sigkill_then_resume_reproduces_the_uninterrupted_run(reference, tmp_path, env):
+  ref_dir, ref_records = reference
+  assert [r["step"] for r in ref_records] == list(range(2 * N + 1))
+  assert sorted(int(d) for d in os.listdir(ref_dir / "checkpoints")) == [0, N, 2 * N]
+  rng = random.Random()
+  at_step, delay = rng.choice(range(N + 1, 2 * N)), rng.uniform(0.0, 0.05)
+  workdir = tmp_path / "run"
+  code, stderr = _start_and_signal(workdir, env, signal.SIGKILL, at_step, delay)
+  where = f"killed after the progress line of step {at_step} + {delay:.3f}s"
+  assert code == -signal.SIGKILL, (where, stderr[-2000:])
+  killed_at = len(_records(workdir)) - 1
+  assert killed_at >= at_step, where  # records past the step-N checkpoint were written
+  stdout = _run(workdir, env)
+  assert f"resumed from checkpoint {workdir}/checkpoints/{N} (no warm-up)" in stdout, where
+  assert "warm-up" not in stdout.replace("(no warm-up)", "")
+  # Every record, those after the resume point included (data order, rewards, KL, loss,
+  # evaluation), equals the uninterrupted run's; so does the whole final state, bit for bit.
+  assert strip(_records(workdir)) == strip(ref_records), where
+  final, ref_final = _raw_state(workdir, 2 * N), _raw_state(ref_dir, 2 * N)
+  _assert_trees_equal(final, ref_final)
+  assert int(final["data_position"]) == 2 * N * 4 and float(final["kl_coef"]) != 0.02
+  # The workdir records its config, versions and code; the resume is a second start.
+  starts = json.loads((workdir / "run_info.json").read_text())["starts"]
+  assert [s["resumed_from_step"] for s in starts] == [None, N]
+  assert starts[0]["versions"]["jax"] == jax.__version__
+  git = subprocess.run(["git", "-C", ROOT, "rev-parse", "HEAD"], capture_output=True, text=True)
+  assert starts[0]["git_commit"] == (git.stdout.strip() if git.returncode == 0 else None)
+  assert json.loads((workdir / "config.json").read_text())["train"]["checkpoint_every"] == N
+
+
+@pytest.mark.slow
+def test_sigterm_saves_the_current_step_and_a_damaged_latest_falls_back(reference, tmp_path,
+                                                                         env):
+  _, ref_records = reference
+  workdir = tmp_path / "run"
+  code, stderr = _start_and_signal(workdir, env, signal.SIGTERM, 2, 0.0,
+                                   "--config.train.checkpoint_every=100")
+  assert code == faults.PREEMPTED_EXIT_CODE, stderr[-2000:]
+  stopped = _records(workdir)[-1]["step"]
+  assert 2 <= stopped < 2 * N
+  assert f"SIGTERM: saved checkpoint {workdir}/checkpoints/{stopped}" in stderr
+  ckpts = Checkpoints(workdir / "checkpoints", 3, log=(logged := []).append)
+  assert ckpts.steps() == [0, stopped]
+  template = _template()
+  state = ckpts.restore_latest(template)
+  assert int(state.step) == stopped and int(state.data_position) == stopped * 4 and not logged
+  # Truncate the largest file of the latest checkpoint: restoring falls back to step 0.
+  latest = workdir / "checkpoints" / str(stopped)
+  largest = max((p for p in latest.rglob("*") if p.is_file()), key=lambda p: p.stat().st_size)
+  os.truncate(largest, largest.stat().st_size // 2)
+  state = ckpts.restore_latest(template)
+  ckpts.close()
+  assert int(state.step) == 0 and len(logged) == 1
+  assert logged[0].startswith(f"warning: checkpoint {workdir}/checkpoints/{stopped} cannot be "
+                              f"restored (") and logged[0].endswith("trying the one before it.")
+  assert os.path.isdir(f"{latest}.unreadable") and not latest.exists()
+  # The command resumes from step 0 and still reproduces the uninterrupted run.
+  stdout = _run(workdir, env, "--config.train.checkpoint_every=100")
+  assert f"resumed from checkpoint {workdir}/checkpoints/0" in stdout
+  assert strip(_records(workdir)) == strip(ref_records)
+
+
+def _template():
+  """The abstract state of the SMALL runs (shapes and dtypes only)."""
+  config = grpo_tiny.get_config()
+  config.rl.value_head = "separate"
+  from grpo_jax.train.loop import _initial_state
+  from grpo_jax.train.setup import build_model
+  model_cfg, params = build_model(config, jax.random.key(0))
+  optimizer = make_optimizer(config.optim, 1)
+  return jax.eval_shape(lambda p, k: _initial_state(config, model_cfg, p, optimizer, k), params,
+                        jax.random.key(0))
+
+
+def _nan_grad_loss(monkeypatch, always: bool):
+  """Patches the update's loss: same value, but a NaN gradient for one weight matrix, always
+  or only for a batch marked by non-zero old_values (unused without a critic)."""
+  @jax.custom_vjp
+  def nan_grad(x, scale):
+    return x
+
+  nan_grad.defvjp(lambda x, scale: (x, scale),
+                  lambda scale, g: (jax.tree.map(lambda t: t * scale, g), None))
+  original = update_lib.loss_and_sums
+
+  def loss(trainable, mb, *args, **kwargs):
+    params, value_params = trainable
+    on = True if always else jnp.any(mb.old_values != 0)
+    scale = jnp.where(on, jnp.nan, 1.0)
+    params = {**params, "embed_tokens": nan_grad(params["embed_tokens"], scale)}
+    return original((params, value_params), mb, *args, **kwargs)
+
+  monkeypatch.setattr(update_lib, "loss_and_sums", loss)
+
+
+def test_injected_nan_gradient_leaves_params_unchanged_and_is_counted(monkeypatch):
+  from tests.test_update import CFG as cfg, _batch_and_state  # noqa: PLC0415
+  rl = rl_defaults(num_minibatches=2)
+  state, batch, optimizer = _batch_and_state(rl)
+  _nan_grad_loss(monkeypatch, always=False)
+  update_step = update_lib.make_update_step(cfg, rl, optimizer, 1.0)
+  marked = batch._replace(old_values=jnp.ones_like(batch.old_values))
+  after, metrics = update_step(state, marked)
+  assert np.isfinite(float(metrics["loss"])) and not np.isfinite(float(metrics["grad_norm"]))
+  _assert_trees_equal((after.params, after.opt_state), (state.params, state.opt_state))
+  assert int(after.skipped_updates) == 2 and int(after.consecutive_skips) == 2
+  assert int(metrics["skipped_updates"]) == 2 and int(after.step) == 1
+  # A clean batch trains again and resets the run of skips, not the total.
+  again, metrics = update_step(after, batch)
+  assert np.isfinite(float(metrics["grad_norm"])) and float(metrics["grad_norm"]) > 0
+  assert int(again.skipped_updates) == 2 and int(again.consecutive_skips) == 0
+  delta = optax.tree.norm(jax.tree.map(jnp.subtract, again.params, after.params))
+  assert float(delta) > 1e-4
+
+
+def test_consecutive_skips_stop_the_run_with_finite_unchanged_params(monkeypatch, tmp_path):
+  _nan_grad_loss(monkeypatch, always=True)
+  config = grpo_tiny.get_config()
+  config.warmup.steps = 0
+  config.rollout.update(num_prompts=4, group_size=4)
+  config.rl.num_minibatches = 2
+  config.train.update(steps=4, eval_size=20, eval_batch_size=20, checkpoint_every=1,
+                      max_consecutive_skips=3)
+  with pytest.raises(faults.RunStopped, match=r"^4 optimizer updates in a row were skipped .*"
+                     r"at step 2, train.max_consecutive_skips=3\)"):
+    train(config, str(tmp_path), log=lambda *a: None)
+  records = _records(tmp_path)
+  assert [(r["step"], r.get("skipped_updates")) for r in records] == [(0, None), (1, 2), (2, 4)]
+  ckpts = Checkpoints(tmp_path / "checkpoints", 3)
+  assert ckpts.steps() == [0, 1]  # the step that stopped the run is not saved
+  ckpts.close()
+  first, second = _raw_state(tmp_path, 0), _raw_state(tmp_path, 1)
+  _assert_trees_equal((first["params"], first["opt_state"]),
+                      (second["params"], second["opt_state"]))
+  assert all(np.all(np.isfinite(x)) for x in jax.tree.leaves(second["params"]))
+
+
+class _FlakyReward:
+  """The addition task, whose reward raises on one completion text and is NaN on another."""
+
+  def __init__(self, task, raise_text, nan_text):
+    self.task, self.tokenizer = task, task.tokenizer
+    self.raise_text, self.nan_text = raise_text, nan_text
+
+  def score(self, batch, tokens, mask, group_size):
+    rewards, steps = self.task.score(batch, tokens, mask, group_size)
+    texts = [self.tokenizer.decode(t) for t in np.asarray(tokens)]
+    if self.raise_text in texts:
+      raise ZeroDivisionError("reward bug")
+    rewards = np.asarray(rewards, np.float32).copy()
+    rewards[[i for i, t in enumerate(texts) if t == self.nan_text]] = np.nan
+    return rewards, steps
+
+
+@pytest.mark.parametrize("mode", ["raise", "zero"])
+def test_failing_reward_stops_the_run_or_scores_zero(mode):
+  task = AdditionTask(2, 100, 4, fixed_width=True, reverse_answer=True)
+  prompts = task.encode(np.array([[7, 68], [12, 30]]))
+  tokenize = lambda s: task.tokenizer.encode(s, eos=True) + [0] * (4 - len(s) - 1)  # noqa
+  answers = ["570", "11", "24", "93", "042", "240"]  # rows 0-2: 07+68; rows 3-5: 12+30
+  tokens = np.array([tokenize(a) for a in answers], np.int32)
+  mask = np.array([[i <= len(a) for i in range(4)] for a in answers])
+  flaky = _FlakyReward(task, raise_text="11", nan_text="240")
+  expected, _ = task.score(prompts, tokens, mask, 3)
+  np.testing.assert_array_equal(expected, [1, 0, 0, 0, 0, 1])
+  if mode == "raise":
+    with pytest.raises(faults.RewardError, match=r"^the reward function raised "
+                       r"ZeroDivisionError: reward bug for the prompt '07\+68=' and the "
+                       r"completion '11';.*on_reward_error='zero'") as info:
+      faults.guarded_score(flaky, prompts, tokens, mask, 3, mode)
+    assert isinstance(info.value.__cause__, ZeroDivisionError)
+    flaky.raise_text = None
+    with pytest.raises(faults.RewardError, match=r"returned nan .* prompt '12\+30=' and the "
+                       r"completion '240'"):
+      faults.guarded_score(flaky, prompts, tokens, mask, 3, mode)
+    return
+  rewards, steps, errors = faults.guarded_score(flaky, prompts, tokens, mask, 3, mode)
+  np.testing.assert_array_equal(rewards, [1, 0, 0, 0, 0, 0])  # rows 1 and 5 scored 0
+  assert errors == 2 and steps[0].shape == (6, 4)
+  assert np.all(steps[0][[1, 5]] == 0) and steps[0][0].sum() == 4  # 3 digits + <eos>
+
+
+class _NanWhenRight:
+  """The addition task, whose reward is NaN wherever it should be 1."""
+
+  def __init__(self, task):
+    self.task = task
+
+  def __getattr__(self, name):
+    return getattr(self.task, name)
+
+  def score(self, batch, tokens, mask, group_size):
+    rewards, steps = self.task.score(batch, tokens, mask, group_size)
+    return np.where(np.asarray(rewards) == 1, np.nan, rewards), steps
+
+
+def test_collect_counts_zeroed_rewards_or_stops():
+  from tests.test_collect import _ScriptedSampler  # noqa: PLC0415
+  task = AdditionTask(2, 100, 4, True, True)
+  config = types.SimpleNamespace(seed=0, rollout=types.SimpleNamespace(num_prompts=6,
+                                                                       group_size=4),
+                                 rl=rl_defaults())
+  state = types.SimpleNamespace(params=None, data_position=jnp.int32(0))
+  clean = collect(state, task, config, _ScriptedSampler(task, 4), None, jax.random.key(0))
+  assert float(np.sum(clean.inputs.rewards)) == 4 and clean.reward_errors == 0
+  out = collect(state, _NanWhenRight(task), config, _ScriptedSampler(task, 4), None,
+                jax.random.key(0), on_reward_error="zero")
+  np.testing.assert_array_equal(np.asarray(out.rollout.completion_tokens),
+                                np.asarray(clean.rollout.completion_tokens))
+  assert out.reward_errors == 4 and float(np.abs(out.inputs.rewards).sum()) == 0
+  assert float(np.abs(out.inputs.step_rewards).sum()) < float(clean.inputs.step_rewards.sum())
+  with pytest.raises(faults.RewardError, match=r"^the reward function returned nan"):
+    collect(state, _NanWhenRight(task), config, _ScriptedSampler(task, 4), None,
+            jax.random.key(0))
+
+
+def test_metrics_resume_keeps_records_up_to_the_restored_step(tmp_path):
+  path = tmp_path / "metrics.jsonl"
+  path.write_text("".join(json.dumps({"step": s, "loss": s / 10}) + "\n" for s in range(5))
+                  + '{"step": 5, "lo')  # a record cut short by SIGKILL
+  assert keep_records_until(str(path), 2) == 3
+  assert [json.loads(x)["step"] for x in path.read_text().splitlines()] == [0, 1, 2]
+  assert keep_records_until(str(path), -1) == 3 and path.read_text() == ""
+
+
+@pytest.mark.parametrize("field, value, message", [
+    ("on_reward_error", "ignore", "train.on_reward_error='ignore' is unknown; valid: raise, "
+     "zero."),
+    ("keep_checkpoints", 0, "train.keep_checkpoints=0; keep at least 1"),
+    ("max_consecutive_skips", 0, "train.max_consecutive_skips=0; use at least 1."),
+    ("checkpoint_every", -1, "train.checkpoint_every=-1; use a number of steps >= 0")])
+def test_fault_config_fields_are_validated(field, value, message):
+  config = grpo_tiny.get_config()
+  config.train[field] = value
+  with pytest.raises(ConfigError) as info:
+    validate(config)
+  assert str(info.value).startswith(message)
