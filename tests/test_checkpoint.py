@@ -171,11 +171,11 @@ def _template():
   """The abstract state of the SMALL runs (shapes and dtypes only)."""
   config = grpo_tiny.get_config()
   config.rl.value_head = "separate"
-  from grpo_jax.train.loop import _initial_state
+  from grpo_jax.train.loop import initial_state
   from grpo_jax.train.setup import build_model
   model_cfg, params = build_model(config, jax.random.key(0))
   optimizer = make_optimizer(config.optim, 1)
-  return jax.eval_shape(lambda p, k: _initial_state(config, model_cfg, p, optimizer, k), params,
+  return jax.eval_shape(lambda p, k: initial_state(config, model_cfg, p, optimizer, k), params,
                         jax.random.key(0))
 
 

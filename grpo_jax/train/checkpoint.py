@@ -12,6 +12,7 @@ import os
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import orbax.checkpoint as ocp
 
 from grpo_jax.train.faults import RunStopped
@@ -28,11 +29,20 @@ def from_saveable(tree: TrainState) -> TrainState:
   return tree.replace(key=jax.random.wrap_key_data(tree.key))
 
 
+def step_of(state: TrainState) -> int:
+  """The state's step (one number also for seeds stacked on a leading axis, which move in
+  lockstep)."""
+  steps = np.unique(np.asarray(state.step))
+  if len(steps) != 1:
+    raise ValueError(f"the stacked states are at different steps {steps.tolist()}")
+  return int(steps[0])
+
+
 def check_restored(state: TrainState, step: int) -> None:
   """Raises ValueError if a restored state does not belong to `step` or holds a non-finite
   parameter (a checkpoint that reads without error but is damaged)."""
-  if int(state.step) != step:
-    raise ValueError(f"the state inside says step {int(state.step)}")
+  if step_of(state) != step:
+    raise ValueError(f"the state inside says step {np.asarray(state.step).tolist()}")
   finite = [bool(jnp.all(jnp.isfinite(x))) for x in
             jax.tree.leaves((state.params, state.value_params, state.ref_params))]
   if not all(finite):
@@ -62,7 +72,7 @@ class Checkpoints:
 
   def save(self, state: TrainState) -> bool:
     """Writes the state as checkpoint `state.step` (synchronously); False if it exists."""
-    step = int(state.step)
+    step = step_of(state)
     if step in self.steps():
       return False
     self.manager.save(step, args=ocp.args.StandardSave(to_saveable(state)), force=True)

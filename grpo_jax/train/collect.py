@@ -41,6 +41,20 @@ def _rows(tree, rows):
   return jax.tree.map(lambda x: np.asarray(x)[rows], tree)
 
 
+def score_round(task, prompts, rollout: Rollout, greedy_rollout: Rollout | None,
+                group_size: int, on_reward_error: str) -> Collected:
+  """One sampling round scored on the host: rewards of every row and, for ReMax, of the
+  greedy completion of each prompt (repeated over its group); no resampling."""
+  rewards, steps, errors = _score(task, prompts, rollout, group_size, on_reward_error)
+  if greedy_rollout is not None:
+    greedy_rewards, _, bad = _score(task, prompts, greedy_rollout, 1, on_reward_error)
+    greedy_rewards, errors = np.repeat(greedy_rewards, group_size), errors + bad
+  else:
+    greedy_rewards = np.zeros_like(rewards)
+  inputs = RewardInputs(rewards, greedy_rewards, *steps)
+  return Collected(rollout, inputs, len(prompts.prompt_tokens), 1, 0, errors)
+
+
 def collect(state, task, config, sample, greedy, key, on_reward_error="raise") -> Collected:
   """Samples config.rollout.num_prompts groups of G completions (see module docstring).
 
@@ -50,7 +64,7 @@ def collect(state, task, config, sample, greedy, key, on_reward_error="raise") -
   r_cfg, rl = config.rollout, config.rl
   num_prompts, group = r_cfg.num_prompts, r_cfg.group_size
   start = position = int(to_host(state.data_position))
-  kept, spare = [], []  # (rollout rows, rewards, steps, greedy rewards) per group
+  kept, spare = [], []  # (rollout rows, reward inputs rows) per group
   rounds = errors = 0
   while True:
     prompts = task.train_batch(position, num_prompts, config.seed)
@@ -59,27 +73,21 @@ def collect(state, task, config, sample, greedy, key, on_reward_error="raise") -
     rollout = sample(state.params, repeat(prompts.prompt_tokens), repeat(prompts.prompt_mask),
                      jax.random.fold_in(key, rounds))
     rounds += 1
-    rollout = to_host(rollout)
-    rewards, steps, bad = _score(task, prompts, rollout, group, on_reward_error)
-    errors += bad
+    greedy_rollout = None
     if rl.advantage == "remax":
-      g = to_host(greedy(state.params, prompts.prompt_tokens, prompts.prompt_mask))
-      greedy_rewards, _, bad = _score(task, prompts, g, 1, on_reward_error)
-      greedy_rewards, errors = np.repeat(greedy_rewards, group), errors + bad
-    else:
-      greedy_rewards = np.zeros_like(rewards)
+      greedy_rollout = to_host(greedy(state.params, prompts.prompt_tokens, prompts.prompt_mask))
+    scored = score_round(task, prompts, to_host(rollout), greedy_rollout, group,
+                         on_reward_error)
+    errors += scored.reward_errors
     for g in range(num_prompts):
       rows = slice(g * group, (g + 1) * group)
-      item = (_rows(rollout, rows), rewards[rows], _rows(steps, rows), greedy_rewards[rows])
-      spread = rewards[rows].max() > rewards[rows].min()
+      item = (_rows(scored.rollout, rows), _rows(scored.inputs, rows))
+      spread = scored.inputs.rewards[rows].max() > scored.inputs.rewards[rows].min()
       (kept if (spread or not rl.dynamic_sampling) else spare).append(item)
     if len(kept) >= num_prompts or not rl.dynamic_sampling or rounds > rl.max_extra_rollouts:
       break
   filler = max(num_prompts - len(kept), 0)
   chosen = kept[:num_prompts] + spare[:filler]
   cat = lambda xs: jax.tree.map(lambda *a: np.concatenate(a, 0), *xs)  # noqa: E731
-  rollout = cat([c[0] for c in chosen])
-  step_rewards, step_end, step_mask = cat([c[2] for c in chosen])
-  inputs = RewardInputs(np.concatenate([c[1] for c in chosen]),
-                        np.concatenate([c[3] for c in chosen]), step_rewards, step_end, step_mask)
-  return Collected(rollout, inputs, position - start, rounds, filler, errors)
+  return Collected(cat([c[0] for c in chosen]), cat([c[1] for c in chosen]), position - start,
+                   rounds, filler, errors)

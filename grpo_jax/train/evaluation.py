@@ -18,33 +18,58 @@ def evaluate(params, task, model_cfg: ModelConfig, train_cfg, rollout_cfg=None,
   """Greedy accuracy on the first train.eval_size held-out prompts (the task's scores), and
   with train.eval_pass_k = k > 0 also pass@k: the fraction of prompts for which at least one
   of k completions sampled at the rollout temperature earns reward 1."""
-  batch = task.test_batch(train_cfg.eval_size)
-  size, chunk = train_cfg.eval_size, train_cfg.eval_batch_size
-  pass_k = train_cfg.get("eval_pass_k", 0)
   common = dict(model_cfg=model_cfg, max_new_tokens=task.max_new_tokens, eos_id=task.eos_id,
                 pad_id=task.pad_id, mesh=mesh)
   place = (lambda *xs: shard_batch(xs, mesh)) if mesh is not None else (lambda *xs: xs)
+
+  def generate_one(prompts, prompt_mask, chunk_start, sampled):
+    if sampled:
+      r = generate(params, *place(prompts, prompt_mask), jax.random.fold_in(key, chunk_start),
+                   temperature=rollout_cfg.temperature, top_k=rollout_cfg.top_k,
+                   top_p=rollout_cfg.top_p, **common)
+    else:
+      r = generate(params, *place(prompts, prompt_mask), jax.random.key(0), temperature=0.0,
+                   **common)
+    return jax.tree.map(lambda x: np.asarray(x)[None], to_host(r))
+
+  return evaluate_models(generate_one, 1, task, train_cfg)[0]
+
+
+def evaluate_models(generate_fn, num_models: int, task, train_cfg) -> list[dict]:
+  """`evaluate` for `num_models` policies at once (e.g. seeds stacked on a vmapped axis).
+
+  generate_fn(prompt_tokens, prompt_mask, chunk_start, sampled) returns the host `Rollout` of
+  every model, each array with a leading model axis: greedy completions, or (sampled=True)
+  pass@k samples of the rows repeated k times, drawn with each model's own evaluation key
+  folded with chunk_start.
+  """
+  batch = task.test_batch(train_cfg.eval_size)
+  size, chunk = train_cfg.eval_size, train_cfg.eval_batch_size
+  pass_k = train_cfg.get("eval_pass_k", 0)
   tokens, masks, passed = [], [], []
   for start in range(0, size, chunk):
     # Every chunk has the same static shape: the last one is padded with repeated rows.
     rows = np.minimum(np.arange(start, start + chunk), size - 1)
     keep = min(chunk, size - start)
     prompts, prompt_mask = batch.prompt_tokens[rows], batch.prompt_mask[rows]
-    r = to_host(generate(params, *place(prompts, prompt_mask), jax.random.key(0),
-                         temperature=0.0, **common))
-    tokens.append(np.asarray(r.completion_tokens)[:keep])
-    masks.append(np.asarray(r.completion_mask)[:keep])
+    r = generate_fn(prompts, prompt_mask, start, False)
+    tokens.append(np.asarray(r.completion_tokens)[:, :keep])
+    masks.append(np.asarray(r.completion_mask)[:, :keep])
     if pass_k:
-      s = to_host(generate(params, *place(np.repeat(prompts, pass_k, 0),
-                                          np.repeat(prompt_mask, pass_k, 0)),
-                           jax.random.fold_in(key, start), temperature=rollout_cfg.temperature,
-                           top_k=rollout_cfg.top_k, top_p=rollout_cfg.top_p, **common))
-      rewards, _ = task.score(take_rows(batch, rows), s.completion_tokens, s.completion_mask, pass_k)
-      passed.append((rewards.reshape(chunk, pass_k) >= 1.0).any(1)[:keep])
-  scores = task.eval_scores(batch, np.concatenate(tokens), np.concatenate(masks))
-  if pass_k:
-    scores[f"eval_pass_at_{pass_k}"] = np.concatenate(passed)
-  return {name: float(np.mean(values)) for name, values in scores.items()}
+      s = generate_fn(np.repeat(prompts, pass_k, 0), np.repeat(prompt_mask, pass_k, 0), start,
+                      True)
+      chunk_rows = take_rows(batch, rows)
+      passed.append(np.stack([
+          (task.score(chunk_rows, s.completion_tokens[m], s.completion_mask[m], pass_k)[0]
+           .reshape(chunk, pass_k) >= 1.0).any(1)[:keep] for m in range(num_models)]))
+  results = []
+  for m in range(num_models):
+    scores = task.eval_scores(batch, np.concatenate([t[m] for t in tokens]),
+                              np.concatenate([k[m] for k in masks]))
+    if pass_k:
+      scores[f"eval_pass_at_{pass_k}"] = np.concatenate([p[m] for p in passed])
+    results.append({name: float(np.mean(values)) for name, values in scores.items()})
+  return results
 
 
 def take_rows(batch, rows):

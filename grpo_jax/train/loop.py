@@ -53,7 +53,7 @@ def _check_batches_fit_mesh(config, mesh) -> None:
         f"{r.num_prompts} must be a multiple of the {size} data x fsdp devices.")
 
 
-def _rollout_metrics(collected, group_size: int) -> dict:
+def rollout_metrics(collected, group_size: int) -> dict:
   rewards = np.asarray(collected.inputs.rewards).reshape(-1, group_size)
   mask = np.asarray(collected.rollout.completion_mask)
   return dict(reward_mean=float(rewards.mean()), reward_std=float(rewards.std()),
@@ -64,7 +64,21 @@ def _rollout_metrics(collected, group_size: int) -> dict:
               groups_without_spread=collected.groups_without_spread)
 
 
-def _initial_state(config, model_cfg, params, optimizer, base_key) -> TrainState:
+def step_metrics(update_metrics, prep_metrics, collected, kl_coef, config) -> dict:
+  """One step's metrics record (before evaluation and timing) from host values."""
+  metrics = {**update_metrics, **prep_metrics,
+             **rollout_metrics(collected, config.rollout.group_size), "kl_coef": float(kl_coef)}
+  if config.train.on_reward_error == "zero":
+    metrics["reward_errors"] = collected.reward_errors
+  return metrics
+
+
+def step_tokens(rollout) -> int:
+  """Prompt and completion tokens of a step's rollout (for tokens/s)."""
+  return int(np.asarray(rollout.prompt_mask).sum() + np.asarray(rollout.completion_mask).sum())
+
+
+def initial_state(config, model_cfg, params, optimizer, base_key) -> TrainState:
   """The state at step 0 from the starting policy (a frozen reference copy, a fresh critic)."""
   value_params = init_value_params(config.rl.value_head, model_cfg, params,
                                    jax.random.fold_in(base_key, 2))
@@ -106,7 +120,7 @@ def train(config, workdir: str, log=print) -> TrainState:
   try:
     with TerminationFlag() as sigterm:
       template = jax.eval_shape(
-          lambda p, k: _initial_state(config, model_cfg, p, optimizer, k), params, base_key)
+          lambda p, k: initial_state(config, model_cfg, p, optimizer, k), params, base_key)
       state = ckpts.restore_latest(template)
       resumed = state is not None
       metrics_path = os.path.join(workdir, "metrics.jsonl")
@@ -120,7 +134,7 @@ def train(config, workdir: str, log=print) -> TrainState:
           record_start(workdir, None)
           keep_records_until(metrics_path, -1)
         params = run_warmup(params, task, model_cfg, config.warmup, config.seed, log)
-        state = _initial_state(config, model_cfg, params, optimizer, base_key)
+        state = initial_state(config, model_cfg, params, optimizer, base_key)
       del params  # the state holds them (fresh) or a restored copy replaced them
       state = place_tree(state, mesh)
       log(f"mesh (data, fsdp, tensor) = {tuple(mesh.shape.values())} over {mesh.size} devices, "
@@ -182,18 +196,13 @@ def _run(config, workdir, task, model_cfg, optimizer, base_key, state, resumed, 
       state = finish_step(state, rollout_kl=prep_metrics["rollout_kl"])
       state = state.replace(data_position=jax.device_put(
           state.data_position + collected.prompts_consumed, state_shardings.data_position))
-      metrics = {**to_host(metrics), **to_host(prep_metrics),
-                 **_rollout_metrics(collected, r_cfg.group_size),
-                 "kl_coef": float(to_host(state.kl_coef))}
-      if t_cfg.on_reward_error == "zero":
-        metrics["reward_errors"] = collected.reward_errors
+      metrics = step_metrics(to_host(metrics), to_host(prep_metrics), collected,
+                             to_host(state.kl_coef), config)
       step = int(to_host(state.step))
       if step % t_cfg.eval_every == 0 or step == t_cfg.steps:
         metrics.update(run_eval(state.params))
       now = time.perf_counter()
-      rollout = collected.rollout
-      tokens = int(np.asarray(rollout.prompt_mask).sum() +
-                   np.asarray(rollout.completion_mask).sum())
+      tokens = step_tokens(collected.rollout)
       metrics.update(step_time_s=now - t0, tokens_per_s=tokens / (now - t0),
                      elapsed_s=now - start)
       writer.write(step, metrics)

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import functools
-
 import jax
 import jax.numpy as jnp
 import optax
@@ -21,29 +19,40 @@ def sft_loss(params, model_cfg: ModelConfig, prompt_tokens, prompt_mask, target_
   return -masked_mean(logp, target_mask)
 
 
-def run_warmup(params, task, model_cfg: ModelConfig, warmup_cfg, seed: int, log=print):
-  """`warmup_cfg.steps` AdamW steps of SFT; returns the new params (a pure function of seed)."""
-  if warmup_cfg.steps <= 0:
-    return params
+def make_warmup_step(model_cfg: ModelConfig, warmup_cfg):
+  """(optimizer, step): step(params, opt_state, prompt_tokens, prompt_mask, target_tokens,
+  target_mask) -> (params, opt_state, loss) is one un-jitted AdamW step of SFT (jit it, or
+  vmap it over stacked seeds)."""
   schedule = optax.warmup_cosine_decay_schedule(
       0.0, warmup_cfg.learning_rate, max(1, min(100, warmup_cfg.steps // 10)), warmup_cfg.steps + 1,
       end_value=warmup_cfg.learning_rate * 0.05)
   optimizer = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(schedule))
-  opt_state = optimizer.init(params)
 
-  @functools.partial(jax.jit, donate_argnums=(0, 1))
   def step(params, opt_state, pt, pm, tt, tm):
     loss, grads = jax.value_and_grad(sft_loss)(params, model_cfg, pt, pm, tt, tm)
     updates, opt_state = optimizer.update(grads, opt_state, params)
     return optax.apply_updates(params, updates), opt_state, loss
 
+  return optimizer, step
+
+
+def warmup_log_due(i: int, total: int) -> bool:
+  """Whether warm-up step i (0-based) prints a progress line (5 in all)."""
+  return (i + 1) % max(total // 5, 1) == 0 or i + 1 == total
+
+
+def run_warmup(params, task, model_cfg: ModelConfig, warmup_cfg, seed: int, log=print):
+  """`warmup_cfg.steps` AdamW steps of SFT; returns the new params (a pure function of seed)."""
+  if warmup_cfg.steps <= 0:
+    return params
+  optimizer, step = make_warmup_step(model_cfg, warmup_cfg)
+  step = jax.jit(step, donate_argnums=(0, 1))
+  opt_state = optimizer.init(params)
   params = jax.tree.map(jnp.copy, params)
-  losses = []
   for i in range(warmup_cfg.steps):
     b = task.warmup_batch(i, warmup_cfg.batch_size, seed, warmup_cfg.carry_drop_fraction)
     params, opt_state, loss = step(params, opt_state, b.prompt_tokens, b.prompt_mask,
                                    b.target_tokens, b.target_mask)
-    losses.append(loss)
-    if (i + 1) % max(warmup_cfg.steps // 5, 1) == 0 or i + 1 == warmup_cfg.steps:
+    if warmup_log_due(i, warmup_cfg.steps):
       log(f"warm-up {i + 1:>5}/{warmup_cfg.steps} | sft loss {float(loss):.4f}")
   return params

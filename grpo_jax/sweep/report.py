@@ -1,0 +1,156 @@
+"""A sweep's results: per-run figures (runs.csv), mean ± std over seeds per arm (results.csv,
+results.md) and curves per arm with a seed band (reward.png, eval_accuracy.png).
+
+Per run, from its metrics.jsonl and DONE.json:
+    final_reward   mean of reward_mean over the last 10% of RL steps (at least one step)
+    eval_accuracy  the last held-out greedy accuracy (the run's final evaluation)
+    kl             mean of the update's kl over the last 10% of RL steps
+    wall_s         wall time of the process (for seeds run as one program: of all of them)
+Over seeds: mean and sample standard deviation (ddof=1; 0 for a single seed).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+
+import numpy as np
+
+from grpo_jax.sweep.runner import DONE_FILE
+from grpo_jax.sweep.spec import Sweep, run_dir
+
+FIGURES = ("final_reward", "eval_accuracy", "kl", "wall_s")
+LAST_FRACTION = 0.1
+
+
+def read_metrics(directory: str) -> list[dict]:
+  with open(os.path.join(directory, "metrics.jsonl")) as f:
+    return [json.loads(line) for line in f if line.strip()]
+
+
+def run_figures(directory: str) -> dict:
+  """The figures of one finished run (see the module docstring)."""
+  records = read_metrics(directory)
+  steps = [r for r in records if "reward_mean" in r]
+  tail = steps[-max(1, int(round(len(steps) * LAST_FRACTION))):]
+  evals = [r["eval_accuracy"] for r in records if "eval_accuracy" in r]
+  with open(os.path.join(directory, DONE_FILE)) as f:
+    done = json.load(f)
+  return dict(final_reward=float(np.mean([r["reward_mean"] for r in tail])),
+              eval_accuracy=float(evals[-1]) if evals else float("nan"),
+              kl=float(np.mean([r["kl"] for r in tail])), wall_s=float(done["wall_s"]),
+              steps=int(steps[-1]["step"]) if steps else 0)
+
+
+def mean_std(values) -> tuple[float, float]:
+  values = np.asarray(values, np.float64)
+  return float(values.mean()), float(values.std(ddof=1)) if len(values) > 1 else 0.0
+
+
+def collect_results(sweep: Sweep, sweep_dir: str) -> tuple[list[dict], list[dict]]:
+  """(one row per finished run, one row per arm with mean/std over its finished seeds)."""
+  runs, arms = [], []
+  for arm in sweep.arms:
+    rows = []
+    for seed in sweep.seeds:
+      directory = run_dir(sweep_dir, arm, seed)
+      if os.path.exists(os.path.join(directory, DONE_FILE)):
+        rows.append({"arm": arm.name, **arm.values, "seed": seed, **run_figures(directory)})
+    runs.extend(rows)
+    if not rows:
+      continue
+    summary = {"arm": arm.name, **arm.values, "seeds": len(rows)}
+    for figure in FIGURES:
+      summary[f"{figure}_mean"], summary[f"{figure}_std"] = mean_std([r[figure] for r in rows])
+    arms.append(summary)
+  return runs, arms
+
+
+def _write_csv(path: str, rows: list[dict]) -> None:
+  fields = list(dict.fromkeys(k for row in rows for k in row))
+  with open(path, "w", newline="") as f:
+    writer = csv.DictWriter(f, fieldnames=fields)
+    writer.writeheader()
+    writer.writerows(rows)
+
+
+def markdown_table(sweep: Sweep, arms: list[dict]) -> str:
+  header = ["arm", "seeds", "final reward (last 10%)", "eval accuracy (end)", "KL (last 10%)",
+            "wall s per process"]
+  lines = [f"Sweep `{sweep.name}`: base `{sweep.base_config}`, seeds {list(sweep.seeds)}, "
+           f"seed axis `{sweep.seed_axis}`; mean ± std over seeds.", "",
+           "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+  for a in arms:
+    cells = [a["arm"], str(a["seeds"]),
+             f"{a['final_reward_mean']:.3f} ± {a['final_reward_std']:.3f}",
+             f"{a['eval_accuracy_mean']:.3f} ± {a['eval_accuracy_std']:.3f}",
+             f"{a['kl_mean']:.4f} ± {a['kl_std']:.4f}",
+             f"{a['wall_s_mean']:.0f} ± {a['wall_s_std']:.0f}"]
+    lines.append("| " + " | ".join(cells) + " |")
+  return "\n".join(lines) + "\n"
+
+
+def _moving_average(values: np.ndarray, window: int) -> np.ndarray:
+  if window <= 1 or len(values) < window:
+    return values
+  kernel = np.ones(window) / window
+  padded = np.concatenate([np.full(window - 1, values[0]), values])
+  return np.convolve(padded, kernel, mode="valid")
+
+
+def plot_curves(sweep: Sweep, sweep_dir: str, key: str, path: str, smooth: int = 1) -> bool:
+  """Per arm: the mean over seeds of `key` against step, with a band of ± one std over seeds
+  (`smooth`-step moving average of each seed first). False if no run has the key."""
+  import matplotlib
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+  fig, ax = plt.subplots(figsize=(7, 4.2))
+  drawn = False
+  for arm in sweep.arms:
+    curves = []
+    for seed in sweep.seeds:
+      directory = run_dir(sweep_dir, arm, seed)
+      if not os.path.exists(os.path.join(directory, DONE_FILE)):
+        continue
+      points = [(r["step"], r[key]) for r in read_metrics(directory) if key in r]
+      if points:
+        curves.append(np.asarray(points, np.float64))
+    if not curves:
+      continue
+    length = min(len(c) for c in curves)
+    steps = curves[0][:length, 0]
+    values = np.stack([_moving_average(c[:length, 1], smooth) for c in curves])
+    mean, std = values.mean(0), values.std(0, ddof=1) if len(values) > 1 else 0 * values[0]
+    (line,) = ax.plot(steps, mean, label=f"{arm.name} (n={len(curves)})")
+    ax.fill_between(steps, mean - std, mean + std, color=line.get_color(), alpha=0.2)
+    drawn = True
+  if drawn:
+    ax.set_xlabel("RL step")
+    ax.set_ylabel(key + (f" ({smooth}-step moving average)" if smooth > 1 else ""))
+    ax.set_title(f"{sweep.name}: {key}, mean ± std over seeds")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+  plt.close(fig)
+  return drawn
+
+
+def write_report(sweep: Sweep, sweep_dir: str) -> list[str]:
+  """Writes runs.csv, results.csv, results.md and the plots into sweep_dir; returns the paths."""
+  runs, arms = collect_results(sweep, sweep_dir)
+  written = []
+  if not runs:
+    return written
+  for name, rows in (("runs.csv", runs), ("results.csv", arms)):
+    _write_csv(os.path.join(sweep_dir, name), rows)
+    written.append(os.path.join(sweep_dir, name))
+  with open(os.path.join(sweep_dir, "results.md"), "w") as f:
+    f.write(markdown_table(sweep, arms))
+  written.append(os.path.join(sweep_dir, "results.md"))
+  for key, smooth in (("reward_mean", 10), ("eval_accuracy", 1)):
+    path = os.path.join(sweep_dir, f"{key}.png")
+    if plot_curves(sweep, sweep_dir, key, path, smooth):
+      written.append(path)
+  return written

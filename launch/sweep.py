@@ -1,0 +1,73 @@
+"""Runs a sweep of ablations over seeds, then writes its table and plots.
+
+    python launch/sweep.py --sweep=configs/sweeps/estimators_tiny.py [--workdir=DIR]
+        [--parallel=N] [--print_commands] [--report_only]
+
+Runs go to WORKDIR/<arm>/seed_<s>/ (default WORKDIR: sweeps/<sweep file name>); finished runs
+(DONE.json) are skipped when the sweep runs again, and a run stopped part-way resumes from its
+checkpoint. --print_commands prints one command per pending job (for a cluster scheduler) and
+runs nothing. The report: WORKDIR/{runs.csv, results.csv, results.md, reward_mean.png,
+eval_accuracy.png} (grpo_jax/sweep/report.py says what each figure is).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+from grpo_jax.sweep.report import write_report  # noqa: E402
+from grpo_jax.sweep.runner import command_line, pending_jobs, run_jobs  # noqa: E402
+from grpo_jax.sweep.spec import SEED_AXES, SweepError, load_sweep  # noqa: E402
+
+
+def main(argv=None) -> int:
+  parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  parser.add_argument("--sweep", required=True, help="a sweep file (configs/sweeps/*.py)")
+  parser.add_argument("--workdir", help="default: sweeps/<sweep file name>")
+  parser.add_argument("--parallel", type=int, default=1, help="processes at once")
+  parser.add_argument("--print_commands", action="store_true",
+                      help="print the pending jobs' commands and run nothing")
+  parser.add_argument("--report_only", action="store_true", help="only write the report")
+  parser.add_argument("--seed_axis", choices=SEED_AXES,
+                      help="override the sweep file's seed_axis")
+  args = parser.parse_args(argv)
+  try:
+    sweep = load_sweep(args.sweep)
+  except SweepError as e:
+    print(f"error: {e}", file=sys.stderr)
+    return 2
+  if args.parallel < 1:
+    print(f"error: --parallel={args.parallel}; use 1 or more processes.", file=sys.stderr)
+    return 2
+  if args.seed_axis:
+    import dataclasses
+    sweep = dataclasses.replace(sweep, seed_axis=args.seed_axis)
+  sweep_dir = os.path.abspath(args.workdir or os.path.join("sweeps", sweep.name))
+  failed = []
+  if not args.report_only:
+    todo, skipped = pending_jobs(sweep, sweep_dir)
+    if args.print_commands:
+      for job in todo:
+        print(command_line(job))
+      return 0
+    runs = sum(len(j.seeds) for j in todo)
+    print(f"sweep {sweep.name}: {len(sweep.arms)} arms x {len(sweep.seeds)} seeds; "
+          f"{skipped} finished run(s) skipped, {runs} to run in {len(todo)} process(es) "
+          f"({args.parallel} at a time) under {sweep_dir}", flush=True)
+    failed = run_jobs(todo, sweep_dir, cwd=ROOT, parallel=args.parallel,
+                      log=lambda m: print(m, flush=True))
+  for path in write_report(sweep, sweep_dir):
+    print(f"wrote {path}")
+  if failed:
+    print(f"error: {len(failed)} job(s) failed; run the same command again to retry them.",
+          file=sys.stderr)
+    return 1
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())
