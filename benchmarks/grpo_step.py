@@ -1,7 +1,8 @@
 """One full GRPO step of ours, built from the pieces the training loop uses:
 
-    generate (sampled, G completions per prompt) -> rewards (host) -> prepare (old and reference
-    log-probs, group-normalised advantages) -> update (PPO-clip + k3 KL, one AdamW step)
+    generate (sampled, G completions per prompt) -> rewards (host) -> prepare (reference
+    log-probs, group-normalised advantages; the old log-probs only with reuse_old_logprobs=False)
+    -> update (PPO-clip + k3 KL, one AdamW step)
 
 The reward is a dummy: the fraction of completion tokens equal to TARGET. Used by vs_trl.py,
 scaling.py and update_step.py; not a benchmark on its own.
@@ -18,7 +19,8 @@ TARGET = 7
 
 
 def build(model: str, group_size: int, num_prompts: int, prompt_len: int, new_tokens: int,
-          kl_coef: float = 0.04, learning_rate: float = 1e-6, dtype: str = "float32"):
+          kl_coef: float = 0.04, learning_rate: float = 1e-6, dtype: str = "float32",
+          reuse_old_logprobs: bool = True):
   """(run_step, info): run_step() does one GRPO step, blocks until it is done and returns the
   seconds of its parts (rollout, prepare, update); info["last"] holds its state and batch."""
   import jax
@@ -34,7 +36,8 @@ def build(model: str, group_size: int, num_prompts: int, prompt_len: int, new_to
 
   cfg, params = load_hf_checkpoint(common.checkpoint(model), dtype, dtype)
   rl = rl_defaults(advantage="grpo", kl_coef=kl_coef, loss_aggregation="token-mean",
-                   num_iterations=1, num_minibatches=1)
+                   num_iterations=1, num_minibatches=1,
+                   reuse_old_logprobs=reuse_old_logprobs)
   optim = ml_collections.ConfigDict(dict(learning_rate=learning_rate, warmup_steps=0,
                                          weight_decay=0.0, b1=0.9, b2=0.999, max_grad_norm=1.0))
   optimizer = make_optimizer(optim, 1000)

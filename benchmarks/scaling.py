@@ -1,8 +1,9 @@
 """How our GRPO step time grows with group size, completion length and model size.
 
 One axis varies at a time around the base (qwen2-4L-256, G=8, 4 prompts, 32 prompt tokens,
-64 completion tokens); the step is benchmarks/grpo_step.py (rollout, rewards, old and reference
-log-probs, update). Median of --steps steps after a compiling one.
+64 completion tokens); the step is benchmarks/grpo_step.py (rollout, rewards, reference
+log-probs, update; the old log-probs are the update's own at mu = 1). Median of --steps steps
+after a compiling one.
 
     python benchmarks/scaling.py
 """

@@ -7,8 +7,9 @@ min_new_tokens = N, ours: an eos id that never occurs), a dummy reward (the frac
 token), group-normalised advantages, PPO-clip 0.2 with the k3 KL term (beta > 0), token-mean
 loss (TRL: loss_type="dapo"), mu = 1 (num_iterations=1), one AdamW step per generation batch,
 float32, no gradient checkpointing (TRL's default is on; ours has none), dropout off, no vLLM.
-A step is rollout + reference log-probs + update; ours also recomputes the old log-probs (one
-more forward pass) where TRL, at mu = 1, reuses the current ones.
+A step is rollout + reference log-probs + update: at mu = 1 both sides use the current
+log-probs as the old ones (ours: rl.reuse_old_logprobs; --recompute-old-logprobs makes ours do
+the extra forward pass instead, to see what it costs).
 
 Each side runs in its own process; the first step (compilation, warm-up) is not timed and a
 round's figure is the median seconds per step of the next --steps. --rounds rounds alternate
@@ -32,7 +33,8 @@ from benchmarks import common, grpo_step  # noqa: E402
 def ours(args) -> dict:
   import jax
   run_step, _ = grpo_step.build(args.model, args.group_size, args.num_prompts, args.prompt_len,
-                                args.new_tokens, kl_coef=args.beta)
+                                args.new_tokens, kl_coef=args.beta,
+                                reuse_old_logprobs=not args.recompute_old_logprobs)
   run_step()  # compiles
   steps, parts = [], []
   for _ in range(args.steps):
@@ -97,6 +99,9 @@ def main():
   parser.add_argument("--rounds", type=int, default=2)
   parser.add_argument("--torch-threads", type=int, default=os.cpu_count())
   parser.add_argument("--omp-wait-policy", default="PASSIVE")
+  parser.add_argument("--recompute-old-logprobs", action="store_true",
+                      help="ours: a separate old-log-prob forward pass "
+                      "(rl.reuse_old_logprobs=False)")
   parser.add_argument("--side", choices=["ours", "trl"], help=argparse.SUPPRESS)
   parser.add_argument("--model", help=argparse.SUPPRESS)
   args = parser.parse_args()
@@ -110,7 +115,8 @@ def main():
     side_args = ["--model", model, "--group-size", str(args.group_size), "--num-prompts",
                  str(args.num_prompts), "--prompt-len", str(args.prompt_len), "--new-tokens",
                  str(args.new_tokens), "--beta", str(args.beta), "--steps", str(args.steps),
-                 "--torch-threads", str(args.torch_threads)]
+                 "--torch-threads", str(args.torch_threads)] + (
+                     ["--recompute-old-logprobs"] if args.recompute_old_logprobs else [])
     pairs = common.alternate(
         args.rounds, lambda: common.run_side(__file__, ["--side", "ours", *side_args]),
         lambda: common.run_side(__file__, ["--side", "trl", *side_args],
@@ -127,7 +133,8 @@ def main():
   print(f"ours: {settings['ours']}; TRL: {settings['trl']}")
   print(f"G={args.group_size}, {args.num_prompts} prompts/step ({args.group_size * args.num_prompts}"
         f" completions), prompt {args.prompt_len} tokens, {args.new_tokens} new tokens, "
-        f"beta={args.beta}, mu=1; median s/step of {args.steps} steps after the first, best of "
+        f"beta={args.beta}, mu=1, old log-probs "
+        f"{'recomputed' if args.recompute_old_logprobs else 'reused'} by ours; median s/step of {args.steps} steps after the first, best of "
         f"{args.rounds} rounds")
   print(common.table(["model", "params", "ours s/step", "ours rollout / prepare / update s",
                       "TRL s/step", "TRL / ours", "each round: ours vs TRL s/step"], rows))
