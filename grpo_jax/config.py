@@ -49,6 +49,9 @@ def rl_defaults(**overrides) -> ml_collections.ConfigDict:
       num_iterations=1,  # mu: passes over each rollout batch
       num_minibatches=1,  # optimizer steps per pass
       num_micro_batches=1,  # gradient accumulation inside a minibatch (exact)
+      # mu = 1 and one minibatch: the update's own log-probs (stop-gradient) are the old ones,
+      # no separate forward pass (see experience.reuses_current_logprobs); False: recompute.
+      reuse_old_logprobs=True,
   ))
   rl.update(overrides)
   return rl

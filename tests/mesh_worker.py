@@ -1,6 +1,7 @@
 """Run in a subprocess with XLA_FLAGS=--xla_force_host_platform_device_count=8: compares the
 sampler and the update on several meshes with the single-device run; prints one JSON line."""
 
+import functools
 import json
 import sys
 
@@ -11,7 +12,7 @@ import numpy as np
 
 from grpo_jax.config import rl_defaults
 from grpo_jax.parallel.mesh import make_mesh, shard_batch, tree_shardings
-from grpo_jax.rollout.sampler import generate
+from grpo_jax.rollout.sampler import generate, prefill
 from grpo_jax.train.experience import RewardInputs, make_prepare_batch
 from grpo_jax.train.state import create_train_state, make_optimizer
 from grpo_jax.train.update import make_update_step
@@ -46,8 +47,12 @@ def run_on(mesh, batch_inputs, micro=1):
     batch, _ = prepare(state.params, state.value_params, state.ref_params, state.kl_coef,
                        rollout, inputs)
     state, metrics = update(state, batch)
+  # The KV cache (B, kv_heads, S, head_dim) the sampler's prefill leaves: its shard shape.
+  _, cache, _ = jax.jit(functools.partial(prefill, model_cfg=CFG, max_new_tokens=6, mesh=mesh))(
+      state.params, prompts, mask)
+  cache_shard = list(cache[0]["k"].sharding.shard_shape(cache[0]["k"].shape))
   return (np.asarray(greedy.completion_tokens), np.asarray(sampled.completion_tokens),
-          jax.device_get(state.params), float(metrics["loss"]))
+          jax.device_get(state.params), float(metrics["loss"]), cache_shard)
 
 
 def main():
@@ -77,7 +82,7 @@ def main():
         params_max_diff=diff(got[2], ref[2]),
         accum_params_max_diff=diff(accum[2], got[2]),
         params_moved=diff(got[2], jax.device_get(perturbed_params(CFG))),
-        loss=got[3], ref_loss=ref[3])
+        loss=got[3], ref_loss=ref[3], cache_shard=got[4])
   print(json.dumps(out))
 
 

@@ -23,6 +23,10 @@ def mesh_results():
   return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+CACHE_SHARD = {"(8, 1, 1)": [2, 2, 9, 8], "(2, 4, 1)": [2, 2, 9, 8], "(2, 2, 2)": [4, 1, 9, 8],
+               "(1, 2, 4)": [8, 2, 9, 8]}
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("shape", ["(8, 1, 1)", "(2, 4, 1)", "(2, 2, 2)", "(1, 2, 4)"])
 def test_sharded_run_equals_single_device(mesh_results, shape):
@@ -33,6 +37,9 @@ def test_sharded_run_equals_single_device(mesh_results, shape):
   assert r["params_max_diff"] <= 1e-5
   assert r["accum_params_max_diff"] <= 1e-5  # 4 micro-batches == the full batch
   assert r["loss"] == pytest.approx(r["ref_loss"], abs=1e-5)
+  # KV cache (B=16, kv_heads=2, S=3+6, D=8): rows over data x fsdp, kv heads over tensor when
+  # it divides 2 (tensor=4 does not: replicated).
+  assert r["cache_shard"] == CACHE_SHARD[shape]
 
 
 @pytest.mark.parametrize("sizes,devices,message", [

@@ -56,3 +56,14 @@ def test_prefill_then_cached_decode_equals_full_forward(tiny_cfg):
     logits, cache = model.apply({"params": params}, TOKENS[:, t:t + 1], positions[:, t:t + 1],
                                 kv_mask, cache, t)
     np.testing.assert_allclose(np.asarray(logits)[:, 0], full[:, t], atol=1e-5)
+
+
+def test_logits_window_equals_the_slice_of_all_logits(tiny_cfg):
+  params = perturbed_params(tiny_cfg)
+  full = _full_forward(params, tiny_cfg, TOKENS, MASK)
+  mask = jnp.asarray(MASK)
+  logits, _, hidden = Decoder(tiny_cfg).apply(
+      {"params": params}, jnp.asarray(TOKENS), positions_from_mask(mask), mask,
+      return_hidden=True, logits_window=(3, 2))
+  assert logits.shape == (2, 2, tiny_cfg.vocab_size) and hidden.shape[:2] == (2, 2)
+  np.testing.assert_allclose(np.asarray(logits), full[:, 3:5], atol=1e-6)

@@ -6,7 +6,7 @@ import pytest
 from grpo_jax.models.decoder import Decoder, positions_from_mask
 from grpo_jax.models.scoring import completion_logprobs
 from grpo_jax.rollout.sampler import generate
-from grpo_jax.rollout.sampling import top_k_filter, top_p_filter
+from grpo_jax.rollout.sampling import choose_tokens, first_argmax, top_k_filter, top_p_filter
 from tests.conftest import perturbed_params
 
 EOS, PAD = 2, 0
@@ -112,3 +112,14 @@ def test_top_k_one_sampling_is_greedy(tiny_cfg):
   top1 = generate(params, PROMPTS, PROMPT_MASK, jax.random.key(9), temperature=1.0, top_k=1,
                   **kw)
   np.testing.assert_array_equal(greedy.completion_tokens, top1.completion_tokens)
+
+
+def test_first_argmax_and_draws_equal_jax_argmax_and_categorical():
+  logits = jax.random.normal(jax.random.key(3), (16, 50)) * 3
+  ties = jnp.array([[1.0, 3.0, 3.0, 0.0], [2.0, 2.0, 2.0, 2.0]])
+  for x in (logits, ties):
+    np.testing.assert_array_equal(first_argmax(x), jnp.argmax(x, axis=-1))
+  for seed in range(5):
+    key = jax.random.key(seed)
+    tokens, _ = choose_tokens(logits, key, 1.0, 0, 1.0)
+    np.testing.assert_array_equal(tokens, jax.random.categorical(key, logits, axis=-1))

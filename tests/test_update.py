@@ -5,13 +5,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import ml_collections
+import optax
 import pytest
 
 from grpo_jax.config import rl_defaults
 from grpo_jax.models.value_head import init_value_params
 from grpo_jax.rl.aggregation import LOSS_AGGREGATIONS
 from grpo_jax.rollout.sampler import generate
-from grpo_jax.train.experience import RewardInputs, make_prepare_batch
+from grpo_jax.train.experience import (RewardInputs, make_prepare_batch,
+                                       reuses_current_logprobs)
 from grpo_jax.train.state import create_train_state, end_of_step, make_optimizer
 from grpo_jax.train.update import make_update_step
 from tests.conftest import perturbed_params, tiny_model_config
@@ -113,3 +115,91 @@ def test_adaptive_kl_and_reference_refresh():
                       jax.tree.leaves(state.ref_params)):
     np.testing.assert_allclose(np.asarray(r), 0.25 * np.asarray(p) + 0.75 * np.asarray(r0),
                                atol=1e-6)
+
+
+# Where reuses_current_logprobs applies, each with a different part of what needs old log-probs.
+_REUSE_CASES = {
+    "grpo_kl_in_loss": dict(),
+    "tis_entropy_mask_truncated": dict(tis_cap=1.5, entropy_coef=0.01, mask_truncated=True),
+    "gspo_no_kl": dict(loss="gspo", kl_coef=0.0, loss_aggregation="seq-mean-token-mean"),
+    "separate_critic_gae_micro": dict(advantage="gae", value_head="separate", tis_cap=2.0,
+                                      num_micro_batches=4),
+    "adaptive_kl_ref_refresh": dict(adaptive_kl=True, kl_coef=0.1, ref_update_every=1,
+                                    ref_mix=0.5),
+}
+
+
+def _two_steps(rl):
+  """prepare + update + end_of_step twice, from a rollout of a different (sampler) policy, so
+  the sampler/trainer log-prob gap and the TIS weights are far from trivial.
+
+  Plain SGD, so that a params difference is the learning rate times a gradient difference:
+  Adam divides by sqrt(v) + eps, which turns float32 rounding in a gradient entry near 1e-8
+  (there are such entries here) into a step of up to the learning rate, in any two programs
+  that compute the same gradient differently."""
+  params = perturbed_params(CFG, 0)
+  value_params = init_value_params(rl.value_head, CFG, params, None)
+  optimizer = optax.sgd(0.1)
+  state = create_train_state(params, optimizer, jax.random.key(1), value_params, rl.kl_coef)
+  state = state.replace(ref_params=perturbed_params(CFG, 1))
+  rollout = generate(perturbed_params(CFG, 7), PROMPTS, PROMPTS != 0, jax.random.key(0),
+                     model_cfg=CFG, max_new_tokens=5, temperature=1.0, eos_id=2, pad_id=0)
+  mask = np.asarray(rollout.completion_mask)
+  rewards = np.asarray(jax.random.uniform(jax.random.key(9), (len(PROMPTS),)))
+  inputs = RewardInputs(jnp.asarray(rewards, jnp.float32), jnp.zeros(len(PROMPTS)),
+                        jnp.zeros(mask.shape), jnp.zeros(mask.shape, jnp.int32),
+                        jnp.asarray(mask))
+  prepare = make_prepare_batch(CFG, rl, 4, 1.0, 5)
+  update = make_update_step(CFG, rl, optimizer, 1.0)
+  history = []
+  for _ in range(2):
+    batch, prep_metrics = prepare(state.params, state.value_params, state.ref_params,
+                                  state.kl_coef, rollout, inputs)
+    state, metrics = update(state, batch)
+    merged = {**metrics, **prep_metrics}
+    state = end_of_step(state, rl, merged["rollout_kl"], len(PROMPTS))
+    history.append((batch, set(prep_metrics), {k: float(v) for k, v in merged.items()}))
+  return state, history
+
+
+@pytest.mark.parametrize("case", sorted(_REUSE_CASES))
+def test_reusing_current_logprobs_equals_recomputing_them(case):
+  reuse_rl = rl_defaults(**_REUSE_CASES[case])
+  recompute_rl = rl_defaults(**_REUSE_CASES[case], reuse_old_logprobs=False)
+  assert reuses_current_logprobs(reuse_rl) and not reuses_current_logprobs(recompute_rl)
+  got_state, got = _two_steps(reuse_rl)
+  want_state, want = _two_steps(recompute_rl)
+  # The forward pass really is skipped: preparation leaves the old log-probs (and the metrics
+  # that need them) to the update.
+  assert not np.any(np.asarray(got[0][0].old_logprobs))
+  assert np.any(np.asarray(want[0][0].old_logprobs))
+  assert got[0][1] == want[0][1] - {"rollout_kl", "sampler_logprob_gap"}
+  for x, y in zip(jax.tree.leaves((got_state.params, got_state.value_params, got_state.kl_coef,
+                                   got_state.ref_params)),
+                  jax.tree.leaves((want_state.params, want_state.value_params,
+                                   want_state.kl_coef, want_state.ref_params))):
+    np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=0, atol=1e-6)
+  moved = max(float(jnp.max(jnp.abs(a - b))) for a, b in
+              zip(jax.tree.leaves(got_state.params), jax.tree.leaves(perturbed_params(CFG, 0))))
+  assert moved > 1e-3  # two real updates
+  for (_, _, g), (_, _, w) in zip(got, want):
+    assert set(g) == set(w)
+    for key in ("loss", "pg_loss", "kl", "rollout_kl", "sampler_logprob_gap", "clip_frac",
+                "ratio", "entropy", "advantage_abs_mean") + (
+                    ("value_loss", "value_mean") if "value_loss" in w else ()):
+      assert g[key] == pytest.approx(w[key], rel=1e-5, abs=1e-6), key
+  assert want[0][2]["sampler_logprob_gap"] > 0.1  # the sampler really is another policy
+  if reuse_rl.kl_coef > 0:
+    assert want[1][2]["rollout_kl"] > 1e-3
+
+
+@pytest.mark.parametrize("overrides", [
+    dict(num_iterations=2), dict(num_minibatches=2), dict(kl_in="reward"),
+    dict(value_head="shared", advantage="gae")])
+def test_old_logprobs_are_recomputed_where_they_differ_or_are_needed_early(overrides):
+  rl = rl_defaults(**overrides)
+  assert not reuses_current_logprobs(rl)
+  state, batch, _ = _batch_and_state(rl)
+  assert np.any(np.asarray(batch.old_logprobs))
+  # kl_in == "reward" with kl_coef == 0 needs no KL before the update: reused again.
+  assert reuses_current_logprobs(rl_defaults(kl_in="reward", kl_coef=0.0))

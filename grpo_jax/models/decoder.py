@@ -11,9 +11,15 @@ The KV cache is an explicit argument and an explicit output: ``apply`` is a pure
 * ``tokens`` (B, T) int32, ``positions`` (B, T) int32 (the rotary position of each token);
 * without a cache (``cache=None``) the T tokens attend causally to each other, keys restricted
   to ``kv_mask`` (B, T) (False for padding);
-* with a cache (a tuple of per-layer ``{"k", "v"}`` arrays of shape (B, S, kv_heads, head_dim))
+* with a cache (a tuple of per-layer ``{"k", "v"}`` arrays of shape (B, kv_heads, S, head_dim))
   the T tokens are written at cache slots ``[offset, offset + T)`` and attend to every slot
   ``s <= their own slot`` with ``kv_mask[:, s]`` True; ``kv_mask`` then has shape (B, S).
+
+The cache is head-major (B, kv_heads, S, head_dim) so that a decode step's attention reads it
+as a batched matrix without transposing the whole cache each step. ``logits_window=(start, n)``
+normalises and projects only positions ``[start, start + n)`` onto the vocabulary (the logits,
+and the hidden states with ``return_hidden``, are then (B, n, ...)): the sampler's prefill needs
+only the last position, teacher-forced scoring only the completion's.
 """
 
 from __future__ import annotations
@@ -26,7 +32,7 @@ import jax.numpy as jnp
 
 from grpo_jax.models.config import ModelConfig
 
-Cache = tuple  # tuple of {"k": (B, S, Hkv, D), "v": (B, S, Hkv, D)} per layer
+Cache = tuple  # tuple of {"k": (B, Hkv, S, D), "v": (B, Hkv, S, D)} per layer
 
 _init = nn.initializers.normal(stddev=0.02)
 
@@ -64,17 +70,17 @@ def rotary_embedding(x: jax.Array, positions: jax.Array, theta: float) -> jax.Ar
 def grouped_query_attention(q, k, v, mask):
   """softmax(q k^T / sqrt(D) + mask) v with kv heads shared by groups of query heads.
 
-  q: (B, Tq, H, D); k, v: (B, Tk, Hkv, D); mask: (B, Tq, Tk) bool (True = may attend).
-  Scores and softmax are float32. Returns (B, Tq, H, D).
+  q: (B, Tq, H, D); k, v: (B, Hkv, Tk, D) (head-major, the cache's layout); mask: (B, Tq, Tk)
+  bool (True = may attend). Scores and softmax are float32. Returns (B, Tq, H, D).
   """
   batch, tq, heads, dim = q.shape
-  kv_heads = k.shape[2]
+  kv_heads = k.shape[1]
   q = q.reshape(batch, tq, kv_heads, heads // kv_heads, dim)
-  scores = jnp.einsum("bqhgd,bkhd->bhgqk", q, k, preferred_element_type=jnp.float32)
+  scores = jnp.einsum("bqhgd,bhkd->bhgqk", q, k, preferred_element_type=jnp.float32)
   scores = scores / jnp.sqrt(jnp.float32(dim))
   scores = jnp.where(mask[:, None, None, :, :], scores, jnp.finfo(jnp.float32).min)
   probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
-  out = jnp.einsum("bhgqk,bkhd->bqhgd", probs, v)
+  out = jnp.einsum("bhgqk,bhkd->bqhgd", probs, v)
   return out.reshape(batch, tq, heads, dim)
 
 
@@ -98,10 +104,12 @@ class Attention(nn.Module):
       q = RMSNorm(cfg.rms_norm_eps, cfg.param_dtype, name="q_norm")(q)
       k = RMSNorm(cfg.rms_norm_eps, cfg.param_dtype, name="k_norm")(k)
     q = rotary_embedding(q, positions, cfg.rope_theta)
-    k = rotary_embedding(k, positions, cfg.rope_theta)
+    k = rotary_embedding(k, positions, cfg.rope_theta).transpose(0, 2, 1, 3)  # (B, Hkv, T, D)
+    v = v.transpose(0, 2, 1, 3)
     if layer_cache is not None:
-      k_all = jax.lax.dynamic_update_slice_in_dim(layer_cache["k"], k.astype(layer_cache["k"].dtype), offset, axis=1)
-      v_all = jax.lax.dynamic_update_slice_in_dim(layer_cache["v"], v.astype(layer_cache["v"].dtype), offset, axis=1)
+      write = lambda c, x: jax.lax.dynamic_update_slice_in_dim(  # noqa: E731
+          c, x.astype(c.dtype), offset, axis=2)
+      k_all, v_all = write(layer_cache["k"], k), write(layer_cache["v"], v)
       layer_cache = {"k": k_all, "v": v_all}
       k, v = k_all.astype(cfg.dtype), v_all.astype(cfg.dtype)
     out = grouped_query_attention(q, k, v, mask)
@@ -154,7 +162,7 @@ class Decoder(nn.Module):
 
   @nn.compact
   def __call__(self, tokens, positions, kv_mask, cache: Optional[Cache] = None, offset=0,
-               return_hidden: bool = False):
+               return_hidden: bool = False, logits_window: Optional[tuple] = None):
     cfg = self.cfg
     embed = nn.Embed(cfg.vocab_size, cfg.hidden_size, dtype=cfg.dtype,
                      param_dtype=cfg.param_dtype, embedding_init=_init, name="embed_tokens")
@@ -166,6 +174,9 @@ class Decoder(nn.Module):
       x, layer_cache = DecoderLayer(cfg, name=f"layers_{i}")(x, positions, mask, layer_cache,
                                                               offset)
       new_cache.append(layer_cache)
+    if logits_window is not None:
+      start, length = logits_window
+      x = x[:, start:start + length]
     x = RMSNorm(cfg.rms_norm_eps, cfg.param_dtype, name="norm")(x)
     if cfg.tie_embeddings:
       logits = embed.attend(x)
@@ -180,9 +191,9 @@ class Decoder(nn.Module):
 
 
 def init_cache(cfg: ModelConfig, batch: int, length: int, dtype=None) -> Cache:
-  """A zeroed KV cache for `length` slots."""
+  """A zeroed KV cache for `length` slots, (B, kv_heads, length, head_dim) per layer."""
   dtype = dtype or cfg.dtype
-  shape = (batch, length, cfg.num_kv_heads, cfg.head_dim)
+  shape = (batch, cfg.num_kv_heads, length, cfg.head_dim)
   return tuple({"k": jnp.zeros(shape, dtype), "v": jnp.zeros(shape, dtype)}
                for _ in range(cfg.num_layers))
 

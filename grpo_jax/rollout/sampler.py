@@ -2,7 +2,8 @@
 
 prefill (one forward pass over the left-padded prompts, filling the KV cache), then a
 `lax.while_loop` of single-token decode steps that ends when every row has emitted EOS or the
-completion limit is reached. Shapes are static: prompts (B, P), completions (B, N).
+completion limit is reached. Shapes are static: prompts (B, P), completions (B, N), so one
+compilation serves every call of the same shapes and settings.
 """
 
 from __future__ import annotations
@@ -30,14 +31,33 @@ class Rollout(NamedTuple):
 
 
 def _constrain_cache(cache, mesh):
-  """KV cache rows over the batch axes and kv heads over `tensor` (when they divide)."""
+  """KV cache (B, kv_heads, S, head_dim): rows over the batch axes (data x fsdp) and kv heads
+  over `tensor` (each only when it divides)."""
   if mesh is None:
     return cache
   from grpo_jax.parallel.mesh import spec_for  # the one place that knows the mesh rules
   def place(x):
-    spec = spec_for(("batch", None, "kv_heads", None), x.shape, mesh)
+    spec = spec_for(("batch", "kv_heads", None, None), x.shape, mesh)
     return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, spec))
   return jax.tree.map(place, cache)
+
+
+def prefill(params, prompt_tokens, prompt_mask, *, model_cfg: ModelConfig,
+            max_new_tokens: int, mesh=None):
+  """One forward pass over the left-padded prompts (B, P) into a cache of P + N slots.
+
+  Returns (logits of the last prompt position (B, V), cache, kv_mask (B, P + N)); only the last
+  position is projected onto the vocabulary. With a `mesh`, the cache is laid out by the mesh
+  rules (`_constrain_cache`).
+  """
+  batch, prompt_len = prompt_tokens.shape
+  prompt_mask = prompt_mask.astype(bool)
+  kv_mask = jnp.concatenate([prompt_mask, jnp.zeros((batch, max_new_tokens), bool)], axis=1)
+  cache = _constrain_cache(init_cache(model_cfg, batch, kv_mask.shape[1]), mesh)
+  logits, cache = Decoder(model_cfg).apply(
+      {"params": params}, prompt_tokens, positions_from_mask(prompt_mask), kv_mask, cache, 0,
+      logits_window=(prompt_len - 1, 1))
+  return logits[:, 0], _constrain_cache(cache, mesh), kv_mask
 
 
 @functools.partial(jax.jit, static_argnames=(
@@ -48,43 +68,52 @@ def generate(params, prompt_tokens, prompt_mask, key, *, model_cfg: ModelConfig,
              top_p: float = 1.0, eos_id: int, pad_id: int, mesh=None) -> Rollout:
   """Samples up to `max_new_tokens` tokens after each left-padded prompt row.
 
+  Token t of every row is drawn with key fold_in(key, t). The loop carries the chosen token,
+  not the (B, V) logits, and runs N - 1 decode forwards: the last token is recorded after it.
   With a `mesh`, the KV cache is laid out by the mesh rules (rows over data/fsdp, kv heads
   over tensor); params and prompts carry their own shardings in.
   """
   model = Decoder(model_cfg)
   batch, prompt_len = prompt_tokens.shape
-  total = prompt_len + max_new_tokens
   prompt_mask = prompt_mask.astype(bool)
-  kv_mask = jnp.concatenate([prompt_mask, jnp.zeros((batch, max_new_tokens), bool)], axis=1)
-  cache = _constrain_cache(init_cache(model_cfg, batch, total), mesh)
-  logits, cache = model.apply({"params": params}, prompt_tokens,
-                              positions_from_mask(prompt_mask), kv_mask, cache, 0)
+  logits, cache, kv_mask = prefill(params, prompt_tokens, prompt_mask, model_cfg=model_cfg,
+                                   max_new_tokens=max_new_tokens, mesh=mesh)
   next_position = jnp.sum(prompt_mask, axis=1).astype(jnp.int32)  # (B,)
+  choose = lambda lg, step: choose_tokens(  # noqa: E731
+      lg, jax.random.fold_in(key, step), temperature, top_k, top_p)
 
-  def cond(carry):
-    step, _, _, done, *_ = carry
-    return (step < max_new_tokens) & ~jnp.all(done)
-
-  def body(carry):
-    step, last_logits, cache, done, kv_mask, tokens_out, logp_out, mask_out = carry
-    token, logp = choose_tokens(last_logits, jax.random.fold_in(key, step), temperature,
-                                top_k, top_p)
+  def record(step, token, logp, done, kv_mask, outs):
+    """Writes token `step` of the live rows (pad elsewhere); returns the updated state."""
+    tokens_out, logp_out, mask_out = outs
     live = ~done
     token = jnp.where(live, token, pad_id)
-    tokens_out = tokens_out.at[:, step].set(token)
-    logp_out = logp_out.at[:, step].set(jnp.where(live, logp, 0.0))
-    mask_out = mask_out.at[:, step].set(live)
+    outs = (tokens_out.at[:, step].set(token),
+            logp_out.at[:, step].set(jnp.where(live, logp, 0.0)),
+            mask_out.at[:, step].set(live))
     kv_mask = kv_mask.at[:, prompt_len + step].set(live)
-    done = done | (token == eos_id)
+    return token, done | (token == eos_id), kv_mask, outs
+
+  def cond(carry):
+    step, _, _, _, done, *_ = carry
+    return (step < max_new_tokens - 1) & ~jnp.all(done)
+
+  def body(carry):
+    step, token, logp, cache, done, kv_mask, outs = carry
+    token, done, kv_mask, outs = record(step, token, logp, done, kv_mask, outs)
     logits, cache = model.apply({"params": params}, token[:, None],
                                 (next_position + step)[:, None], kv_mask, cache,
                                 prompt_len + step)
     cache = _constrain_cache(cache, mesh)
-    return (step + 1, logits[:, 0], cache, done, kv_mask, tokens_out, logp_out, mask_out)
+    token, logp = choose(logits[:, 0], step + 1)
+    return (step + 1, token, logp, cache, done, kv_mask, outs)
 
-  carry = (jnp.int32(0), logits[:, -1], cache, jnp.zeros((batch,), bool), kv_mask,
-           jnp.full((batch, max_new_tokens), pad_id, jnp.int32),
-           jnp.zeros((batch, max_new_tokens), jnp.float32),
-           jnp.zeros((batch, max_new_tokens), bool))
-  _, _, _, done, _, tokens_out, logp_out, mask_out = jax.lax.while_loop(cond, body, carry)
+  token, logp = choose(logits, 0)
+  outs = (jnp.full((batch, max_new_tokens), pad_id, jnp.int32),
+          jnp.zeros((batch, max_new_tokens), jnp.float32),
+          jnp.zeros((batch, max_new_tokens), bool))
+  carry = (jnp.int32(0), token, logp, cache, jnp.zeros((batch,), bool), kv_mask, outs)
+  step, token, logp, _, done, kv_mask, outs = jax.lax.while_loop(cond, body, carry)
+  # The loop stops at step N - 1 or once every row is done; recording at `step` is then either
+  # the last token or a no-op (all rows done: pad, mask False).
+  _, done, _, (tokens_out, logp_out, mask_out) = record(step, token, logp, done, kv_mask, outs)
   return Rollout(prompt_tokens, prompt_mask, tokens_out, mask_out, logp_out, ~done)

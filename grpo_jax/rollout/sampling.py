@@ -37,6 +37,18 @@ def top_p_filter(logits: jax.Array, p: float) -> jax.Array:
   return jnp.where(keep, logits, NEG_INF)
 
 
+def first_argmax(x: jax.Array) -> jax.Array:
+  """jnp.argmax over the last axis (the first index of the maximum), int32.
+
+  Written as a max and a min-index reduction because XLA:CPU lowers jnp.argmax to a
+  (value, index) pair reduction that does not vectorise: at a 32k vocabulary it is several
+  times slower. A row containing NaN gives the last index instead of the NaN's.
+  """
+  top = jnp.max(x, axis=-1, keepdims=True)
+  index = jnp.arange(x.shape[-1], dtype=jnp.int32)
+  return jnp.min(jnp.where(x == top, index, x.shape[-1] - 1), axis=-1)
+
+
 def choose_tokens(logits: jax.Array, key: jax.Array, temperature: float, top_k: int,
                   top_p: float):
   """Samples one token per row and returns (tokens, logprobs).
@@ -44,14 +56,15 @@ def choose_tokens(logits: jax.Array, key: jax.Array, temperature: float, top_k: 
   The log-prob is that of the policy pi = softmax(logits / temperature) over the full
   vocabulary (top-k/top-p only restrict which tokens can be drawn), which is what the trainer
   recomputes. temperature == 0 is greedy (argmax) with log-probs of softmax(logits).
-  logits: (B, V) float32.
+  Sampling is the Gumbel-max draw of jax.random.categorical (the same tokens for the same key),
+  with the faster `first_argmax`. logits: (B, V) float32.
   """
   if temperature == 0.0:
-    tokens = jnp.argmax(logits, axis=-1).astype(jnp.int32)
+    tokens = first_argmax(logits)
     logprobs = jax.nn.log_softmax(logits, axis=-1)
   else:
     scaled = logits / temperature
     filtered = top_p_filter(top_k_filter(scaled, top_k), top_p)
-    tokens = jax.random.categorical(key, filtered, axis=-1).astype(jnp.int32)
+    tokens = first_argmax(filtered + jax.random.gumbel(key, filtered.shape, filtered.dtype))
     logprobs = jax.nn.log_softmax(scaled, axis=-1)
   return tokens, jnp.take_along_axis(logprobs, tokens[:, None], axis=-1)[:, 0]

@@ -193,7 +193,9 @@ def _run(config, workdir, task, model_cfg, optimizer, base_key, state, resumed, 
       batch, prep_metrics = prepare(state.params, state.value_params, state.ref_params,
                                     state.kl_coef, rollout_on_mesh, inputs_on_mesh)
       state, metrics = update_step(state, batch)
-      state = finish_step(state, rollout_kl=prep_metrics["rollout_kl"])
+      # rollout_kl comes from the update when it reuses its own log-probs as the old ones.
+      rollout_kl = prep_metrics.get("rollout_kl", metrics.get("rollout_kl"))
+      state = finish_step(state, rollout_kl=rollout_kl)
       state = state.replace(data_position=jax.device_put(
           state.data_position + collected.prompts_consumed, state_shardings.data_position))
       metrics = step_metrics(to_host(metrics), to_host(prep_metrics), collected,

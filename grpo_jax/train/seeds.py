@@ -236,7 +236,8 @@ def _run_seeds(config, workdir, seeds, base_keys, task, model_cfg, optimizer, st
                                     state.kl_coef, stack([c.rollout for c in collected]),
                                     stack([c.inputs for c in collected]))
       state, metrics = update_step(state, batch)
-      state = finish_step(state, prep_metrics["rollout_kl"])
+      # rollout_kl comes from the update when it reuses its own log-probs as the old ones.
+      state = finish_step(state, prep_metrics.get("rollout_kl", metrics.get("rollout_kl")))
       state = state.replace(data_position=state.data_position + jnp.asarray(
           [c.prompts_consumed for c in collected], jnp.int32))
       metrics, prep_metrics = jax.device_get((metrics, prep_metrics))

@@ -8,6 +8,10 @@ weight (1 when off). Each step makes mu = rl.num_iterations passes over the batc
 rl.num_minibatches shuffled minibatches, one optimizer step per minibatch; a minibatch may be
 split into rl.num_micro_batches whose gradients are summed, exactly equal to the whole
 minibatch's because each micro-batch is normalised by the minibatch's denominator.
+
+When `reuses_current_logprobs(rl)` holds, the batch carries no old log-probs: the loss uses
+stop_gradient(logp) (the same values, as its one gradient step runs at the sampling params) and
+reports `rollout_kl` and `sampler_logprob_gap` that preparation then leaves out.
 """
 
 from __future__ import annotations
@@ -18,13 +22,17 @@ import jax.numpy as jnp
 from grpo_jax.models.config import ModelConfig
 from grpo_jax.rl.aggregation import aggregate, loss_normalizer, masked_sum
 from grpo_jax.rl.kl import kl_penalty
-from grpo_jax.rl.losses import entropy_bonus, gspo_loss, ppo_clip_loss, value_loss
-from grpo_jax.train.experience import Batch
+from grpo_jax.rl.losses import (entropy_bonus, gspo_loss, ppo_clip_loss, truncated_is_weights,
+                                 value_loss)
+from grpo_jax.train.experience import Batch, reuses_current_logprobs
 from grpo_jax.train.forward import policy_and_values
 from grpo_jax.train.state import TrainState, apply_if_finite, step_key
 
 # Metrics summed over micro-batches, then divided by the token count (`tokens`).
 _TOKEN_SUMS = ("kl", "clip_frac", "dual_clip_frac", "entropy", "ratio", "value_clip_frac")
+# ... and divided by the completion-token count (`completion_tokens`; see
+# reuses_current_logprobs).
+_COMPLETION_SUMS = ("rollout_kl", "sampler_logprob_gap")
 
 
 def loss_and_sums(trainable, mb: Batch, normalizer, kl_coef, *, model_cfg: ModelConfig, rl,
@@ -35,16 +43,25 @@ def loss_and_sums(trainable, mb: Batch, normalizer, kl_coef, *, model_cfg: Model
   logp, entropy, values = policy_and_values(params, value_params, mb, model_cfg, rl.value_head,
                                             temperature)
   mask, mode = mb.loss_mask.astype(bool), rl.loss_aggregation
+  old_logp, ref_logp, is_weights = mb.old_logprobs, mb.ref_logprobs, mb.is_weights
+  reuse = reuses_current_logprobs(rl)
+  if reuse:  # see reuses_current_logprobs: what preparation would have computed, exactly
+    old_logp = jax.lax.stop_gradient(logp)
+    completion = mb.completion_mask.astype(bool)
+    if rl.kl_coef == 0:
+      ref_logp = old_logp
+    if rl.tis_cap > 0:
+      is_weights = truncated_is_weights(old_logp, mb.sampler_logprobs, completion, rl.tis_cap)
   if rl.loss == "gspo":
-    pg, pm = gspo_loss(logp, mb.old_logprobs, mb.advantages, mask, rl.clip_eps_low,
+    pg, pm = gspo_loss(logp, old_logp, mb.advantages, mask, rl.clip_eps_low,
                        rl.clip_eps_high, rl.log_ratio_clamp or None)
     pm["dual_clipped"] = jnp.zeros_like(mask)
   else:
-    pg, pm = ppo_clip_loss(logp, mb.old_logprobs, mb.advantages, mask, rl.clip_eps_low,
+    pg, pm = ppo_clip_loss(logp, old_logp, mb.advantages, mask, rl.clip_eps_low,
                            rl.clip_eps_high, rl.dual_clip_c or None, rl.log_ratio_clamp or None)
   if rl.tis_cap > 0:
-    pg = pg * mb.is_weights
-  kl = kl_penalty(logp, mb.ref_logprobs, mask, rl.kl_estimator, rl.kl_clamp or None)
+    pg = pg * is_weights
+  kl = kl_penalty(logp, ref_logp, mask, rl.kl_estimator, rl.kl_clamp or None)
   per_token = pg
   if rl.kl_in == "loss" and rl.kl_coef > 0:
     per_token = per_token + kl_coef * kl
@@ -61,6 +78,12 @@ def loss_and_sums(trainable, mb: Batch, normalizer, kl_coef, *, model_cfg: Model
     v_agg = aggregate(vl, mask, mode, normalizer)
     loss = loss + rl.value_coef * v_agg
     sums.update(value_loss=v_agg, value_clip_frac=masked_sum(vm["clipped"], mask))
+  if reuse:  # the rollout metrics preparation reports otherwise, over the completion tokens
+    rollout_kl = kl_penalty(old_logp, ref_logp, completion, rl.kl_estimator, rl.kl_clamp or None)
+    sums.update(rollout_kl=masked_sum(rollout_kl, completion),
+                sampler_logprob_gap=masked_sum(jnp.abs(old_logp - mb.sampler_logprobs),
+                                               completion),
+                completion_tokens=jnp.sum(completion).astype(jnp.float32))
   sums["loss"] = loss
   return loss, sums
 
@@ -117,7 +140,11 @@ def make_update_step(model_cfg: ModelConfig, rl, optimizer, temperature: float,
                         state.consecutive_skips), minibatch_rows)
     tokens = jnp.maximum(jnp.sum(per_mb["tokens"]), 1.0)
     metrics = {k: (jnp.sum(v) / tokens if k in _TOKEN_SUMS else jnp.mean(v))
-               for k, v in per_mb.items() if k not in ("tokens", "skipped")}
+               for k, v in per_mb.items()
+               if k not in ("tokens", "skipped", "completion_tokens") + _COMPLETION_SUMS}
+    if "completion_tokens" in per_mb:
+      completion_tokens = jnp.maximum(jnp.sum(per_mb["completion_tokens"]), 1.0)
+      metrics.update({k: jnp.sum(per_mb[k]) / completion_tokens for k in _COMPLETION_SUMS})
     skipped = state.skipped_updates + jnp.sum(per_mb["skipped"])
     metrics["skipped_updates"] = skipped
     new_state = state.replace(step=state.step + 1, params=trainable[0],

@@ -1,0 +1,110 @@
+"""Our sampler against transformers' PyTorch `generate`, side by side on this machine.
+
+The same random Qwen2-shaped checkpoint (benchmarks/common.py: 32k vocabulary, float32), the
+same random prompts, greedy decoding of exactly N new tokens on both sides (HF:
+min_new_tokens = max_new_tokens = N, do_sample=False, use_cache=True; ours: an eos id that
+never occurs), batch 1, 8 and 32. Each side runs in its own process, warms up (compiles) first
+and reports the best of --repeats timed calls; --rounds rounds alternate which side runs first
+and each side's best round counts. The table also gives the fraction of greedy tokens on which
+both agree. torch gets --torch-threads threads (default: all cores) and
+OMP_WAIT_POLICY=PASSIVE (without it torch's OpenMP threads spin and, on a shared machine,
+slow torch down several-fold; pass --omp-wait-policy ACTIVE to see that).
+
+    python benchmarks/vs_hf_generate.py --models qwen2-4L-256 qwen2-8L-512
+"""
+
+import argparse
+import json
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from benchmarks import common  # noqa: E402
+
+
+def ours(args) -> dict:
+  import jax
+  import numpy as np
+  from grpo_jax.models.hf import load_hf_checkpoint
+  from grpo_jax.rollout.sampler import generate
+  cfg, params = load_hf_checkpoint(common.checkpoint(args.model))
+  out = {}
+  for batch in args.batches:
+    tokens, mask = common.random_prompts(batch, args.prompt_len)
+    run = lambda: jax.block_until_ready(generate(  # noqa: E731
+        params, tokens, mask, jax.random.key(0), model_cfg=cfg, max_new_tokens=args.new_tokens,
+        temperature=0.0, eos_id=-1, pad_id=common.PAD_ID))
+    times = common.time_it(run, args.repeats)
+    out[batch] = dict(seconds=min(times), tokens=np.asarray(run().completion_tokens).tolist())
+  return dict(results=out, settings=f"jax {jax.__version__}, XLA:CPU default threads")
+
+
+def hf(args) -> dict:
+  import numpy as np
+  import torch
+  from transformers import AutoModelForCausalLM
+  settings = common.torch_setup(args.torch_threads)
+  model = AutoModelForCausalLM.from_pretrained(common.checkpoint(args.model),
+                                               dtype=torch.float32).eval()
+  out = {}
+  for batch in args.batches:
+    tokens, mask = common.random_prompts(batch, args.prompt_len)
+    ids, attn = torch.from_numpy(tokens.astype(np.int64)), torch.from_numpy(mask.astype(np.int64))
+
+    def run():
+      with torch.inference_mode():
+        return model.generate(input_ids=ids, attention_mask=attn, do_sample=False, use_cache=True,
+                              max_new_tokens=args.new_tokens, min_new_tokens=args.new_tokens,
+                              pad_token_id=common.PAD_ID, eos_token_id=None)
+    times = common.time_it(run, args.repeats)
+    new = run()[:, args.prompt_len:]
+    assert new.shape[1] == args.new_tokens, new.shape
+    out[batch] = dict(seconds=min(times), tokens=new.tolist())
+  return dict(results=out, settings=f"{settings}, attention {model.config._attn_implementation}")
+
+
+def main():
+  parser = argparse.ArgumentParser()
+  parser.add_argument("--models", nargs="+", default=["qwen2-4L-256", "qwen2-8L-512"])
+  parser.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32])
+  parser.add_argument("--prompt-len", type=int, default=32)
+  parser.add_argument("--new-tokens", type=int, default=64)
+  parser.add_argument("--repeats", type=int, default=3)
+  parser.add_argument("--rounds", type=int, default=2)
+  parser.add_argument("--torch-threads", type=int, default=os.cpu_count())
+  parser.add_argument("--omp-wait-policy", default="PASSIVE")
+  parser.add_argument("--side", choices=["ours", "hf"], help=argparse.SUPPRESS)
+  parser.add_argument("--model", help=argparse.SUPPRESS)
+  args = parser.parse_args()
+  if args.side:
+    print(json.dumps((ours if args.side == "ours" else hf)(args)))
+    return
+  print(common.header())
+  rows, settings = [], {}
+  for model in args.models:
+    common.checkpoint(model)
+    side_args = ["--model", model, "--batches", *map(str, args.batches), "--prompt-len",
+                 str(args.prompt_len), "--new-tokens", str(args.new_tokens), "--repeats",
+                 str(args.repeats), "--torch-threads", str(args.torch_threads)]
+    pairs = common.alternate(
+        args.rounds, lambda: common.run_side(__file__, ["--side", "ours", *side_args]),
+        lambda: common.run_side(__file__, ["--side", "hf", *side_args],
+                                {"OMP_WAIT_POLICY": args.omp_wait_policy}))
+    settings = dict(ours=pairs[0][0]["settings"], hf=pairs[0][1]["settings"])
+    for batch in map(str, args.batches):
+      x = min((a["results"][batch] for a, _ in pairs), key=lambda r: r["seconds"])
+      y = min((b["results"][batch] for _, b in pairs), key=lambda r: r["seconds"])
+      n = int(batch) * args.new_tokens
+      agree = sum(u == v for r, s in zip(x["tokens"], y["tokens"]) for u, v in zip(r, s)) / n
+      rows.append([model, f"{common.num_params(model) / 1e6:.1f}M", batch, f"{n / x['seconds']:,.0f}",
+                   f"{n / y['seconds']:,.0f}", f"{y['seconds'] / x['seconds']:.2f}x",
+                   f"{agree:.3f}"])
+  print(f"ours: {settings['ours']}; HF: {settings['hf']}")
+  print(f"prompt {args.prompt_len} tokens, {args.new_tokens} new tokens, greedy, best of "
+        f"{args.repeats} calls x {args.rounds} rounds; tokens/s = batch x new tokens / wall time of the whole generate call")
+  print(common.table(["model", "params", "batch", "ours tok/s", "HF generate tok/s",
+                      "ours / HF", "same greedy tokens"], rows))
+
+
+if __name__ == "__main__":
+  main()
