@@ -48,8 +48,8 @@ def run_on(mesh, batch_inputs, micro=1):
                        rollout, inputs)
     state, metrics = update(state, batch)
   # The KV cache (B, kv_heads, S, head_dim) the sampler's prefill leaves: its shard shape.
-  _, cache, _ = jax.jit(functools.partial(prefill, model_cfg=CFG, max_new_tokens=6, mesh=mesh))(
-      state.params, prompts, mask)
+  fill = functools.partial(prefill, model_cfg=CFG, max_new_tokens=6, mesh=mesh)
+  _, cache, _ = jax.jit(fill)(state.params, prompts, mask)
   cache_shard = list(cache[0]["k"].sharding.shard_shape(cache[0]["k"].shape))
   return (np.asarray(greedy.completion_tokens), np.asarray(sampled.completion_tokens),
           jax.device_get(state.params), float(metrics["loss"]), cache_shard)

@@ -65,6 +65,13 @@ def reuses_current_logprobs(rl) -> bool:
               and rl.value_head != "shared")
 
 
+def step_rollout_kl(prep_metrics: dict, update_metrics: dict):
+  """The step's rollout KL (old policy vs reference, for the adaptive KL controller): from
+  preparation, or from the update where it reuses its own log-probs as the old ones."""
+  return prep_metrics["rollout_kl"] if "rollout_kl" in prep_metrics else update_metrics[
+      "rollout_kl"]
+
+
 def estimate_advantages(rl, group_size: int, token_rewards, mask, values, inputs: RewardInputs):
   """Dispatches config.rl.advantage; returns (advantages (B, N), returns (B, N))."""
   seq_rewards = jnp.sum(token_rewards, axis=1)  # outcome reward minus any in-reward KL

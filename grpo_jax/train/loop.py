@@ -20,7 +20,7 @@ from grpo_jax.parallel.mesh import (batch_axis_size, bytes_per_device, make_mesh
 from grpo_jax.rollout.sampler import generate
 from grpo_jax.train.checkpoint import Checkpoints
 from grpo_jax.train.collect import collect
-from grpo_jax.train.experience import make_prepare_batch
+from grpo_jax.train.experience import make_prepare_batch, step_rollout_kl
 from grpo_jax.train.evaluation import evaluate
 from grpo_jax.train.faults import Preempted, TerminationFlag, check_skips
 from grpo_jax.train.metrics import MetricsWriter, keep_records_until
@@ -193,9 +193,7 @@ def _run(config, workdir, task, model_cfg, optimizer, base_key, state, resumed, 
       batch, prep_metrics = prepare(state.params, state.value_params, state.ref_params,
                                     state.kl_coef, rollout_on_mesh, inputs_on_mesh)
       state, metrics = update_step(state, batch)
-      # rollout_kl comes from the update when it reuses its own log-probs as the old ones.
-      rollout_kl = prep_metrics.get("rollout_kl", metrics.get("rollout_kl"))
-      state = finish_step(state, rollout_kl=rollout_kl)
+      state = finish_step(state, rollout_kl=step_rollout_kl(prep_metrics, metrics))
       state = state.replace(data_position=jax.device_put(
           state.data_position + collected.prompts_consumed, state_shardings.data_position))
       metrics = step_metrics(to_host(metrics), to_host(prep_metrics), collected,

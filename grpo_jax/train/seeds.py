@@ -28,7 +28,7 @@ from grpo_jax.rollout.sampler import generate
 from grpo_jax.train.checkpoint import Checkpoints, step_of
 from grpo_jax.train.collect import score_round
 from grpo_jax.train.evaluation import evaluate_models
-from grpo_jax.train.experience import make_prepare_batch
+from grpo_jax.train.experience import make_prepare_batch, step_rollout_kl
 from grpo_jax.train.faults import Preempted, TerminationFlag, check_skips
 from grpo_jax.train.loop import initial_state, step_metrics, step_tokens
 from grpo_jax.train.metrics import MetricsWriter, keep_records_until
@@ -236,8 +236,7 @@ def _run_seeds(config, workdir, seeds, base_keys, task, model_cfg, optimizer, st
                                     state.kl_coef, stack([c.rollout for c in collected]),
                                     stack([c.inputs for c in collected]))
       state, metrics = update_step(state, batch)
-      # rollout_kl comes from the update when it reuses its own log-probs as the old ones.
-      state = finish_step(state, prep_metrics.get("rollout_kl", metrics.get("rollout_kl")))
+      state = finish_step(state, step_rollout_kl(prep_metrics, metrics))
       state = state.replace(data_position=state.data_position + jnp.asarray(
           [c.prompts_consumed for c in collected], jnp.int32))
       metrics, prep_metrics = jax.device_get((metrics, prep_metrics))
