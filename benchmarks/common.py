@@ -82,12 +82,31 @@ def word_tokenizer():
                                  eos_token="<eos>")
 
 
+# The glibc settings of grpo_jax.host_allocator as GLIBC_TUNABLES, for a peer's process
+# (--peer-malloc tuned): the same allocator behaviour, set before the process starts.
+TUNED_GLIBC = ("glibc.malloc.arena_max=1:glibc.malloc.mmap_max=0:"
+               "glibc.malloc.trim_threshold=68719476736:glibc.malloc.top_pad=1073741824")
+
+
+def ours_setup() -> str:
+  """Applies grpo_jax.main's host-allocator settings in this (our side's) process; returns a
+  phrase for the table's settings line."""
+  from grpo_jax.host_allocator import tune_host_allocator
+  return "tuned glibc malloc" if tune_host_allocator() else "default malloc"
+
+
+def peer_env(peer_malloc: str) -> dict:
+  """Extra environment of a peer's process: with "tuned", the same glibc settings as ours."""
+  return {"GLIBC_TUNABLES": TUNED_GLIBC} if peer_malloc == "tuned" else {}
+
+
 def torch_setup(threads: int) -> str:
   """Sets torch's intra-op threads; returns a description of the torch settings."""
   import torch
   torch.set_num_threads(threads)
+  malloc = "tuned glibc malloc" if os.environ.get("GLIBC_TUNABLES") else "default malloc"
   return (f"torch {torch.__version__}, {torch.get_num_threads()} threads, "
-          f"OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY', 'unset')}")
+          f"OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY', 'unset')}, {malloc}")
 
 
 def alternate(rounds: int, ours, peer) -> list:

@@ -49,6 +49,7 @@ def main():
   parser.add_argument("--repeats", type=int, default=3)
   parser.add_argument("--dtype", default="float32", help="param and compute dtype")
   args = parser.parse_args()
+  malloc = common.ours_setup()
   import jax
   from grpo_jax.models.hf import load_hf_checkpoint
   path = args.checkpoint or common.checkpoint(args.model)
@@ -56,7 +57,7 @@ def main():
   print(common.header())
   n = sum(x.size for x in jax.tree.leaves(params))
   print(f"checkpoint {path}: {n / 1e6:.1f}M params, {args.dtype}; prompt {args.prompt_len}, "
-        f"{args.new_tokens} new tokens; best of {args.repeats}")
+        f"{args.new_tokens} new tokens; best of {args.repeats}; {malloc}")
   rows = []
   for batch in args.batch:
     for name, temperature in (("greedy", 0.0), ("sampled", 1.0)):

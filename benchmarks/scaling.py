@@ -40,8 +40,9 @@ def main():
   parser.add_argument("--steps", type=int, default=3)
   parser.add_argument("--axes", nargs="+", default=list(AXES), choices=list(AXES))
   args = parser.parse_args()
+  malloc = common.ours_setup()
   print(common.header())
-  print(f"base: {BASE}; median of {args.steps} steps after the first")
+  print(f"base: {BASE}; median of {args.steps} steps after the first; {malloc}")
   rows, seen = [], {}
   for axis in args.axes:
     for value in AXES[axis]:

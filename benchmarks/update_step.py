@@ -45,6 +45,7 @@ def main():
   parser.add_argument("--repeats", type=int, default=3)
   parser.add_argument("--peak-tflops", type=float, default=0.0)
   args = parser.parse_args()
+  malloc = common.ours_setup()
   import jax
   print(common.header())
   peak = peak_tflops(args.dtype, args.peak_tflops)
@@ -64,7 +65,7 @@ def main():
                  f"{tokens / seconds:,.0f}", f"{flops / 1e9:,.1f}", mfu])
   print(f"{jax.devices()[0].device_kind}, {args.dtype}; G={args.group_size} x "
         f"{args.num_prompts} prompts, prompt {args.prompt_len} + {args.new_tokens} completion "
-        f"tokens; best of {args.repeats}; peak {peak or '-'} TFLOP/s")
+        f"tokens; best of {args.repeats}; peak {peak or '-'} TFLOP/s; {malloc}")
   print(common.table(["model", "params N", "tokens", "update s", "tokens/s",
                       "6N tokens/s (GFLOP/s)", "MFU"], rows))
 

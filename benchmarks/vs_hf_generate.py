@@ -23,6 +23,7 @@ from benchmarks import common  # noqa: E402
 
 
 def ours(args) -> dict:
+  malloc = common.ours_setup()
   import jax
   import numpy as np
   from grpo_jax.models.hf import load_hf_checkpoint
@@ -36,7 +37,7 @@ def ours(args) -> dict:
         temperature=0.0, eos_id=-1, pad_id=common.PAD_ID))
     times = common.time_it(run, args.repeats)
     out[batch] = dict(seconds=min(times), tokens=np.asarray(run().completion_tokens).tolist())
-  return dict(results=out, settings=f"jax {jax.__version__}, XLA:CPU default threads")
+  return dict(results=out, settings=f"jax {jax.__version__}, XLA:CPU default threads, {malloc}")
 
 
 def hf(args) -> dict:
@@ -73,6 +74,8 @@ def main():
   parser.add_argument("--rounds", type=int, default=2)
   parser.add_argument("--torch-threads", type=int, default=os.cpu_count())
   parser.add_argument("--omp-wait-policy", default="PASSIVE")
+  parser.add_argument("--peer-malloc", choices=["default", "tuned"], default="default",
+                      help="HF's process: glibc's default malloc, or ours (common.TUNED_GLIBC)")
   parser.add_argument("--side", choices=["ours", "hf"], help=argparse.SUPPRESS)
   parser.add_argument("--model", help=argparse.SUPPRESS)
   args = parser.parse_args()
@@ -89,7 +92,7 @@ def main():
     pairs = common.alternate(
         args.rounds, lambda: common.run_side(__file__, ["--side", "ours", *side_args]),
         lambda: common.run_side(__file__, ["--side", "hf", *side_args],
-                                {"OMP_WAIT_POLICY": args.omp_wait_policy}))
+                                {"OMP_WAIT_POLICY": args.omp_wait_policy, **common.peer_env(args.peer_malloc)}))
     settings = dict(ours=pairs[0][0]["settings"], hf=pairs[0][1]["settings"])
     for batch in map(str, args.batches):
       x = min((a["results"][batch] for a, _ in pairs), key=lambda r: r["seconds"])

@@ -31,6 +31,7 @@ from benchmarks import common, grpo_step  # noqa: E402
 
 
 def ours(args) -> dict:
+  malloc = common.ours_setup()
   import jax
   run_step, _ = grpo_step.build(args.model, args.group_size, args.num_prompts, args.prompt_len,
                                 args.new_tokens, kl_coef=args.beta,
@@ -42,7 +43,7 @@ def ours(args) -> dict:
     parts.append(dict(run_step()))
     steps.append(time.perf_counter() - start)
   split = {k: statistics.median(p[k] for p in parts) for k in parts[0]}
-  return dict(steps=steps, split=split, settings=f"jax {jax.__version__}")
+  return dict(steps=steps, split=split, settings=f"jax {jax.__version__}, {malloc}")
 
 
 def trl(args) -> dict:
@@ -99,6 +100,8 @@ def main():
   parser.add_argument("--rounds", type=int, default=2)
   parser.add_argument("--torch-threads", type=int, default=os.cpu_count())
   parser.add_argument("--omp-wait-policy", default="PASSIVE")
+  parser.add_argument("--peer-malloc", choices=["default", "tuned"], default="default",
+                      help="TRL's process: glibc's default malloc, or ours (common.TUNED_GLIBC)")
   parser.add_argument("--recompute-old-logprobs", action="store_true",
                       help="ours: a separate old-log-prob forward pass "
                       "(rl.reuse_old_logprobs=False)")
@@ -120,7 +123,8 @@ def main():
     pairs = common.alternate(
         args.rounds, lambda: common.run_side(__file__, ["--side", "ours", *side_args]),
         lambda: common.run_side(__file__, ["--side", "trl", *side_args],
-                                {"OMP_WAIT_POLICY": args.omp_wait_policy}))
+                                {"OMP_WAIT_POLICY": args.omp_wait_policy,
+                                 **common.peer_env(args.peer_malloc)}))
     settings = dict(ours=pairs[0][0]["settings"], trl=pairs[0][1]["settings"])
     a = min((a for a, _ in pairs), key=lambda r: statistics.median(r["steps"]))
     x = statistics.median(a["steps"])

@@ -20,6 +20,8 @@ from grpo_jax.main import _CONFIG, _WORKDIR, parse_flags
 
 def main(argv):
   del argv
+  from grpo_jax.host_allocator import tune_host_allocator
+  tune_host_allocator()  # before JAX starts its threads (see the module)
   from grpo_jax.train.evaluation import evaluate
   from grpo_jax.train.setup import build_model, build_task
   config = _CONFIG.value

@@ -61,6 +61,8 @@ def main(argv):
   resume)."""
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {' '.join(argv[1:])}")
+  from grpo_jax.host_allocator import tune_host_allocator
+  tune_host_allocator()  # before JAX starts its threads (see the module)
   if not flags.FLAGS["verbosity"].present:
     logging.set_verbosity(logging.WARNING)  # orbax logs every save at INFO
   from grpo_jax.train import faults  # imported late so that --help stays fast

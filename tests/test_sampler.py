@@ -6,7 +6,8 @@ import pytest
 from grpo_jax.models.decoder import Decoder, positions_from_mask
 from grpo_jax.models.scoring import completion_logprobs
 from grpo_jax.rollout.sampler import generate
-from grpo_jax.rollout.sampling import choose_tokens, first_argmax, top_k_filter, top_p_filter
+from grpo_jax.rollout.sampling import (choose_tokens, first_argmax, inverse_cdf_sample,
+                                       top_k_filter, top_p_filter)
 from tests.conftest import perturbed_params
 
 EOS, PAD = 2, 0
@@ -114,12 +115,62 @@ def test_top_k_one_sampling_is_greedy(tiny_cfg):
   np.testing.assert_array_equal(greedy.completion_tokens, top1.completion_tokens)
 
 
-def test_first_argmax_and_draws_equal_jax_argmax_and_categorical():
+def test_first_argmax_equals_jax_argmax_and_greedy_choice_matches():
   logits = jax.random.normal(jax.random.key(3), (16, 50)) * 3
   ties = jnp.array([[1.0, 3.0, 3.0, 0.0], [2.0, 2.0, 2.0, 2.0]])
   for x in (logits, ties):
     np.testing.assert_array_equal(first_argmax(x), jnp.argmax(x, axis=-1))
-  for seed in range(5):
-    key = jax.random.key(seed)
-    tokens, _ = choose_tokens(logits, key, 1.0, 0, 1.0)
-    np.testing.assert_array_equal(tokens, jax.random.categorical(key, logits, axis=-1))
+    tokens, logp = choose_tokens(x, jax.random.key(0), 0.0, 0, 1.0)
+    np.testing.assert_array_equal(tokens, jnp.argmax(x, axis=-1))
+    ref = np.asarray(jax.nn.log_softmax(x, axis=-1))[np.arange(len(x)), np.argmax(x, axis=-1)]
+    np.testing.assert_allclose(logp, ref, rtol=0, atol=1e-6)
+
+
+def _np_inverse_cdf(weights, uniform):
+  """Reference: first index whose float64 cumulative weight exceeds uniform * total."""
+  cdf = np.cumsum(np.asarray(weights, np.float64), axis=-1)
+  return np.array([np.searchsorted(c, u * c[-1], side="right") for c, u in zip(cdf, uniform)])
+
+
+@pytest.mark.parametrize("vocab", [50, 128, 300])
+def test_inverse_cdf_sample_matches_numpy_searchsorted(vocab):
+  weights = np.exp(np.random.default_rng(vocab).normal(size=(64, vocab)) * 2).astype(np.float32)
+  weights[:, ::7] = 0.0  # zero-weight tokens
+  uniform = np.random.default_rng(1).uniform(size=64).astype(np.float32)
+  got = np.asarray(inverse_cdf_sample(jnp.asarray(weights), jnp.asarray(uniform)))
+  np.testing.assert_array_equal(got, _np_inverse_cdf(weights, uniform))
+  assert np.all(weights[np.arange(64), got] > 0)
+
+
+def test_inverse_cdf_sample_never_draws_zero_weight_tokens_at_the_ends():
+  weights = np.zeros((4, 300), np.float32)
+  weights[0, 5] = 1.0  # one token
+  weights[1, [0, 299]] = [1e-30, 1.0]  # last token, tiny first one
+  weights[2, 130:140] = 1.0  # one block only, others empty
+  weights[3, [3, 200]] = [1.0, 1e-30]  # mass at the start, a tiny last positive token
+  largest_below_one = np.float32(1.0) - np.float32(2.0 ** -24)
+  for u in (0.0, 0.5, largest_below_one):
+    got = np.asarray(inverse_cdf_sample(jnp.asarray(weights), jnp.full((4,), u, jnp.float32)))
+    assert np.all(weights[np.arange(4), got] > 0), (u, got)
+    assert got[0] == 5 and 130 <= got[2] < 140
+
+
+def test_sampled_token_frequencies_follow_the_softmax():
+  """400k draws from one row of 40 logits (T = 0.7, and with top-k 5): every token's
+  frequency within 5 standard errors of softmax(logits / T) (renormalised over the top 5)."""
+  logits = jax.random.normal(jax.random.key(7), (1, 40)) * 2
+  draws = 400_000
+  keys = jax.random.split(jax.random.key(0), draws // 1000)
+  for top_k in (0, 5):
+    def chunk(key, top_k=top_k):
+      rows = jnp.broadcast_to(logits, (1000, 40))
+      return choose_tokens(rows, key, 0.7, top_k, 1.0)[0]
+    tokens = np.asarray(jax.jit(jax.vmap(chunk))(keys)).ravel()
+    probs = np.asarray(jax.nn.softmax(logits[0] / 0.7), np.float64)
+    if top_k:
+      probs = np.where(probs >= np.sort(probs)[-top_k], probs, 0.0)
+      probs /= probs.sum()
+    freq = np.bincount(tokens, minlength=40) / draws
+    err = np.sqrt(probs * (1 - probs) / draws)
+    z = np.abs(freq - probs) / np.maximum(err, 1e-12)
+    assert np.all(z <= 5), z.max()

@@ -59,9 +59,13 @@ def test_micro_batches_give_the_full_batch_update(mode, value_head):
   (a, ma), (b, mb) = results
   for x, y in zip(jax.tree.leaves((a.params, a.value_params)),
                   jax.tree.leaves((b.params, b.value_params))):
-    np.testing.assert_allclose(np.asarray(x), np.asarray(y), atol=1e-6)
+    # Adam's first step moves each element by about lr * g / |g| (lr = 1e-2), so summation-order
+    # rounding in a gradient element near Adam's eps shows up enlarged (measured: one element
+    # of 1536 2.6e-6 apart); a wrong micro-batch normaliser moves elements by ~lr.
+    np.testing.assert_allclose(np.asarray(x), np.asarray(y), atol=1e-5)
   for key in ("loss", "pg_loss", "kl", "clip_frac", "entropy"):
-    assert float(ma[key]) == pytest.approx(float(mb[key]), rel=1e-6, abs=1e-6), key
+    # float32 sums in another order: rel 1e-5 (measured 1.05e-6 on a loss of 10.9)
+    assert float(ma[key]) == pytest.approx(float(mb[key]), rel=1e-5, abs=1e-6), key
   moved = max(float(jnp.max(jnp.abs(x - y))) for x, y in
               zip(jax.tree.leaves(a.params), jax.tree.leaves(_batch_and_state(rl)[0].params)))
   assert moved > 1e-4  # the update did something
