@@ -37,14 +37,15 @@ def top_p_filter(logits: jax.Array, p: float) -> jax.Array:
   return jnp.where(keep, logits, NEG_INF)
 
 
-def first_argmax(x: jax.Array) -> jax.Array:
+def first_argmax(x: jax.Array, top=None) -> jax.Array:
   """jnp.argmax over the last axis (the first index of the maximum), int32.
 
   Written as a max and a min-index reduction because XLA:CPU lowers jnp.argmax to a
   (value, index) pair reduction that does not vectorise: at a 32k vocabulary it is several
   times slower. A row containing NaN gives the last index instead of the NaN's.
   """
-  top = jnp.max(x, axis=-1, keepdims=True)
+  if top is None:  # else the caller's jnp.max(x, axis=-1, keepdims=True)
+    top = jnp.max(x, axis=-1, keepdims=True)
   index = jnp.arange(x.shape[-1], dtype=jnp.int32)
   return jnp.min(jnp.where(x == top, index, x.shape[-1] - 1), axis=-1)
 
@@ -106,9 +107,8 @@ def choose_tokens(logits: jax.Array, key: jax.Array, temperature: float, top_k: 
   top = jnp.max(scaled, axis=-1, keepdims=True)
   weights = jnp.exp(scaled - top)
   log_z = jnp.log(jnp.sum(weights, axis=-1))
-  if temperature == 0.0:  # first_argmax, reusing the max
-    index = jnp.arange(scaled.shape[-1], dtype=jnp.int32)
-    tokens = jnp.min(jnp.where(scaled == top, index, scaled.shape[-1] - 1), axis=-1)
+  if temperature == 0.0:
+    tokens = first_argmax(scaled, top)
   else:
     filtered = top_p_filter(top_k_filter(scaled, top_k), top_p)
     if filtered is not scaled:
