@@ -1,10 +1,7 @@
 import jax
 import pytest
 
-from grpo_jax.host_allocator import tune_host_allocator
 from grpo_jax.models.config import ModelConfig
-
-tune_host_allocator()  # as grpo_jax.main does: steps reuse freed host memory
 from grpo_jax.models.decoder import init_params
 
 
