@@ -14,7 +14,6 @@ from configs import grpo_tiny
 def get_config():
   c = grpo_tiny.get_config()
   c.rollout.max_new_tokens = 6
-  c.rl.update(dict(advantage="grpo", clip_eps_low=0.2, clip_eps_high=0.28, kl_coef=0.0,
-                   loss_aggregation="token-mean", dynamic_sampling=True, max_extra_rollouts=4,
-                   overlong_buffer=2, overlong_penalty=1.0))
+  # GRPO advantages, clip_eps_low 0.2, token-mean, 4 extra rounds and penalty 1.0 are grpo_tiny's.
+  c.rl.update(dict(clip_eps_high=0.28, kl_coef=0.0, dynamic_sampling=True, overlong_buffer=2))
   return c

@@ -25,43 +25,24 @@ Published reference points (greedy, strict): Qwen2.5-0.5B-Instruct starts near 0
 
 import ml_collections
 
-from grpo_jax.config import rl_defaults
-from grpo_jax.data.gsm8k import VERL_INSTRUCTION
+from grpo_jax.defaults import get_defaults
 
 
 def get_config() -> ml_collections.ConfigDict:
-  c = ml_collections.ConfigDict()
-  c.seed = 0
-  c.model = ml_collections.ConfigDict(dict(
-      path="",  # required: a local HF checkpoint folder (config.json, safetensors, tokenizer)
-      param_dtype="float32", compute_dtype="bfloat16"))
-  c.task = ml_collections.ConfigDict(dict(name="gsm8k"))
-  c.data = ml_collections.ConfigDict(dict(
-      source="jsonl",  # "jsonl" (data.path/{train,test}.jsonl) or "tfds" (prepared gsm8k)
-      path="../shared/data/gsm8k", tfds_dir="",
-      instruction=VERL_INSTRUCTION, use_chat_template=True, max_prompt_tokens=512))
-  c.reward = ml_collections.ConfigDict(dict(
-      name="gsm8k_strict",  # gsm8k_strict | gsm8k_flexible | gsm8k_format
-      format_score=0.0))
-  c.warmup = ml_collections.ConfigDict(dict(
-      steps=0, batch_size=1, learning_rate=0.0, carry_drop_fraction=0.0))  # no warm-up
-  c.rollout = ml_collections.ConfigDict(dict(
-      num_prompts=128, group_size=5, max_new_tokens=512, temperature=1.0, top_k=0, top_p=1.0))
-  c.rl = rl_defaults(advantage="grpo", advantage_eps=1e-6, kl_coef=0.001, kl_estimator="k3",
-                     kl_in="loss", loss_aggregation="token-mean", num_iterations=1,
-                     num_minibatches=4)
-  c.optim = ml_collections.ConfigDict(dict(
-      learning_rate=1e-6, warmup_steps=10, weight_decay=0.01, b1=0.9, b2=0.999,
-      max_grad_norm=1.0))
-  c.train = ml_collections.ConfigDict(dict(
-      steps=875, eval_every=25, eval_size=1319, eval_batch_size=128, eval_pass_k=0,
-      export=True,
-      checkpoint_every=25,  # also at step 0, at the end and on SIGTERM (preemptible VMs)
-      keep_checkpoints=3,
-      max_consecutive_skips=20,  # stop after this many non-finite updates in a row
-      on_reward_error="raise"))  # or "zero": score a failing reward 0 and count it
-  # Devices: (data, fsdp, tensor) sizes, -1 = the rest; multi-host start-up (see README).
-  c.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, tensor=1))
-  c.distributed = ml_collections.ConfigDict(dict(
-      mode="none", coordinator_address="", num_processes=0, process_id=-1))
+  c = get_defaults()
+  # model.path is required: a local HF checkpoint folder (config.json, safetensors, tokenizer);
+  # its config.json replaces the model sizes.
+  c.model.compute_dtype = "bfloat16"
+  c.task.name = "gsm8k"
+  c.data.path = "../shared/data/gsm8k"  # data.source "jsonl": data.path/{train,test}.jsonl
+  c.reward.name = "gsm8k_strict"  # gsm8k_strict | gsm8k_flexible | gsm8k_format
+  # No warm-up (the supervised warm-up is for the synthetic task only).
+  c.warmup.update(dict(steps=0, batch_size=1, learning_rate=0.0, carry_drop_fraction=0.0))
+  c.rollout.update(dict(num_prompts=128, group_size=5, max_new_tokens=512))
+  # The rest of rl is verl's defaults (rl_defaults): k3 KL in the loss, token-mean, eps 1e-6, mu=1.
+  c.rl.update(dict(kl_coef=0.001, num_minibatches=4))
+  c.optim.update(dict(learning_rate=1e-6, warmup_steps=10, weight_decay=0.01, b2=0.999))
+  c.train.update(dict(
+      steps=875, eval_every=25, eval_size=1319, eval_batch_size=128, export=True,
+      checkpoint_every=25))  # also at step 0, at the end and on SIGTERM (preemptible VMs)
   return c

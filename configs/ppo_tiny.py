@@ -15,7 +15,7 @@ def get_config():
   c = grpo_tiny.get_config()
   c.rollout.num_prompts = 128
   c.rollout.group_size = 1
-  c.rl.update(dict(advantage="gae", gamma=1.0, lam=1.0, whiten_advantages=True,
-                   value_head="shared", value_coef=0.5, value_clip_eps=0.5,
-                   kl_in="reward", kl_coef=0.02, num_iterations=2, num_minibatches=2))
+  # gamma = lam = 1, value_coef 0.5, value_clip_eps 0.5 and kl_coef 0.02 are grpo_tiny's.
+  c.rl.update(dict(advantage="gae", whiten_advantages=True, value_head="shared",
+                   kl_in="reward", num_iterations=2, num_minibatches=2))
   return c

@@ -5,28 +5,24 @@ from __future__ import annotations
 
 import ml_collections
 
+from grpo_jax.errors import ConfigError
 from grpo_jax.rl.aggregation import LOSS_AGGREGATIONS
-from grpo_jax.rl.kl import KL_ESTIMATORS
 
-# Outcome estimators compare the G completions of a prompt with each other.
-GROUP_ADVANTAGES = ("grpo", "dr_grpo", "grpo_batch_std", "rloo", "reinforce_pp_baseline",
-                    "process")
-ADVANTAGES = GROUP_ADVANTAGES + ("reinforce_pp", "remax", "gae")
-POLICY_LOSSES = ("ppo_clip", "gspo")
 KL_PLACEMENTS = ("loss", "reward")
 VALUE_HEADS = ("none", "shared", "separate")
-TASKS = ("addition", "gsm8k")
 REWARD_ERROR_MODES = ("raise", "zero")  # train.on_reward_error
+# Estimator inputs the host loop produces for any task (the others come from the task).
+LOOP_PROVIDES = ("greedy_rewards",)
 
 
 def rl_defaults(**overrides) -> ml_collections.ConfigDict:
   """Every field of `config.rl`, with GRPO defaults (sources in README's RL section)."""
   rl = ml_collections.ConfigDict(dict(
-      advantage="grpo",  # one of ADVANTAGES
+      advantage="grpo",  # a registered estimator (grpo_jax/rl/estimators.py)
       advantage_eps=1e-6,  # group-std epsilon (verl 1e-6; TRL 1e-4)
       gamma=1.0, lam=1.0,  # discount and GAE lambda (verl: 1.0, 1.0)
       whiten_advantages=False,  # GAE: whiten advantages over the batch
-      loss="ppo_clip",  # one of POLICY_LOSSES
+      loss="ppo_clip",  # a registered policy loss (grpo_jax/rl/losses.py): ppo_clip, gspo
       clip_eps_low=0.2, clip_eps_high=0.2,  # DAPO clip-higher: clip_eps_high=0.28
       dual_clip_c=0.0,  # dual clip constant c > 1 for A < 0 (verl 3.0); 0 = off
       log_ratio_clamp=20.0,  # log-ratio clamped to +-this before exp
@@ -57,10 +53,6 @@ def rl_defaults(**overrides) -> ml_collections.ConfigDict:
   return rl
 
 
-class ConfigError(ValueError):
-  """A config value that cannot work; the message says which and how to fix it."""
-
-
 def _require(condition: bool, message: str):
   if not condition:
     raise ConfigError(message)
@@ -71,23 +63,32 @@ def _one_of(value, valid, name):
 
 
 def validate(config) -> None:
+  """Checks a resolved config against the registries and every rule below; raises ConfigError
+  (one sentence naming the value and the fix) on the first problem. config.imports is imported
+  first, so a researcher's registered entries count."""
+  import grpo_jax.builtins  # noqa: F401,PLC0415  the registries' built-in entries
+  from grpo_jax.data.task import TASKS  # noqa: PLC0415
+  from grpo_jax.registry import import_plugins  # noqa: PLC0415
+  from grpo_jax.rl.estimators import ESTIMATORS  # noqa: PLC0415
+  from grpo_jax.rl.kl import KL_ESTIMATORS  # noqa: PLC0415
+  from grpo_jax.rl.losses import POLICY_LOSSES  # noqa: PLC0415
+  import_plugins(config.get("imports", ""), log=lambda *_: None)
   r, rl, tr, opt = config.rollout, config.rl, config.train, config.optim
-  _one_of(config.task.name, TASKS, "task.name")
-  _one_of(rl.advantage, ADVANTAGES, "rl.advantage")
-  _one_of(rl.loss, POLICY_LOSSES, "rl.loss")
+  task = TASKS.get(config.task.name)
+  estimator = ESTIMATORS.get(rl.advantage)
+  POLICY_LOSSES.get(rl.loss)
+  KL_ESTIMATORS.get(rl.kl_estimator)
   _one_of(rl.loss_aggregation, LOSS_AGGREGATIONS, "rl.loss_aggregation")
-  _one_of(rl.kl_estimator, KL_ESTIMATORS, "rl.kl_estimator")
   _one_of(rl.kl_in, KL_PLACEMENTS, "rl.kl_in")
   _one_of(rl.value_head, VALUE_HEADS, "rl.value_head")
-  if config.task.name == "gsm8k":
-    _validate_gsm8k(config)
-  elif config.model.get("path", ""):
-    raise ConfigError(f"model.path={config.model.path!r} is set but task.name="
-                      f"{config.task.name!r} brings its own character tokenizer; clear "
-                      f"model.path or use task.name='gsm8k'.")
+  task.check_config(config)
+  for need in estimator.needs:
+    _require(need in LOOP_PROVIDES or need in task.provides,
+             f"rl.advantage={rl.advantage!r} needs {need}, which task {task.name!r} does not "
+             f"provide; pick another estimator.")
   _require(r.num_prompts >= 1, f"rollout.num_prompts={r.num_prompts}; use at least 1.")
   _require(r.group_size >= 1, f"rollout.group_size={r.group_size}; use at least 1.")
-  if rl.advantage in GROUP_ADVANTAGES:
+  if estimator.groups:
     _require(r.group_size >= 2,
              f"rollout.group_size={r.group_size} with rl.advantage={rl.advantage!r} leaves "
              f"groups of one, with no group mean or standard deviation to compare against; "
@@ -95,9 +96,9 @@ def validate(config) -> None:
   if rl.dynamic_sampling:
     _require(r.group_size >= 2, f"rl.dynamic_sampling needs groups to compare; "
              f"rollout.group_size={r.group_size}, use >= 2.")
-  _require(rl.advantage != "gae" or rl.value_head != "none",
-           "rl.advantage='gae' needs a critic, but rl.value_head='none'; set rl.value_head to "
-           "'shared' or 'separate'.")
+  _require(not estimator.needs_critic or rl.value_head != "none",
+           f"rl.advantage={rl.advantage!r} needs a critic, but rl.value_head='none'; set "
+           f"rl.value_head to 'shared' or 'separate'.")
   batch = r.num_prompts * r.group_size
   _require(rl.num_minibatches >= 1 and batch % rl.num_minibatches == 0,
            f"the rollout batch of {batch} completions (rollout.num_prompts={r.num_prompts} x "
@@ -136,6 +137,7 @@ def validate(config) -> None:
   _require(tr.max_consecutive_skips >= 1, f"train.max_consecutive_skips="
            f"{tr.max_consecutive_skips}; use at least 1.")
   _one_of(tr.on_reward_error, REWARD_ERROR_MODES, "train.on_reward_error")
+  _validate_fused(config, task)
   _require(opt.learning_rate > 0, f"optim.learning_rate={opt.learning_rate}; use > 0.")
   m = config.model
   if m.get("path", ""):
@@ -145,24 +147,23 @@ def validate(config) -> None:
            f"{m.num_kv_heads}; grouped-query attention needs heads = kv_heads x group.")
 
 
-def _validate_gsm8k(config) -> None:
-  import os  # noqa: PLC0415
-  path = config.model.get("path", "")
-  _require(bool(path), "task.name='gsm8k' needs model.path, a local Hugging Face checkpoint "
-           "folder; e.g. hf download Qwen/Qwen2.5-0.5B-Instruct --local-dir "
-           "/ckpt/qwen2.5-0.5b-instruct, then --config.model.path=/ckpt/qwen2.5-0.5b-instruct.")
-  _require(os.path.isdir(path), f"model.path={path} is not a directory; download the "
-           f"checkpoint first, e.g. hf download Qwen/Qwen2.5-0.5B-Instruct "
-           f"--local-dir {path}.")
-  _require(config.warmup.steps == 0, f"warmup.steps={config.warmup.steps}: the supervised "
-           f"warm-up is for the synthetic task only; set warmup.steps=0 for a real checkpoint.")
-  _require(config.rl.advantage != "process", "rl.advantage='process' needs step rewards, "
-           "which task 'gsm8k' does not provide; pick another estimator.")
-  data = config.data
-  _require(data.source in ("jsonl", "tfds"), f"data.source={data.source!r} is unknown; valid: "
-           f"jsonl, tfds.")
-  if data.source == "jsonl":
-    for split in ("train", "test"):
-      file = os.path.join(data.path, f"{split}.jsonl")
-      _require(os.path.isfile(file), f"data.path={data.path!r} has no {split}.jsonl; point it "
-               f"at a folder with GSM8K's train.jsonl and test.jsonl.")
+def _validate_fused(config, task) -> None:
+  """train.fused_steps = K > 0 runs K whole RL iterations per host call (grpo_jax/train/fused.py):
+  the task's stream and reward must be JAX functions, and every host event (evaluation,
+  checkpoint, the end) must fall between two calls."""
+  tr = config.train
+  k = tr.get("fused_steps", 0)
+  _require(k >= 0, f"train.fused_steps={k}; use 0 (host loop) or K > 0 steps per program.")
+  if not k:
+    return
+  _require(hasattr(task.cls, "device_task"),
+           f"train.fused_steps={k} needs a task whose data stream and reward are JAX functions, "
+           f"but task {task.name!r} scores on the host; set train.fused_steps=0.")
+  _require(not config.rl.dynamic_sampling,
+           f"train.fused_steps={k} cannot resample (rl.dynamic_sampling draws a data-dependent "
+           f"number of rounds); set rl.dynamic_sampling=False or train.fused_steps=0.")
+  for name, value in (("train.steps", tr.steps), ("train.eval_every", tr.eval_every),
+                      ("train.checkpoint_every", tr.checkpoint_every)):
+    _require(value % k == 0, f"{name}={value} is not a multiple of train.fused_steps={k}: "
+             f"evaluations, checkpoints and the end fall between fused calls; make it one.")
+

@@ -15,7 +15,7 @@ _CONFIG = config_flags.DEFINE_config_file("config", None, "Path to an ml_collect
 _WORKDIR = flags.DEFINE_string("workdir", None, "Directory for every output of the run.")
 _VMAP_SEEDS = flags.DEFINE_list(
     "vmap_seeds", None, "Run these seeds (e.g. 0,1,2) of the config as one vmapped program, "
-    "writing WORKDIR/seed_<s>/; config.seed is then ignored (grpo_jax/train/seeds.py).")
+    "writing WORKDIR/seed_<s>/; config.seed is then ignored (grpo_jax/train/seed_axis.py).")
 _SEED_AXIS = flags.DEFINE_enum(
     "seed_axis", "vmap", ["vmap", "map"], "With --vmap_seeds: batch the seeds (vmap: fastest; "
     "equal to separate runs up to float rounding) or loop over them inside the one program "
@@ -68,16 +68,14 @@ def main(argv):
   from grpo_jax.train import faults  # imported late so that --help stays fast
   from grpo_jax.train.loop import train
   try:
+    seeds = None
     if _VMAP_SEEDS.value:
-      from grpo_jax.train.seeds import train_seeds
       try:
         seeds = [int(s) for s in _VMAP_SEEDS.value]
       except ValueError:
         raise ConfigError(f"--vmap_seeds={','.join(_VMAP_SEEDS.value)} must be integers, e.g. "
                           f"--vmap_seeds=0,1,2.") from None
-      train_seeds(_CONFIG.value, seeds, _WORKDIR.value, seed_axis=_SEED_AXIS.value)
-    else:
-      train(_CONFIG.value, _WORKDIR.value)
+    train(_CONFIG.value, _WORKDIR.value, seeds=seeds, seed_axis=_SEED_AXIS.value)
   except ConfigError as e:
     print(f"error: {e}", file=sys.stderr)
     sys.exit(2)

@@ -24,3 +24,35 @@ def perturbed_params(cfg, seed=0):
 @pytest.fixture
 def tiny_cfg():
   return tiny_model_config()
+
+
+@pytest.fixture
+def first_token_parity_reward():
+  """A reward registered by the tests alone (no edit of grpo_jax/): 1 if a completion's first
+  token is even. A random policy's groups of 4 then have a reward spread about 7 times in 8."""
+  import jax.numpy as jnp  # noqa: PLC0415
+
+  from grpo_jax.rewards.registry import REWARDS, register_reward  # noqa: PLC0415
+  register_reward("first_token_even", kind="tokens")(
+      lambda tokens, mask, targets, target_mask: (tokens[:, 0] % 2 == 0).astype(jnp.float32))
+  yield "first_token_even"
+  REWARDS.unregister("first_token_even")
+
+
+def small_tiny_config(steps: int = 4, eval_every: int = 2, num_minibatches: int = 2):
+  """configs/grpo_tiny.py shrunk to seconds: 5 warm-up steps, 4 prompts x 4 completions, a
+  20-problem evaluation, and a first optimizer step of lr 0 followed by full-rate ones (two
+  minibatches), so that every step really moves the params."""
+  from configs import grpo_tiny  # noqa: PLC0415
+  c = grpo_tiny.get_config()
+  c.warmup.steps = 5
+  c.warmup.batch_size = 32
+  c.train.steps = steps
+  c.train.eval_every = eval_every
+  c.train.eval_size = 20
+  c.train.eval_batch_size = 10
+  c.rollout.num_prompts = 4
+  c.rollout.group_size = 4
+  c.rl.num_minibatches = num_minibatches
+  c.optim.warmup_steps = 1
+  return c

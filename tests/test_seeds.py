@@ -1,4 +1,5 @@
-"""S seeds in one program (grpo_jax/train/seeds.py) against S separate runs."""
+"""S seeds in one program (`train(..., seeds=...)`, a SeedAxis over the same step and loop)
+against S separate runs."""
 
 import json
 
@@ -10,13 +11,13 @@ import pytest
 from configs import grpo_tiny
 from grpo_jax.config import ConfigError
 from grpo_jax.rollout.sampler import generate
-from grpo_jax.train import seeds as seeds_lib
-from grpo_jax.train.experience import RewardInputs, make_prepare_batch
+from grpo_jax.train.experience import RewardInputs
 from grpo_jax.train.loop import initial_state, train
 from grpo_jax.train.metrics import TIMING_KEYS
+from grpo_jax.train.seed_axis import SeedAxis
 from grpo_jax.train.setup import build_model, build_task
 from grpo_jax.train.state import make_optimizer
-from grpo_jax.train.update import make_update_step
+from grpo_jax.train.step import StepSpec, make_rl_step
 
 SEEDS = [0, 1, 2]
 quiet = lambda *a, **k: None  # noqa: E731
@@ -43,31 +44,55 @@ def _records(path):
     return [{k: v for k, v in json.loads(line).items() if k not in TIMING_KEYS} for line in f]
 
 
-@pytest.mark.slow
-def test_seeds_in_one_program_equal_separate_runs_bit_for_bit(tmp_path):
-  """seed_axis="map": every record of every seed, and the final params, are identical."""
-  config = _small_config()
+def _separate_and_stacked(config, tmp_path, seeds=SEEDS):
   separate = []
-  for s in SEEDS:
+  for s in seeds:
     c = config.copy_and_resolve_references()
     c.seed = s
     separate.append(train(c, str(tmp_path / f"run{s}"), log=quiet))
-  stacked = seeds_lib.train_seeds(config, SEEDS, str(tmp_path / "seeds"), log=quiet,
-                                  seed_axis="map")
-  for i, s in enumerate(SEEDS):
+  stacked = train(config, str(tmp_path / "seeds"), log=quiet, seeds=seeds, seed_axis="map")
+  return separate, stacked
+
+
+def _assert_equal_runs(tmp_path, separate, stacked, seeds, steps):
+  for i, s in enumerate(seeds):
     alone = _records(tmp_path / f"run{s}" / "metrics.jsonl")
     together = _records(tmp_path / "seeds" / f"seed_{s}" / "metrics.jsonl")
-    assert [r["step"] for r in together] == [0, 1, 2, 3]
+    assert [r["step"] for r in together] == list(range(steps + 1))
     assert together == alone, s
     for a, b in zip(jax.tree.leaves(separate[i].params), jax.tree.leaves(stacked.params)):
       np.testing.assert_array_equal(np.asarray(a), np.asarray(b[i]))
+
+
+@pytest.mark.slow
+def test_seeds_in_one_program_equal_separate_runs_bit_for_bit(tmp_path):
+  """seed_axis="map": every record of every seed, and the final params, are identical."""
+  separate, stacked = _separate_and_stacked(_small_config(), tmp_path)
+  _assert_equal_runs(tmp_path, separate, stacked, SEEDS, 3)
   # The seeds did differ (the comparison above could fail).
   assert _records(tmp_path / "run0" / "metrics.jsonl") != _records(
       tmp_path / "run1" / "metrics.jsonl")
 
 
+@pytest.mark.slow
+def test_dynamic_sampling_works_for_three_seeds(tmp_path, first_token_parity_reward):
+  """A feature of the step works for S seeds: DAPO's dynamic sampling, whose resampling rounds
+  differ between seeds, gives each seed exactly its separate run (seed_axis="map"). The
+  parity reward (conftest) leaves a random policy's groups without a spread one time in 8."""
+  config = _small_config(steps=4)
+  config.train.eval_pass_k = 0
+  config.reward.name = first_token_parity_reward
+  config.rl.update(dynamic_sampling=True, max_extra_rollouts=3, kl_coef=0.0)
+  separate, stacked = _separate_and_stacked(config, tmp_path)
+  _assert_equal_runs(tmp_path, separate, stacked, SEEDS, 4)
+  rounds = [[r["sampling_rounds"] for r in _records(tmp_path / "seeds" / f"seed_{s}" /
+                                                    "metrics.jsonl")[1:]] for s in SEEDS]
+  assert len({tuple(r) for r in rounds}) > 1, rounds  # the seeds resampled differently
+  assert max(max(r) for r in rounds) > 1, rounds
+
+
 def _one_step_pieces(config):
-  """Random policies of 3 seeds, their rollouts' shapes, and the jitted pieces of a step."""
+  """Random policies of 3 seeds and the run's pieces."""
   task = build_task(config, quiet)
   model_cfg = build_model(config, jax.random.key(0))[0]
   optimizer = make_optimizer(config.optim, 100)
@@ -79,9 +104,9 @@ def _one_step_pieces(config):
 
 
 def test_vmapped_step_matches_single_seed_step_to_float_rounding():
-  """seed_axis="vmap": from the same states, the vmapped rollout, batch preparation and
-  update give each seed the single-seed tokens exactly and its floats to rounding (XLA
-  vectorises a batched reduction differently, so bit equality is not promised)."""
+  """seed_axis="vmap": from the same states, the vmapped rollout and RL step give each seed
+  the single-seed tokens exactly and its floats to rounding (XLA vectorises a batched
+  reduction differently, so bit equality is not promised)."""
   config = _small_config()
   config.optim.warmup_steps = 1  # a real step size at once
   task, model_cfg, optimizer, states = _one_step_pieces(config)
@@ -93,36 +118,24 @@ def test_vmapped_step_matches_single_seed_step_to_float_rounding():
   masks = [np.repeat(p.prompt_mask, g, 0) for p in prompts]
   keys = [jax.random.key(100 + s) for s in SEEDS]
   rng = np.random.default_rng(0)
-  rewards = [rng.integers(0, 2, r.num_prompts * g).astype(np.float32) for _ in SEEDS]
-
-  def inputs(i):
-    n = r.num_prompts * g
-    zeros = np.zeros((n, r.max_new_tokens), np.float32)
-    return RewardInputs(rewards[i], np.zeros(n, np.float32), zeros, zeros.astype(np.int32),
-                        zeros.astype(bool))
-
-  prepare = make_prepare_batch(model_cfg, config.rl, g, 1.0, r.max_new_tokens)
-  update = make_update_step(model_cfg, config.rl, optimizer, 1.0)
+  inputs = [RewardInputs(rng.integers(0, 2, r.num_prompts * g).astype(np.float32), {},
+                         np.int32(r.num_prompts)) for _ in SEEDS]
+  rl_step = make_rl_step(StepSpec(model_cfg, config.rl, optimizer, g, 1.0, r.max_new_tokens))
   single = []
   for i in range(len(SEEDS)):
     rollout = generate(states[i].params, tokens[i], masks[i], keys[i], **common)
-    batch, _ = prepare(states[i].params, None, states[i].ref_params, states[i].kl_coef,
-                       rollout, inputs(i))
-    new_state, metrics = update(states[i], batch)
-    single.append((rollout, batch, new_state, metrics))
+    new_state, metrics = jax.jit(rl_step)(states[i], rollout, inputs[i])
+    single.append((rollout, new_state, metrics))
 
-  stacked = seeds_lib.stack(states)
-  rollouts = jax.jit(jax.vmap(lambda p, t, m, k: generate(p, t, m, k, **common)))(
-      stacked.params, np.stack(tokens), np.stack(masks), seeds_lib.stack(keys))
-  batch, _ = jax.jit(jax.vmap(prepare))(stacked.params, None, stacked.ref_params,
-                                        stacked.kl_coef, rollouts,
-                                        seeds_lib.stack([inputs(i) for i in range(3)]))
-  new_states, metrics = jax.jit(jax.vmap(update))(stacked, batch)
-  for i, (rollout, one_batch, new_state, one_metrics) in enumerate(single):
+  axis = SeedAxis(tuple(SEEDS), "vmap")
+  stacked = axis.stack(states)
+  rollouts = axis.compile(lambda p, t, m, k: generate(p, t, m, k, **common))(
+      stacked.params, axis.stack(tokens), axis.stack(masks), axis.stack(keys))
+  new_states, metrics = axis.compile(rl_step)(stacked, rollouts, axis.stack(inputs))
+  for i, (rollout, new_state, one_metrics) in enumerate(single):
     np.testing.assert_array_equal(rollout.completion_tokens, rollouts.completion_tokens[i])
     np.testing.assert_allclose(rollout.logprobs, rollouts.logprobs[i], atol=2e-6)
-    np.testing.assert_allclose(one_batch.advantages, batch.advantages[i], atol=1e-6)
-    assert float(jnp.abs(one_batch.advantages).sum()) > 0  # rewards did differ in groups
+    assert float(one_metrics["advantage_abs_mean"]) > 0  # rewards did differ in groups
     moved = 0.0
     for a, b, before in zip(jax.tree.leaves(new_state.params),
                             jax.tree.leaves(new_states.params),
@@ -130,22 +143,23 @@ def test_vmapped_step_matches_single_seed_step_to_float_rounding():
       np.testing.assert_allclose(np.asarray(a), np.asarray(b[i]), atol=1e-6)
       moved = max(moved, float(jnp.max(jnp.abs(a - before))))
     assert moved > 1e-4  # the update did move the params
-    for k in ("loss", "kl", "entropy", "clip_frac"):
+    for k in ("loss", "kl", "entropy", "clip_frac", "advantage_abs_mean"):
       np.testing.assert_allclose(one_metrics[k], metrics[k][i], rtol=1e-4, atol=1e-7)
+    assert int(new_states.data_position[i]) == int(new_state.data_position) == r.num_prompts
 
 
 @pytest.mark.slow
-def test_vmapped_seeds_resume_from_their_checkpoint(tmp_path):
+def test_stacked_seeds_resume_from_their_checkpoint(tmp_path):
   """A stacked run stopped after step 2 and resumed equals one that ran through."""
   config = _small_config(steps=4)
   config.train.checkpoint_every = 2
   seeds = [0, 1]
-  seeds_lib.train_seeds(config, seeds, str(tmp_path / "through"), log=quiet)
+  train(config, str(tmp_path / "through"), log=quiet, seeds=seeds)
   short = config.copy_and_resolve_references()
   short.train.steps = 2
-  seeds_lib.train_seeds(short, seeds, str(tmp_path / "resumed"), log=quiet)
+  train(short, str(tmp_path / "resumed"), log=quiet, seeds=seeds)
   lines = []
-  seeds_lib.train_seeds(config, seeds, str(tmp_path / "resumed"), log=lines.append)
+  train(config, str(tmp_path / "resumed"), log=lines.append, seeds=seeds)
   assert any("resumed from checkpoint" in line and line.rstrip().endswith("/2 (no warm-up)")
              for line in lines), lines
   for s in seeds:
@@ -155,12 +169,12 @@ def test_vmapped_seeds_resume_from_their_checkpoint(tmp_path):
     assert resumed == through
 
 
-def test_what_one_program_cannot_run_is_refused():
-  config = _small_config()
+def test_what_one_program_cannot_run_is_refused(tmp_path):
   with pytest.raises(ConfigError, match="give distinct seeds"):
-    seeds_lib.check_vmappable(config, [0, 0])
-  config.rl.dynamic_sampling = True
-  with pytest.raises(ConfigError, match="dynamic_sampling"):
-    seeds_lib.check_vmappable(config, [0, 1])
+    SeedAxis((0, 0), "vmap")
   with pytest.raises(ConfigError, match="valid: vmap, map"):
-    seeds_lib.over_seeds(lambda x: x, "pmap")
+    SeedAxis((0, 1), "pmap")
+  config = _small_config()
+  config.distributed.mode = "explicit"
+  with pytest.raises(ConfigError, match="stacked seeds run in one process"):
+    train(config, str(tmp_path), log=quiet, seeds=[0, 1])

@@ -14,10 +14,15 @@ from __future__ import annotations
 
 import dataclasses
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 
+from grpo_jax.data.task import DeviceTask, register_task, reward_name
 from grpo_jax.data.tokenizer import CharTokenizer, pad_rows
-from grpo_jax.rewards.exact_match import exact_match_reward, token_step_rewards
+from grpo_jax.errors import ConfigError
+from grpo_jax.rewards.exact_match import token_step_rewards
+from grpo_jax.rewards.registry import get_reward
 
 _SPLIT_SEED = 1234  # fixed: the split must not move with the experiment's seed
 
@@ -44,11 +49,16 @@ class PromptBatch:
   operands: np.ndarray  # (B, 2) int64
 
 
+@register_task("addition", provides=("step_rewards",))
 class AdditionTask:
-  """Train/test problems, tokenisation, and the data stream for RL and warm-up."""
+  """Train/test problems, tokenisation, and the data stream for RL and warm-up. Rewards are
+  "tokens" rewards (grpo_jax.rewards.registry) against the answer's tokens, exact_match by
+  default, so the task also runs fused (`device_task`)."""
 
   def __init__(self, num_digits: int, test_size: int, max_new_tokens: int,
-               fixed_width: bool = False, reverse_answer: bool = False):
+               fixed_width: bool = False, reverse_answer: bool = False,
+               reward: str = "exact_match"):
+    self.reward = get_reward(reward, "tokens", "addition")
     if num_digits < 1:
       raise ValueError(f"task.num_digits={num_digits}; use an integer >= 1.")
     self.num_digits = num_digits
@@ -119,7 +129,22 @@ class AdditionTask:
     answers = np.where(wrong, drop_carries(operands[:, 0], operands[:, 1]), operands.sum(1))
     return self.encode(operands, answers)
 
-  # The task interface the loop uses (shared with GSM8KTask).
+  @staticmethod
+  def check_config(config) -> None:
+    if config.model.get("path", ""):
+      raise ConfigError(f"model.path={config.model.path!r} is set but task.name='addition' "
+                        f"brings its own character tokenizer; clear model.path or use "
+                        f"task.name='gsm8k'.")
+    get_reward(reward_name(config, "exact_match"), "tokens", "addition")
+
+  @classmethod
+  def from_config(cls, config, log=print) -> "AdditionTask":
+    del log
+    t = config.task
+    return cls(t.num_digits, t.test_size, config.rollout.max_new_tokens, t.fixed_width,
+               t.reverse_answer, reward_name(config, "exact_match"))
+
+  # The Task protocol (grpo_jax.data.task).
   @property
   def eos_id(self) -> int:
     return self.tokenizer.eos_id
@@ -128,16 +153,41 @@ class AdditionTask:
   def pad_id(self) -> int:
     return self.tokenizer.pad_id
 
+  def _targets(self, batch: PromptBatch, group_size: int, xp=np):
+    repeat = lambda x: xp.repeat(x, group_size, axis=0)  # noqa: E731
+    return repeat(batch.target_tokens), repeat(batch.target_mask)
+
   def score(self, batch: PromptBatch, completion_tokens, completion_mask, group_size: int):
-    """Exact-match rewards (B * G,) and per-token process rewards for the G completions of
-    each prompt (rows grouped contiguously)."""
-    repeat = lambda x: np.repeat(x, group_size, axis=0)  # noqa: E731
-    tt, tm = repeat(batch.target_tokens), repeat(batch.target_mask)
-    rewards = np.asarray(exact_match_reward(completion_tokens, completion_mask, tt, tm))
-    steps = tuple(np.asarray(x) for x in token_step_rewards(completion_tokens, completion_mask,
-                                                             tt, tm))
-    return rewards, steps
+    """Rewards (B * G,) of the G completions of each prompt (rows grouped contiguously)."""
+    return np.asarray(self.reward.fn(completion_tokens, completion_mask,
+                                     *self._targets(batch, group_size)))
+
+  def step_rewards(self, batch: PromptBatch, completion_tokens, completion_mask,
+                   group_size: int):
+    """Process rewards: step t is completion token t, right iff it equals target token t."""
+    return tuple(np.asarray(x) for x in token_step_rewards(
+        completion_tokens, completion_mask, *self._targets(batch, group_size)))
 
   def eval_scores(self, batch: PromptBatch, completion_tokens, completion_mask) -> dict:
-    return {"eval_accuracy": np.asarray(exact_match_reward(
+    return {"eval_accuracy": np.asarray(self.reward.fn(
         completion_tokens, completion_mask, batch.target_tokens, batch.target_mask))}
+
+  def device_task(self) -> DeviceTask:
+    """The stream and the reward as JAX functions (train.fused_steps)."""
+    fields = ("prompt_tokens", "prompt_mask", "target_tokens", "target_mask")
+
+    def stream(seed: int, count: int):
+      batch = self.train_batch(0, count, seed)
+      return {f: getattr(batch, f) for f in fields}
+
+    def prompts(table, position, count: int):
+      return PromptBatch(*[jax.lax.dynamic_slice_in_dim(table[f], position, count)
+                           for f in fields], operands=None)
+
+    def rewards(batch, tokens, mask, group_size: int):
+      return self.reward.fn(tokens, mask, *self._targets(batch, group_size, jnp))
+
+    def step_rewards(batch, tokens, mask, group_size: int):
+      return token_step_rewards(tokens, mask, *self._targets(batch, group_size, jnp))
+
+    return DeviceTask(stream, prompts, rewards, step_rewards)

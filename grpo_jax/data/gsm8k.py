@@ -14,8 +14,11 @@ import os
 
 import numpy as np
 
+from grpo_jax.data.task import register_task, reward_name
 from grpo_jax.data.tokenizer import pad_rows
-from grpo_jax.rewards.gsm8k import extract_flexible, extract_strict, get_reward_function, gold_answer
+from grpo_jax.errors import ConfigError
+from grpo_jax.rewards.gsm8k import extract_flexible, extract_strict, gold_answer
+from grpo_jax.rewards.registry import get_reward
 
 VERL_INSTRUCTION = 'Let\'s think step by step and output the final answer after "####".'
 
@@ -75,18 +78,54 @@ class GSM8KPrompts:
   gold: list  # normalised gold answers
 
 
-class GSM8KTask:
-  """Prompts, gold answers and scoring for GSM8K with a Hugging Face tokenizer."""
+def _require(condition: bool, message: str) -> None:
+  if not condition:
+    raise ConfigError(message)
 
-  def __init__(self, data_cfg, reward_cfg, tokenizer, max_prompt_tokens: int,
-               max_new_tokens: int, log=print):
+
+@register_task("gsm8k")
+class GSM8KTask:
+  """Prompts, gold answers and scoring for GSM8K with a Hugging Face tokenizer; "text" rewards
+  (grpo_jax.rewards.registry), gsm8k_strict by default."""
+
+  @staticmethod
+  def check_config(config) -> None:
+    """The GSM8K recipe's requirements, each one sentence with the fix."""
+    path = config.model.get("path", "")
+    _require(bool(path), "task.name='gsm8k' needs model.path, a local Hugging Face checkpoint "
+             "folder; e.g. hf download Qwen/Qwen2.5-0.5B-Instruct --local-dir "
+             "/ckpt/qwen2.5-0.5b-instruct, then --config.model.path=/ckpt/qwen2.5-0.5b-instruct.")
+    _require(os.path.isdir(path), f"model.path={path} is not a directory; download the "
+             f"checkpoint first, e.g. hf download Qwen/Qwen2.5-0.5B-Instruct "
+             f"--local-dir {path}.")
+    _require(config.warmup.steps == 0, f"warmup.steps={config.warmup.steps}: the supervised "
+             f"warm-up is for the synthetic task only; set warmup.steps=0 for a real checkpoint.")
+    get_reward(reward_name(config, "gsm8k_strict"), "text", "gsm8k")
+    data = config.data
+    _require(data.source in ("jsonl", "tfds"), f"data.source={data.source!r} is unknown; "
+             f"valid: jsonl, tfds.")
+    if data.source == "jsonl":
+      for split in ("train", "test"):
+        file = os.path.join(data.path, f"{split}.jsonl")
+        _require(os.path.isfile(file), f"data.path={data.path!r} has no {split}.jsonl; point "
+                 f"it at a folder with GSM8K's train.jsonl and test.jsonl.")
+
+  @classmethod
+  def from_config(cls, config, log=print) -> "GSM8KTask":
+    from grpo_jax.data.tokenizer import load_hf_tokenizer  # noqa: PLC0415  transformers
+    return cls(config.data, reward_name(config, "gsm8k_strict"),
+               load_hf_tokenizer(config.model.path), config.data.max_prompt_tokens,
+               config.rollout.max_new_tokens, log, config.reward.get("format_score", 0.0))
+
+  def __init__(self, data_cfg, reward: str, tokenizer, max_prompt_tokens: int,
+               max_new_tokens: int, log=print, format_score: float = 0.0):
     self.tokenizer = tokenizer
     self.max_new_tokens = max_new_tokens
     self.prompt_len = max_prompt_tokens
     self.instruction = data_cfg.instruction
     self.use_chat_template = data_cfg.use_chat_template
-    self.reward_fn = get_reward_function(reward_cfg.name)
-    self.format_score = reward_cfg.format_score
+    self.reward_fn = get_reward(reward, "text", "gsm8k").fn
+    self.format_score = format_score
     if data_cfg.source == "jsonl":
       train = load_jsonl(os.path.join(data_cfg.path, "train.jsonl"))
       test = load_jsonl(os.path.join(data_cfg.path, "test.jsonl"))
@@ -167,7 +206,7 @@ class GSM8KTask:
       bad = int(np.flatnonzero(~np.isfinite(rewards))[0])
       raise ValueError(f"reward {self.reward_fn.__name__} returned {rewards[bad]} for "
                        f"completion {texts[bad][:200]!r}; rewards must be finite.")
-    return rewards, None
+    return rewards
 
   def eval_scores(self, batch: GSM8KPrompts, completion_tokens, completion_mask) -> dict:
     """Per-prompt strict and flexible correctness (verl's two GSM8K scores)."""

@@ -53,3 +53,22 @@ def pad_rows(rows: list[list[int]], length: int, pad_id: int, left: bool):
     tokens[i, sl] = row
     mask[i, sl] = True
   return tokens, mask
+
+
+def load_hf_tokenizer(path: str):
+  """A checkpoint's own tokenizer (and chat template), from local files only."""
+  import os  # noqa: PLC0415
+
+  from grpo_jax.errors import ConfigError  # noqa: PLC0415
+  if not os.path.isdir(path):
+    raise ConfigError(
+        f"model.path={path} is not a directory; download a checkpoint first, e.g. "
+        f"hf download Qwen/Qwen2.5-0.5B-Instruct --local-dir {path}.")
+  from transformers import AutoTokenizer  # noqa: PLC0415
+  try:
+    return AutoTokenizer.from_pretrained(path, local_files_only=True)
+  except (OSError, ValueError) as e:
+    raise ConfigError(
+        f"no tokenizer could be loaded from model.path={path} ({str(e).splitlines()[0]}); the "
+        f"folder needs the checkpoint's tokenizer files (tokenizer.json, "
+        f"tokenizer_config.json).") from None

@@ -1,6 +1,7 @@
 """Hugging Face checkpoints <-> our decoder params: config.json, safetensors loading, export.
 
-Supported ``model_type``s: llama, mistral, qwen2, qwen3 (default RoPE, full attention).
+Supported ``model_type``s: those registered in models/families.py (llama, mistral, qwen2 and
+qwen3 are built in; default RoPE, full attention).
 
 Names map one to one (``model.layers.3.self_attn.q_proj.weight`` <->
 ``layers_3/self_attn/q_proj/kernel``); Dense kernels are stored (out, in) by torch and (in, out)
@@ -28,15 +29,13 @@ from safetensors.numpy import save_file
 
 from grpo_jax.models.config import ModelConfig
 from grpo_jax.models.decoder import init_params
+from grpo_jax.models.families import MODEL_FAMILIES, ModelFamily, find_model_family, model_types
 
-SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 EXPORT_DTYPES = ("float32", "bfloat16", "float16")
 TOKENIZER_FILES = (
     "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json",
     "merges.txt", "tokenizer.model", "added_tokens.json", "generation_config.json",
     "chat_template.jinja")
-_ARCHITECTURES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
-                  "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
 _EXAMPLE_REPO = "Qwen/Qwen2.5-0.5B-Instruct"
 _ARCHITECTURE_FIELDS = ("vocab_size", "hidden_size", "intermediate_size", "num_layers",
                         "num_heads", "num_kv_heads", "head_dim", "rope_theta", "rms_norm_eps",
@@ -50,11 +49,12 @@ def model_config_from_hf(hf_config: dict, param_dtype: str = "float32",
                          compute_dtype: str = "float32") -> ModelConfig:
   """The ModelConfig of a Hugging Face config.json (as a dict)."""
   model_type = hf_config.get("model_type")
-  if model_type not in SUPPORTED_MODEL_TYPES:
+  family = find_model_family(model_type)
+  if family is None:
     raise ValueError(
         f"config.json model_type={model_type!r} is not supported; use a checkpoint of one of "
-        f"{', '.join(SUPPORTED_MODEL_TYPES)}.")
-  _check_supported_features(hf_config, model_type)
+        f"{', '.join(model_types())}.")
+  _check_supported_features(hf_config, family)
   heads = _require(hf_config, "num_attention_heads")
   return ModelConfig(
       vocab_size=_require(hf_config, "vocab_size"),
@@ -63,12 +63,12 @@ def model_config_from_hf(hf_config: dict, param_dtype: str = "float32",
       num_layers=_require(hf_config, "num_hidden_layers"),
       num_heads=heads,
       num_kv_heads=hf_config.get("num_key_value_heads") or heads,
-      head_dim=_head_dim(hf_config, model_type),
+      head_dim=_head_dim(hf_config, family),
       rope_theta=_rope_theta(hf_config),
       rms_norm_eps=float(hf_config.get("rms_norm_eps", 1e-6)),
       tie_embeddings=bool(hf_config.get("tie_word_embeddings", False)),
-      qkv_bias=model_type == "qwen2",
-      qk_norm=model_type == "qwen3",
+      qkv_bias=family.qkv_bias,
+      qk_norm=family.qk_norm,
       param_dtype=param_dtype,
       compute_dtype=compute_dtype)
 
@@ -76,10 +76,10 @@ def model_config_from_hf(hf_config: dict, param_dtype: str = "float32",
 def hf_config_from_model_config(model_cfg: ModelConfig, model_type: str = "qwen2",
                                 dtype: str = "float32") -> dict:
   """A minimal config.json (transformers-5 style, plus rope_theta for 4.x) for model_cfg."""
-  _check_export_model_type(model_cfg, model_type)
+  family = _export_family(model_cfg, model_type)
   hf_config = {
-      "architectures": [_ARCHITECTURES[model_type]],
-      "model_type": model_type,
+      "architectures": [family.architecture],
+      "model_type": family.model_type,
       "vocab_size": model_cfg.vocab_size,
       "hidden_size": model_cfg.hidden_size,
       "intermediate_size": model_cfg.intermediate_size,
@@ -94,14 +94,7 @@ def hf_config_from_model_config(model_cfg: ModelConfig, model_type: str = "qwen2
       "rope_theta": model_cfg.rope_theta,
       "dtype": dtype,
   }
-  if model_type != "qwen2":
-    hf_config["attention_bias"] = False
-  if model_type == "llama":
-    hf_config["mlp_bias"] = False
-  if model_type in ("qwen2", "qwen3"):
-    hf_config["use_sliding_window"] = False
-  if model_type == "mistral":
-    hf_config["sliding_window"] = None
+  hf_config.update(family.export_extras)
   return hf_config
 
 
@@ -113,12 +106,13 @@ def _require(hf_config: dict, key: str):
   return hf_config[key]
 
 
-def _head_dim(hf_config: dict, model_type: str) -> int:
-  """head_dim, defaulting like transformers does (Qwen3: 128, others: hidden / heads)."""
+def _head_dim(hf_config: dict, family: ModelFamily) -> int:
+  """head_dim, defaulting like transformers does (the family's default, e.g. Qwen3's 128, else
+  hidden / heads)."""
   if hf_config.get("head_dim"):
     return int(hf_config["head_dim"])
-  if model_type == "qwen3":
-    return 128
+  if family.default_head_dim is not None:
+    return family.default_head_dim
   return _require(hf_config, "hidden_size") // _require(hf_config, "num_attention_heads")
 
 
@@ -132,38 +126,49 @@ def _rope_theta(hf_config: dict) -> float:
   return float(rope.get("rope_theta", hf_config.get("rope_theta", 10_000.0)))
 
 
-def _check_supported_features(hf_config: dict, model_type: str) -> None:
+def _check_supported_features(hf_config: dict, family: ModelFamily) -> None:
   """Raises on config.json options that the decoder cannot represent."""
   act = hf_config.get("hidden_act", "silu")
   if act != "silu":
     raise ValueError(f"config.json hidden_act={act!r} is not supported; the decoder's MLP is "
                      f"SwiGLU (hidden_act='silu').")
-  if model_type != "qwen2" and hf_config.get("attention_bias"):
+  if family.reads_attention_bias and hf_config.get("attention_bias"):
     raise ValueError("config.json attention_bias=true puts a bias on o_proj, which the decoder "
                      "does not have; only Qwen2-style q/k/v biases are supported.")
   if hf_config.get("mlp_bias"):
     raise ValueError("config.json mlp_bias=true is not supported; the decoder's MLP has no "
                      "biases.")
-  if model_type == "mistral":
-    window = hf_config.get("sliding_window", 4096)  # transformers' default for Mistral.
-  else:
-    window = hf_config.get("sliding_window") if hf_config.get("use_sliding_window") else None
+  window = family.sliding_window(hf_config)
   if window is not None:
     raise ValueError(f"config.json asks for sliding-window attention (sliding_window={window}), "
                      f"which is not supported yet; use a checkpoint with full attention.")
 
 
-def _check_export_model_type(model_cfg: ModelConfig, model_type: str) -> None:
-  """Raises unless model_type's architecture matches model_cfg's biases and q/k norms."""
-  if model_type not in SUPPORTED_MODEL_TYPES:
+def _export_family(model_cfg: ModelConfig, model_type: str) -> ModelFamily:
+  """model_type's family; raises unless it matches model_cfg's biases and q/k norms."""
+  family = find_model_family(model_type)
+  if family is None:
     raise ValueError(f"model_type={model_type!r} is not supported; pass one of "
-                     f"{', '.join(SUPPORTED_MODEL_TYPES)}.")
-  want = (model_type == "qwen2", model_type == "qwen3")
+                     f"{', '.join(model_types())}.")
+  want = (family.qkv_bias, family.qk_norm)
   if (model_cfg.qkv_bias, model_cfg.qk_norm) != want:
     raise ValueError(
         f"model_type={model_type!r} needs qkv_bias={want[0]} and qk_norm={want[1]} but the "
-        f"model has qkv_bias={model_cfg.qkv_bias}, qk_norm={model_cfg.qk_norm}; pass qwen2 "
-        f"for q/k/v biases, qwen3 for q/k norms, llama for neither.")
+        f"model has qkv_bias={model_cfg.qkv_bias}, qk_norm={model_cfg.qk_norm}; pass "
+        f"{_feature_hint()}.")
+  return family
+
+
+_FEATURES = {(True, False): "q/k/v biases", (False, True): "q/k norms",
+             (True, True): "both", (False, False): "neither"}
+
+
+def _feature_hint() -> str:
+  """For each (qkv_bias, qk_norm) some family has: the first such model_type, by name."""
+  first = {}
+  for name, family in sorted(MODEL_FAMILIES.items()):
+    first.setdefault((family.qkv_bias, family.qk_norm), name)
+  return ", ".join(f"{first[key]} for {what}" for key, what in _FEATURES.items() if key in first)
 
 
 # ----------------------------------------------------------------------------- names
@@ -255,7 +260,7 @@ def _check_tensor_names(expected: set, found: set, model_cfg: ModelConfig) -> No
                      f"implies; check that config.json belongs to these weights.")
   if unexpected:
     raise ValueError(f"The checkpoint has tensors {_preview(unexpected)} that the decoder has "
-                     f"no parameter for; only plain {', '.join(SUPPORTED_MODEL_TYPES)} "
+                     f"no parameter for; only plain {', '.join(model_types())} "
                      f"checkpoints are supported.")
 
 

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
+from grpo_jax.rewards.registry import register_reward
 
+
+@register_reward("exact_match", kind="tokens")
 def exact_match_reward(completion_tokens, completion_mask, target_tokens, target_mask):
   """1.0 iff the completion is exactly the target token sequence (answer then <eos>), else 0.
 

@@ -13,6 +13,9 @@ from __future__ import annotations
 
 import re
 
+from grpo_jax.errors import ConfigError
+from grpo_jax.rewards.registry import get_reward, register_reward
+
 _TAIL_CHARS = 300
 _STRICT = re.compile(r"#### (\-?[0-9\.\,]+)")
 _NUMBER = re.compile(r"(\-?[0-9\.\,]+)")
@@ -76,13 +79,14 @@ def format_reward(completion: str, gold: str, format_score: float = 0.0) -> floa
   return 1.0 if extract_strict(completion) is not None else 0.0
 
 
-REWARD_FUNCTIONS = {"gsm8k_strict": strict_reward, "gsm8k_flexible": flexible_reward,
-                    "gsm8k_format": format_reward}
+for _name, _fn in (("gsm8k_strict", strict_reward), ("gsm8k_flexible", flexible_reward),
+                  ("gsm8k_format", format_reward)):
+  register_reward(_name, kind="text")(_fn)
 
 
 def get_reward_function(name: str):
+  """The text reward registered as `name` (reward.name), e.g. gsm8k_strict."""
   try:
-    return REWARD_FUNCTIONS[name]
-  except KeyError:
-    raise ValueError(f"reward.name={name!r} is unknown; valid: "
-                     f"{', '.join(sorted(REWARD_FUNCTIONS))}.") from None
+    return get_reward(name, "text", "gsm8k").fn
+  except ConfigError as e:
+    raise ValueError(str(e)) from None

@@ -14,9 +14,12 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from grpo_jax.registry import Registry
 from grpo_jax.rl._checks import require_shape
 
-KL_ESTIMATORS = ("k1", "k2", "k3")
+# name -> estimate(d, value_clamp) of the (already clamped) log-ratio d, per token; config
+# field rl.kl_estimator. value_clamp bounds the estimate where the estimator uses one (k3).
+KL_ESTIMATORS = Registry("rl.kl_estimator")
 
 
 def _log_ratio(logprobs, ref_logprobs, mask):
@@ -63,19 +66,32 @@ def kl_penalty(logprobs: jax.Array, ref_logprobs: jax.Array, mask: jax.Array | N
 
   The d clamp (default 20) keeps e^{-d} finite; the k3 value clamp (default 10, None = off)
   bounds single-token outliers (k3 >= 0, so only the upper bound ever acts). Both clamps zero
-  the gradient where they are active. 0 where ~mask. Unknown kind raises ValueError.
+  the gradient where they are active. 0 where ~mask. An unregistered kind raises a ConfigError
+  naming the registered ones (KL_ESTIMATORS).
   """
-  if kind not in KL_ESTIMATORS:
-    raise ValueError(f"Unknown KL estimator {kind!r}; valid: {', '.join(KL_ESTIMATORS)}.")
+  estimate = KL_ESTIMATORS.get(kind)
   d = _log_ratio(logprobs, ref_logprobs, mask)
   if clamp is not None:
     d = jnp.clip(d, -clamp, clamp)
-  if kind == "k1":
-    return d
-  if kind == "k2":
-    return 0.5 * d * d
+  return estimate(d, k3_clamp)
+
+
+@KL_ESTIMATORS.register("k1")
+def _k1(d, value_clamp):
+  del value_clamp
+  return d
+
+
+@KL_ESTIMATORS.register("k2")
+def _k2(d, value_clamp):
+  del value_clamp
+  return 0.5 * d * d
+
+
+@KL_ESTIMATORS.register("k3")
+def _k3(d, value_clamp):
   k3 = jnp.exp(-d) + d - 1.0
-  return k3 if k3_clamp is None else jnp.clip(k3, -k3_clamp, k3_clamp)
+  return k3 if value_clamp is None else jnp.clip(k3, -value_clamp, value_clamp)
 
 
 def adaptive_kl_coef(beta, observed_kl, target: float, horizon: float, n_steps):

@@ -4,6 +4,10 @@ and are re-exported here.
 All per-token inputs are (B, T) with a (B, T) bool mask. Masked positions are replaced before
 any arithmetic, so whatever they hold (even inf/nan) reaches neither the loss nor the gradient,
 and every per-token output is exactly 0 (False for indicators) there.
+
+POLICY_LOSSES (config field rl.loss) maps a name to loss(logp, old_logp, advantages, mask, rl)
+-> (per-token loss (B, T), metrics): per-token bool `clipped`, float `ratio`, and optionally
+bool `dual_clipped`; a new policy loss is one registered function (see the two at the end).
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from grpo_jax.registry import Registry
 from grpo_jax.rl._checks import as_token_mask, require_shape
 from grpo_jax.rl.aggregation import (LOSS_AGGREGATIONS, aggregate, loss_normalizer,  # noqa: F401
                                      masked_mean, masked_sum)
@@ -143,3 +148,21 @@ def entropy_bonus(entropy: jax.Array, mask: jax.Array, coef: float) -> jax.Array
   """The entropy bonus as a per-token loss term: -coef * H_t where mask, else 0."""
   mask, (entropy,) = _masked_inputs(mask, entropy)
   return jnp.where(mask, -coef * entropy, 0.0)
+
+
+POLICY_LOSSES = Registry("rl.loss")
+
+
+@POLICY_LOSSES.register("ppo_clip")
+def ppo_clip_from_config(logprobs, old_logprobs, advantages, mask, rl):
+  """ppo_clip_loss with rl.clip_eps_low/high, rl.dual_clip_c (0 = off) and
+  rl.log_ratio_clamp (0 = off)."""
+  return ppo_clip_loss(logprobs, old_logprobs, advantages, mask, rl.clip_eps_low,
+                       rl.clip_eps_high, rl.dual_clip_c or None, rl.log_ratio_clamp or None)
+
+
+@POLICY_LOSSES.register("gspo")
+def gspo_from_config(logprobs, old_logprobs, advantages, mask, rl):
+  """gspo_loss with rl.clip_eps_low/high and rl.log_ratio_clamp (0 = off)."""
+  return gspo_loss(logprobs, old_logprobs, advantages, mask, rl.clip_eps_low, rl.clip_eps_high,
+                   rl.log_ratio_clamp or None)

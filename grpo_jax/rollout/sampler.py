@@ -8,8 +8,9 @@ compilation serves every call of the same shapes and settings.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -117,3 +118,34 @@ def generate(params, prompt_tokens, prompt_mask, key, *, model_cfg: ModelConfig,
   # the last token or a no-op (all rows done: pad, mask False).
   _, done, _, (tokens_out, logp_out, mask_out) = record(step, token, logp, done, kv_mask, outs)
   return Rollout(prompt_tokens, prompt_mask, tokens_out, mask_out, logp_out, ~done)
+
+
+@dataclasses.dataclass(frozen=True)
+class Sampling:
+  """What a sampler call needs besides params, prompts and key: the model, the lengths and
+  special tokens, the sampling policy, and the mesh (hashable: a jit-static value)."""
+  model_cfg: ModelConfig
+  max_new_tokens: int
+  eos_id: int
+  pad_id: int
+  temperature: float = 1.0
+  top_k: int = 0
+  top_p: float = 1.0
+  mesh: Any = None
+
+  @classmethod
+  def of(cls, model_cfg: ModelConfig, task, rollout_cfg, mesh=None,
+         max_new_tokens: int | None = None) -> "Sampling":
+    """The rollout's sampling for a task (its eos / pad) and a config's rollout section."""
+    return cls(model_cfg, max_new_tokens or rollout_cfg.max_new_tokens, task.eos_id,
+               task.pad_id, rollout_cfg.temperature, rollout_cfg.top_k, rollout_cfg.top_p,
+               mesh)
+
+  def greedy(self) -> "Sampling":
+    return dataclasses.replace(self, temperature=0.0, top_k=0, top_p=1.0)
+
+  def __call__(self, params, prompt_tokens, prompt_mask, key) -> Rollout:
+    """generate(params, prompt_tokens, prompt_mask, key) with these settings."""
+    return generate(params, prompt_tokens, prompt_mask, key,
+                    **{f.name: getattr(self, f.name) for f in dataclasses.fields(self)})
+

@@ -10,29 +10,43 @@ import numpy as np
 from grpo_jax.models.config import ModelConfig
 from grpo_jax.parallel.distributed import to_host
 from grpo_jax.parallel.mesh import shard_batch
-from grpo_jax.rollout.sampler import generate
+from grpo_jax.rollout.sampler import Sampling
+
+
+def make_evaluator(task, model_cfg: ModelConfig, train_cfg, rollout_cfg, eval_keys: list,
+                   axis, mesh=None):
+  """evaluate(params) -> one metrics dict per seed of `axis` (a SeedAxis; params as it holds
+  them): greedy accuracy on the first train.eval_size held-out prompts (the task's scores),
+  and with train.eval_pass_k = k > 0 also pass@k, the fraction of prompts for which at least
+  one of k completions sampled at the rollout temperature earns reward 1. Seed s samples with
+  fold_in(eval_keys[s], chunk start)."""
+  sampling = Sampling.of(model_cfg, task, rollout_cfg, mesh, task.max_new_tokens)
+  place = (lambda *xs: shard_batch(xs, mesh)) if mesh is not None else (lambda *xs: xs)
+  greedy = axis.compile(lambda p, t, m: sampling.greedy()(p, *place(t, m), jax.random.key(0)),
+                        in_axes=(0, None, None))
+  sampled = axis.compile(lambda p, t, m, k: sampling(p, *place(t, m), k),
+                         in_axes=(0, None, None, 0))
+
+  def evaluate(params) -> list[dict]:
+    def generate_fn(prompts, prompt_mask, chunk_start, is_sampled):
+      if is_sampled:
+        keys = axis.stack([jax.random.fold_in(k, chunk_start) for k in eval_keys])
+        r = sampled(params, prompts, prompt_mask, keys)
+      else:
+        r = greedy(params, prompts, prompt_mask)
+      r = to_host(r)
+      return r if axis.stacked else jax.tree.map(lambda x: np.asarray(x)[None], r)
+    return evaluate_models(generate_fn, len(axis), task, train_cfg)
+
+  return evaluate
 
 
 def evaluate(params, task, model_cfg: ModelConfig, train_cfg, rollout_cfg=None,
              key=None, mesh=None) -> dict:
-  """Greedy accuracy on the first train.eval_size held-out prompts (the task's scores), and
-  with train.eval_pass_k = k > 0 also pass@k: the fraction of prompts for which at least one
-  of k completions sampled at the rollout temperature earns reward 1."""
-  common = dict(model_cfg=model_cfg, max_new_tokens=task.max_new_tokens, eos_id=task.eos_id,
-                pad_id=task.pad_id, mesh=mesh)
-  place = (lambda *xs: shard_batch(xs, mesh)) if mesh is not None else (lambda *xs: xs)
-
-  def generate_one(prompts, prompt_mask, chunk_start, sampled):
-    if sampled:
-      r = generate(params, *place(prompts, prompt_mask), jax.random.fold_in(key, chunk_start),
-                   temperature=rollout_cfg.temperature, top_k=rollout_cfg.top_k,
-                   top_p=rollout_cfg.top_p, **common)
-    else:
-      r = generate(params, *place(prompts, prompt_mask), jax.random.key(0), temperature=0.0,
-                   **common)
-    return jax.tree.map(lambda x: np.asarray(x)[None], to_host(r))
-
-  return evaluate_models(generate_one, 1, task, train_cfg)[0]
+  """make_evaluator's metrics of one policy (params of a single run)."""
+  from grpo_jax.train.seed_axis import SeedAxis  # noqa: PLC0415
+  return make_evaluator(task, model_cfg, train_cfg, rollout_cfg, [key], SeedAxis((0,)),
+                        mesh)(params)[0]
 
 
 def evaluate_models(generate_fn, num_models: int, task, train_cfg) -> list[dict]:
@@ -60,7 +74,7 @@ def evaluate_models(generate_fn, num_models: int, task, train_cfg) -> list[dict]
                       True)
       chunk_rows = take_rows(batch, rows)
       passed.append(np.stack([
-          (task.score(chunk_rows, s.completion_tokens[m], s.completion_mask[m], pass_k)[0]
+          (task.score(chunk_rows, s.completion_tokens[m], s.completion_mask[m], pass_k)
            .reshape(chunk, pass_k) >= 1.0).any(1)[:keep] for m in range(num_models)]))
   results = []
   for m in range(num_models):

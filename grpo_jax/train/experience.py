@@ -1,5 +1,6 @@
 """From a rollout and its rewards to the update's `Batch`: old, reference and rollout log-probs,
-old values, shaped rewards, advantages and returns. One jitted program per config.
+old values, shaped rewards, advantages and returns: a pure function that the RL step
+(grpo_jax/train/step.py) jits together with the update.
 
 When `reuses_current_logprobs(rl)` holds (one pass, one minibatch, nothing before the update
 needs them), the old log-probs are not computed here: they equal the policy's log-probs at the
@@ -15,8 +16,8 @@ import jax.numpy as jnp
 from grpo_jax.models.config import ModelConfig
 from grpo_jax.models.value_head import separate_critic_values
 from grpo_jax.rl import advantages as adv_lib
-from grpo_jax.rl import token_advantages as tok_adv
 from grpo_jax.rl.aggregation import masked_mean
+from grpo_jax.rl.estimators import estimate_advantages
 from grpo_jax.rl.kl import kl_penalty
 from grpo_jax.rl.losses import truncated_is_weights
 from grpo_jax.rl.shaping import overlong_penalty
@@ -25,31 +26,32 @@ from grpo_jax.train.forward import policy_and_values
 
 
 class RewardInputs(NamedTuple):
-  """What the reward side hands over, per completion row (B rows)."""
+  """What the host's reward side hands the step, per completion row (B rows)."""
   rewards: jax.Array  # (B,) outcome rewards
-  greedy_rewards: jax.Array  # (B,) reward of the greedy completion of the row's prompt (remax)
-  step_rewards: jax.Array  # (B, K) process rewards ("process" estimator), else zeros
-  step_end_index: jax.Array  # (B, K) int: token index where each step ends
-  step_mask: jax.Array  # (B, K) bool
+  # Only the inputs rl.advantage's estimator `needs` (grpo_jax/rl/estimators.py), by name:
+  # {} for most; {"greedy_rewards": (B,)} for ReMax; {"step_rewards": (3 x (B, K))} for
+  # process supervision.
+  extras: dict
+  prompts_consumed: jax.Array  # int32 (): prompts of the data stream this step's rows used
 
 
 class Batch(NamedTuple):
-  """What the update consumes; every array has the batch dimension B first."""
+  """What the update consumes; every array has the batch dimension B first. A field that a
+  config does not need is None (never zeros that mean "absent")."""
   prompt_tokens: jax.Array  # (B, P)
   prompt_mask: jax.Array  # (B, P)
   completion_tokens: jax.Array  # (B, N)
   completion_mask: jax.Array  # (B, N) the tokens that exist
   loss_mask: jax.Array  # (B, N) the tokens that carry loss (mask_truncated may drop rows)
-  # When the update reuses its own log-probs (`reuses_current_logprobs`), old_logprobs is zeros,
-  # ref_logprobs too if rl.kl_coef == 0, and is_weights ones: the update derives them from
-  # stop_gradient(logp) and sampler_logprobs itself.
-  old_logprobs: jax.Array  # (B, N) policy before the update (recomputed by the trainer)
-  ref_logprobs: jax.Array  # (B, N) frozen reference (the old log-probs when rl.kl_coef == 0)
   advantages: jax.Array  # (B, N)
-  old_values: jax.Array  # (B, N) critic at rollout time (zeros without one)
-  returns: jax.Array  # (B, N) value targets (zeros without a critic)
-  is_weights: jax.Array  # (B, N) truncated importance weights (ones when off)
   sampler_logprobs: jax.Array  # (B, N) the sampler's log-probs (Rollout.logprobs)
+  # Policy before the update; None when the update reuses its own (reuses_current_logprobs).
+  old_logprobs: jax.Array | None = None
+  ref_logprobs: jax.Array | None = None  # frozen reference; None when rl.kl_coef == 0
+  old_values: jax.Array | None = None  # (B, N) critic at rollout time; None without one
+  returns: jax.Array | None = None  # (B, N) value targets; None without a critic
+  # Truncated importance weights; None when off, or when the update computes them itself.
+  is_weights: jax.Array | None = None
 
 
 def reuses_current_logprobs(rl) -> bool:
@@ -72,84 +74,52 @@ def step_rollout_kl(prep_metrics: dict, update_metrics: dict):
       "rollout_kl"]
 
 
-def estimate_advantages(rl, group_size: int, token_rewards, mask, values, inputs: RewardInputs):
-  """Dispatches config.rl.advantage; returns (advantages (B, N), returns (B, N))."""
-  seq_rewards = jnp.sum(token_rewards, axis=1)  # outcome reward minus any in-reward KL
-  name, eps = rl.advantage, rl.advantage_eps
-  if name == "gae":
-    return tok_adv.gae_advantages(token_rewards, values, mask, rl.gamma, rl.lam,
-                                  whiten=rl.whiten_advantages)
-  if name in ("grpo", "dr_grpo"):
-    adv = adv_lib.broadcast_to_tokens(
-        adv_lib.group_normalized_advantages(seq_rewards, group_size, eps, name == "grpo"), mask)
-  elif name == "grpo_batch_std":
-    adv = adv_lib.grpo_batch_std_advantages(seq_rewards, group_size, mask, eps)
-  elif name == "rloo":
-    adv = adv_lib.rloo_advantages(seq_rewards, group_size, mask)
-  elif name == "reinforce_pp":
-    adv = tok_adv.reinforce_pp_advantages(token_rewards, mask, rl.gamma)
-  elif name == "reinforce_pp_baseline":
-    adv = adv_lib.reinforce_pp_baseline_advantages(seq_rewards, group_size, mask)
-  elif name == "remax":
-    adv = adv_lib.remax_advantages(seq_rewards, inputs.greedy_rewards, mask)
-  elif name == "process":
-    adv = tok_adv.process_advantages(inputs.step_rewards, inputs.step_end_index,
-                                     inputs.step_mask, group_size, mask, eps)
-  else:
-    raise ValueError(f"rl.advantage={name!r} is unknown.")
-  # A critic next to a critic-free estimator still learns Monte-Carlo returns.
-  return adv, tok_adv.discounted_returns(token_rewards, mask, rl.gamma)
-
-
 def make_prepare_batch(model_cfg: ModelConfig, rl, group_size: int, temperature: float,
                        max_new_tokens: int):
-  """Jitted prepare(params, value_params, ref_params, kl_coef, rollout, inputs) ->
-  (Batch, metrics)."""
+  """prepare(state, rollout, inputs: RewardInputs) -> (Batch, metrics), a pure function (the RL
+  step jits it with the rest)."""
 
   reuse = reuses_current_logprobs(rl)
+  critic = rl.value_head != "none"
 
-  @jax.jit
-  def prepare(params, value_params, ref_params, kl_coef, rollout: Rollout,
-              inputs: RewardInputs):
+  def prepare(state, rollout: Rollout, inputs: RewardInputs):
     mask = rollout.completion_mask.astype(bool)
     if reuse:  # the update computes the old log-probs (see reuses_current_logprobs)
-      old_logp = None
-      old_values = None
+      old_logp, old_values = None, None
       if rl.value_head == "separate":
         old_values = jnp.where(mask, separate_critic_values(
-            value_params, model_cfg, rollout.prompt_tokens, rollout.prompt_mask,
+            state.value_params, model_cfg, rollout.prompt_tokens, rollout.prompt_mask,
             rollout.completion_tokens, mask), 0.0)
     else:
-      old_logp, _, old_values = policy_and_values(params, value_params, rollout, model_cfg,
-                                                  rl.value_head, temperature)
+      old_logp, _, old_values = policy_and_values(state.params, state.value_params, rollout,
+                                                  model_cfg, rl.value_head, temperature)
       old_logp = jax.lax.stop_gradient(old_logp)
-    zeros = jnp.zeros(mask.shape, jnp.float32)
+    ref_logp = None
     if rl.kl_coef > 0:
-      ref_logp, _, _ = policy_and_values(ref_params, None, rollout, model_cfg, "none",
+      ref_logp, _, _ = policy_and_values(state.ref_params, None, rollout, model_cfg, "none",
                                          temperature)
-    else:
-      ref_logp = zeros if reuse else old_logp
     rewards = inputs.rewards.astype(jnp.float32)
     if rl.overlong_buffer > 0:
       rewards = rewards + overlong_penalty(jnp.sum(mask, axis=1), max_new_tokens,
                                            rl.overlong_buffer, rl.overlong_penalty)
     token_rewards = adv_lib.place_reward_on_last_token(rewards, mask)
     if not reuse:
-      kl = kl_penalty(old_logp, ref_logp, mask, rl.kl_estimator, rl.kl_clamp or None)
+      kl = kl_penalty(old_logp, old_logp if ref_logp is None else ref_logp, mask,
+                      rl.kl_estimator, rl.kl_clamp or None)
       if rl.kl_in == "reward" and rl.kl_coef > 0:
-        token_rewards = token_rewards - kl_coef * kl
-    values = zeros if old_values is None else old_values
-    advantages, returns = estimate_advantages(rl, group_size, token_rewards, mask, values,
-                                              inputs)
+        token_rewards = token_rewards - state.kl_coef * kl
+    advantages, returns = estimate_advantages(rl, group_size, token_rewards, mask, old_values,
+                                              inputs.extras)
     loss_mask = mask & ~rollout.truncated[:, None] if rl.mask_truncated else mask
+    is_weights = None
     if rl.tis_cap > 0 and not reuse:
       is_weights = truncated_is_weights(old_logp, rollout.logprobs, mask, rl.tis_cap)
-    else:
-      is_weights = jnp.ones_like(zeros)
     batch = Batch(rollout.prompt_tokens, rollout.prompt_mask, rollout.completion_tokens, mask,
-                  loss_mask, zeros if reuse else old_logp, ref_logp,
-                  jnp.where(mask, advantages, 0.0), values, jnp.where(mask, returns, 0.0),
-                  is_weights, jnp.where(mask, rollout.logprobs, 0.0))
+                  loss_mask, jnp.where(mask, advantages, 0.0),
+                  jnp.where(mask, rollout.logprobs, 0.0), old_logprobs=old_logp,
+                  ref_logprobs=ref_logp, old_values=old_values,
+                  returns=jnp.where(mask, returns, 0.0) if critic else None,
+                  is_weights=is_weights)
     metrics = dict(shaped_reward_mean=jnp.mean(rewards),
                    advantage_abs_mean=masked_mean(jnp.abs(advantages), mask))
     if not reuse:  # otherwise the update reports these two

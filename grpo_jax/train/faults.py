@@ -64,53 +64,37 @@ def _text(tokenizer, tokens, mask, limit: int = 300) -> str:
   return text if len(text) <= limit else text[:limit] + "..."
 
 
-def _row_is_finite(rewards, steps) -> np.ndarray:
-  ok = np.isfinite(np.asarray(rewards, np.float64))
-  if steps is not None:
-    ok &= np.all(np.isfinite(np.asarray(steps[0], np.float64)), axis=1)
-  return ok
-
-
 def _score_rows(task, prompts, tokens, mask, group_size: int):
-  """Scores each completion alone: (rewards, steps or None, {row: (what went wrong,
-  exception or None)})."""
-  rewards, steps, failures = [], [], {}
+  """Scores each completion alone: (rewards, {row: (what went wrong, exception or None)})."""
+  rewards, failures = [], {}
   for row in range(tokens.shape[0]):
     one = take_rows(prompts, np.array([row // group_size]))
     try:
-      r, s = task.score(one, tokens[row:row + 1], mask[row:row + 1], 1)
-      if not _row_is_finite(r, s)[0]:
-        failures[row] = (f"returned {float(np.asarray(r)[0])} (or a non-finite step reward)",
-                         None)
+      r = float(np.asarray(task.score(one, tokens[row:row + 1], mask[row:row + 1], 1))[0])
+      if not np.isfinite(r):
+        failures[row] = (f"returned {r}", None)
     except Exception as e:  # noqa: BLE001  a user's reward function may raise anything
-      r, s, failures[row] = None, None, (f"raised {type(e).__name__}: {e}", e)
-    rewards.append(0.0 if row in failures else float(np.asarray(r)[0]))
-    steps.append(None if s is None or row in failures else tuple(np.asarray(x) for x in s))
-  template = next((s for s in steps if s is not None), None)
-  if template is None:
-    return np.asarray(rewards, np.float32), None, failures
-  zeros = tuple(np.zeros_like(x) for x in template)
-  steps = tuple(np.concatenate(parts, 0) for parts in zip(*[s or zeros for s in steps]))
-  return np.asarray(rewards, np.float32), steps, failures
+      r, failures[row] = None, (f"raised {type(e).__name__}: {e}", e)
+    rewards.append(0.0 if row in failures else r)
+  return np.asarray(rewards, np.float32), failures
 
 
 def guarded_score(task, prompts, tokens, mask, group_size: int, on_error: str):
-  """task.score(prompts, tokens, mask, group_size) -> (rewards, steps, count scored 0).
+  """task.score(prompts, tokens, mask, group_size) -> (rewards, count scored 0).
 
   A completion whose reward raises or is not finite stops the run with a RewardError showing
-  its prompt and completion (on_error="raise"), or is scored 0 (reward and step rewards) and
-  counted (on_error="zero").
+  its prompt and completion (on_error="raise"), or is scored 0 and counted (on_error="zero").
   """
   tokens, mask = np.asarray(tokens), np.asarray(mask)
   try:
-    rewards, steps = task.score(prompts, tokens, mask, group_size)
-    ok = _row_is_finite(rewards, steps)
+    rewards = task.score(prompts, tokens, mask, group_size)
+    ok = np.isfinite(np.asarray(rewards, np.float64))
     first_error = None
   except Exception as e:  # noqa: BLE001
     ok, first_error = None, e
   if ok is not None and ok.all():
-    return np.asarray(rewards, np.float32), steps, 0
-  rewards, steps, failures = _score_rows(task, prompts, tokens, mask, group_size)
+    return np.asarray(rewards, np.float32), 0
+  rewards, failures = _score_rows(task, prompts, tokens, mask, group_size)
   if not failures:  # the batch failed but every completion scores alone: a batch-level bug
     what = repr(first_error) if first_error is not None else "non-finite values"
     raise RewardError(f"the reward function failed on the whole batch ({what}) but on no "
@@ -123,4 +107,4 @@ def guarded_score(task, prompts, tokens, mask, group_size: int, on_error: str):
         f"the reward function {what} for the prompt {prompt!r} and the completion "
         f"{_text(task.tokenizer, tokens[row], mask[row])!r}; fix the reward function, or set "
         f"train.on_reward_error='zero' to score such completions 0 and count them.") from error
-  return rewards, steps, len(failures)
+  return rewards, len(failures)

@@ -1,10 +1,20 @@
-"""The training loop: data -> rollout (jit) -> rewards (host) -> advantages, old / reference
-log-probs and values (jit) -> update (jit), with metrics and held-out evaluation."""
+"""The host loop, the only one: set-up, warm-up, then RL steps with metrics records, held-out
+evaluation, checkpoints and SIGTERM, for one seed or S seeds (a `SeedAxis`), on the host path
+or fused.
+
+Each call of `advance` moves the run forward on the devices and returns its records:
+  host path   prompts and rewards on the host (grpo_jax/train/collect.py), then the one jitted
+              RL step (grpo_jax/train/step.py), state donated: one step;
+  fused       prompts, sampling, reward and RL step in one jitted lax.scan
+              (grpo_jax/train/fused.py): train.fused_steps steps.
+Everything else here is the same for both, and for any number of seeds.
+"""
 
 from __future__ import annotations
 
-import functools
+import dataclasses
 import os
+import sys
 import time
 
 import jax
@@ -17,19 +27,148 @@ from grpo_jax.parallel import distributed
 from grpo_jax.parallel.distributed import to_host
 from grpo_jax.parallel.mesh import (batch_axis_size, bytes_per_device, make_mesh, place_tree,
                                     shard_batch, tree_shardings)
-from grpo_jax.rollout.sampler import generate
-from grpo_jax.train.checkpoint import Checkpoints
-from grpo_jax.train.collect import collect
-from grpo_jax.train.experience import make_prepare_batch, step_rollout_kl
-from grpo_jax.train.evaluation import evaluate
+from grpo_jax.rl.estimators import ESTIMATORS
+from grpo_jax.rollout.sampler import Sampling
+from grpo_jax.train.checkpoint import Checkpoints, step_of
+from grpo_jax.train.collect import Samplers, collect
+from grpo_jax.train.evaluation import make_evaluator
 from grpo_jax.train.faults import Preempted, TerminationFlag, check_skips
-from grpo_jax.train.metrics import MetricsWriter, keep_records_until
-from grpo_jax.train.setup import build_model, build_task, uses_checkpoint
-from grpo_jax.train.state import (TrainState, create_train_state, end_of_step, make_optimizer,
-                                  step_key)
-from grpo_jax.train.update import make_update_step
+from grpo_jax.train.metrics import (MetricsWriter, keep_records_until, rollout_metrics,
+                                    step_record, step_tokens)
+from grpo_jax.train.seed_axis import SeedAxis
+from grpo_jax.train.setup import build_model, build_task, check_vocabulary, uses_checkpoint
+from grpo_jax.train.state import TrainState, create_train_state, make_optimizer, step_key
+from grpo_jax.train.step import StepSpec, make_rl_step
 from grpo_jax.train.warmup import run_warmup
 from grpo_jax.train.workdir import record_start, write_config
+
+
+@dataclasses.dataclass(frozen=True)
+class Run:
+  """What the loop needs besides the state: built once by `train`."""
+  config: object
+  axis: SeedAxis
+  task: object
+  spec: StepSpec
+  base_keys: tuple  # per seed: jax.random.key(seed)
+  workdirs: tuple  # per seed: where its records go
+  mesh: object  # a jax Mesh, or None (stacked seeds run on one device)
+  log: object
+
+  @property
+  def needs(self) -> tuple:
+    return ESTIMATORS.get(self.config.rl.advantage).needs
+
+
+def initial_state(config, model_cfg: ModelConfig, params, optimizer, base_key) -> TrainState:
+  """The state at step 0 from the starting policy (a frozen reference copy, a fresh critic)."""
+  value_params = init_value_params(config.rl.value_head, model_cfg, params,
+                                   jax.random.fold_in(base_key, 2))
+  return create_train_state(params, optimizer, jax.random.fold_in(base_key, 1), value_params,
+                            config.rl.kl_coef)
+
+
+def seed_workdir(workdir: str, seed: int) -> str:
+  return os.path.join(workdir, f"seed_{seed}")
+
+
+def train(config, workdir: str, log=print, seeds=None, seed_axis: str = "vmap") -> TrainState:
+  """Runs RL steps until config.train.steps, resuming from the newest checkpoint if there is
+  one (without the warm-up, whose result it holds); writes config.json, run_info.json and
+  metrics.jsonl. With `seeds`, runs those seeds of the config as one program (config.seed
+  ignored; seed_axis "vmap" or "map", see SeedAxis), each writing workdir/seed_<s>/, and
+  returns the stacked state.
+
+  Raises faults.Preempted after checkpointing the current step when SIGTERM arrives, and
+  faults.RunStopped (RewardError included) when the run cannot go on.
+  """
+  config_lib.validate(config)
+  axis = (SeedAxis((int(config.seed),)) if seeds is None else
+          SeedAxis(tuple(int(s) for s in seeds), seed_axis))
+  mesh = _start_devices(config, axis)
+  if not distributed.is_main_process():
+    log = lambda *a, **k: None  # noqa: E731  process 0 speaks and writes for everyone
+  task = build_task(config, log)
+  configs = [_with_seed(config, s) for s in axis.seeds]
+  base_keys = tuple(jax.random.key(s) for s in axis.seeds)
+  built = [build_model(c, jax.random.fold_in(k, 0)) for c, k in zip(configs, base_keys)]
+  model_cfg, params = built[0][0], axis.stack([p for _, p in built])
+  del built
+  check_vocabulary(model_cfg, task)
+  workdirs = (workdir,) if not axis.stacked else tuple(seed_workdir(workdir, s)
+                                                       for s in axis.seeds)
+  main_process = distributed.is_main_process()
+  if main_process:
+    for c, wd in zip(configs, workdirs):
+      write_config(c, wd)
+  count = sum(x.size for x in jax.tree.leaves(params)) // len(axis)
+  log(f"model: {count:,} parameters" + (f", {len(axis)} seeds {list(axis.seeds)} in one "
+                                        f"program ({axis.mode})" if axis.stacked else ""))
+  r_cfg, rl, t_cfg = config.rollout, config.rl, config.train
+  optimizer = make_optimizer(config.optim, t_cfg.steps * rl.num_iterations * rl.num_minibatches)
+  spec = StepSpec(model_cfg, rl, optimizer, r_cfg.group_size, r_cfg.temperature,
+                  r_cfg.max_new_tokens)
+  run = Run(config, axis, task, spec, base_keys, workdirs, mesh, log)
+  # Named by the seeds: a later run of other seeds in the same workdir starts its own.
+  directory = ("checkpoints" if not axis.stacked else
+               f"checkpoints_seeds_{'_'.join(map(str, axis.seeds))}")
+  ckpts = Checkpoints(os.path.join(workdir, directory), t_cfg.keep_checkpoints, log)
+  try:
+    with TerminationFlag() as sigterm:
+      states = lambda p: axis.stack([  # noqa: E731
+          initial_state(config, model_cfg, q, optimizer, k)
+          for q, k in zip(axis.unstack(p), base_keys)])
+      state = ckpts.restore_latest(jax.eval_shape(states, params))
+      resumed = state is not None
+      for wd in workdirs if main_process else ():
+        record_start(wd, step_of(state) if resumed else None)
+        dropped = keep_records_until(os.path.join(wd, "metrics.jsonl"),
+                                     step_of(state) if resumed else -1)
+      if resumed:
+        log(f"resumed from checkpoint {ckpts.directory}/{step_of(state)} (no warm-up)")
+        if main_process:
+          log(f"dropped {dropped} metrics records written after it")
+      else:
+        state = states(run_warmup(params, task, model_cfg, config.warmup, axis, log))
+      del params  # the state holds them (fresh) or a restored copy replaced them
+      if mesh is not None:
+        state = place_tree(state, mesh)
+        log(f"mesh (data, fsdp, tensor) = {tuple(mesh.shape.values())} over {mesh.size} "
+            f"devices, {jax.process_count()} process(es); per device: params "
+            f"{bytes_per_device(state.params) / 2**20:.2f} MiB, optimizer state "
+            f"{bytes_per_device(state.opt_state) / 2**20:.2f} MiB, reference "
+            f"{bytes_per_device(state.ref_params) / 2**20:.2f} MiB")
+      return _run(run, state, resumed, ckpts, sigterm)
+  finally:
+    ckpts.close()
+
+
+def _start_devices(config, axis: SeedAxis):
+  """The mesh of a single-seed run (multi-host start-up first); None for stacked seeds, which
+  run in one process on one device."""
+  dist = config.get("distributed")
+  if axis.stacked:
+    if dist is not None and dist.mode != "none":
+      raise config_lib.ConfigError(
+          f"distributed.mode={dist.mode!r}: stacked seeds run in one process on one device; "
+          f"set distributed.mode='none' or run the seeds separately.")
+    return None
+  distributed.initialize(dist)
+  try:
+    mesh = make_mesh(config.mesh)
+  except ValueError as e:
+    raise config_lib.ConfigError(str(e)) from None
+  _check_batches_fit_mesh(config, mesh)
+  return mesh
+
+
+def _with_seed(config, seed: int):
+  if seed == config.seed:
+    return config
+  c = config.copy_and_resolve_references()
+  with c.unlocked():
+    c.seed = seed
+  return c
 
 
 def _check_batches_fit_mesh(config, mesh) -> None:
@@ -47,176 +186,125 @@ def _check_batches_fit_mesh(config, mesh) -> None:
       raise config_lib.ConfigError(
           f"{name} = {value} does not split over the {size} devices of the mesh's data x fsdp "
           f"axes ({mesh.shape['data']} x {mesh.shape['fsdp']}); make it a multiple of {size}.")
-  if config.rl.advantage == "remax" and r.num_prompts % size:
+  if "greedy_rewards" in ESTIMATORS.get(config.rl.advantage).needs and r.num_prompts % size:
     raise config_lib.ConfigError(
-        f"rl.advantage='remax' decodes one greedy row per prompt: rollout.num_prompts="
-        f"{r.num_prompts} must be a multiple of the {size} data x fsdp devices.")
+        f"rl.advantage={config.rl.advantage!r} decodes one greedy row per prompt: "
+        f"rollout.num_prompts={r.num_prompts} must be a multiple of the {size} data x fsdp "
+        f"devices.")
 
 
-def rollout_metrics(collected, group_size: int) -> dict:
-  rewards = np.asarray(collected.inputs.rewards).reshape(-1, group_size)
-  mask = np.asarray(collected.rollout.completion_mask)
-  return dict(reward_mean=float(rewards.mean()), reward_std=float(rewards.std()),
-              frac_groups_all_same=float(np.mean(rewards.min(1) == rewards.max(1))),
-              response_len=float(mask.sum(1).mean()),
-              truncated_frac=float(np.asarray(collected.rollout.truncated).mean()),
-              sampling_rounds=collected.sampling_rounds,
-              groups_without_spread=collected.groups_without_spread)
+def _state_jit_options(state, run: Run) -> dict:
+  """Donate the state; on a mesh, keep its layout (so the next step compiles nothing new)."""
+  options = dict(donate_argnums=0)
+  if run.mesh is not None:
+    options["out_shardings"] = (tree_shardings(state, run.mesh), None)
+  return options
 
 
-def step_metrics(update_metrics, prep_metrics, collected, kl_coef, config) -> dict:
-  """One step's metrics record (before evaluation and timing) from host values."""
-  metrics = {**update_metrics, **prep_metrics,
-             **rollout_metrics(collected, config.rollout.group_size), "kl_coef": float(kl_coef)}
-  if config.train.on_reward_error == "zero":
-    metrics["reward_errors"] = collected.reward_errors
-  return metrics
+def make_host_advance(run: Run, state):
+  """advance(state) -> (state, [per-seed records of the step], [its tokens]): the host path."""
+  config, axis, mesh = run.config, run.axis, run.mesh
+  r_cfg = config.rollout
+  sampling = Sampling.of(run.spec.model_cfg, run.task, r_cfg, mesh)
+  place = (lambda *xs: shard_batch(xs, mesh)) if mesh is not None else (lambda *xs: xs)
+  samplers = Samplers(
+      sample=axis.compile(lambda p, t, m, k: sampling(p, *place(t, m), k)),
+      greedy=axis.compile(lambda p, t, m: sampling.greedy()(p, *place(t, m),
+                                                            jax.random.key(0))))
+  rollout_keys = axis.compile(lambda s: step_key(s, 0))
+  rl_step = axis.compile(make_rl_step(run.spec), **_state_jit_options(state, run))
+
+  def advance(state):
+    positions = np.atleast_1d(to_host(state.data_position)).tolist()
+    collected = collect(state.params, positions, axis.unstack(rollout_keys(state)), run.task,
+                        config, samplers, axis, run.needs)
+    rollout, inputs = axis.stack([c.rollout for c in collected]), axis.stack(
+        [c.inputs for c in collected])
+    if mesh is not None:
+      rollout, inputs = shard_batch((rollout, inputs), mesh)
+    state, metrics = rl_step(state, rollout, inputs)
+    records = [step_record(m, rollout_metrics(c.inputs.rewards, c.rollout.completion_mask,
+                                              c.rollout.truncated, r_cfg.group_size),
+                           config, c.sampling_rounds, c.groups_without_spread, c.reward_errors)
+               for m, c in zip(axis.unstack(to_host(metrics)), collected)]
+    return state, [records], [sum(step_tokens(c.rollout) for c in collected)]
+
+  return advance
 
 
-def step_tokens(rollout) -> int:
-  """Prompt and completion tokens of a step's rollout (for tokens/s)."""
-  return int(np.asarray(rollout.prompt_mask).sum() + np.asarray(rollout.completion_mask).sum())
-
-
-def initial_state(config, model_cfg, params, optimizer, base_key) -> TrainState:
-  """The state at step 0 from the starting policy (a frozen reference copy, a fresh critic)."""
-  value_params = init_value_params(config.rl.value_head, model_cfg, params,
-                                   jax.random.fold_in(base_key, 2))
-  return create_train_state(params, optimizer, jax.random.fold_in(base_key, 1), value_params,
-                            config.rl.kl_coef)
-
-
-def train(config, workdir: str, log=print) -> TrainState:
-  """Runs RL steps until config.train.steps, resuming from the newest checkpoint in
-  workdir/checkpoints if there is one (without the warm-up, whose result it holds); writes
-  config.json, run_info.json and metrics.jsonl.
-
-  Raises faults.Preempted after checkpointing the current step when SIGTERM arrives, and
-  faults.RunStopped (RewardError included) when the run cannot go on.
-  """
-  config_lib.validate(config)
-  distributed.initialize(config.get("distributed"))
-  try:
-    mesh = make_mesh(config.mesh)
-  except ValueError as e:
-    raise config_lib.ConfigError(str(e)) from None
-  _check_batches_fit_mesh(config, mesh)
-  if not distributed.is_main_process():
-    log = lambda *a, **k: None  # noqa: E731  process 0 speaks and writes for everyone
-  task = build_task(config, log)
-  base_key = jax.random.key(config.seed)
-  model_cfg, params = build_model(config, jax.random.fold_in(base_key, 0))
-  if model_cfg.vocab_size < len(task.tokenizer):
-    raise config_lib.ConfigError(
-        f"model.vocab_size={model_cfg.vocab_size} is smaller than the tokenizer's "
-        f"{len(task.tokenizer)} tokens; raise model.vocab_size.")
-  main_process = distributed.is_main_process()
-  if main_process:
-    write_config(config, workdir)
-  rl, t_cfg = config.rl, config.train
-  log(f"model: {sum(x.size for x in jax.tree.leaves(params)):,} parameters")
-  optimizer = make_optimizer(config.optim, t_cfg.steps * rl.num_iterations * rl.num_minibatches)
-  ckpts = Checkpoints(os.path.join(workdir, "checkpoints"), t_cfg.keep_checkpoints, log)
-  try:
-    with TerminationFlag() as sigterm:
-      template = jax.eval_shape(
-          lambda p, k: initial_state(config, model_cfg, p, optimizer, k), params, base_key)
-      state = ckpts.restore_latest(template)
-      resumed = state is not None
-      metrics_path = os.path.join(workdir, "metrics.jsonl")
-      if resumed and main_process:
-        record_start(workdir, int(state.step))
-        dropped = keep_records_until(metrics_path, int(state.step))
-        log(f"resumed from checkpoint {ckpts.directory}/{int(state.step)} (no warm-up); "
-            f"dropped {dropped} metrics records written after it")
-      elif not resumed:
-        if main_process:
-          record_start(workdir, None)
-          keep_records_until(metrics_path, -1)
-        params = run_warmup(params, task, model_cfg, config.warmup, config.seed, log)
-        state = initial_state(config, model_cfg, params, optimizer, base_key)
-      del params  # the state holds them (fresh) or a restored copy replaced them
-      state = place_tree(state, mesh)
-      log(f"mesh (data, fsdp, tensor) = {tuple(mesh.shape.values())} over {mesh.size} devices, "
-          f"{jax.process_count()} process(es); per device: params "
-          f"{bytes_per_device(state.params) / 2**20:.2f} MiB, optimizer state "
-          f"{bytes_per_device(state.opt_state) / 2**20:.2f} MiB, reference "
-          f"{bytes_per_device(state.ref_params) / 2**20:.2f} MiB")
-      return _run(config, workdir, task, model_cfg, optimizer, base_key, state, resumed, ckpts,
-                  sigterm, log, mesh)
-  finally:
-    ckpts.close()
-
-
-def _run(config, workdir, task, model_cfg, optimizer, base_key, state, resumed, ckpts,
-         sigterm, log, mesh) -> TrainState:
-  """The RL steps from state.step to config.train.steps (see `train`)."""
-  r_cfg, rl, t_cfg = config.rollout, config.rl, config.train
-  batch_size = r_cfg.num_prompts * r_cfg.group_size
-  prepare = make_prepare_batch(model_cfg, rl, r_cfg.group_size, r_cfg.temperature,
-                               r_cfg.max_new_tokens)
-  state_shardings = tree_shardings(state, mesh)
-  update_step = make_update_step(model_cfg, rl, optimizer, r_cfg.temperature, state_shardings)
-  finish_step = jax.jit(functools.partial(end_of_step, rl=rl, batch_size=batch_size),
-                        out_shardings=state_shardings)
-  common = dict(model_cfg=model_cfg, max_new_tokens=r_cfg.max_new_tokens,
-                eos_id=task.eos_id, pad_id=task.pad_id, mesh=mesh)
-
-  def sample(p, tokens, mask, key):
-    return generate(p, *shard_batch((tokens, mask), mesh), key, temperature=r_cfg.temperature,
-                    top_k=r_cfg.top_k, top_p=r_cfg.top_p, **common)
-
-  def greedy(p, tokens, mask):
-    return generate(p, *shard_batch((tokens, mask), mesh), jax.random.key(0), temperature=0.0,
-                    **common)
-
-  eval_key = jax.random.fold_in(base_key, 3)
-  run_eval = lambda p: evaluate(p, task, model_cfg, t_cfg, r_cfg, eval_key, mesh)  # noqa: E731
-  writer = MetricsWriter(workdir, t_cfg.steps, enabled=distributed.is_main_process())
+def _run(run: Run, state, resumed: bool, ckpts, sigterm) -> TrainState:
+  """The RL steps from the state's step to config.train.steps (see `train`)."""
+  config, axis, log = run.config, run.axis, run.log
+  r_cfg, t_cfg = config.rollout, config.train
+  if t_cfg.get("fused_steps", 0):
+    from grpo_jax.train.fused import make_fused_advance  # noqa: PLC0415
+    advance = make_fused_advance(run, state, _state_jit_options(state, run))
+  else:
+    advance = make_host_advance(run, state)
+  run_eval = make_evaluator(run.task, run.spec.model_cfg, t_cfg, r_cfg,
+                            [jax.random.fold_in(k, 3) for k in run.base_keys], axis, run.mesh)
+  enabled = distributed.is_main_process()
+  writers = [MetricsWriter(wd, t_cfg.steps, stream=None if axis.stacked else sys.stdout,
+                           enabled=enabled) for wd in run.workdirs]
   try:
     if not resumed:
-      eval_metrics = run_eval(state.params)
-      writer.write(0, eval_metrics)
-      log(f"step    0/{t_cfg.steps} | eval_acc {eval_metrics['eval_accuracy']:.3f}")
+      evals = run_eval(state.params)
+      for writer, m in zip(writers, evals):
+        writer.write(0, m)
+      log(f"step    0/{t_cfg.steps} | eval_acc {_join(m['eval_accuracy'] for m in evals)}")
       if t_cfg.checkpoint_every:
         ckpts.save(state)
-    first, start = int(to_host(state.step)), time.perf_counter()
-    while int(to_host(state.step)) < t_cfg.steps:
+    first, start = step_of(state), time.perf_counter()
+    while step_of(state) < t_cfg.steps:
       if sigterm.requested:
         ckpts.save(state)
-        raise Preempted(f"SIGTERM: saved checkpoint {ckpts.directory}/{int(state.step)}; run "
+        raise Preempted(f"SIGTERM: saved checkpoint {ckpts.directory}/{step_of(state)}; run "
                         f"the same command again to resume from it.")
       t0 = time.perf_counter()
-      collected = collect(state, task, config, sample, greedy, step_key(state, 0),
-                          on_reward_error=t_cfg.on_reward_error)
-      rollout_on_mesh, inputs_on_mesh = shard_batch((collected.rollout, collected.inputs), mesh)
-      batch, prep_metrics = prepare(state.params, state.value_params, state.ref_params,
-                                    state.kl_coef, rollout_on_mesh, inputs_on_mesh)
-      state, metrics = update_step(state, batch)
-      state = finish_step(state, rollout_kl=step_rollout_kl(prep_metrics, metrics))
-      state = state.replace(data_position=jax.device_put(
-          state.data_position + collected.prompts_consumed, state_shardings.data_position))
-      metrics = step_metrics(to_host(metrics), to_host(prep_metrics), collected,
-                             to_host(state.kl_coef), config)
-      step = int(to_host(state.step))
+      state, records, tokens = advance(state)
+      step = step_of(state)
       if step % t_cfg.eval_every == 0 or step == t_cfg.steps:
-        metrics.update(run_eval(state.params))
+        for record, m in zip(records[-1], run_eval(state.params)):
+          record.update(m)
       now = time.perf_counter()
-      tokens = step_tokens(collected.rollout)
-      metrics.update(step_time_s=now - t0, tokens_per_s=tokens / (now - t0),
-                     elapsed_s=now - start)
-      writer.write(step, metrics)
-      writer.progress(step, metrics, (now - start) / (step - first))
-      check_skips(int(to_host(state.consecutive_skips)), t_cfg.max_consecutive_skips, step)
+      per_step = (now - t0) / len(records)
+      for i, (per_seed, step_tokens_) in enumerate(zip(records, tokens)):
+        at = step - len(records) + 1 + i
+        for writer, record in zip(writers, per_seed):
+          record.update(step_time_s=per_step, tokens_per_s=step_tokens_ / per_step,
+                        elapsed_s=now - start)
+          writer.write(at, record)
+        if axis.stacked:
+          log(_seeds_line(at, t_cfg.steps, per_seed, step_tokens_ / per_step,
+                          (now - start) / (step - first)))
+        else:
+          writers[0].progress(at, per_seed[0], (now - start) / (step - first))
+      check_skips(int(np.max(np.asarray(to_host(state.consecutive_skips)))),
+                  t_cfg.max_consecutive_skips, step)
       if (t_cfg.checkpoint_every and step % t_cfg.checkpoint_every == 0) or step == t_cfg.steps:
         ckpts.save(state)
   finally:
-    writer.close()
-  if uses_checkpoint(config) and t_cfg.export:
+    for writer in writers:
+      writer.close()
+  if uses_checkpoint(config) and t_cfg.export and not axis.stacked:
     host_params = to_host(state.params)  # collective: every process takes part
     if distributed.is_main_process():
-      from grpo_jax.models.hf import export_hf_checkpoint
-      out = os.path.join(workdir, "hf_export")
-      export_hf_checkpoint(host_params, model_cfg, out, source_dir=config.model.path)
+      from grpo_jax.models.hf import export_hf_checkpoint  # noqa: PLC0415
+      out = os.path.join(run.workdirs[0], "hf_export")
+      export_hf_checkpoint(host_params, run.spec.model_cfg, out, source_dir=config.model.path)
       log(f"exported the trained policy as a Hugging Face checkpoint: {out}")
   return state
+
+
+def _join(values) -> str:
+  return " ".join(f"{v:.3f}" for v in values)
+
+
+def _seeds_line(step: int, total: int, records: list, tokens_per_s: float,
+                seconds_per_step: float) -> str:
+  eta = (total - step) * seconds_per_step
+  line = (f"step {step:>4}/{total} | reward per seed {_join(r['reward_mean'] for r in records)}"
+          f" | tok/s {tokens_per_s:,.0f} | eta {int(eta) // 60}m{int(eta) % 60:02d}s")
+  if "eval_accuracy" in records[0]:
+    line += f" | eval_acc {_join(r['eval_accuracy'] for r in records)}"
+  return line

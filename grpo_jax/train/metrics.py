@@ -9,6 +9,8 @@ import os
 import sys
 from typing import Mapping
 
+import numpy as np
+
 # Wall-clock fields: the only metrics that differ between two runs of the same config.
 TIMING_KEYS = ("tokens_per_s", "step_time_s", "elapsed_s")
 
@@ -19,6 +21,34 @@ def to_python(metrics: Mapping) -> dict:
     v = v.item() if hasattr(v, "item") else v
     out[k] = float(v) if isinstance(v, float) or (hasattr(v, "dtype")) else v
   return out
+
+
+def rollout_metrics(rewards, completion_mask, truncated, group_size: int, xp=np) -> dict:
+  """A step's rollout statistics, on the host (xp=numpy) or inside jit (xp=jax.numpy)."""
+  groups = xp.asarray(rewards).reshape(-1, group_size)
+  mask = xp.asarray(completion_mask)
+  return dict(reward_mean=groups.mean(), reward_std=groups.std(),
+              frac_groups_all_same=xp.mean(groups.min(1) == groups.max(1)),
+              response_len=mask.sum(1).mean(), truncated_frac=xp.asarray(truncated).mean())
+
+
+def step_record(step_metrics: Mapping, rollout_stats: Mapping, config, sampling_rounds: int = 1,
+                groups_without_spread: int = 0, reward_errors: int = 0) -> dict:
+  """One step's metrics record (before evaluation and timing) from host values: the RL step's
+  metrics, then the rollout's (`rollout_metrics`), then the KL coefficient (and the reward
+  errors counted)."""
+  record = {k: v for k, v in step_metrics.items() if k != "kl_coef"}
+  record.update({k: float(v) for k, v in rollout_stats.items()})
+  record.update(sampling_rounds=sampling_rounds, groups_without_spread=groups_without_spread,
+                kl_coef=float(step_metrics["kl_coef"]))
+  if config.train.on_reward_error == "zero":
+    record["reward_errors"] = reward_errors
+  return record
+
+
+def step_tokens(rollout) -> int:
+  """Prompt and completion tokens of a step's rollout (for tokens/s)."""
+  return int(np.asarray(rollout.prompt_mask).sum() + np.asarray(rollout.completion_mask).sum())
 
 
 def keep_records_until(path: str, step: int) -> int:

@@ -22,8 +22,7 @@ import jax.numpy as jnp
 from grpo_jax.models.config import ModelConfig
 from grpo_jax.rl.aggregation import aggregate, loss_normalizer, masked_sum
 from grpo_jax.rl.kl import kl_penalty
-from grpo_jax.rl.losses import (entropy_bonus, gspo_loss, ppo_clip_loss, truncated_is_weights,
-                                 value_loss)
+from grpo_jax.rl.losses import POLICY_LOSSES, entropy_bonus, truncated_is_weights, value_loss
 from grpo_jax.train.experience import Batch, reuses_current_logprobs
 from grpo_jax.train.forward import policy_and_values
 from grpo_jax.train.state import TrainState, apply_if_finite, step_key
@@ -43,22 +42,17 @@ def loss_and_sums(trainable, mb: Batch, normalizer, kl_coef, *, model_cfg: Model
   logp, entropy, values = policy_and_values(params, value_params, mb, model_cfg, rl.value_head,
                                             temperature)
   mask, mode = mb.loss_mask.astype(bool), rl.loss_aggregation
-  old_logp, ref_logp, is_weights = mb.old_logprobs, mb.ref_logprobs, mb.is_weights
+  old_logp, is_weights = mb.old_logprobs, mb.is_weights
   reuse = reuses_current_logprobs(rl)
   if reuse:  # see reuses_current_logprobs: what preparation would have computed, exactly
     old_logp = jax.lax.stop_gradient(logp)
     completion = mb.completion_mask.astype(bool)
-    if rl.kl_coef == 0:
-      ref_logp = old_logp
     if rl.tis_cap > 0:
       is_weights = truncated_is_weights(old_logp, mb.sampler_logprobs, completion, rl.tis_cap)
-  if rl.loss == "gspo":
-    pg, pm = gspo_loss(logp, old_logp, mb.advantages, mask, rl.clip_eps_low,
-                       rl.clip_eps_high, rl.log_ratio_clamp or None)
-    pm["dual_clipped"] = jnp.zeros_like(mask)
-  else:
-    pg, pm = ppo_clip_loss(logp, old_logp, mb.advantages, mask, rl.clip_eps_low,
-                           rl.clip_eps_high, rl.dual_clip_c or None, rl.log_ratio_clamp or None)
+  # Without a reference (rl.kl_coef == 0) the KL metric is measured against the old policy.
+  ref_logp = old_logp if mb.ref_logprobs is None else mb.ref_logprobs
+  pg, pm = POLICY_LOSSES.get(rl.loss)(logp, old_logp, mb.advantages, mask, rl)
+  pm.setdefault("dual_clipped", jnp.zeros_like(mask))
   if rl.tis_cap > 0:
     pg = pg * is_weights
   kl = kl_penalty(logp, ref_logp, mask, rl.kl_estimator, rl.kl_clamp or None)
@@ -88,11 +82,9 @@ def loss_and_sums(trainable, mb: Batch, normalizer, kl_coef, *, model_cfg: Model
   return loss, sums
 
 
-def make_update_step(model_cfg: ModelConfig, rl, optimizer, temperature: float,
-                     state_shardings=None):
-  """Builds the jitted update for a config (the rl section is read at trace time). With
-  `state_shardings`, the new state keeps the layout of the old one, so the next step compiles
-  nothing new."""
+def make_update(model_cfg: ModelConfig, rl, optimizer, temperature: float):
+  """update(state, batch) -> (state, metrics) for a config (the rl section is read at trace
+  time): a pure function that the RL step (grpo_jax/train/step.py) jits with the rest."""
   mu, num_mb, num_micro = rl.num_iterations, rl.num_minibatches, rl.num_micro_batches
   grad_fn = jax.value_and_grad(loss_and_sums, has_aux=True)
 
@@ -152,9 +144,12 @@ def make_update_step(model_cfg: ModelConfig, rl, optimizer, temperature: float,
                               skipped_updates=skipped, consecutive_skips=in_a_row)
     return new_state, metrics
 
-  if state_shardings is None:
-    return jax.jit(update_step)
-  return jax.jit(update_step, out_shardings=(state_shardings, None))
+  return update_step
+
+
+def make_update_step(model_cfg: ModelConfig, rl, optimizer, temperature: float):
+  """The update alone, jitted: for tests of its parts (a run jits the whole RL step)."""
+  return jax.jit(make_update(model_cfg, rl, optimizer, temperature))
 
 
 def _global_norm(tree):

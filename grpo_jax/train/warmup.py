@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 
 from grpo_jax.models.config import ModelConfig
@@ -41,18 +42,23 @@ def warmup_log_due(i: int, total: int) -> bool:
   return (i + 1) % max(total // 5, 1) == 0 or i + 1 == total
 
 
-def run_warmup(params, task, model_cfg: ModelConfig, warmup_cfg, seed: int, log=print):
-  """`warmup_cfg.steps` AdamW steps of SFT; returns the new params (a pure function of seed)."""
+def run_warmup(params, task, model_cfg: ModelConfig, warmup_cfg, axis, log=print):
+  """`warmup_cfg.steps` AdamW steps of SFT for every seed of `axis` (a SeedAxis; params as it
+  holds them), each on its own seed's data; returns the new params (a pure function of the
+  seed)."""
   if warmup_cfg.steps <= 0:
     return params
   optimizer, step = make_warmup_step(model_cfg, warmup_cfg)
-  step = jax.jit(step, donate_argnums=(0, 1))
-  opt_state = optimizer.init(params)
+  step = axis.compile(step, donate_argnums=(0, 1))
+  opt_state = axis.stack([optimizer.init(p) for p in axis.unstack(params)])
   params = jax.tree.map(jnp.copy, params)
+  fields = ("prompt_tokens", "prompt_mask", "target_tokens", "target_mask")
   for i in range(warmup_cfg.steps):
-    b = task.warmup_batch(i, warmup_cfg.batch_size, seed, warmup_cfg.carry_drop_fraction)
-    params, opt_state, loss = step(params, opt_state, b.prompt_tokens, b.prompt_mask,
-                                   b.target_tokens, b.target_mask)
+    batches = [task.warmup_batch(i, warmup_cfg.batch_size, s, warmup_cfg.carry_drop_fraction)
+               for s in axis.seeds]
+    params, opt_state, loss = step(params, opt_state,
+                                   *[axis.stack([getattr(b, f) for b in batches]) for f in fields])
     if warmup_log_due(i, warmup_cfg.steps):
-      log(f"warm-up {i + 1:>5}/{warmup_cfg.steps} | sft loss {float(loss):.4f}")
+      losses = " ".join(f"{float(x):.4f}" for x in np.atleast_1d(np.asarray(loss)))
+      log(f"warm-up {i + 1:>5}/{warmup_cfg.steps} | sft loss {losses}")
   return params

@@ -1,0 +1,109 @@
+"""What a task is (the `Task` protocol) and the tasks by config name (task.name).
+
+A task turns a config into prompts, and completions into rewards. The RL loop knows nothing
+else of it. Register a new one with its builder and its config check:
+
+    @register_task("my_task", provides=())
+    class MyTask:
+      @staticmethod
+      def check_config(config): ...           # ConfigError sentences, before any compute
+      @classmethod
+      def from_config(cls, config, log): ...  # the Task
+
+Built-ins: "addition" (grpo_jax.data.arithmetic) and "gsm8k" (grpo_jax.data.gsm8k).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, Protocol, runtime_checkable
+
+import numpy as np
+
+from grpo_jax.registry import Registry
+
+
+@runtime_checkable
+class Task(Protocol):
+  """What the loop, the evaluation and the warm-up ask of a task.
+
+  Prompt batches are dataclasses whose first two fields are `prompt_tokens` (B, P) int32,
+  left-padded, and `prompt_mask` (B, P) bool, plus whatever the task needs to score them (numpy
+  arrays or lists, one entry per prompt). Rows of completions are grouped by prompt: rows
+  [g*G, (g+1)*G) are the G completions of prompt g.
+  """
+  tokenizer: Any  # encode/decode, len() = vocabulary the model must cover
+  max_new_tokens: int  # completion length of evaluation (and the rollout's)
+
+  @property
+  def eos_id(self) -> int: ...
+
+  @property
+  def pad_id(self) -> int: ...
+
+  def train_batch(self, position: int, count: int, seed: int):
+    """Prompts [position, position + count) of the training stream of `seed`: a pure function
+    of its arguments, so a run resumes (and seeds replay) without reading the stream again."""
+
+  def test_batch(self, size: int):
+    """The first `size` held-out prompts."""
+
+  def score(self, prompts, completion_tokens, completion_mask, group_size: int) -> np.ndarray:
+    """(B * G,) float32 rewards of the G completions of each prompt."""
+
+  def eval_scores(self, prompts, completion_tokens, completion_mask) -> dict:
+    """{metric name: (B,) per-prompt score} of one greedy completion per prompt; must hold
+    "eval_accuracy"."""
+
+
+class StepRewardTask(Task, Protocol):
+  """A task that also scores the steps of a completion (process supervision)."""
+
+  def step_rewards(self, prompts, completion_tokens, completion_mask, group_size: int):
+    """(rewards (B, K) float32, end_index (B, K) int32, mask (B, K) bool) per completion."""
+
+
+@dataclasses.dataclass(frozen=True)
+class DeviceTask:
+  """A task whose data stream and reward are JAX functions, so that prompts, sampling, reward
+  and update are one program (train.fused_steps). `stream(seed, count)` is host arrays of the
+  stream's first `count` prompts (a table placed on the device once), `prompts(table, position,
+  count)` the jittable slice [position, position + count) of it, equal to train_batch's rows;
+  `rewards(prompts, tokens, mask, group_size)` and `step_rewards` (or None) as the task's
+  score / step_rewards, jittable."""
+  stream: Callable[[int, int], Any]
+  prompts: Callable[[Any, Any, int], Any]
+  rewards: Callable[..., Any]
+  step_rewards: Callable[..., Any] | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskEntry:
+  name: str
+  cls: type
+  provides: tuple[str, ...]  # estimator inputs the task can produce (e.g. "step_rewards")
+
+  def check_config(self, config) -> None:
+    self.cls.check_config(config)
+
+  def build(self, config, log=print):
+    return self.cls.from_config(config, log)
+
+
+TASKS = Registry("task.name")
+
+
+def register_task(name: str, provides=(), replace: bool = False):
+  """Class decorator: registers a Task class with `check_config(config)` and
+  `from_config(config, log)` as task `name`."""
+  def add(cls):
+    TASKS.register(name, TaskEntry(name, cls, tuple(provides)), replace=replace)
+    return cls
+  return add
+
+
+def reward_name(config, default: str) -> str:
+  """config.reward.name, or the task's default reward when it is empty or absent."""
+  reward = config.get("reward")
+  name = reward.get("name", "") if reward is not None else ""
+  return name or default

@@ -1,0 +1,100 @@
+"""Every config field, with its default: the one place where a section's defaults live.
+
+Recipes in configs/ start from `get_defaults()` (or from another recipe) and set only what
+differs. The generic sections are those of configs/grpo_tiny.py (a run that needs no download),
+`data` is configs/grpo_gsm8k.py's (without its path), `rl` is grpo_jax.config.rl_defaults().
+Print everything with
+
+    python -c "from grpo_jax.defaults import get_defaults; print(get_defaults())"
+"""
+
+from __future__ import annotations
+
+import ml_collections
+
+from grpo_jax.config import rl_defaults
+from grpo_jax.data.gsm8k import VERL_INSTRUCTION
+
+
+def get_defaults() -> ml_collections.ConfigDict:
+  c = ml_collections.ConfigDict()
+  c.seed = 0  # the experiment's seed (initialisation, sampling, data order)
+  # Comma-separated Python modules or .py files imported before validation, so that a user's
+  # registered estimators, rewards and tasks exist; "" = none.
+  c.imports = ""
+
+  # A random model of these sizes, or a checkpoint whose config.json replaces them (model.path).
+  c.model = ml_collections.ConfigDict(dict(
+      path="",  # a local HF checkpoint folder (config.json, safetensors, tokenizer); "" = random
+      vocab_size=16, hidden_size=128, intermediate_size=384,  # HF config.json names
+      num_layers=2, num_heads=4, num_kv_heads=2, head_dim=32,  # kv heads < heads: GQA
+      rope_theta=10_000.0, rms_norm_eps=1e-6,
+      tie_embeddings=True,  # output projection = the embedding's transpose
+      qkv_bias=False,  # Qwen2 has biases on q/k/v
+      qk_norm=False,  # Qwen3 RMS-normalises q and k per head
+      param_dtype="float32", compute_dtype="float32"))  # weights / activations and matmuls
+
+  c.task = ml_collections.ConfigDict(dict(
+      name="addition",  # "addition" (procedural, no files) or "gsm8k" (needs model.path, data)
+      num_digits=2,  # addition: operands in [0, 10^num_digits)
+      test_size=500,  # addition: held-out unordered pairs
+      fixed_width=True,  # addition: zero-padded operands and sum, every digit at a fixed place
+      reverse_answer=True))  # addition: the sum least-significant digit first
+
+  # Data of file-backed tasks (gsm8k).
+  c.data = ml_collections.ConfigDict(dict(
+      source="jsonl",  # "jsonl" (data.path/{train,test}.jsonl) or "tfds" (prepared gsm8k)
+      path="",  # the folder holding train.jsonl and test.jsonl
+      tfds_dir="",  # tensorflow-datasets data_dir; "" = its default
+      instruction=VERL_INSTRUCTION,  # appended to the question, after a space
+      use_chat_template=True,  # wrap the prompt in the tokenizer's chat template, if it has one
+      max_prompt_tokens=512))  # prompts are left-padded / truncated to this many tokens
+
+  c.reward = ml_collections.ConfigDict(dict(
+      # "" = the task's own default reward (addition: exact_match, gsm8k: gsm8k_strict)
+      name="",
+      format_score=0.0))  # gsm8k: the score of a well-formatted but wrong answer
+
+  # Supervised warm-up (off for real checkpoints: steps=0).
+  c.warmup = ml_collections.ConfigDict(dict(
+      steps=1000, batch_size=128, learning_rate=1e-3,
+      carry_drop_fraction=0.9))  # addition: share of targets shown with their carries dropped
+
+  c.rollout = ml_collections.ConfigDict(dict(
+      num_prompts=16,  # prompts per step
+      group_size=8,  # G completions per prompt
+      max_new_tokens=4,  # completion length limit
+      temperature=1.0,  # 0 = greedy
+      top_k=0,  # 0 = off
+      top_p=1.0))  # 1.0 = off
+
+  # Every field and its source: grpo_jax/config.py's rl_defaults.
+  c.rl = rl_defaults()
+
+  # AdamW after a linear learning-rate warm-up, with global-norm gradient clipping.
+  c.optim = ml_collections.ConfigDict(dict(
+      learning_rate=2e-4, warmup_steps=30, weight_decay=0.0, b1=0.9, b2=0.99,
+      max_grad_norm=1.0))
+
+  c.train = ml_collections.ConfigDict(dict(
+      steps=300,  # RL steps (one rollout batch each)
+      eval_every=30,  # evaluate every N steps
+      eval_size=500, eval_batch_size=250,  # test problems per evaluation, and per batch
+      eval_pass_k=0,  # k > 0: also pass@k over k samples per prompt
+      export=False,  # write the policy as a HF checkpoint to workdir/hf_export (model.path runs)
+      checkpoint_every=50,  # also at step 0, at the end and on SIGTERM; 0 = only those last two
+      keep_checkpoints=3,  # the newest K (a damaged newest one falls back to the one before)
+      max_consecutive_skips=20,  # stop after this many non-finite updates in a row
+      on_reward_error="raise",  # a reward that raises / is not finite: "raise" or "zero"
+      # K > 0: K RL iterations per host call in one jitted lax.scan; needs a task whose reward
+      # is a JAX function
+      fused_steps=0))
+
+  # Devices: (data, fsdp, tensor) sizes, -1 = the rest; multi-host start-up (see README).
+  c.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, tensor=1))
+  c.distributed = ml_collections.ConfigDict(dict(
+      mode="none",  # "none", "auto" (jax.distributed.initialize()) or "explicit" (below)
+      coordinator_address="",  # "host:port"; "" = $JAX_COORDINATOR_ADDRESS
+      num_processes=0,  # 0 = $JAX_NUM_PROCESSES
+      process_id=-1))  # -1 = $JAX_PROCESS_ID
+  return c

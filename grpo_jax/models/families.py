@@ -1,0 +1,85 @@
+"""Model families: how each Hugging Face ``model_type`` maps onto our one decoder.
+
+The decoder (models/decoder.py) is a Llama-style stack; a family says what its config.json
+means for it: q/k/v biases, per-head q/k RMS norms, the head_dim default, how sliding-window
+attention is switched on, and the keys an exported config.json gets. models/hf.py reads only
+these fields and never names a model_type itself.
+
+To add a family (another Llama variant, say), register it once, here or in a module imported
+before loading or exporting:
+
+    register_model_family(ModelFamily(
+        model_type="my_llama", architecture="MyLlamaForCausalLM",
+        export_extras=(("attention_bias", False), ("mlp_bias", False))))
+
+Its tensors must be named like Llama's (``model.layers.N.self_attn.q_proj.weight``, ...), and
+it must use SwiGLU MLPs, RMSNorm and default RoPE: the loader checks names and shapes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, Optional
+
+
+def window_if_enabled(hf_config: dict) -> Optional[int]:
+  """sliding_window when use_sliding_window is true, else None (Qwen, Llama)."""
+  return hf_config.get("sliding_window") if hf_config.get("use_sliding_window") else None
+
+
+def window_unless_null(hf_config: dict) -> Optional[int]:
+  """sliding_window unless it is null; 4096 when absent (transformers' default for Mistral)."""
+  return hf_config.get("sliding_window", 4096)
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelFamily:
+  """One config.json ``model_type`` and what it implies for the decoder."""
+
+  model_type: str  # config.json's "model_type".
+  architecture: str  # config.json's "architectures" entry on export.
+  qkv_bias: bool = False  # Biases on q/k/v (Qwen2).
+  qk_norm: bool = False  # RMS norm of q and k per head (Qwen3).
+  default_head_dim: Optional[int] = None  # When config.json has none; None: hidden / heads.
+  # False: config.json's attention_bias is ignored (Qwen2's q/k/v biases are always there).
+  reads_attention_bias: bool = True
+  # config.json -> its sliding-window size, or None for full attention.
+  sliding_window: Callable[[dict], Optional[int]] = window_if_enabled
+  # (key, value) pairs appended, in order, to a config.json that export generates.
+  export_extras: tuple[tuple[str, Any], ...] = ()
+
+
+MODEL_FAMILIES: dict[str, ModelFamily] = {}
+
+
+def register_model_family(family: ModelFamily, replace: bool = False) -> ModelFamily:
+  """Adds family under its model_type; a taken model_type raises unless replace=True."""
+  taken = MODEL_FAMILIES.get(family.model_type)
+  if taken is not None and taken != family and not replace:
+    raise ValueError(f"model_type={family.model_type!r} is registered already; pick another "
+                     f"model_type or pass replace=True.")
+  MODEL_FAMILIES[family.model_type] = family
+  return family
+
+
+def find_model_family(model_type) -> Optional[ModelFamily]:
+  """The family registered under model_type, or None (also for a non-string model_type)."""
+  return MODEL_FAMILIES.get(model_type) if isinstance(model_type, str) else None
+
+
+def model_types() -> tuple[str, ...]:
+  """The registered model_types, sorted."""
+  return tuple(sorted(MODEL_FAMILIES))
+
+
+register_model_family(ModelFamily(
+    "llama", "LlamaForCausalLM", export_extras=(("attention_bias", False), ("mlp_bias", False))))
+register_model_family(ModelFamily(
+    "mistral", "MistralForCausalLM", sliding_window=window_unless_null,
+    export_extras=(("attention_bias", False), ("sliding_window", None))))
+register_model_family(ModelFamily(
+    "qwen2", "Qwen2ForCausalLM", qkv_bias=True, reads_attention_bias=False,
+    export_extras=(("use_sliding_window", False),)))
+register_model_family(ModelFamily(
+    "qwen3", "Qwen3ForCausalLM", qk_norm=True, default_head_dim=128,
+    export_extras=(("attention_bias", False), ("use_sliding_window", False))))

@@ -1,0 +1,137 @@
+"""The advantage estimators by config name (rl.advantage): each is one registered function
+from `EstimatorInputs` to (advantages (B, N), returns (B, N) or None).
+
+    @register_estimator("my_baseline", groups=True)
+    def my_baseline(x: EstimatorInputs):
+      seq = x.sequence_rewards()                                   # (B,)
+      base = seq.reshape(-1, x.group_size).max(1).repeat(x.group_size)
+      return broadcast_to_tokens(seq - base, x.mask), None
+
+`groups=True`: the estimator compares the G completions of a prompt (config validation then
+requires G >= 2). `needs`: estimator-specific inputs the host must produce for it, found in
+`x.extras` under the same names; only an estimator that needs one makes anyone produce it:
+  "greedy_rewards"  (B,)   reward of the greedy completion of each row's prompt (ReMax)
+  "step_rewards"    (rewards (B, K), end_index (B, K) int, mask (B, K) bool): process rewards
+                           from the task (`Task.step_rewards`)
+`needs_critic=True`: the estimator reads `x.values` (the critic at rollout time).
+Returns None: the value targets, if a critic is on, are the Monte-Carlo returns.
+The maths lives in grpo_jax.rl.advantages / token_advantages; this file only wires names.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from grpo_jax.registry import Registry
+from grpo_jax.rl import advantages as adv_lib
+from grpo_jax.rl import token_advantages as tok_adv
+
+# The inputs the host side can be asked to produce (see the module docstring).
+EXTRA_INPUTS = ("greedy_rewards", "step_rewards")
+
+
+class EstimatorInputs(NamedTuple):
+  token_rewards: jax.Array  # (B, N) outcome reward on the last token, minus any in-reward KL
+  mask: jax.Array  # (B, N) bool, the completion tokens
+  values: jax.Array | None  # (B, N) critic values at rollout time; None without a critic
+  group_size: int
+  rl: Any  # the config's rl section (gamma, lam, advantage_eps, ...)
+  extras: dict  # the estimator's `needs`, by name
+
+  def sequence_rewards(self) -> jax.Array:
+    """(B,) each completion's total reward (outcome minus any in-reward KL)."""
+    return jnp.sum(self.token_rewards, axis=1)
+
+
+@dataclasses.dataclass(frozen=True)
+class Estimator:
+  fn: Callable[[EstimatorInputs], tuple]
+  groups: bool = False
+  needs: tuple[str, ...] = ()
+  needs_critic: bool = False
+
+
+ESTIMATORS = Registry("rl.advantage")
+
+
+def register_estimator(name: str, *, groups: bool = False, needs=(), needs_critic=False,
+                       replace: bool = False):
+  """Decorator: registers fn(EstimatorInputs) -> (advantages, returns or None) as `name`."""
+  unknown = set(needs) - set(EXTRA_INPUTS)
+  if unknown:
+    raise ValueError(f"estimator {name!r} needs {sorted(unknown)}; the host can produce "
+                     f"{', '.join(EXTRA_INPUTS)}.")
+
+  def add(fn):
+    ESTIMATORS.register(name, Estimator(fn, groups, tuple(needs), needs_critic), replace=replace)
+    return fn
+  return add
+
+
+def estimate_advantages(rl, group_size: int, token_rewards, mask, values, extras=None):
+  """The registered estimator rl.advantage; returns (advantages (B, N), returns (B, N)).
+  Without returns of its own, the returns are the discounted (Monte-Carlo) ones: a critic next
+  to a critic-free estimator still learns them."""
+  estimator = ESTIMATORS.get(rl.advantage)
+  inputs = EstimatorInputs(token_rewards, mask, values, group_size, rl, extras or {})
+  advantages, returns = estimator.fn(inputs)
+  if returns is None:
+    returns = tok_adv.discounted_returns(token_rewards, mask, rl.gamma)
+  return advantages, returns
+
+
+@register_estimator("grpo", groups=True)
+def _grpo(x: EstimatorInputs):
+  return adv_lib.broadcast_to_tokens(adv_lib.group_normalized_advantages(
+      x.sequence_rewards(), x.group_size, x.rl.advantage_eps, True), x.mask), None
+
+
+@register_estimator("dr_grpo", groups=True)
+def _dr_grpo(x: EstimatorInputs):
+  return adv_lib.broadcast_to_tokens(adv_lib.group_normalized_advantages(
+      x.sequence_rewards(), x.group_size, x.rl.advantage_eps, False), x.mask), None
+
+
+@register_estimator("grpo_batch_std", groups=True)
+def _grpo_batch_std(x: EstimatorInputs):
+  return adv_lib.grpo_batch_std_advantages(x.sequence_rewards(), x.group_size, x.mask,
+                                           x.rl.advantage_eps), None
+
+
+@register_estimator("rloo", groups=True)
+def _rloo(x: EstimatorInputs):
+  return adv_lib.rloo_advantages(x.sequence_rewards(), x.group_size, x.mask), None
+
+
+@register_estimator("reinforce_pp")
+def _reinforce_pp(x: EstimatorInputs):
+  return tok_adv.reinforce_pp_advantages(x.token_rewards, x.mask, x.rl.gamma), None
+
+
+@register_estimator("reinforce_pp_baseline", groups=True)
+def _reinforce_pp_baseline(x: EstimatorInputs):
+  return adv_lib.reinforce_pp_baseline_advantages(x.sequence_rewards(), x.group_size,
+                                                  x.mask), None
+
+
+@register_estimator("remax", needs=("greedy_rewards",))
+def _remax(x: EstimatorInputs):
+  return adv_lib.remax_advantages(x.sequence_rewards(), x.extras["greedy_rewards"],
+                                  x.mask), None
+
+
+@register_estimator("process", groups=True, needs=("step_rewards",))
+def _process(x: EstimatorInputs):
+  rewards, end_index, step_mask = x.extras["step_rewards"]
+  return tok_adv.process_advantages(rewards, end_index, step_mask, x.group_size, x.mask,
+                                    x.rl.advantage_eps), None
+
+
+@register_estimator("gae", needs_critic=True)
+def _gae(x: EstimatorInputs):
+  return tok_adv.gae_advantages(x.token_rewards, x.values, x.mask, x.rl.gamma, x.rl.lam,
+                                whiten=x.rl.whiten_advantages)

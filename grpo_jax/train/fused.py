@@ -1,0 +1,104 @@
+"""The whole RL iteration in one program: prompts from the task's deterministic stream,
+sampling, reward, and the RL step, for a task whose stream and reward are JAX functions
+(`Task.device_task`). `train.fused_steps = K` runs K iterations inside one lax.scan per host
+call; with S seeds the scan is vmapped (or lax.mapped) over them: PureJaxRL's `vmap(train)`
+for LLM RL, S seeds x K steps in one jitted program.
+
+Iteration i of a seed is what the host path does for that seed at that step, on the devices:
+the same prompts (the stream's rows [position, position + num_prompts)), the same rollout key
+fold_in(step_key(state, 0), 0), the same reward, the same `rl_step`. Host-only features are
+refused up front by config validation (dynamic sampling; a host reward).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from grpo_jax.parallel.distributed import to_host
+from grpo_jax.rollout.sampler import Sampling
+from grpo_jax.train.experience import RewardInputs
+from grpo_jax.train.metrics import rollout_metrics, step_record
+from grpo_jax.train.state import step_key
+from grpo_jax.train.step import make_rl_step
+
+
+def make_device_experience(run, device_task):
+  """experience(state, table) -> (rollout, reward_inputs): the host path's `collect` for one
+  seed without dynamic sampling, on the devices; table is that seed's stream."""
+  r_cfg, spec = run.config.rollout, run.spec
+  num_prompts, group = r_cfg.num_prompts, r_cfg.group_size
+  sampling = Sampling.of(spec.model_cfg, run.task, r_cfg, run.mesh)
+  needs = run.needs
+
+  def experience(state, table):
+    prompts = device_task.prompts(table, state.data_position, num_prompts)
+    rows = lambda x: jnp.repeat(x, group, axis=0)  # noqa: E731
+    rollout = sampling(state.params, rows(prompts.prompt_tokens), rows(prompts.prompt_mask),
+                       jax.random.fold_in(step_key(state, 0), 0))
+    tokens, mask = rollout.completion_tokens, rollout.completion_mask
+    extras = {}
+    if "greedy_rewards" in needs:
+      best = sampling.greedy()(state.params, prompts.prompt_tokens, prompts.prompt_mask,
+                               jax.random.key(0))
+      extras["greedy_rewards"] = rows(device_task.rewards(
+          prompts, best.completion_tokens, best.completion_mask, 1))
+    if "step_rewards" in needs:
+      extras["step_rewards"] = device_task.step_rewards(prompts, tokens, mask, group)
+    rewards = device_task.rewards(prompts, tokens, mask, group)
+    return rollout, RewardInputs(rewards, extras, jnp.int32(num_prompts))
+
+  return experience
+
+
+def make_fused_iteration(run, device_task):
+  """iteration(state, table) -> (state, metrics): one whole RL step of one seed on device."""
+  experience = make_device_experience(run, device_task)
+  rl_step = make_rl_step(run.spec)
+  group = run.config.rollout.group_size
+
+  def iteration(state, table):
+    rollout, inputs = experience(state, table)
+    state, metrics = rl_step(state, rollout, inputs)
+    metrics["rollout"] = rollout_metrics(inputs.rewards, rollout.completion_mask,
+                                         rollout.truncated, group, xp=jnp)
+    metrics["step_tokens"] = (jnp.sum(rollout.prompt_mask) +
+                              jnp.sum(rollout.completion_mask)).astype(jnp.int32)
+    return state, metrics
+
+  return iteration
+
+
+def make_fused_advance(run, state, jit_options: dict):
+  """advance(state) -> (state, records of K steps (each per seed), tokens of each step)."""
+  config, axis = run.config, run.axis
+  k = config.train.fused_steps
+  device_task = run.task.device_task()
+  # The stream up to the end of the run, one table per seed, placed on the devices once.
+  count = config.train.steps * config.rollout.num_prompts
+  tables = axis.stack([jax.tree.map(jnp.asarray, device_task.stream(s, count))
+                       for s in axis.seeds])
+  iteration = make_fused_iteration(run, device_task)
+
+  def k_steps(state, table):
+    return jax.lax.scan(lambda s, _: iteration(s, table), state, None, length=k)
+
+  fused = axis.compile(k_steps, **jit_options)
+
+  def advance(state):
+    state, metrics = fused(state, tables)
+    per_seed = axis.unstack(to_host(metrics))  # each: leaves with a leading (K,) step axis
+    records, tokens = [], []
+    for i in range(k):
+      step_records = []
+      for m in per_seed:
+        one = jax.tree.map(lambda x: np.asarray(x)[i], m)
+        stats = one.pop("rollout")
+        one.pop("step_tokens")
+        step_records.append(step_record(one, stats, config))
+      records.append(step_records)
+      tokens.append(sum(int(np.asarray(m["step_tokens"])[i]) for m in per_seed))
+    return state, records, tokens
+
+  return advance

@@ -1,0 +1,118 @@
+"""Adding an advantage estimator and a reward is one file, with no edit of grpo_jax/: here they
+are registered in this test file (and, for the command line, in a plugin file named by
+config.imports), then a run of two steps uses them."""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from grpo_jax.config import ConfigError, validate
+from grpo_jax.rewards.registry import REWARDS, register_reward
+from grpo_jax.rl.advantages import broadcast_to_tokens
+from grpo_jax.rl.estimators import ESTIMATORS, register_estimator
+from grpo_jax.train.loop import train
+from tests.conftest import small_tiny_config
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+seen = []  # (rewards, advantages) the estimator computed, by a host callback
+
+
+@pytest.fixture
+def registered():
+  """A max-baseline estimator (A_i = r_i - max_group(r)) and a first-token-parity reward."""
+  @register_estimator("max_baseline", groups=True)
+  def max_baseline(x):
+    seq = x.sequence_rewards()
+    best = jnp.repeat(seq.reshape(-1, x.group_size).max(axis=1), x.group_size)
+    advantages = broadcast_to_tokens(seq - best, x.mask)
+    jax.debug.callback(lambda r, a: seen.append((np.asarray(r), np.asarray(a))), seq,
+                       advantages)
+    return advantages, None
+
+  @register_reward("first_token_odd", kind="tokens")
+  def first_token_odd(tokens, mask, targets, target_mask):
+    return (tokens[:, 0] % 2 == 1).astype(jnp.float32)
+
+  yield
+  ESTIMATORS.unregister("max_baseline")
+  REWARDS.unregister("first_token_odd")
+
+
+def _config():
+  return small_tiny_config(steps=2)
+
+
+def test_a_registered_estimator_and_reward_run_two_steps(tmp_path, registered):
+  config = _config()
+  config.rl.advantage = "max_baseline"
+  config.reward.name = "first_token_odd"
+  seen.clear()
+  state = train(config, str(tmp_path), log=lambda *_: None)
+  with open(tmp_path / "metrics.jsonl") as f:
+    records = [json.loads(line) for line in f]
+  assert [r["step"] for r in records] == [0, 1, 2] and int(state.step) == 2
+  assert len(seen) == 2  # the estimator ran in each step (inside the jitted RL step)
+  for rewards, advantages in seen:
+    assert set(np.unique(rewards)) <= {0.0, 1.0} and 0 < rewards.mean() < 1
+    best = rewards.reshape(-1, 4).max(1).repeat(4)
+    want = (rewards - best)[:, None] * (advantages != 0)
+    np.testing.assert_array_equal(advantages, want)  # NumPy reference of the formula
+    assert np.all(advantages <= 0)
+  for record, (rewards, _) in zip(records[1:], seen):
+    assert record["reward_mean"] == pytest.approx(float(rewards.mean()))
+
+
+def test_validation_lists_registered_names(registered):
+  config = _config()
+  config.rl.advantage = "max_baselin"
+  with pytest.raises(ConfigError, match="rl.advantage='max_baselin' is unknown; valid: .*"
+                                        "max_baseline"):
+    validate(config)
+  config.rl.advantage = "grpo"
+  config.reward.name = "gsm8k_strict"
+  with pytest.raises(ConfigError, match="'gsm8k_strict' is a text reward but task 'addition' "
+                                        "scores with tokens rewards; valid: .*first_token_odd"):
+    validate(config)
+
+
+@pytest.mark.slow
+def test_a_plugin_file_on_the_command_line(tmp_path):
+  """config.imports names a file of the user's; its registrations count (no grpo_jax/ edit)."""
+  plugin = tmp_path / "my_rl.py"
+  plugin.write_text(textwrap.dedent('''
+      import jax.numpy as jnp
+      from grpo_jax.rl.advantages import broadcast_to_tokens
+      from grpo_jax.rl.estimators import register_estimator
+
+      @register_estimator("mean_baseline_unscaled", groups=True)
+      def mean_baseline_unscaled(x):
+        seq = x.sequence_rewards()
+        mean = jnp.repeat(seq.reshape(-1, x.group_size).mean(axis=1), x.group_size)
+        return broadcast_to_tokens(seq - mean, x.mask), None
+  '''))
+  args = ["--config.warmup.steps=5", "--config.train.steps=2", "--config.train.eval_every=2",
+          "--config.train.eval_size=20", "--config.train.eval_batch_size=10",
+          "--config.rollout.num_prompts=4", "--config.rollout.group_size=4",
+          f"--config.imports={plugin}", "--config.rl.advantage=mean_baseline_unscaled"]
+  out = subprocess.run([sys.executable, "-m", "grpo_jax.main", "--config=configs/grpo_tiny.py",
+                        f"--workdir={tmp_path / 'run'}", *args], cwd=ROOT, capture_output=True,
+                       text=True, timeout=600)
+  assert out.returncode == 0, out.stderr[-2000:]
+  assert "step    2/2" in out.stdout
+  config = json.loads((tmp_path / "run" / "config.json").read_text())
+  assert config["rl"]["advantage"] == "mean_baseline_unscaled"
+  missing = subprocess.run([sys.executable, "-m", "grpo_jax.main",
+                            "--config=configs/grpo_tiny.py", f"--workdir={tmp_path / 'bad'}",
+                            "--config.imports=no_such_module_xyz"], cwd=ROOT,
+                           capture_output=True, text=True, timeout=600)
+  assert missing.returncode == 2
+  assert missing.stderr.strip().splitlines() == [
+      "error: imports: module 'no_such_module_xyz' cannot be imported (No module named "
+      "'no_such_module_xyz'); give an importable module name or a path to a .py file."]
