@@ -140,6 +140,10 @@ def validate(config) -> None:
   _validate_fused(config, task)
   _require(opt.learning_rate > 0, f"optim.learning_rate={opt.learning_rate}; use > 0.")
   m = config.model
+  from grpo_jax.models.decoder import REMAT_POLICIES  # noqa: PLC0415
+  _one_of(m.get("remat", "none"), tuple(REMAT_POLICIES), "model.remat")
+  _require(m.get("logits_chunk", 0) >= 0, f"model.logits_chunk={m.get('logits_chunk')}; use 0 "
+           f"(the whole completion at once) or a number of positions > 0, e.g. 64.")
   if m.get("path", ""):
     return  # the checkpoint's config.json describes the model
   _require(m.num_heads % m.num_kv_heads == 0,

@@ -25,6 +25,14 @@ class ModelConfig:
   qk_norm: bool = False  # Qwen3 RMS-normalises q and k per head.
   param_dtype: str = "float32"
   compute_dtype: str = "float32"
+  # Memory, not maths (grpo_jax/models/decoder.py REMAT_POLICIES; grpo_jax/models/scoring.py):
+  # what each layer's backward pass recomputes instead of keeping, and how many completion
+  # positions at a time are projected onto the vocabulary when scoring (0 = all at once).
+  remat: str = "none"
+  logits_chunk: int = 0
+  # Layers as one nn.scan over params stacked on a leading axis ("layers/..."): compile time
+  # independent of depth, and one layer's buffers reused by all (MaxText's scan_layers).
+  scan_layers: bool = False
 
   def __post_init__(self):
     if self.num_heads % self.num_kv_heads:

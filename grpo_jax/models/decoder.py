@@ -34,6 +34,16 @@ from grpo_jax.models.config import ModelConfig
 
 Cache = tuple  # tuple of {"k": (B, Hkv, S, D), "v": (B, Hkv, S, D)} per layer
 
+# model.remat: what a layer keeps for its backward pass (MaxText's names); the rest is
+# recomputed. "none" keeps every activation; "full" keeps only the layer's input; "save_dots"
+# keeps the matmul outputs; "save_dots_no_batch" those without batch dimensions (weights-like).
+REMAT_POLICIES = {
+    "none": None,
+    "full": jax.checkpoint_policies.nothing_saveable,
+    "save_dots": jax.checkpoint_policies.checkpoint_dots,
+    "save_dots_no_batch": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+}
+
 _init = nn.initializers.normal(stddev=0.02)
 
 
@@ -170,40 +180,77 @@ class Decoder(nn.Module):
 
   @nn.compact
   def __call__(self, tokens, positions, kv_mask, cache: Optional[Cache] = None, offset=0,
-               return_hidden: bool = False, logits_window: Optional[tuple] = None):
+               return_hidden: bool = False, logits_window: Optional[tuple] = None,
+               project: bool = True):
+    """project=False returns (normed hidden states of the window, cache) without the
+    vocabulary projection (chunked scoring projects them itself, grpo_jax/models/scoring.py)."""
     cfg = self.cfg
     embed = nn.Embed(cfg.vocab_size, cfg.hidden_size, dtype=cfg.dtype,
                      param_dtype=cfg.param_dtype, embedding_init=_init, name="embed_tokens")
     x = embed(tokens)
     mask = attention_mask(kv_mask, tokens.shape[1], offset)
-    new_cache = []
-    for i in range(cfg.num_layers):
-      layer_cache = None if cache is None else cache[i]
-      x, layer_cache = DecoderLayer(cfg, name=f"layers_{i}")(x, positions, mask, layer_cache,
-                                                              offset)
-      new_cache.append(layer_cache)
+    layer_cls = DecoderLayer
+    if cache is None and REMAT_POLICIES[cfg.remat] is not None:  # no backward pass with a cache
+      layer_cls = nn.remat(DecoderLayer, policy=REMAT_POLICIES[cfg.remat],
+                           prevent_cse=not cfg.scan_layers)
+    if cfg.scan_layers:  # params and cache stacked on a leading layer axis
+      scanned = nn.scan(layer_cls, variable_axes={"params": 0}, split_rngs={"params": True},
+                        in_axes=(nn.broadcast, nn.broadcast, 0, nn.broadcast),
+                        length=cfg.num_layers)
+      x, new_cache = scanned(cfg, name="layers")(x, positions, mask, cache, offset)
+    else:
+      new_cache = []
+      for i in range(cfg.num_layers):
+        layer_cache = None if cache is None else cache[i]
+        x, layer_cache = layer_cls(cfg, name=f"layers_{i}")(x, positions, mask, layer_cache,
+                                                            offset)
+        new_cache.append(layer_cache)
+      new_cache = tuple(new_cache)
     if logits_window is not None:
       start, length = logits_window
       x = x[:, start:start + length]
     x = RMSNorm(cfg.rms_norm_eps, cfg.param_dtype, name="norm")(x)
+    if not project:
+      return x, None if cache is None else new_cache
     if cfg.tie_embeddings:
       logits = embed.attend(x)
     else:
       logits = nn.Dense(cfg.vocab_size, use_bias=False, dtype=cfg.dtype,
                         param_dtype=cfg.param_dtype, kernel_init=_init, name="lm_head")(x)
     logits = logits.astype(jnp.float32)
-    out_cache = None if cache is None else tuple(new_cache)
+    out_cache = None if cache is None else new_cache
     if return_hidden:
       return logits, out_cache, x
     return logits, out_cache
 
 
 def init_cache(cfg: ModelConfig, batch: int, length: int, dtype=None) -> Cache:
-  """A zeroed KV cache for `length` slots, (B, kv_heads, length, head_dim) per layer."""
+  """A zeroed KV cache for `length` slots, (B, kv_heads, length, head_dim) per layer: a tuple
+  of per-layer dicts, or with cfg.scan_layers one dict of (layers, B, ...) arrays."""
   dtype = dtype or cfg.dtype
   shape = (batch, cfg.num_kv_heads, length, cfg.head_dim)
+  if cfg.scan_layers:
+    shape = (cfg.num_layers,) + shape
+    return {"k": jnp.zeros(shape, dtype), "v": jnp.zeros(shape, dtype)}
   return tuple({"k": jnp.zeros(shape, dtype), "v": jnp.zeros(shape, dtype)}
                for _ in range(cfg.num_layers))
+
+
+def stack_layers(params, num_layers: int):
+  """Per-layer params {"layers_0": ..., "layers_{L-1}": ...} -> {"layers": stacked on a leading
+  axis} (the scan_layers layout); the other entries are kept."""
+  out = {k: v for k, v in params.items() if not k.startswith("layers_")}
+  out["layers"] = jax.tree.map(lambda *xs: jnp.stack(xs),
+                               *[params[f"layers_{i}"] for i in range(num_layers)])
+  return out
+
+
+def unstack_layers(params, num_layers: int):
+  """Inverse of stack_layers."""
+  out = {k: v for k, v in params.items() if k != "layers"}
+  for i in range(num_layers):
+    out[f"layers_{i}"] = jax.tree.map(lambda x: x[i], params["layers"])
+  return out
 
 
 def init_params(cfg: ModelConfig, key: jax.Array):

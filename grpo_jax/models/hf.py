@@ -15,6 +15,7 @@ dtype jax registers with NumPy; safetensors >= 0.5 understands it) and cast to `
 from __future__ import annotations
 
 import collections
+import dataclasses
 import functools
 import json
 import pathlib
@@ -28,7 +29,7 @@ from safetensors import safe_open
 from safetensors.numpy import save_file
 
 from grpo_jax.models.config import ModelConfig
-from grpo_jax.models.decoder import init_params
+from grpo_jax.models.decoder import init_params, unstack_layers
 from grpo_jax.models.families import MODEL_FAMILIES, ModelFamily, find_model_family, model_types
 
 EXPORT_DTYPES = ("float32", "bfloat16", "float16")
@@ -303,6 +304,9 @@ def export_hf_checkpoint(params, model_cfg: ModelConfig, out_dir, source_dir=Non
   if dtype not in EXPORT_DTYPES:
     raise ValueError(f"dtype={dtype!r} is not supported for export; pass one of "
                      f"{', '.join(EXPORT_DTYPES)}.")
+  if model_cfg.scan_layers:  # HF names one tensor per layer
+    params = unstack_layers(params, model_cfg.num_layers)
+    model_cfg = dataclasses.replace(model_cfg, scan_layers=False)
   if source_dir is None:
     hf_config = hf_config_from_model_config(model_cfg, model_type, dtype)
   else:

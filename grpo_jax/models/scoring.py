@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import types
+
 import jax
 import jax.numpy as jnp
 
@@ -10,11 +12,13 @@ from grpo_jax.models.decoder import Decoder, positions_from_mask
 
 
 def completion_logits(params, model_cfg: ModelConfig, prompt_tokens, prompt_mask,
-                      completion_tokens, completion_mask, return_hidden: bool = False):
+                      completion_tokens, completion_mask, return_hidden: bool = False,
+                      project: bool = True):
   """Logits predicting each completion token, (B, N, V), from one no-cache forward pass.
 
   The sequence is [prompt (left-padded, P) | completion (N)]; the logits at position P-1+t
-  predict completion token t. Only those N positions are projected onto the vocabulary.
+  predict completion token t. Only those N positions are projected onto the vocabulary;
+  project=False returns their normed hidden states (B, N, H) instead (see `vocab_logits`).
   """
   prompt_len = prompt_tokens.shape[1]
   num_new = completion_tokens.shape[1]
@@ -22,8 +26,63 @@ def completion_logits(params, model_cfg: ModelConfig, prompt_tokens, prompt_mask
   mask = jnp.concatenate([prompt_mask, completion_mask], axis=1).astype(bool)
   out = Decoder(model_cfg).apply({"params": params}, tokens, positions_from_mask(mask), mask,
                                  None, 0, return_hidden=return_hidden,
-                                 logits_window=(prompt_len - 1, num_new))
+                                 logits_window=(prompt_len - 1, num_new), project=project)
+  if not project:
+    return out[0]
   return (out[0], out[2]) if return_hidden else out[0]
+
+
+def vocab_logits(params, model_cfg: ModelConfig, hidden):
+  """The decoder's vocabulary projection of normed hidden states (..., H) -> (..., V) float32:
+  the tied embedding's transpose, or lm_head, in the compute dtype (as the Decoder does)."""
+  dtype = model_cfg.dtype
+  if model_cfg.tie_embeddings:
+    weight = params["embed_tokens"]["embedding"].astype(dtype).T
+  else:
+    weight = params["lm_head"]["kernel"].astype(dtype)
+  return jnp.dot(hidden.astype(dtype), weight).astype(jnp.float32)
+
+
+def chunked_logprobs_and_entropy(params, model_cfg: ModelConfig, hidden, tokens,
+                                 temperature: float = 1.0, chunk: int = 64):
+  """token_logprobs_and_entropy(vocab_logits(hidden), tokens) computed `chunk` positions at a
+  time, each chunk rematerialised in the backward pass: no (B, N, V) array exists, only one
+  (B, chunk, V) at a time. hidden (B, N, H), tokens (B, N) -> two (B, N) float32 arrays."""
+  batch, length, width = hidden.shape
+  chunks = -(-length // chunk)
+  pad = chunks * chunk - length
+  split = lambda x: jnp.swapaxes(  # noqa: E731  (chunks, B, chunk, ...)
+      jnp.pad(x, [(0, 0), (0, pad)] + [(0, 0)] * (x.ndim - 2)).reshape(
+          batch, chunks, chunk, *x.shape[2:]), 0, 1)
+
+  @jax.checkpoint
+  def one(part):
+    h, t = part
+    return token_logprobs_and_entropy(vocab_logits(params, model_cfg, h), t, temperature)
+
+  logp, entropy = jax.lax.map(one, (split(hidden), split(tokens)))
+  join = lambda x: jnp.swapaxes(x, 0, 1).reshape(batch, chunks * chunk)[:, :length]  # noqa
+  return join(logp), join(entropy)
+
+
+def completion_scores(params, model_cfg: ModelConfig, seqs, temperature: float = 1.0,
+                      return_hidden: bool = False):
+  """(log-probs, entropies, hidden or None) of a batch's completion tokens (seqs has
+  prompt_tokens, prompt_mask, completion_tokens, completion_mask), unmasked. With
+  model_cfg.logits_chunk = C > 0 the vocabulary is reached C positions at a time
+  (chunked_logprobs_and_entropy); else in one (B, N, V) piece."""
+  args = (params, model_cfg, seqs.prompt_tokens, seqs.prompt_mask, seqs.completion_tokens,
+          seqs.completion_mask)
+  if model_cfg.logits_chunk:
+    hidden = completion_logits(*args, project=False)
+    logp, entropy = chunked_logprobs_and_entropy(params, model_cfg, hidden,
+                                                 seqs.completion_tokens, temperature,
+                                                 model_cfg.logits_chunk)
+    return logp, entropy, hidden if return_hidden else None
+  out = completion_logits(*args, return_hidden=return_hidden)
+  logits, hidden = out if return_hidden else (out, None)
+  logp, entropy = token_logprobs_and_entropy(logits, seqs.completion_tokens, temperature)
+  return logp, entropy, hidden
 
 
 def token_logprobs_and_entropy(logits, tokens, temperature: float = 1.0):
@@ -48,8 +107,9 @@ def token_logprobs_and_entropy(logits, tokens, temperature: float = 1.0):
 def completion_logprobs(params, model_cfg: ModelConfig, prompt_tokens, prompt_mask,
                         completion_tokens, completion_mask, temperature: float = 1.0):
   """(log-probs, entropies), each (B, N), zeroed where completion_mask is False."""
-  logits = completion_logits(params, model_cfg, prompt_tokens, prompt_mask, completion_tokens,
-                             completion_mask)
-  logp, entropy = token_logprobs_and_entropy(logits, completion_tokens, temperature)
+  seqs = types.SimpleNamespace(prompt_tokens=prompt_tokens, prompt_mask=prompt_mask,
+                               completion_tokens=completion_tokens,
+                               completion_mask=completion_mask)
+  logp, entropy, _ = completion_scores(params, model_cfg, seqs, temperature)
   mask = completion_mask.astype(bool)
   return jnp.where(mask, logp, 0.0), jnp.where(mask, entropy, 0.0)

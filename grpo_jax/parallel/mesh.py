@@ -88,9 +88,15 @@ _PARAM_AXES = (
 
 
 def param_logical_axes(path: str, ndim: int) -> tuple:
+  """The logical axes of a parameter (or of an optimizer-state leaf named like one); a layer
+  stacked by model.scan_layers ("layers/...") has an extra leading, unsharded, layer axis."""
+  stacked = re.search(r"(^|/)layers/", path) is not None
   for pattern, axes in _PARAM_AXES:
-    if re.search(pattern, path) and len(axes) == ndim:
-      return axes
+    if re.search(pattern, path):
+      if len(axes) == ndim:
+        return axes
+      if stacked and len(axes) + 1 == ndim:
+        return (None,) + axes
   return (None,) * ndim
 
 

@@ -38,7 +38,8 @@ def _constrain_cache(cache, mesh):
     return cache
   from grpo_jax.parallel.mesh import spec_for  # the one place that knows the mesh rules
   def place(x):
-    spec = spec_for(("batch", "kv_heads", None, None), x.shape, mesh)
+    axes = ("batch", "kv_heads", None, None)
+    spec = spec_for((None,) * (x.ndim - 4) + axes, x.shape, mesh)  # (layers,) when scanned
     return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, spec))
   return jax.tree.map(place, cache)
 

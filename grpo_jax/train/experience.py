@@ -67,13 +67,6 @@ def reuses_current_logprobs(rl) -> bool:
               and rl.value_head != "shared")
 
 
-def step_rollout_kl(prep_metrics: dict, update_metrics: dict):
-  """The step's rollout KL (old policy vs reference, for the adaptive KL controller): from
-  preparation, or from the update where it reuses its own log-probs as the old ones."""
-  return prep_metrics["rollout_kl"] if "rollout_kl" in prep_metrics else update_metrics[
-      "rollout_kl"]
-
-
 def make_prepare_batch(model_cfg: ModelConfig, rl, group_size: int, temperature: float,
                        max_new_tokens: int):
   """prepare(state, rollout, inputs: RewardInputs) -> (Batch, metrics), a pure function (the RL

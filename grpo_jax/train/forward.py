@@ -6,7 +6,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 
 from grpo_jax.models.config import ModelConfig
-from grpo_jax.models.scoring import completion_logits, token_logprobs_and_entropy
+from grpo_jax.models.scoring import completion_scores
 from grpo_jax.models.value_head import apply_value_head, separate_critic_values
 
 
@@ -18,10 +18,8 @@ def policy_and_values(params, value_params, seqs, model_cfg: ModelConfig, value_
   values is None without a critic.
   """
   shared = value_head == "shared"
-  out = completion_logits(params, model_cfg, seqs.prompt_tokens, seqs.prompt_mask,
-                          seqs.completion_tokens, seqs.completion_mask, return_hidden=shared)
-  logits, hidden = out if shared else (out, None)
-  logp, entropy = token_logprobs_and_entropy(logits, seqs.completion_tokens, temperature)
+  logp, entropy, hidden = completion_scores(params, model_cfg, seqs, temperature,
+                                            return_hidden=shared)
   mask = seqs.completion_mask.astype(bool)
   values = None
   if shared:

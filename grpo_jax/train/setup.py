@@ -3,10 +3,12 @@ checkpoint) and the task (from the task registry)."""
 
 from __future__ import annotations
 
+import dataclasses
+
 from grpo_jax.data.task import TASKS
 from grpo_jax.errors import ConfigError
 from grpo_jax.models.config import ModelConfig
-from grpo_jax.models.decoder import init_params
+from grpo_jax.models.decoder import init_params, stack_layers
 
 
 def uses_checkpoint(config) -> bool:
@@ -14,13 +16,22 @@ def uses_checkpoint(config) -> bool:
 
 
 def build_model(config, key):
-  """(ModelConfig, params): loaded from config.model.path, else random from config.model."""
+  """(ModelConfig, params): loaded from config.model.path, else random from config.model;
+  with model.scan_layers the layers' params stacked (the same values either way)."""
   if uses_checkpoint(config):
     from grpo_jax.models.hf import load_hf_checkpoint  # transformers-free, but heavier imports
-    return load_hf_checkpoint(config.model.path, param_dtype=config.model.param_dtype,
-                              compute_dtype=config.model.compute_dtype)
-  model_cfg = ModelConfig.from_config_dict(config.model)
-  return model_cfg, init_params(model_cfg, key)
+    model_cfg, params = load_hf_checkpoint(config.model.path,
+                                           param_dtype=config.model.param_dtype,
+                                           compute_dtype=config.model.compute_dtype)
+    layout = {k: config.model[k] for k in ("remat", "logits_chunk") if k in config.model}
+    model_cfg = dataclasses.replace(model_cfg, **layout)
+  else:
+    model_cfg = dataclasses.replace(ModelConfig.from_config_dict(config.model), scan_layers=False)
+    params = init_params(model_cfg, key)
+  if config.model.get("scan_layers", False):
+    model_cfg = dataclasses.replace(model_cfg, scan_layers=True)
+    params = stack_layers(params, model_cfg.num_layers)
+  return model_cfg, params
 
 
 def build_task(config, log=print):

@@ -1,0 +1,87 @@
+"""Memory without new maths: layer rematerialisation (model.remat) and chunked vocabulary
+scoring (model.logits_chunk) give today's log-probs, entropies and gradients, and chunking
+takes the vocabulary out of the compiled gradient's scratch (XLA's own buffer analysis)."""
+
+import dataclasses
+import types
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from grpo_jax.models.scoring import completion_scores
+from tests.conftest import perturbed_params, tiny_model_config
+
+CFG = tiny_model_config(vocab_size=37)
+
+
+def _seqs(batch=4, prompt=3, new=7, seed=0):
+  rng = np.random.default_rng(seed)
+  prompt_mask = np.ones((batch, prompt), bool)
+  prompt_mask[0, 0] = False  # a left-padded row
+  completion_mask = np.arange(new)[None] < rng.integers(1, new + 1, batch)[:, None]
+  return types.SimpleNamespace(
+      prompt_tokens=jnp.asarray(rng.integers(3, CFG.vocab_size, (batch, prompt)), jnp.int32),
+      prompt_mask=jnp.asarray(prompt_mask),
+      completion_tokens=jnp.asarray(rng.integers(3, CFG.vocab_size, (batch, new)), jnp.int32),
+      completion_mask=jnp.asarray(completion_mask))
+
+
+def _scores_and_grads(cfg, params, seqs):
+  def loss(p):
+    logp, entropy, _ = completion_scores(p, cfg, seqs, temperature=0.7)
+    mask = seqs.completion_mask
+    return jnp.sum(jnp.where(mask, logp, 0.0)) + 0.1 * jnp.sum(jnp.where(mask, entropy, 0.0)), (
+        logp, entropy)
+  (_, (logp, entropy)), grads = jax.value_and_grad(loss, has_aux=True)(params)
+  return logp, entropy, grads
+
+
+@pytest.mark.parametrize("overrides", [dict(logits_chunk=3), dict(logits_chunk=7),
+                                       dict(logits_chunk=2, tie_embeddings=False),
+                                       dict(remat="full"), dict(remat="save_dots"),
+                                       dict(remat="full", logits_chunk=4)])
+def test_memory_settings_keep_values_and_gradients(overrides):
+  base = dataclasses.replace(CFG, tie_embeddings=overrides.get("tie_embeddings", True))
+  params = perturbed_params(base)
+  seqs = _seqs()
+  want = _scores_and_grads(base, params, seqs)
+  got = _scores_and_grads(dataclasses.replace(base, **overrides), params, seqs)
+  np.testing.assert_allclose(got[0], want[0], rtol=0, atol=1e-5)  # log-probs
+  np.testing.assert_allclose(got[1], want[1], rtol=0, atol=1e-5)  # entropies
+  for g, w in zip(jax.tree.leaves(got[2]), jax.tree.leaves(want[2])):
+    np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-5, atol=1e-5)
+  assert float(jnp.max(jnp.abs(want[0]))) > 1.0  # real log-probs were compared
+
+
+def _update_temp_bytes(cfg, rows=8, new=32):
+  """Scratch bytes XLA assigns to the gradient of the scoring loss at this shape."""
+  params = jax.eval_shape(lambda: perturbed_params(cfg))
+  seqs = types.SimpleNamespace(
+      prompt_tokens=jax.ShapeDtypeStruct((rows, 8), jnp.int32),
+      prompt_mask=jax.ShapeDtypeStruct((rows, 8), bool),
+      completion_tokens=jax.ShapeDtypeStruct((rows, new), jnp.int32),
+      completion_mask=jax.ShapeDtypeStruct((rows, new), bool))
+
+  def grad(p, s):
+    return jax.grad(lambda q: jnp.sum(completion_scores(q, cfg, s)[0]))(p)
+  flat = lambda s: (s.prompt_tokens, s.prompt_mask, s.completion_tokens, s.completion_mask)  # noqa
+  compiled = jax.jit(lambda p, *a: grad(p, types.SimpleNamespace(**dict(zip(
+      ("prompt_tokens", "prompt_mask", "completion_tokens", "completion_mask"), a))))).lower(
+          params, *flat(seqs)).compile()
+  return compiled.memory_analysis().temp_size_in_bytes
+
+
+def test_chunked_scoring_removes_the_vocabulary_from_the_scratch_slope():
+  """At a large vocabulary the (rows, N, V) logits and their softmax copies dominate the
+  gradient's scratch. With 4 positions at a time, growing rows x N four-fold grows the scratch
+  by less than 1/5 of what it grows unchunked (measured: 66.5 -> 269.8 MiB unchunked, 14.5 ->
+  33.8 MiB chunked)."""
+  big = dataclasses.replace(CFG, vocab_size=32768, num_layers=2, hidden_size=32,
+                            intermediate_size=64)
+  chunked_cfg = dataclasses.replace(big, logits_chunk=4)
+  whole = [_update_temp_bytes(big, rows, new) for rows, new in ((8, 32), (16, 64))]
+  chunked = [_update_temp_bytes(chunked_cfg, rows, new) for rows, new in ((8, 32), (16, 64))]
+  assert chunked[1] - chunked[0] < (whole[1] - whole[0]) / 5, (whole, chunked)
+  assert chunked[1] < whole[1] / 4, (whole, chunked)
