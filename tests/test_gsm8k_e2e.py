@@ -13,7 +13,8 @@ from tests.hf_fixtures import save_tiny_qwen2
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SMALL = ["--config.rollout.num_prompts=2", "--config.rollout.group_size=2",
          "--config.rollout.max_new_tokens=12", "--config.data.max_prompt_tokens=200",
-         "--config.rl.num_minibatches=2", "--config.train.eval_size=3",
+         "--config.rl.num_minibatches=2", "--config.rl.num_micro_batches=1",
+         "--config.train.eval_size=3",
          "--config.train.eval_batch_size=2", "--config.train.eval_every=1",
          "--config.train.eval_pass_k=2", "--config.data.path=../shared/data/gsm8k"]
 

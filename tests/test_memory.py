@@ -85,3 +85,33 @@ def test_chunked_scoring_removes_the_vocabulary_from_the_scratch_slope():
   chunked = [_update_temp_bytes(chunked_cfg, rows, new) for rows, new in ((8, 32), (16, 64))]
   assert chunked[1] - chunked[0] < (whole[1] - whole[0]) / 5, (whole, chunked)
   assert chunked[1] < whole[1] / 4, (whole, chunked)
+
+
+def test_preparation_in_row_chunks_equals_one_pass():
+  """With model.logits_chunk > 0 preparation's forward passes take the update's micro-batches
+  of rows at a time: the same old / reference log-probs and values as one pass."""
+  from grpo_jax.config import rl_defaults  # noqa: PLC0415
+  from grpo_jax.models.value_head import init_value_params  # noqa: PLC0415
+  from grpo_jax.rollout.sampler import generate  # noqa: PLC0415
+  from grpo_jax.train.experience import RewardInputs, make_prepare_batch  # noqa: PLC0415
+  from grpo_jax.train.state import create_train_state, make_optimizer  # noqa: PLC0415
+  import ml_collections  # noqa: PLC0415
+  rl = rl_defaults(num_minibatches=2, num_micro_batches=2, kl_coef=0.1, value_head="separate",
+                   advantage="gae")
+  params = perturbed_params(CFG)
+  optim = ml_collections.ConfigDict(dict(learning_rate=1e-3, warmup_steps=1, weight_decay=0.0,
+                                         b1=0.9, b2=0.99, max_grad_norm=1.0))
+  state = create_train_state(params, make_optimizer(optim, 10), jax.random.key(0),
+                             init_value_params("separate", CFG, params, None), rl.kl_coef)
+  state = state.replace(ref_params=perturbed_params(CFG, 3))
+  seqs = _seqs(batch=8)
+  rollout = generate(params, seqs.prompt_tokens, seqs.prompt_mask, jax.random.key(1),
+                     model_cfg=CFG, max_new_tokens=5, eos_id=2, pad_id=0)
+  inputs = RewardInputs(jnp.linspace(0.0, 1.0, 8), {}, jnp.int32(4))
+  want, _ = jax.jit(make_prepare_batch(CFG, rl, 2, 1.0, 5))(state, rollout, inputs)
+  chunked = dataclasses.replace(CFG, logits_chunk=2)
+  got, _ = jax.jit(make_prepare_batch(chunked, rl, 2, 1.0, 5))(state, rollout, inputs)
+  for name in ("old_logprobs", "ref_logprobs", "old_values", "advantages", "returns"):
+    np.testing.assert_allclose(getattr(got, name), getattr(want, name), rtol=0, atol=1e-5,
+                               err_msg=name)
+  assert float(jnp.max(jnp.abs(want.ref_logprobs - want.old_logprobs))) > 0.1

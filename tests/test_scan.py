@@ -115,3 +115,27 @@ def test_a_run_with_scanned_layers_goes_through_the_loop(tmp_path):
   assert "layers" in state.params and "layers_0" not in state.params
   with open(tmp_path / "metrics.jsonl") as f:
     assert [json.loads(line)["step"] for line in f] == [0, 1, 2]
+
+
+def test_no_head_is_split_on_a_1_1_4_mesh_with_2_kv_heads():
+  """Tensor = 4 divides k_proj's 2 x 8 = 16 columns but not its 2 heads: the rules replicate
+  k/v instead of putting half a head on each device; q/o (4 heads) are split whole."""
+  from grpo_jax.parallel.mesh import head_counts, param_spec, split_heads_note  # noqa: PLC0415
+  import types  # noqa: PLC0415
+
+  from jax.sharding import PartitionSpec as P  # noqa: PLC0415
+  cfg = tiny_model_config(num_heads=4, num_kv_heads=2, head_dim=8)
+  mesh = types.SimpleNamespace(shape={"data": 1, "fsdp": 1, "tensor": 4})
+  heads = head_counts(cfg)
+  kv = (cfg.hidden_size, cfg.num_kv_heads * cfg.head_dim)
+  assert param_spec("layers_0/self_attn/k_proj/kernel", kv, mesh) == P("fsdp", "tensor")  # old
+  assert param_spec("layers_0/self_attn/k_proj/kernel", kv, mesh, heads) == P("fsdp", None)
+  assert param_spec("layers_0/self_attn/v_proj/bias", kv[1:], mesh, heads) == P(None)
+  q = (cfg.hidden_size, cfg.num_heads * cfg.head_dim)
+  assert param_spec("layers_0/self_attn/q_proj/kernel", q, mesh, heads) == P("fsdp", "tensor")
+  assert param_spec("layers/self_attn/o_proj/kernel", (2,) + q[::-1], mesh, heads) == P(
+      None, "tensor", "fsdp")
+  assert split_heads_note(cfg, mesh) == (
+      "warning: mesh tensor=4 does not divide the model's head counts (num_heads=4, "
+      "num_kv_heads=2); the projections of [2] heads are replicated over tensor instead of "
+      "splitting a head.")

@@ -21,7 +21,7 @@ LOGICAL_RULES = {
     "batch": ("data", "fsdp"),  # rows of prompts / completions / KV cache
     "vocab": "tensor",
     "embed": "fsdp",  # the model dimension of weights (FSDP shards it)
-    "heads": "tensor",  # q/k/v/o projections' head dimension (flattened heads * head_dim)
+    "heads": "tensor",  # q/k/v/o projections' flattened heads * head_dim (whole heads only)
     "kv_heads": "tensor",
     "mlp": "tensor",
     "norm": None,
@@ -104,9 +104,9 @@ def _path_str(path) -> str:
   return "/".join(str(getattr(k, "key", getattr(k, "idx", k))) for k in path)
 
 
-def place_tree(tree, mesh: Mesh):
+def place_tree(tree, mesh: Mesh, heads: dict | None = None):
   """Puts a params-like pytree (host or device arrays, identical on every process) on the mesh
-  by the rules."""
+  by the rules (`heads`: see param_spec)."""
   def place(x, sharding):
     if isinstance(x, jax.Array) and jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
       return jax.random.wrap_key_data(place(jax.random.key_data(x), sharding),
@@ -115,16 +115,44 @@ def place_tree(tree, mesh: Mesh):
       return jax.device_put(x, sharding)
     host = np.asarray(x)
     return jax.make_array_from_callback(host.shape, sharding, lambda index: host[index])
-  return jax.tree.map(place, tree, tree_shardings(tree, mesh))
+  return jax.tree.map(place, tree, tree_shardings(tree, mesh, heads))
 
 
-def tree_shardings(tree, mesh: Mesh):
+def head_counts(model_cfg) -> dict:
+  """Heads of each attention projection's flattened heads x head_dim dimension."""
+  return {"q_proj": model_cfg.num_heads, "o_proj": model_cfg.num_heads,
+          "k_proj": model_cfg.num_kv_heads, "v_proj": model_cfg.num_kv_heads}
+
+
+def split_heads_note(model_cfg, mesh) -> str | None:
+  """One line when the tensor axis does not divide a head count (those projections are then
+  replicated, never split inside a head); None when every head stays whole on one device."""
+  tensor = mesh.shape["tensor"]
+  bad = sorted({n for n in head_counts(model_cfg).values() if n % tensor})
+  if tensor == 1 or not bad:
+    return None
+  return (f"warning: mesh tensor={tensor} does not divide the model's head counts "
+          f"(num_heads={model_cfg.num_heads}, num_kv_heads={model_cfg.num_kv_heads}); the "
+          f"projections of {bad} heads are replicated over tensor instead of splitting a head.")
+
+
+def param_spec(path: str, shape: tuple, mesh, heads: dict | None = None) -> PartitionSpec:
+  """The rules' PartitionSpec of one parameter (or optimizer-state leaf named like one). With
+  `heads` (head_counts), an attention projection's heads dimension is split over tensor only
+  when tensor divides its head count, so no head is ever split across devices."""
+  logical = param_logical_axes(path, len(shape))
+  match = re.search(r"(q_proj|k_proj|v_proj|o_proj)/", path)
+  if heads and match and heads[match.group(1)] % mesh.shape["tensor"]:
+    logical = tuple(None if a == "heads" else a for a in logical)
+  return spec_for(logical, shape, mesh)
+
+
+def tree_shardings(tree, mesh: Mesh, heads: dict | None = None):
   """NamedShardings for a params-like pytree (optimizer states included: their leaves keep the
-  param paths as suffixes, so the same rules apply); scalars are replicated."""
+  param paths as suffixes, so the same rules apply); scalars are replicated. `heads`: see
+  param_spec."""
   def one(path, leaf):
-    shape = np.shape(leaf)
-    logical = param_logical_axes(_path_str(path), len(shape))
-    return NamedSharding(mesh, spec_for(logical, shape, mesh))
+    return NamedSharding(mesh, param_spec(_path_str(path), np.shape(leaf), mesh, heads))
   return jax.tree_util.tree_map_with_path(one, tree)
 
 

@@ -67,6 +67,24 @@ def reuses_current_logprobs(rl) -> bool:
               and rl.value_head != "shared")
 
 
+def _forward_passes(model_cfg: ModelConfig, rl) -> int:
+  """How many pieces preparation's forward passes take the rows in: in the memory mode of a
+  large vocabulary (model.logits_chunk > 0), the update's micro-batches (num_minibatches x
+  num_micro_batches pieces), so that preparation needs no more memory than the update; else
+  1 (one pass over all rows)."""
+  return rl.num_minibatches * rl.num_micro_batches if model_cfg.logits_chunk else 1
+
+
+def in_row_chunks(fn, rows_tree, pieces: int):
+  """fn(rows_tree) computed `pieces` rows-chunks at a time (jax.lax.map), outputs joined back
+  along the rows; fn itself when pieces == 1."""
+  if pieces == 1:
+    return fn(rows_tree)
+  split = jax.tree.map(lambda x: x.reshape(pieces, -1, *x.shape[1:]), rows_tree)
+  out = jax.lax.map(fn, split)
+  return jax.tree.map(lambda x: x.reshape(-1, *x.shape[2:]), out)
+
+
 def make_prepare_batch(model_cfg: ModelConfig, rl, group_size: int, temperature: float,
                        max_new_tokens: int):
   """prepare(state, rollout, inputs: RewardInputs) -> (Batch, metrics), a pure function (the RL
@@ -77,20 +95,22 @@ def make_prepare_batch(model_cfg: ModelConfig, rl, group_size: int, temperature:
 
   def prepare(state, rollout: Rollout, inputs: RewardInputs):
     mask = rollout.completion_mask.astype(bool)
+    passes = _forward_passes(model_cfg, rl)
     if reuse:  # the update computes the old log-probs (see reuses_current_logprobs)
       old_logp, old_values = None, None
       if rl.value_head == "separate":
-        old_values = jnp.where(mask, separate_critic_values(
-            state.value_params, model_cfg, rollout.prompt_tokens, rollout.prompt_mask,
-            rollout.completion_tokens, mask), 0.0)
+        old_values = jnp.where(mask, in_row_chunks(lambda r: separate_critic_values(
+            state.value_params, model_cfg, r.prompt_tokens, r.prompt_mask,
+            r.completion_tokens, r.completion_mask.astype(bool)), rollout, passes), 0.0)
     else:
-      old_logp, _, old_values = policy_and_values(state.params, state.value_params, rollout,
-                                                  model_cfg, rl.value_head, temperature)
+      old_logp, _, old_values = in_row_chunks(lambda r: policy_and_values(
+          state.params, state.value_params, r, model_cfg, rl.value_head, temperature),
+          rollout, passes)
       old_logp = jax.lax.stop_gradient(old_logp)
     ref_logp = None
     if rl.kl_coef > 0:
-      ref_logp, _, _ = policy_and_values(state.ref_params, None, rollout, model_cfg, "none",
-                                         temperature)
+      ref_logp, _, _ = in_row_chunks(lambda r: policy_and_values(
+          state.ref_params, None, r, model_cfg, "none", temperature), rollout, passes)
     rewards = inputs.rewards.astype(jnp.float32)
     if rl.overlong_buffer > 0:
       rewards = rewards + overlong_penalty(jnp.sum(mask, axis=1), max_new_tokens,

@@ -25,8 +25,8 @@ from grpo_jax.models.config import ModelConfig
 from grpo_jax.models.value_head import init_value_params
 from grpo_jax.parallel import distributed
 from grpo_jax.parallel.distributed import to_host
-from grpo_jax.parallel.mesh import (batch_axis_size, bytes_per_device, make_mesh, place_tree,
-                                    shard_batch, tree_shardings)
+from grpo_jax.parallel.mesh import (batch_axis_size, bytes_per_device, head_counts, make_mesh,
+                                    place_tree, shard_batch, split_heads_note, tree_shardings)
 from grpo_jax.rl.estimators import ESTIMATORS
 from grpo_jax.rollout.sampler import Sampling
 from grpo_jax.train.checkpoint import Checkpoints, step_of
@@ -132,7 +132,10 @@ def train(config, workdir: str, log=print, seeds=None, seed_axis: str = "vmap") 
         state = states(run_warmup(params, task, model_cfg, config.warmup, axis, log))
       del params  # the state holds them (fresh) or a restored copy replaced them
       if mesh is not None:
-        state = place_tree(state, mesh)
+        note = split_heads_note(model_cfg, mesh)
+        if note:
+          log(note)
+        state = place_tree(state, mesh, head_counts(model_cfg))
         log(f"mesh (data, fsdp, tensor) = {tuple(mesh.shape.values())} over {mesh.size} "
             f"devices, {jax.process_count()} process(es); per device: params "
             f"{bytes_per_device(state.params) / 2**20:.2f} MiB, optimizer state "
@@ -197,7 +200,8 @@ def _state_jit_options(state, run: Run) -> dict:
   """Donate the state; on a mesh, keep its layout (so the next step compiles nothing new)."""
   options = dict(donate_argnums=0)
   if run.mesh is not None:
-    options["out_shardings"] = (tree_shardings(state, run.mesh), None)
+    options["out_shardings"] = (tree_shardings(state, run.mesh,
+                                               head_counts(run.spec.model_cfg)), None)
   return options
 
 

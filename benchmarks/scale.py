@@ -1,0 +1,347 @@
+"""Memory, FLOPs and compile time of the RL step and the sampler at real model shapes, measured
+by compiling for this machine's CPU without allocating the model.
+
+What it measures, for each `--what`:
+  update   the whole RL step, `grpo_jax.train.step.make_rl_step(StepSpec(...))`, jitted with
+           the state donated (donate_argnums=0) as the host loop does: preparation (reference
+           log-probs: GRPO with KL in the loss, beta = 0.001), advantages, and the update with
+           rl.num_micro_batches = --micro-batches; AdamW with the GSM8K recipe's optim section
+           (configs/grpo_gsm8k.py). rl is `rl_defaults(num_micro_batches=K, kl_coef=0.001,
+           num_minibatches=--minibatches)`
+           (one minibatch, so the old log-probs are the update's own: no extra forward pass).
+  sampler  `grpo_jax.rollout.sampler.generate` (prefill + the decode while_loop), temperature 1.
+  prefill  `grpo_jax.rollout.sampler.prefill` on `--rows` rows, i.e. prompts x G rows in which
+           every prompt is repeated G times, as the sampler is fed today (FLOPs grow with G).
+
+How: params are `jax.eval_shape(init_params, ...)` (fp32 master weights, bf16 compute, as in
+configs/grpo_gsm8k.py), the train state `jax.eval_shape(initial_state, ...)`, the rollout and
+rewards `jax.ShapeDtypeStruct`s; then `jax.jit(f, donate_argnums=...).lower(*abstract)
+.compile()` (its wall time is `compile_s`), and `compiled.memory_analysis()` (temp, argument,
+output and alias bytes; GiB = bytes / 2**30) and `compiled.cost_analysis()["flops"]`. Nothing
+of model size is ever allocated, so a 7B shape "runs" on a laptop (compile time permitting).
+
+    python benchmarks/scale.py --shape qwen2.5-0.5b --rows 16 --prompt 256 --new 256 \\
+        [--micro-batches K] [--layers L] [--group-size G] [--what update,sampler,prefill] \\
+        [--remat none|full|save_dots|...] [--logits-chunk C] [--mesh D,F,T]
+
+  --shape        qwen2.5-0.5b | qwen2.5-1.5b | qwen2.5-7b (their HF configs), or one of the
+                 small random checkpoints of benchmarks/common.py (qwen2-4L-256, ...)
+  --layers L     override the shape's layer count (compile time grows with it; per-layer
+                 costs are linear, so a few layers extrapolate)
+  --rows         completion rows B = prompts x G (a multiple of G and of K)
+  --group-size   G (default min(rows, 4))
+  --remat, --logits-chunk   set on the ModelConfig when this version of it has the fields;
+                 otherwise a warning on stderr and ignored
+  --mesh D,F,T   (data, fsdp, tensor) over D*F*T fake CPU devices (this script sets
+                 XLA_FLAGS=--xla_force_host_platform_device_count before importing jax);
+                 inputs get the mesh rules' shardings; the memory numbers are then per device,
+                 and `state_gib_per_device` is the most loaded device's share of the state
+
+Output: per measurement a human-readable line, then one JSON line with what, shape, layers,
+rows, prompt, new, micro_batches, group_size, remat, logits_chunk, compile_s, temp_gib,
+argument_gib, output_gib, alias_gib, peak_gib (argument + output - alias + temp), gflop, ...
+
+Caveats:
+  * memory_analysis() is XLA:CPU's buffer assignment: an estimate of what a GPU/TPU compile of
+    the same program needs, not identical (other fusions, layouts, collective buffers; XLA:CPU
+    may up-cast some bf16 work to f32; GPU adds allocator fragmentation and workspace).
+  * cost_analysis() counts a while loop's body once (XLA does not know the trip count), so the
+    sampler's gflop is prefill + ONE decode step, not N of them; the update's micro-batch scan
+    and minibatch scan are likewise counted once per body (the step's FLOPs at K > 1 are
+    ~K x the scanned part), and with --logits-chunk the vocabulary projection runs in a
+    lax.map whose body (one chunk) is counted once. The JSON's `while_loops` counts the while
+    loops of the compiled module: when it is > 0, gflop is a lower bound.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import os
+import re
+import sys
+import time
+import types
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if ROOT not in sys.path:
+  sys.path.insert(0, ROOT)
+
+GIB = 2 ** 30
+
+# Hugging Face config.json values of the released checkpoints (Qwen/Qwen2.5-*).
+QWEN25 = {
+    "qwen2.5-0.5b": dict(vocab_size=151_936, hidden_size=896, num_layers=24, num_heads=14,
+                         num_kv_heads=2, head_dim=64, intermediate_size=4864,
+                         tie_embeddings=True, qkv_bias=True, rope_theta=1_000_000.0,
+                         rms_norm_eps=1e-6),
+    "qwen2.5-1.5b": dict(vocab_size=151_936, hidden_size=1536, num_layers=28, num_heads=12,
+                         num_kv_heads=2, head_dim=128, intermediate_size=8960,
+                         tie_embeddings=True, qkv_bias=True, rope_theta=1_000_000.0,
+                         rms_norm_eps=1e-6),
+    "qwen2.5-7b": dict(vocab_size=152_064, hidden_size=3584, num_layers=28, num_heads=28,
+                       num_kv_heads=4, head_dim=128, intermediate_size=18_944,
+                       tie_embeddings=False, qkv_bias=True, rope_theta=1_000_000.0,
+                       rms_norm_eps=1e-6),
+}
+
+
+def shape_table() -> dict:
+  """Every known shape as ModelConfig keyword arguments: QWEN25 plus benchmarks/common.SHAPES
+  (the random checkpoints: vocab common.VOCAB, tied, q/k/v bias, head_dim = hidden / heads,
+  HF's Qwen2Config defaults for theta and eps)."""
+  from benchmarks import common
+  table = dict(QWEN25)
+  for name, s in common.SHAPES.items():
+    table[name] = dict(vocab_size=common.VOCAB, hidden_size=s["hidden_size"],
+                       num_layers=s["num_hidden_layers"], num_heads=s["num_attention_heads"],
+                       num_kv_heads=s["num_key_value_heads"],
+                       head_dim=s["hidden_size"] // s["num_attention_heads"],
+                       intermediate_size=s["intermediate_size"], tie_embeddings=True,
+                       qkv_bias=True, rope_theta=10_000.0, rms_norm_eps=1e-6)
+  return table
+
+
+def parse_args(argv=None):
+  p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
+  p.add_argument("--shape", default="qwen2.5-0.5b")
+  p.add_argument("--rows", type=int, default=16)
+  p.add_argument("--prompt", type=int, default=256)
+  p.add_argument("--new", type=int, default=256)
+  p.add_argument("--micro-batches", type=int, default=1)
+  p.add_argument("--minibatches", type=int, default=1,
+                 help="rl.num_minibatches (the GSM8K recipe: 4); rows = all minibatches")
+  p.add_argument("--layers", type=int, default=None)
+  p.add_argument("--group-size", type=int, default=None)
+  p.add_argument("--what", default="update")
+  p.add_argument("--remat", default=None, help="none | full | save_dots | ... (if supported)")
+  p.add_argument("--logits-chunk", type=int, default=None)
+  p.add_argument("--scan-layers", action="store_true",
+                 help="layers as one nn.scan over stacked params (model.scan_layers)")
+  p.add_argument("--mesh", default=None, help="D,F,T: (data, fsdp, tensor) fake CPU devices")
+  args = p.parse_args(argv)
+  args.what = [w.strip() for w in args.what.split(",") if w.strip()]
+  for w in args.what:
+    if w not in ("update", "sampler", "prefill"):
+      p.error(f"--what {w!r}: use update, sampler or prefill (comma-separated)")
+  if args.group_size is None:
+    args.group_size = min(args.rows, 4)
+  if args.rows % args.group_size:
+    p.error(f"--rows {args.rows} is not a multiple of --group-size {args.group_size}")
+  if "update" in args.what and args.rows % (args.micro_batches * args.minibatches):
+    p.error(f"--rows {args.rows} is not a multiple of --minibatches x --micro-batches "
+            f"({args.minibatches} x {args.micro_batches})")
+  if args.mesh is not None:
+    try:
+      args.mesh = tuple(int(x) for x in args.mesh.split(","))
+      assert len(args.mesh) == 3 and all(x > 0 for x in args.mesh)
+    except (ValueError, AssertionError):
+      p.error(f"--mesh {args.mesh!r}: use three positive sizes D,F,T")
+  return args
+
+
+def model_config(args):
+  from grpo_jax.models.config import ModelConfig
+  table = shape_table()
+  if args.shape not in table:
+    sys.exit(f"--shape {args.shape!r} is unknown; known: {', '.join(table)}")
+  kw = dict(table[args.shape])
+  if args.layers is not None:
+    kw["num_layers"] = args.layers
+  cfg = ModelConfig(**kw, param_dtype="float32", compute_dtype="bfloat16")
+  fields = {f.name for f in dataclasses.fields(ModelConfig)}
+  for option, field, value in (("--remat", "remat", args.remat),
+                               ("--logits-chunk", "logits_chunk", args.logits_chunk),
+                               ("--scan-layers", "scan_layers", args.scan_layers or None)):
+    if value is None:
+      continue
+    if field in fields:
+      cfg = dataclasses.replace(cfg, **{field: value})
+    else:
+      print(f"warning: {option} is not supported by this version of grpo_jax "
+            f"(ModelConfig has no field {field!r}); ignored", file=sys.stderr)
+  return cfg
+
+
+def optim_section():
+  """The GSM8K recipe's optim section."""
+  from configs import grpo_gsm8k
+  return grpo_gsm8k.get_config().optim
+
+
+def cost_flops(compiled) -> float:
+  """cost_analysis()'s flops: a dict in recent jax, a list of dicts (one per module) before."""
+  cost = compiled.cost_analysis()
+  if cost is None:
+    return float("nan")
+  if isinstance(cost, dict):
+    cost = [cost]
+  return float(sum(c.get("flops", 0.0) for c in cost if c))
+
+
+def measure(fn, abstract_args, donate=(), jit_kwargs=None) -> dict:
+  """Lowers and compiles jit(fn) on abstract inputs; compile time, memory and FLOPs."""
+  import jax
+  start = time.perf_counter()
+  lowered = jax.jit(fn, donate_argnums=donate, **(jit_kwargs or {})).lower(*abstract_args)
+  lower_s = time.perf_counter() - start
+  compiled = lowered.compile()
+  compile_s = time.perf_counter() - start
+  mem = compiled.memory_analysis()
+  out = dict(compile_s=round(compile_s, 2), lower_s=round(lower_s, 2))
+  if mem is None:  # some backends / versions give none
+    out.update(temp_gib=None, argument_gib=None, output_gib=None, alias_gib=None, peak_gib=None)
+  else:
+    get = lambda name: int(getattr(mem, name, 0) or 0)  # noqa: E731
+    temp, arg = get("temp_size_in_bytes"), get("argument_size_in_bytes")
+    outb, alias = get("output_size_in_bytes"), get("alias_size_in_bytes")
+    out.update(temp_gib=round(temp / GIB, 4), argument_gib=round(arg / GIB, 4),
+               output_gib=round(outb / GIB, 4), alias_gib=round(alias / GIB, 4),
+               peak_gib=round((arg + outb - alias + temp) / GIB, 4))
+  out["gflop"] = round(cost_flops(compiled) / 1e9, 2)
+  # XLA's cost analysis counts each while loop's body once: with loops, gflop is a lower bound.
+  try:
+    out["while_loops"] = len(re.findall(r"\bwhile\(", compiled.as_text()))
+  except Exception:  # noqa: BLE001  (as_text is best effort on some backends)
+    out["while_loops"] = None
+  return out
+
+
+def tree_gib(tree) -> float:
+  import jax
+  return sum(math.prod(x.shape) * x.dtype.itemsize for x in jax.tree.leaves(tree)) / GIB
+
+
+def per_device_gib(tree, shardings) -> float:
+  """The most loaded device's bytes of `tree` under `shardings` (from shard shapes)."""
+  import jax
+  per = {}
+  for leaf, sharding in zip(jax.tree.leaves(tree), jax.tree.leaves(shardings)):
+    nbytes = math.prod(sharding.shard_shape(leaf.shape)) * leaf.dtype.itemsize
+    for device in sharding.device_set:
+      per[device] = per.get(device, 0) + nbytes
+  return max(per.values()) / GIB if per else 0.0
+
+
+def with_shardings(abstract, shardings):
+  import jax
+  return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+                      abstract, shardings)
+
+
+def run(args) -> list:
+  import jax
+  import jax.numpy as jnp
+
+  from benchmarks import common
+  from grpo_jax.config import rl_defaults
+  from grpo_jax.models.decoder import init_params
+  from grpo_jax.rollout import sampler
+  from grpo_jax.train.experience import RewardInputs
+  from grpo_jax.train.loop import initial_state
+  from grpo_jax.train.state import make_optimizer
+  from grpo_jax.train.step import StepSpec, make_rl_step
+
+  cfg = model_config(args)
+  rows, plen, new = args.rows, args.prompt, args.new
+  key = jax.random.key(0)
+  params = jax.eval_shape(lambda k: init_params(cfg, k), key)
+  n_params = sum(math.prod(x.shape) for x in jax.tree.leaves(params))
+
+  mesh = None
+  if args.mesh is not None:
+    import ml_collections
+    from grpo_jax.parallel.mesh import batch_sharding, make_mesh, tree_shardings
+    mesh = make_mesh(ml_collections.ConfigDict(dict(zip(("data", "fsdp", "tensor"),
+                                                         args.mesh))))
+    batch_rows = mesh.shape["data"] * mesh.shape["fsdp"]
+    if rows % batch_rows:
+      sys.exit(f"--rows {rows} does not split over data x fsdp = {batch_rows} devices")
+    replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+    rows_sharded = lambda tree: with_shardings(tree, jax.tree.map(  # noqa: E731
+        lambda x: batch_sharding(mesh, len(x.shape)) if x.shape else replicated, tree))
+
+  sds = jax.ShapeDtypeStruct
+  prompts = (sds((rows, plen), jnp.int32), sds((rows, plen), jnp.bool_))
+  base = dict(shape=args.shape, layers=cfg.num_layers, rows=rows, prompt=plen, new=new,
+              micro_batches=args.micro_batches, minibatches=args.minibatches,
+              group_size=args.group_size,
+              prompts=rows // args.group_size, remat=getattr(cfg, "remat", None),
+              logits_chunk=getattr(cfg, "logits_chunk", None),
+              scan_layers=getattr(cfg, "scan_layers", False),
+              params_m=round(n_params / 1e6, 1), params_gib=round(tree_gib(params), 4),
+              mesh=None if mesh is None else list(args.mesh), backend=jax.default_backend())
+  results = []
+  for what in args.what:
+    extra = {}
+    if what == "update":
+      rl = rl_defaults(num_micro_batches=args.micro_batches, kl_coef=0.001,
+                       num_minibatches=args.minibatches)
+      optimizer = make_optimizer(optim_section(), 100)
+      run_cfg = types.SimpleNamespace(rl=rl)
+      state = jax.eval_shape(lambda p, k: initial_state(run_cfg, cfg, p, optimizer, k),
+                             params, key)
+      rollout = sampler.Rollout(
+          prompts[0], prompts[1], sds((rows, new), jnp.int32), sds((rows, new), jnp.bool_),
+          sds((rows, new), jnp.float32), sds((rows,), jnp.bool_))
+      inputs = RewardInputs(sds((rows,), jnp.float32), {}, sds((), jnp.int32))
+      step = make_rl_step(StepSpec(cfg, rl, optimizer, args.group_size, temperature=1.0,
+                                   max_new_tokens=new))
+      extra["state_gib"] = round(tree_gib(state), 4)
+      jit_kwargs = {}
+      if mesh is not None:
+        state_shardings = tree_shardings(state, mesh)
+        extra["state_gib_per_device"] = round(per_device_gib(state, state_shardings), 4)
+        state = with_shardings(state, state_shardings)
+        rollout, inputs = rows_sharded(rollout), rows_sharded(inputs)
+        jit_kwargs["out_shardings"] = (state_shardings, None)  # as train/loop.py
+      m = measure(step, (state, rollout, inputs), donate=0, jit_kwargs=jit_kwargs)
+    else:
+      p_abs, (tok, msk) = params, prompts
+      if mesh is not None:
+        shardings = tree_shardings(params, mesh)
+        extra["params_gib_per_device"] = round(per_device_gib(params, shardings), 4)
+        p_abs = with_shardings(params, shardings)
+        tok, msk = rows_sharded((tok, msk))
+      if what == "sampler":
+        k_abs = jax.eval_shape(lambda: key)
+        fn = lambda p, t, m, k: sampler.generate(  # noqa: E731
+            p, t, m, k, model_cfg=cfg, max_new_tokens=new, temperature=1.0,
+            eos_id=common.EOS_ID, pad_id=common.PAD_ID, mesh=mesh)
+        m = measure(fn, (p_abs, tok, msk, k_abs))
+      else:
+        fn = lambda p, t, m: sampler.prefill(  # noqa: E731
+            p, t, m, model_cfg=cfg, max_new_tokens=new, mesh=mesh)
+        m = measure(fn, (p_abs, tok, msk))
+    result = dict(what=what, **base, **m, **extra)
+    results.append(result)
+    human = (f"{what} {args.shape} L={cfg.num_layers} rows={rows} (G={args.group_size}) "
+             f"P={plen} N={new} K={args.micro_batches} remat={result['remat']} "
+             f"chunk={result['logits_chunk']}"
+             f"{'' if mesh is None else ' mesh=' + 'x'.join(map(str, args.mesh))}: "
+             f"compile {m['compile_s']:.1f} s, temp {m['temp_gib']} GiB, args "
+             f"{m['argument_gib']} GiB, out {m['output_gib']} GiB, alias {m['alias_gib']} GiB, "
+             f"{m['gflop']} GFLOP")
+    print(human, flush=True)
+    print(json.dumps(result), flush=True)
+  return results
+
+
+def main(argv=None):
+  args = parse_args(argv)
+  if args.mesh is not None:  # before jax is imported anywhere
+    if "jax" in sys.modules:
+      sys.exit("--mesh needs XLA_FLAGS set before jax is imported; run this file as a script")
+    n = math.prod(args.mesh)
+    flags = [f for f in os.environ.get("XLA_FLAGS", "").split()
+             if not f.startswith("--xla_force_host_platform_device_count")]
+    os.environ["XLA_FLAGS"] = " ".join(flags + [f"--xla_force_host_platform_device_count={n}"])
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")
+  run(args)
+
+
+if __name__ == "__main__":
+  main()
