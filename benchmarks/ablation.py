@@ -16,7 +16,8 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
-from grpo_jax.config import ADVANTAGES  # noqa: E402
+import grpo_jax.builtins  # noqa: E402,F401  every built-in estimator registered
+from grpo_jax.rl.estimators import ESTIMATORS  # noqa: E402
 
 EXTRA = {"gae": ["--config.rl.value_head=shared"]}
 
@@ -30,7 +31,7 @@ def main():
   print("| rl.advantage | final reward (last 10%) | eval acc step 0 | eval acc end | wall s |")
   print("|---|---|---|---|---|")
   with tempfile.TemporaryDirectory() as tmp:
-    for name in ADVANTAGES:
+    for name in ESTIMATORS.names():
       workdir = os.path.join(tmp, name)
       start = time.perf_counter()
       subprocess.run([sys.executable, "-m", "grpo_jax.main", "--config=configs/grpo_tiny.py",

@@ -44,12 +44,10 @@ def build(model: str, group_size: int, num_prompts: int, prompt_len: int, new_to
   box = {"state": create_train_state(params, optimizer, jax.random.key(1), kl_coef=kl_coef)}
   sample = functools.partial(generate, model_cfg=cfg, max_new_tokens=new_tokens,
                              temperature=1.0, eos_id=-1, pad_id=common.PAD_ID)
-  prepare = make_prepare_batch(cfg, rl, group_size, 1.0, new_tokens)
+  prepare = jax.jit(make_prepare_batch(cfg, rl, group_size, 1.0, new_tokens))
   update = make_update_step(cfg, rl, optimizer, 1.0)
   tokens, mask = common.random_prompts(num_prompts, prompt_len)
   tokens, mask = np.repeat(tokens, group_size, 0), np.repeat(mask, group_size, 0)
-  batch_size = num_prompts * group_size
-  zeros = np.zeros((batch_size, new_tokens), np.float32)
   times = {}
 
   def run_step():
@@ -60,9 +58,8 @@ def build(model: str, group_size: int, num_prompts: int, prompt_len: int, new_to
     t1 = time.perf_counter()
     hits = (np.asarray(rollout.completion_tokens) == TARGET) & done
     reward = (hits.sum(1) / np.maximum(done.sum(1), 1)).astype(np.float32)
-    inputs = RewardInputs(reward, reward * 0, zeros, zeros.astype(np.int32), done)
-    batch, _ = prepare(state.params, state.value_params, state.ref_params, state.kl_coef,
-                       rollout, inputs)
+    inputs = RewardInputs(reward, {}, np.int32(0))  # GRPO needs no extras
+    batch, _ = prepare(state, rollout, inputs)
     jax.block_until_ready(batch)
     t2 = time.perf_counter()
     state, metrics = update(state, batch)

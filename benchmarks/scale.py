@@ -254,7 +254,8 @@ def run(args) -> list:
   mesh = None
   if args.mesh is not None:
     import ml_collections
-    from grpo_jax.parallel.mesh import batch_sharding, make_mesh, tree_shardings
+    from grpo_jax.parallel.mesh import (batch_sharding, head_counts, make_mesh,
+                                        tree_shardings)
     mesh = make_mesh(ml_collections.ConfigDict(dict(zip(("data", "fsdp", "tensor"),
                                                          args.mesh))))
     batch_rows = mesh.shape["data"] * mesh.shape["fsdp"]
@@ -293,7 +294,7 @@ def run(args) -> list:
       extra["state_gib"] = round(tree_gib(state), 4)
       jit_kwargs = {}
       if mesh is not None:
-        state_shardings = tree_shardings(state, mesh)
+        state_shardings = tree_shardings(state, mesh, head_counts(cfg))  # as the loop
         extra["state_gib_per_device"] = round(per_device_gib(state, state_shardings), 4)
         state = with_shardings(state, state_shardings)
         rollout, inputs = rows_sharded(rollout), rows_sharded(inputs)
@@ -302,7 +303,7 @@ def run(args) -> list:
     else:
       p_abs, (tok, msk) = params, prompts
       if mesh is not None:
-        shardings = tree_shardings(params, mesh)
+        shardings = tree_shardings(params, mesh, head_counts(cfg))
         extra["params_gib_per_device"] = round(per_device_gib(params, shardings), 4)
         p_abs = with_shardings(params, shardings)
         tok, msk = rows_sharded((tok, msk))

@@ -40,12 +40,11 @@ def run_on(mesh, batch_inputs, micro=1):
   kw = dict(model_cfg=CFG, max_new_tokens=6, eos_id=2, pad_id=0, mesh=mesh)
   greedy = generate(state.params, prompts, mask, jax.random.key(0), temperature=0.0, **kw)
   sampled = generate(state.params, prompts, mask, jax.random.key(3), temperature=1.0, **kw)
-  prepare = make_prepare_batch(CFG, rl, 4, 1.0, 6)
+  prepare = jax.jit(make_prepare_batch(CFG, rl, 4, 1.0, 6))
   update = make_update_step(CFG, rl, optimizer, 1.0)
   rollout, inputs = shard_batch(batch_inputs, mesh)
   for _ in range(2):
-    batch, _ = prepare(state.params, state.value_params, state.ref_params, state.kl_coef,
-                       rollout, inputs)
+    batch, _ = prepare(state, rollout, inputs)
     state, metrics = update(state, batch)
   # The KV cache (B, kv_heads, S, head_dim) the sampler's prefill leaves: its shard shape.
   fill = functools.partial(prefill, model_cfg=CFG, max_new_tokens=6, mesh=mesh)
@@ -62,11 +61,8 @@ def main():
   # One fixed rollout batch for the updates, sampled on one device.
   r = generate(perturbed_params(CFG), PROMPTS, PROMPTS != 0, jax.random.key(3), model_cfg=CFG,
                max_new_tokens=6, temperature=1.0, eos_id=2, pad_id=0)
-  mask = np.asarray(r.completion_mask)
   rewards = (np.asarray(r.completion_tokens) == 7).sum(1).astype(np.float32)
-  inputs = RewardInputs(jnp.asarray(rewards), jnp.zeros(len(rewards)),
-                        jnp.zeros(mask.shape), jnp.zeros(mask.shape, jnp.int32),
-                        jnp.asarray(mask))
+  inputs = RewardInputs(jnp.asarray(rewards), {}, jnp.int32(0))
   batch_inputs = (jax.device_get(r), jax.device_get(inputs))
   ref = run_on(single, batch_inputs)
   out = {}

@@ -21,11 +21,13 @@ import pytest
 from configs import grpo_tiny
 from grpo_jax.config import ConfigError, rl_defaults, validate
 from grpo_jax.data.arithmetic import AdditionTask
+from grpo_jax.rollout.sampler import Rollout
 from grpo_jax.train import faults, update as update_lib
 from grpo_jax.train.checkpoint import Checkpoints
-from grpo_jax.train.collect import collect
+from grpo_jax.train.collect import Samplers, collect, score_round
 from grpo_jax.train.loop import train
 from grpo_jax.train.metrics import TIMING_KEYS, keep_records_until
+from grpo_jax.train.seed_axis import SeedAxis
 from grpo_jax.train.state import create_train_state, make_optimizer
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -181,7 +183,8 @@ def _template():
 
 def _nan_grad_loss(monkeypatch, always: bool):
   """Patches the update's loss: same value, but a NaN gradient for one weight matrix, always
-  or only for a batch marked by non-zero old_values (unused without a critic)."""
+  or only for a batch marked by non-zero old_values (unused without a critic, where an unmarked
+  batch has none)."""
   @jax.custom_vjp
   def nan_grad(x, scale):
     return x
@@ -192,7 +195,7 @@ def _nan_grad_loss(monkeypatch, always: bool):
 
   def loss(trainable, mb, *args, **kwargs):
     params, value_params = trainable
-    on = True if always else jnp.any(mb.old_values != 0)
+    on = always or (mb.old_values is not None and jnp.any(mb.old_values != 0))
     scale = jnp.where(on, jnp.nan, 1.0)
     params = {**params, "embed_tokens": nan_grad(params["embed_tokens"], scale)}
     return original((params, value_params), mb, *args, **kwargs)
@@ -206,7 +209,8 @@ def test_injected_nan_gradient_leaves_params_unchanged_and_is_counted(monkeypatc
   state, batch, optimizer = _batch_and_state(rl)
   _nan_grad_loss(monkeypatch, always=False)
   update_step = update_lib.make_update_step(cfg, rl, optimizer, 1.0)
-  marked = batch._replace(old_values=jnp.ones_like(batch.old_values))
+  assert batch.old_values is None  # no critic
+  marked = batch._replace(old_values=jnp.ones_like(batch.advantages))
   after, metrics = update_step(state, marked)
   assert np.isfinite(float(metrics["loss"])) and not np.isfinite(float(metrics["grad_norm"]))
   _assert_trees_equal((after.params, after.opt_state), (state.params, state.opt_state))
@@ -250,13 +254,16 @@ class _FlakyReward:
     self.raise_text, self.nan_text = raise_text, nan_text
 
   def score(self, batch, tokens, mask, group_size):
-    rewards, steps = self.task.score(batch, tokens, mask, group_size)
+    rewards = self.task.score(batch, tokens, mask, group_size)
     texts = [self.tokenizer.decode(t) for t in np.asarray(tokens)]
     if self.raise_text in texts:
       raise ZeroDivisionError("reward bug")
     rewards = np.asarray(rewards, np.float32).copy()
     rewards[[i for i, t in enumerate(texts) if t == self.nan_text]] = np.nan
-    return rewards, steps
+    return rewards
+
+  def step_rewards(self, batch, tokens, mask, group_size):
+    return self.task.step_rewards(batch, tokens, mask, group_size)
 
 
 @pytest.mark.parametrize("mode", ["raise", "zero"])
@@ -268,7 +275,7 @@ def test_failing_reward_stops_the_run_or_scores_zero(mode):
   tokens = np.array([tokenize(a) for a in answers], np.int32)
   mask = np.array([[i <= len(a) for i in range(4)] for a in answers])
   flaky = _FlakyReward(task, raise_text="11", nan_text="240")
-  expected, _ = task.score(prompts, tokens, mask, 3)
+  expected = task.score(prompts, tokens, mask, 3)
   np.testing.assert_array_equal(expected, [1, 0, 0, 0, 0, 1])
   if mode == "raise":
     with pytest.raises(faults.RewardError, match=r"^the reward function raised "
@@ -281,8 +288,17 @@ def test_failing_reward_stops_the_run_or_scores_zero(mode):
                        r"completion '240'"):
       faults.guarded_score(flaky, prompts, tokens, mask, 3, mode)
     return
-  rewards, steps, errors = faults.guarded_score(flaky, prompts, tokens, mask, 3, mode)
+  rewards, failed = faults.guarded_score(flaky, prompts, tokens, mask, 3, mode)
   np.testing.assert_array_equal(rewards, [1, 0, 0, 0, 0, 0])  # rows 1 and 5 scored 0
+  np.testing.assert_array_equal(failed, [False, True, False, False, False, True])
+  # The step rewards (process supervision) of the completions scored 0 are 0 too: they come
+  # with the rewards from collect's score_round when the estimator needs them.
+  rollout = Rollout(np.repeat(prompts.prompt_tokens, 3, 0), np.repeat(prompts.prompt_mask, 3, 0),
+                    tokens, mask, np.zeros(mask.shape, np.float32), np.zeros(len(tokens), bool))
+  rewards, extras, errors = score_round(flaky, prompts, rollout, None, 3, mode,
+                                        needs=("step_rewards",))
+  np.testing.assert_array_equal(rewards, [1, 0, 0, 0, 0, 0])
+  steps = extras["step_rewards"]
   assert errors == 2 and steps[0].shape == (6, 4)
   assert np.all(steps[0][[1, 5]] == 0) and steps[0][0].sum() == 4  # 3 digits + <eos>
 
@@ -297,28 +313,33 @@ class _NanWhenRight:
     return getattr(self.task, name)
 
   def score(self, batch, tokens, mask, group_size):
-    rewards, steps = self.task.score(batch, tokens, mask, group_size)
-    return np.where(np.asarray(rewards) == 1, np.nan, rewards), steps
+    rewards = self.task.score(batch, tokens, mask, group_size)
+    return np.where(np.asarray(rewards) == 1, np.nan, rewards)
 
 
 def test_collect_counts_zeroed_rewards_or_stops():
   from tests.test_collect import _ScriptedSampler  # noqa: PLC0415
   task = AdditionTask(2, 100, 4, True, True)
-  config = types.SimpleNamespace(seed=0, rollout=types.SimpleNamespace(num_prompts=6,
-                                                                       group_size=4),
-                                 rl=rl_defaults())
-  state = types.SimpleNamespace(params=None, data_position=jnp.int32(0))
-  clean = collect(state, task, config, _ScriptedSampler(task, 4), None, jax.random.key(0))
+
+  def run(task, on_reward_error="raise"):
+    config = types.SimpleNamespace(
+        seed=0, rollout=types.SimpleNamespace(num_prompts=6, group_size=4), rl=rl_defaults(),
+        train=types.SimpleNamespace(on_reward_error=on_reward_error))
+    (out,) = collect(None, [0], [jax.random.key(0)], task, config,
+                     Samplers(sample=_ScriptedSampler(task, 4), greedy=None), SeedAxis((0,)),
+                     needs=("step_rewards",))
+    return out
+
+  clean = run(task)
   assert float(np.sum(clean.inputs.rewards)) == 4 and clean.reward_errors == 0
-  out = collect(state, _NanWhenRight(task), config, _ScriptedSampler(task, 4), None,
-                jax.random.key(0), on_reward_error="zero")
+  out = run(_NanWhenRight(task), on_reward_error="zero")
   np.testing.assert_array_equal(np.asarray(out.rollout.completion_tokens),
                                 np.asarray(clean.rollout.completion_tokens))
   assert out.reward_errors == 4 and float(np.abs(out.inputs.rewards).sum()) == 0
-  assert float(np.abs(out.inputs.step_rewards).sum()) < float(clean.inputs.step_rewards.sum())
   with pytest.raises(faults.RewardError, match=r"^the reward function returned nan"):
-    collect(state, _NanWhenRight(task), config, _ScriptedSampler(task, 4), None,
-            jax.random.key(0))
+    run(_NanWhenRight(task))
+  steps, clean_steps = out.inputs.extras["step_rewards"], clean.inputs.extras["step_rewards"]
+  assert float(np.abs(steps[0]).sum()) < float(clean_steps[0].sum())
 
 
 def test_metrics_resume_keeps_records_up_to_the_restored_step(tmp_path):

@@ -7,14 +7,16 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from grpo_jax.config import ADVANTAGES, rl_defaults
+import grpo_jax.builtins  # noqa: F401  every built-in estimator registered
+from grpo_jax.config import rl_defaults
 from grpo_jax.data.arithmetic import AdditionTask
 from grpo_jax.rewards.exact_match import token_step_rewards
 from grpo_jax.rl import advantages as adv_lib
+from grpo_jax.rl.estimators import ESTIMATORS, estimate_advantages
 from grpo_jax.rl.shaping import overlong_penalty
 from grpo_jax.rollout.sampler import Rollout
-from grpo_jax.train.collect import collect
-from grpo_jax.train.experience import RewardInputs, estimate_advantages
+from grpo_jax.train.collect import Samplers, collect
+from grpo_jax.train.seed_axis import SeedAxis
 
 
 def test_overlong_penalty_matches_piecewise_definition():
@@ -51,17 +53,18 @@ def test_every_estimator_dispatches_to_its_formula():
   rewards = jnp.asarray(rng.integers(0, 2, b).astype(np.float32))
   token_rewards = adv_lib.place_reward_on_last_token(rewards, mask)
   values = jnp.asarray(rng.normal(size=(b, n)).astype(np.float32))
-  inputs = RewardInputs(rewards, jnp.asarray(rng.random(b).astype(np.float32)),
-                        token_rewards, jnp.tile(jnp.arange(n), (b, 1)), mask)
+  extras = {"greedy_rewards": jnp.asarray(rng.random(b).astype(np.float32)),
+            "step_rewards": (token_rewards, jnp.tile(jnp.arange(n), (b, 1)), mask)}
+  names = ESTIMATORS.names()
   seen = set()
-  for name in ADVANTAGES:
+  for name in names:
     rl = rl_defaults(advantage=name)
-    adv, returns = estimate_advantages(rl, group, token_rewards, mask, values, inputs)
+    adv, returns = estimate_advantages(rl, group, token_rewards, mask, values, extras)
     assert adv.shape == (b, n) and returns.shape == (b, n)
     assert np.all(np.asarray(adv)[~np.asarray(mask)] == 0)
     seen.add(np.asarray(adv).round(5).tobytes())
-  assert len(seen) == len(ADVANTAGES)  # nine estimators, nine different answers
-  grpo, _ = estimate_advantages(rl_defaults(), group, token_rewards, mask, values, inputs)
+  assert len(seen) == len(names)  # nine estimators, nine different answers
+  grpo, _ = estimate_advantages(rl_defaults(), group, token_rewards, mask, values, extras)
   expected = adv_lib.broadcast_to_tokens(
       adv_lib.group_normalized_advantages(rewards, group, 1e-6), mask)
   np.testing.assert_array_equal(np.asarray(grpo), np.asarray(expected))
@@ -95,16 +98,17 @@ def test_dynamic_sampling_keeps_only_groups_with_a_reward_spread(max_extra):
   task = AdditionTask(2, 100, 4, True, True)
   config = types.SimpleNamespace(
       seed=0, rollout=types.SimpleNamespace(num_prompts=6, group_size=4),
-      rl=rl_defaults(dynamic_sampling=True, max_extra_rollouts=max_extra))
-  state = types.SimpleNamespace(params=None, data_position=jnp.int32(12))
+      rl=rl_defaults(dynamic_sampling=True, max_extra_rollouts=max_extra),
+      train=types.SimpleNamespace(on_reward_error="raise"))
   sampler = _ScriptedSampler(task, 4)
-  out = collect(state, task, config, sampler, None, key=jax.random.key(0))
+  (out,) = collect(None, [12], [jax.random.key(0)], task, config,
+                   Samplers(sample=sampler, greedy=None), SeedAxis((0,)))
   rewards = np.asarray(out.inputs.rewards).reshape(6, 4)
   spread = rewards.max(1) > rewards.min(1)
   # Each round yields 2 of 6 groups with a spread: 3 rounds fill the batch.
   expected_rounds = 3 if max_extra >= 2 else 2
   assert out.sampling_rounds == expected_rounds
-  assert out.prompts_consumed == 6 * expected_rounds
+  assert int(out.inputs.prompts_consumed) == 6 * expected_rounds
   assert spread.sum() == min(6, 2 * expected_rounds) == 6 - out.groups_without_spread
   assert np.all(spread[:6 - out.groups_without_spread])  # kept groups first, fillers after
   assert np.all(rewards[spread] .sum(1) == 2)  # half right, as scripted

@@ -41,11 +41,12 @@ def test_config_error_from_main_is_one_line(tmp_path):
     ("rl", "num_minibatches", 5, "rollout batch of 128 completions (rollout.num_prompts=16 x "
                                  "rollout.group_size=8) does not split into "
                                  "rl.num_minibatches=5"),
-    ("rl", "advantage", "gae2", "rl.advantage='gae2' is unknown; valid: grpo, dr_grpo, "
-                                "grpo_batch_std, rloo, reinforce_pp_baseline, process, "
-                                "reinforce_pp, remax, gae."),
+    # Registries list their names sorted (grpo_jax/registry.py).
+    ("rl", "advantage", "gae2", "rl.advantage='gae2' is unknown; valid: dr_grpo, gae, grpo, "
+                                "grpo_batch_std, process, reinforce_pp, "
+                                "reinforce_pp_baseline, remax, rloo."),
     ("rl", "advantage", "gae", "rl.advantage='gae' needs a critic, but rl.value_head='none'"),
-    ("rl", "loss", "ppo2", "rl.loss='ppo2' is unknown; valid: ppo_clip, gspo."),
+    ("rl", "loss", "ppo2", "rl.loss='ppo2' is unknown; valid: gspo, ppo_clip."),
     ("rl", "kl_estimator", "k4", "rl.kl_estimator='k4' is unknown; valid: k1, k2, k3."),
     ("rl", "num_micro_batches", 3, "a minibatch of 128 completions does not split into "
                                    "rl.num_micro_batches=3"),

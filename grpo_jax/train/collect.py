@@ -43,17 +43,20 @@ def score_round(task, prompts, rollout: Rollout, greedy_rollout: Rollout | None,
   """One sampling round scored on the host: (rewards (B,), extras, completions scored 0).
   extras holds what `needs` names: greedy_rewards (the greedy completion's reward of each
   row's prompt) and step_rewards (the task's)."""
-  rewards, errors = guarded_score(task, prompts, rollout.completion_tokens,
+  rewards, failed = guarded_score(task, prompts, rollout.completion_tokens,
                                   rollout.completion_mask, group_size, on_reward_error)
+  errors = int(failed.sum())
   extras = {}
   if "greedy_rewards" in needs:
     greedy_rewards, bad = guarded_score(task, prompts, greedy_rollout.completion_tokens,
                                         greedy_rollout.completion_mask, 1, on_reward_error)
     extras["greedy_rewards"] = np.repeat(greedy_rewards, group_size)
-    errors += bad
-  if "step_rewards" in needs:
-    extras["step_rewards"] = task.step_rewards(prompts, rollout.completion_tokens,
-                                               rollout.completion_mask, group_size)
+    errors += int(bad.sum())
+  if "step_rewards" in needs:  # a completion scored 0 for a failing reward: its steps too
+    step_rewards, end_index, step_mask = task.step_rewards(
+        prompts, rollout.completion_tokens, rollout.completion_mask, group_size)
+    extras["step_rewards"] = (np.where(failed[:, None], 0.0, step_rewards).astype(np.float32),
+                              end_index, step_mask)
   return rewards, extras, errors
 
 

@@ -80,10 +80,11 @@ def _score_rows(task, prompts, tokens, mask, group_size: int):
 
 
 def guarded_score(task, prompts, tokens, mask, group_size: int, on_error: str):
-  """task.score(prompts, tokens, mask, group_size) -> (rewards, count scored 0).
+  """task.score(prompts, tokens, mask, group_size) -> (rewards, failed (B,) bool).
 
   A completion whose reward raises or is not finite stops the run with a RewardError showing
-  its prompt and completion (on_error="raise"), or is scored 0 and counted (on_error="zero").
+  its prompt and completion (on_error="raise"), or is scored 0 and marked failed
+  (on_error="zero"; the caller counts them and zeroes what else it scores for those rows).
   """
   tokens, mask = np.asarray(tokens), np.asarray(mask)
   try:
@@ -93,7 +94,7 @@ def guarded_score(task, prompts, tokens, mask, group_size: int, on_error: str):
   except Exception as e:  # noqa: BLE001
     ok, first_error = None, e
   if ok is not None and ok.all():
-    return np.asarray(rewards, np.float32), 0
+    return np.asarray(rewards, np.float32), np.zeros(tokens.shape[0], bool)
   rewards, failures = _score_rows(task, prompts, tokens, mask, group_size)
   if not failures:  # the batch failed but every completion scores alone: a batch-level bug
     what = repr(first_error) if first_error is not None else "non-finite values"
@@ -107,4 +108,4 @@ def guarded_score(task, prompts, tokens, mask, group_size: int, on_error: str):
         f"the reward function {what} for the prompt {prompt!r} and the completion "
         f"{_text(task.tokenizer, tokens[row], mask[row])!r}; fix the reward function, or set "
         f"train.on_reward_error='zero' to score such completions 0 and count them.") from error
-  return rewards, len(failures)
+  return rewards, np.isin(np.arange(tokens.shape[0]), list(failures))
