@@ -113,3 +113,42 @@ def test_dynamic_sampling_keeps_only_groups_with_a_reward_spread(max_extra):
   assert np.all(spread[:6 - out.groups_without_spread])  # kept groups first, fillers after
   assert np.all(rewards[spread] .sum(1) == 2)  # half right, as scripted
   assert out.rollout.completion_tokens.shape == (24, 4)
+
+
+class _NanSteps:
+  """The addition task whose step rewards are NaN on the completion of row 2."""
+
+  def __init__(self, task):
+    self.task = task
+
+  def __getattr__(self, name):
+    return getattr(self.task, name)
+
+  def step_rewards(self, batch, tokens, mask, group_size):
+    rewards, end, step_mask = self.task.step_rewards(batch, tokens, mask, group_size)
+    rewards = np.array(rewards, np.float32)
+    rewards[2, 0] = np.nan
+    return rewards, end, step_mask
+
+
+@pytest.mark.parametrize("mode", ["raise", "zero"])
+def test_non_finite_step_rewards_stop_the_run_or_score_zero(mode):
+  from grpo_jax.train.collect import score_round  # noqa: PLC0415
+  from grpo_jax.train.faults import RewardError  # noqa: PLC0415
+  task = AdditionTask(2, 100, 4, True, True)
+  prompts = task.encode(np.array([[7, 68], [12, 30]]))
+  answer = lambda g: np.repeat(task.encode(np.array([g]))  # noqa: E731
+                               .target_tokens, 2, 0)
+  tokens = np.concatenate([answer([7, 68]), answer([12, 30])])
+  mask = tokens != task.pad_id
+  rollout = Rollout(np.repeat(prompts.prompt_tokens, 2, 0), np.repeat(prompts.prompt_mask, 2, 0),
+                    tokens, mask, np.zeros(mask.shape, np.float32), np.zeros(4, bool))
+  if mode == "raise":
+    with pytest.raises(RewardError, match="step rewards are not finite for 1 completion"):
+      score_round(_NanSteps(task), prompts, rollout, None, 2, mode, needs=("step_rewards",))
+    return
+  rewards, extras, errors = score_round(_NanSteps(task), prompts, rollout, None, 2, mode,
+                                        needs=("step_rewards",))
+  np.testing.assert_array_equal(rewards, [1, 1, 0, 1])  # every answer right, row 2 zeroed
+  assert errors == 1 and np.all(extras["step_rewards"][0][2] == 0)
+  assert np.isfinite(extras["step_rewards"][0]).all() and extras["step_rewards"][0][0].sum() == 4

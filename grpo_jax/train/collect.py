@@ -18,7 +18,7 @@ import numpy as np
 from grpo_jax.parallel.distributed import to_host
 from grpo_jax.rollout.sampler import Rollout
 from grpo_jax.train.experience import RewardInputs
-from grpo_jax.train.faults import guarded_score
+from grpo_jax.train.faults import RewardError, guarded_score
 
 
 @dataclasses.dataclass
@@ -55,6 +55,15 @@ def score_round(task, prompts, rollout: Rollout, greedy_rollout: Rollout | None,
   if "step_rewards" in needs:  # a completion scored 0 for a failing reward: its steps too
     step_rewards, end_index, step_mask = task.step_rewards(
         prompts, rollout.completion_tokens, rollout.completion_mask, group_size)
+    bad_steps = ~np.all(np.isfinite(np.asarray(step_rewards, np.float64)), axis=1) & ~failed
+    if bad_steps.any():
+      if on_reward_error == "raise":
+        raise RewardError(f"the task's step rewards are not finite for {int(bad_steps.sum())} "
+                          f"completion(s) (e.g. row {int(np.argmax(bad_steps))}); fix "
+                          f"step_rewards, or set train.on_reward_error='zero' to score such "
+                          f"completions 0 and count them.")
+      failed, errors = failed | bad_steps, errors + int(bad_steps.sum())
+      rewards = np.where(failed, 0.0, rewards).astype(np.float32)
     extras["step_rewards"] = (np.where(failed[:, None], 0.0, step_rewards).astype(np.float32),
                               end_index, step_mask)
   return rewards, extras, errors
