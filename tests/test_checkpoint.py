@@ -28,7 +28,7 @@ from grpo_jax.train.collect import Samplers, collect, score_round
 from grpo_jax.train.loop import train
 from grpo_jax.train.metrics import TIMING_KEYS, keep_records_until
 from grpo_jax.train.seed_axis import SeedAxis
-from grpo_jax.train.state import create_train_state, make_optimizer
+from grpo_jax.train.state import make_optimizer
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 N = 3  # checkpoint every N steps; runs are 2N steps

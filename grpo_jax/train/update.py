@@ -1,4 +1,5 @@
-"""The policy (and critic) update: a pure `update_step(state, batch) -> (state, metrics)`.
+"""The policy (and critic) update, the second part of the RL step (grpo_jax/train/step.py): a
+pure `update(state, batch) -> (state, metrics)` (make_update; make_update_step jits it alone).
 
     per-token loss = pg_t * w_t  [+ beta * KL_t if KL is in the loss]  [- c_H * H_t]
     loss           = agg(per-token loss)  [+ c_V * agg(value loss)]
