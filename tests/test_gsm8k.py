@@ -1,4 +1,5 @@
-"""GSM8K data and scoring, on the real data in ../shared/data/gsm8k and model-style outputs."""
+"""GSM8K data and scoring, on the real data (../shared/data/gsm8k when present, else the
+committed excerpt tests/data/gsm8k) and model-style outputs."""
 
 import json
 import os
@@ -12,11 +13,23 @@ DATA = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                     "data", "gsm8k")
 
 
+EXCERPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "gsm8k")
+FULL = os.path.isfile(os.path.join(DATA, "train.jsonl"))
+
+
 @pytest.fixture(scope="module")
 def train_records():
-  return load_jsonl(os.path.join(DATA, "train.jsonl"))
+  return load_jsonl(os.path.join(DATA if FULL else EXCERPT, "train.jsonl"))
 
 
+def test_the_committed_excerpt_loads_with_gold_answers():
+  records = load_jsonl(os.path.join(EXCERPT, "train.jsonl"))
+  assert len(records) == 300 and records[0]["gold"] == "72"  # Natalia's clips
+  assert len(load_jsonl(os.path.join(EXCERPT, "test.jsonl"))) == 40
+
+
+@pytest.mark.skipif(not FULL, reason="the full GSM8K is not at ../shared/data/gsm8k (a clone "
+                                     "without it: the excerpt test covers loading)")
 def test_real_gsm8k_loads_with_gold_answers(train_records):
   test = load_jsonl(os.path.join(DATA, "test.jsonl"))
   assert len(train_records) == 7473 and len(test) == 1319
