@@ -27,6 +27,11 @@ SHAPES = {
                          num_attention_heads=8, num_key_value_heads=2),
     "qwen2-12L-768": dict(num_hidden_layers=12, hidden_size=768, intermediate_size=2048,
                           num_attention_heads=12, num_key_value_heads=4),
+    # Qwen2.5-0.5B(-Instruct)'s config.json shape (random weights; the word tokenizer uses
+    # only the first VOCAB ids of its 151936).
+    "qwen2.5-0.5b": dict(num_hidden_layers=24, hidden_size=896, intermediate_size=4864,
+                         num_attention_heads=14, num_key_value_heads=2, vocab_size=151_936,
+                         rope_theta=1_000_000.0, rms_norm_eps=1e-6),
 }
 VOCAB = 32_000
 PAD_ID, UNK_ID, EOS_ID = 0, 1, 2  # word tokenizer's specials; prompts use ids >= 3
@@ -44,9 +49,9 @@ def checkpoint(name: str, seed: int = 0) -> str:
   import torch
   from transformers import Qwen2Config, Qwen2ForCausalLM
   torch.manual_seed(seed)
-  config = Qwen2Config(vocab_size=VOCAB, max_position_embeddings=4096,
-                       tie_word_embeddings=True, bos_token_id=None, eos_token_id=None,
-                       pad_token_id=PAD_ID, **SHAPES[name])
+  config = Qwen2Config(**{**dict(vocab_size=VOCAB), **SHAPES[name]},
+                       max_position_embeddings=4096, tie_word_embeddings=True,
+                       bos_token_id=None, eos_token_id=None, pad_token_id=PAD_ID)
   Qwen2ForCausalLM(config).float().save_pretrained(directory)
   return directory
 
@@ -58,7 +63,7 @@ def num_params(name: str) -> int:
   head = h // s["num_attention_heads"]
   kv = s["num_key_value_heads"] * head
   attn = h * h + h + 2 * (h * kv + kv) + h * h
-  return VOCAB * h + layers * (attn + 3 * h * i + 2 * h) + h
+  return s.get("vocab_size", VOCAB) * h + layers * (attn + 3 * h * i + 2 * h) + h
 
 
 def random_prompts(batch: int, length: int, seed: int = 0):

@@ -20,9 +20,11 @@ TARGET = 7
 
 def build(model: str, group_size: int, num_prompts: int, prompt_len: int, new_tokens: int,
           kl_coef: float = 0.04, learning_rate: float = 1e-6, dtype: str = "float32",
-          reuse_old_logprobs: bool = True):
+          reuse_old_logprobs: bool = True, donate: bool = False):
   """(run_step, info): run_step() does one GRPO step, blocks until it is done and returns the
-  seconds of its parts (rollout, prepare, update); info["last"] holds its state and batch."""
+  seconds of its parts (rollout, prepare, update); info["last"] holds its state and batch
+  (with donate=True the update donates the state, as a run's step does, and info["last"] holds
+  no state: its buffers are reused)."""
   import jax
   import ml_collections
   import numpy as np
@@ -32,7 +34,7 @@ def build(model: str, group_size: int, num_prompts: int, prompt_len: int, new_to
   from grpo_jax.rollout.sampler import generate
   from grpo_jax.train.experience import RewardInputs, make_prepare_batch
   from grpo_jax.train.state import create_train_state, make_optimizer, step_key
-  from grpo_jax.train.update import make_update_step
+  from grpo_jax.train.update import make_update, make_update_step
 
   cfg, params = load_hf_checkpoint(common.checkpoint(model), dtype, dtype)
   rl = rl_defaults(advantage="grpo", kl_coef=kl_coef, loss_aggregation="token-mean",
@@ -43,11 +45,12 @@ def build(model: str, group_size: int, num_prompts: int, prompt_len: int, new_to
   optimizer = make_optimizer(optim, 1000)
   box = {"state": create_train_state(params, optimizer, jax.random.key(1), kl_coef=kl_coef)}
   sample = functools.partial(generate, model_cfg=cfg, max_new_tokens=new_tokens,
-                             temperature=1.0, eos_id=-1, pad_id=common.PAD_ID)
+                             temperature=1.0, eos_id=-1, pad_id=common.PAD_ID,
+                             group_size=group_size)  # each prompt prefilled once
   prepare = jax.jit(make_prepare_batch(cfg, rl, group_size, 1.0, new_tokens))
-  update = make_update_step(cfg, rl, optimizer, 1.0)
+  update = (jax.jit(make_update(cfg, rl, optimizer, 1.0), donate_argnums=0) if donate
+            else make_update_step(cfg, rl, optimizer, 1.0))
   tokens, mask = common.random_prompts(num_prompts, prompt_len)
-  tokens, mask = np.repeat(tokens, group_size, 0), np.repeat(mask, group_size, 0)
   times = {}
 
   def run_step():
@@ -65,7 +68,7 @@ def build(model: str, group_size: int, num_prompts: int, prompt_len: int, new_to
     state, metrics = update(state, batch)
     jax.block_until_ready(metrics)
     t3 = time.perf_counter()
-    info["last"] = dict(state=box["state"], batch=batch)
+    info["last"] = dict(state=None if donate else box["state"], batch=batch)
     box["state"] = state
     times.update(rollout=t1 - t0, prepare=t2 - t1, update=t3 - t2)
     return times

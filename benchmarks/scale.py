@@ -9,9 +9,12 @@ What it measures, for each `--what`:
            (configs/grpo_gsm8k.py). rl is `rl_defaults(num_micro_batches=K, kl_coef=0.001,
            num_minibatches=--minibatches)`
            (one minibatch, so the old log-probs are the update's own: no extra forward pass).
-  sampler  `grpo_jax.rollout.sampler.generate` (prefill + the decode while_loop), temperature 1.
-  prefill  `grpo_jax.rollout.sampler.prefill` on `--rows` rows, i.e. prompts x G rows in which
-           every prompt is repeated G times, as the sampler is fed today (FLOPs grow with G).
+  sampler  `grpo_jax.rollout.sampler.generate` (prefill + the decode while_loops), temperature
+           1, on rows / G prompts with G samples each (prefix sharing), decode segments of
+           --decode-block steps.
+  prefill  `grpo_jax.rollout.sampler.prefill` of rows / G prompts, each computed once and its
+           cache rows repeated G times (FLOPs scale with prompts, not rows). --no-prefix-sharing
+           feeds every prompt G times instead (rows prompts, group size 1), as before.
 
 How: params are `jax.eval_shape(init_params, ...)` (fp32 master weights, bf16 compute, as in
 configs/grpo_gsm8k.py), the train state `jax.eval_shape(initial_state, ...)`, the rollout and
@@ -22,7 +25,8 @@ of model size is ever allocated, so a 7B shape "runs" on a laptop (compile time 
 
     python benchmarks/scale.py --shape qwen2.5-0.5b --rows 16 --prompt 256 --new 256 \\
         [--micro-batches K] [--layers L] [--group-size G] [--what update,sampler,prefill] \\
-        [--remat none|full|save_dots|...] [--logits-chunk C] [--mesh D,F,T]
+        [--remat none|full|save_dots|...] [--logits-chunk C] [--mesh D,F,T] \\
+        [--decode-block S] [--no-prefix-sharing]
 
   --shape        qwen2.5-0.5b | qwen2.5-1.5b | qwen2.5-7b (their HF configs), or one of the
                  small random checkpoints of benchmarks/common.py (qwen2-4L-256, ...)
@@ -95,6 +99,8 @@ def shape_table() -> dict:
   from benchmarks import common
   table = dict(QWEN25)
   for name, s in common.SHAPES.items():
+    if name in table:  # qwen2.5-0.5b: the real config above
+      continue
     table[name] = dict(vocab_size=common.VOCAB, hidden_size=s["hidden_size"],
                        num_layers=s["num_hidden_layers"], num_heads=s["num_attention_heads"],
                        num_kv_heads=s["num_key_value_heads"],
@@ -122,6 +128,10 @@ def parse_args(argv=None):
   p.add_argument("--scan-layers", action="store_true",
                  help="layers as one nn.scan over stacked params (model.scan_layers)")
   p.add_argument("--mesh", default=None, help="D,F,T: (data, fsdp, tensor) fake CPU devices")
+  p.add_argument("--decode-block", type=int, default=128,
+                 help="sampler: decode steps per segment (rollout.decode_block; 0 = one)")
+  p.add_argument("--no-prefix-sharing", action="store_true",
+                 help="sampler/prefill: feed every prompt G times (the sampler before #13)")
   args = p.parse_args(argv)
   args.what = [w.strip() for w in args.what.split(",") if w.strip()]
   for w in args.what:
@@ -254,8 +264,7 @@ def run(args) -> list:
   mesh = None
   if args.mesh is not None:
     import ml_collections
-    from grpo_jax.parallel.mesh import (batch_sharding, head_counts, make_mesh,
-                                        tree_shardings)
+    from grpo_jax.parallel.mesh import batch_sharding, make_mesh, tree_shardings
     mesh = make_mesh(ml_collections.ConfigDict(dict(zip(("data", "fsdp", "tensor"),
                                                          args.mesh))))
     batch_rows = mesh.shape["data"] * mesh.shape["fsdp"]
@@ -266,7 +275,9 @@ def run(args) -> list:
         lambda x: batch_sharding(mesh, len(x.shape)) if x.shape else replicated, tree))
 
   sds = jax.ShapeDtypeStruct
+  group = 1 if args.no_prefix_sharing else args.group_size  # the sampler's rows per prompt
   prompts = (sds((rows, plen), jnp.int32), sds((rows, plen), jnp.bool_))
+  sampler_prompts = (sds((rows // group, plen), jnp.int32), sds((rows // group, plen), jnp.bool_))
   base = dict(shape=args.shape, layers=cfg.num_layers, rows=rows, prompt=plen, new=new,
               micro_batches=args.micro_batches, minibatches=args.minibatches,
               group_size=args.group_size,
@@ -294,28 +305,32 @@ def run(args) -> list:
       extra["state_gib"] = round(tree_gib(state), 4)
       jit_kwargs = {}
       if mesh is not None:
-        state_shardings = tree_shardings(state, mesh, head_counts(cfg))  # as the loop
+        state_shardings = tree_shardings(state, mesh)  # as the loop
         extra["state_gib_per_device"] = round(per_device_gib(state, state_shardings), 4)
         state = with_shardings(state, state_shardings)
         rollout, inputs = rows_sharded(rollout), rows_sharded(inputs)
         jit_kwargs["out_shardings"] = (state_shardings, None)  # as train/loop.py
       m = measure(step, (state, rollout, inputs), donate=0, jit_kwargs=jit_kwargs)
     else:
-      p_abs, (tok, msk) = params, prompts
+      p_abs, (tok, msk) = params, sampler_prompts
+      extra.update(sampler_prompts=rows // group, sampler_group=group,
+                   decode_block=args.decode_block)
       if mesh is not None:
-        shardings = tree_shardings(params, mesh, head_counts(cfg))
+        shardings = tree_shardings(params, mesh)
         extra["params_gib_per_device"] = round(per_device_gib(params, shardings), 4)
         p_abs = with_shardings(params, shardings)
-        tok, msk = rows_sharded((tok, msk))
+        if (rows // group) % batch_rows == 0:  # else replicated, as the loop places them
+          tok, msk = rows_sharded((tok, msk))
       if what == "sampler":
         k_abs = jax.eval_shape(lambda: key)
         fn = lambda p, t, m, k: sampler.generate(  # noqa: E731
             p, t, m, k, model_cfg=cfg, max_new_tokens=new, temperature=1.0,
-            eos_id=common.EOS_ID, pad_id=common.PAD_ID, mesh=mesh)
+            eos_id=common.EOS_ID, pad_id=common.PAD_ID, mesh=mesh, group_size=group,
+            decode_block=args.decode_block)
         m = measure(fn, (p_abs, tok, msk, k_abs))
       else:
         fn = lambda p, t, m: sampler.prefill(  # noqa: E731
-            p, t, m, model_cfg=cfg, max_new_tokens=new, mesh=mesh)
+            p, t, m, model_cfg=cfg, max_new_tokens=new, mesh=mesh, group_size=group)
         m = measure(fn, (p_abs, tok, msk))
     result = dict(what=what, **base, **m, **extra)
     results.append(result)

@@ -17,6 +17,10 @@ which side runs first, and each side's best round counts. torch: --torch-threads
 (default all cores) and OMP_WAIT_POLICY=PASSIVE (see vs_hf_generate.py).
 
     python benchmarks/vs_trl.py --models qwen2-4L-256
+    python benchmarks/vs_trl.py --models qwen2.5-0.5b --group-size 4 --num-prompts 2 \
+        --prompt-len 64 --new-tokens 64 --steps 2 --rounds 1   # the Qwen2.5-0.5B shape
+
+Each side reports its process's peak RSS; one JSON line per model ends the output.
 """
 
 import argparse
@@ -35,7 +39,8 @@ def ours(args) -> dict:
   import jax
   run_step, _ = grpo_step.build(args.model, args.group_size, args.num_prompts, args.prompt_len,
                                 args.new_tokens, kl_coef=args.beta,
-                                reuse_old_logprobs=not args.recompute_old_logprobs)
+                                reuse_old_logprobs=not args.recompute_old_logprobs,
+                                donate=True)  # the state held once, as in a run
   run_step()  # compiles
   steps, parts = [], []
   for _ in range(args.steps):
@@ -43,7 +48,8 @@ def ours(args) -> dict:
     parts.append(dict(run_step()))
     steps.append(time.perf_counter() - start)
   split = {k: statistics.median(p[k] for p in parts) for k in parts[0]}
-  return dict(steps=steps, split=split, settings=f"jax {jax.__version__}, {malloc}")
+  return dict(steps=steps, split=split, settings=f"jax {jax.__version__}, {malloc}",
+              peak_rss_gib=peak_rss_gib())
 
 
 def trl(args) -> dict:
@@ -85,7 +91,14 @@ def trl(args) -> dict:
                         processing_class=common.word_tokenizer(), callbacks=[timer])
   trainer.train()
   steps = [b - a for a, b in zip(timer.ends, timer.ends[1:])]
-  return dict(steps=steps, settings=f"trl {trl_lib.__version__}, {settings}")
+  return dict(steps=steps, settings=f"trl {trl_lib.__version__}, {settings}",
+              peak_rss_gib=peak_rss_gib())
+
+
+def peak_rss_gib() -> float:
+  """This process's peak resident memory (ru_maxrss is KiB on Linux)."""
+  import resource
+  return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 2)
 
 
 def main():
@@ -112,7 +125,7 @@ def main():
     print(json.dumps((ours if args.side == "ours" else trl)(args)))
     return
   print(common.header())
-  rows, settings = [], {}
+  rows, settings, records = [], {}, []
   for model in args.models:
     common.checkpoint(model)
     side_args = ["--model", model, "--group-size", str(args.group_size), "--num-prompts",
@@ -132,8 +145,13 @@ def main():
     rounds = " / ".join(f"{statistics.median(a['steps']):.2f} vs "
                         f"{statistics.median(b['steps']):.2f}" for a, b in pairs)
     split = " / ".join(f"{a['split'][k]:.2f}" for k in ("rollout", "prepare", "update"))
+    b = min((b for _, b in pairs), key=lambda r: statistics.median(r["steps"]))
     rows.append([model, f"{common.num_params(model) / 1e6:.1f}M", f"{x:.2f}", split, f"{y:.2f}",
-                 f"{y / x:.2f}x", rounds])
+                 f"{y / x:.2f}x", rounds, f"{a['peak_rss_gib']} / {b['peak_rss_gib']}"])
+    records.append(dict(model=model, params_m=round(common.num_params(model) / 1e6, 1),
+                        ours_s_per_step=round(x, 3), trl_s_per_step=round(y, 3),
+                        trl_over_ours=round(y / x, 3), ours_peak_rss_gib=a["peak_rss_gib"],
+                        trl_peak_rss_gib=b["peak_rss_gib"]))
   print(f"ours: {settings['ours']}; TRL: {settings['trl']}")
   print(f"G={args.group_size}, {args.num_prompts} prompts/step ({args.group_size * args.num_prompts}"
         f" completions), prompt {args.prompt_len} tokens, {args.new_tokens} new tokens, "
@@ -141,7 +159,10 @@ def main():
         f"{'recomputed' if args.recompute_old_logprobs else 'reused'} by ours; median s/step of {args.steps} steps after the first, best of "
         f"{args.rounds} rounds")
   print(common.table(["model", "params", "ours s/step", "ours rollout / prepare / update s",
-                      "TRL s/step", "TRL / ours", "each round: ours vs TRL s/step"], rows))
+                      "TRL s/step", "TRL / ours", "each round: ours vs TRL s/step",
+                      "peak RSS GiB ours / TRL"], rows))
+  for record in records:
+    print(json.dumps(record))
 
 
 if __name__ == "__main__":

@@ -111,6 +111,9 @@ def validate(config) -> None:
   _require(rl.num_iterations >= 1, f"rl.num_iterations={rl.num_iterations}; use at least 1.")
   _require(r.temperature >= 0, f"rollout.temperature={r.temperature}; use >= 0 (0 = greedy).")
   _require(0 < r.top_p <= 1, f"rollout.top_p={r.top_p}; use a value in (0, 1].")
+  _require(isinstance(r.decode_block, int) and r.decode_block >= 0,
+           f"rollout.decode_block={r.decode_block!r}; use a whole number of decode steps per "
+           f"segment >= 0 (0 = one segment).")
   _require(rl.clip_eps_low > 0 and rl.clip_eps_high > 0,
            f"rl.clip_eps_low={rl.clip_eps_low}, rl.clip_eps_high={rl.clip_eps_high}; use "
            f"positive values such as 0.2 and 0.28.")

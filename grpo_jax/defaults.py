@@ -71,7 +71,10 @@ def get_defaults() -> ml_collections.ConfigDict:
       max_new_tokens=4,  # completion length limit
       temperature=1.0,  # 0 = greedy
       top_k=0,  # 0 = off
-      top_p=1.0))  # 1.0 = off
+      top_p=1.0,  # 1.0 = off
+      # Decode steps per segment: a segment's attention reads only the cache slots filled by
+      # its end (P + e), not all P + N; 0 = one segment. Each segment is its own compiled loop.
+      decode_block=128))
 
   # Every field and its source: grpo_jax/config.py's rl_defaults.
   c.rl = rl_defaults()

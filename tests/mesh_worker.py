@@ -1,6 +1,9 @@
 """Run in a subprocess with XLA_FLAGS=--xla_force_host_platform_device_count=8: compares the
-sampler and the update on several meshes with the single-device run; prints one JSON line."""
+sampler and the update on several meshes with the single-device run (unscanned), with and
+without scanned layers, each under `jax.set_mesh` as the training loop runs them (so the
+decoder's activation constraints apply); prints one JSON line."""
 
+import dataclasses
 import functools
 import json
 import sys
@@ -11,6 +14,7 @@ import ml_collections
 import numpy as np
 
 from grpo_jax.config import rl_defaults
+from grpo_jax.models.decoder import stack_layers, unstack_layers
 from grpo_jax.parallel.mesh import make_mesh, shard_batch, tree_shardings
 from grpo_jax.rollout.sampler import generate, prefill
 from grpo_jax.train.experience import RewardInputs, make_prepare_batch
@@ -30,28 +34,39 @@ def mesh_of(shape, devices):
                    devices)
 
 
-def run_on(mesh, batch_inputs, micro=1):
+def run_on(mesh, batch_inputs, micro=1, scan=False):
+  with jax.set_mesh(mesh):
+    return _run_on(mesh, batch_inputs, micro, scan)
+
+
+def _run_on(mesh, batch_inputs, micro, scan):
+  cfg = dataclasses.replace(CFG, scan_layers=scan)
   params = perturbed_params(CFG)
+  if scan:
+    params = stack_layers(params, CFG.num_layers)
   rl = rl_defaults(num_minibatches=2, num_micro_batches=micro, kl_coef=0.05)
   optimizer = make_optimizer(OPTIM, 10)
   state = create_train_state(params, optimizer, jax.random.key(1), None, rl.kl_coef)
   state = jax.device_put(state, tree_shardings(state, mesh))
   prompts, mask = shard_batch((PROMPTS, PROMPTS != 0), mesh)
-  kw = dict(model_cfg=CFG, max_new_tokens=6, eos_id=2, pad_id=0, mesh=mesh)
+  kw = dict(model_cfg=cfg, max_new_tokens=6, eos_id=2, pad_id=0, mesh=mesh)
   greedy = generate(state.params, prompts, mask, jax.random.key(0), temperature=0.0, **kw)
   sampled = generate(state.params, prompts, mask, jax.random.key(3), temperature=1.0, **kw)
-  prepare = jax.jit(make_prepare_batch(CFG, rl, 4, 1.0, 6))
-  update = make_update_step(CFG, rl, optimizer, 1.0)
+  prepare = jax.jit(make_prepare_batch(cfg, rl, 4, 1.0, 6))
+  update = make_update_step(cfg, rl, optimizer, 1.0)
   rollout, inputs = shard_batch(batch_inputs, mesh)
   for _ in range(2):
     batch, _ = prepare(state, rollout, inputs)
     state, metrics = update(state, batch)
   # The KV cache (B, kv_heads, S, head_dim) the sampler's prefill leaves: its shard shape.
-  fill = functools.partial(prefill, model_cfg=CFG, max_new_tokens=6, mesh=mesh)
+  fill = functools.partial(prefill, model_cfg=cfg, max_new_tokens=6, mesh=mesh)
   _, cache, _ = jax.jit(fill)(state.params, prompts, mask)
-  cache_shard = list(cache[0]["k"].sharding.shard_shape(cache[0]["k"].shape))
+  k = cache["k"] if scan else cache[0]["k"]  # scanned: (layers, B, kv_heads, S, head_dim)
+  cache_shard = list(k.sharding.shard_shape(k.shape))[1 if scan else 0:]
+  params = jax.device_get(state.params)
   return (np.asarray(greedy.completion_tokens), np.asarray(sampled.completion_tokens),
-          jax.device_get(state.params), float(metrics["loss"]), cache_shard)
+          unstack_layers(params, CFG.num_layers) if scan else params, float(metrics["loss"]),
+          cache_shard)
 
 
 def main():
@@ -70,6 +85,7 @@ def main():
     mesh = mesh_of(shape, devices)
     got = run_on(mesh, batch_inputs)
     accum = run_on(mesh, batch_inputs, micro=4)
+    scanned = run_on(mesh, batch_inputs, scan=True)
     diff = lambda a, b: max(float(np.max(np.abs(x - y)))  # noqa: E731
                             for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
     out[str(shape)] = dict(
@@ -78,7 +94,11 @@ def main():
         params_max_diff=diff(got[2], ref[2]),
         accum_params_max_diff=diff(accum[2], got[2]),
         params_moved=diff(got[2], jax.device_get(perturbed_params(CFG))),
-        loss=got[3], ref_loss=ref[3], cache_shard=got[4])
+        loss=got[3], ref_loss=ref[3], cache_shard=got[4],
+        scanned_tokens_equal=bool(np.array_equal(scanned[0], ref[0])
+                                  and np.array_equal(scanned[1], ref[1])),
+        scanned_params_max_diff=diff(scanned[2], ref[2]), scanned_loss=scanned[3],
+        scanned_cache_shard=scanned[4])
   print(json.dumps(out))
 
 

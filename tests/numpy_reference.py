@@ -35,8 +35,9 @@ def forward(params, cfg, tokens, mask):
     lp = p[f"layers_{layer}"]
     att = lp["self_attn"]
     h = _rms_norm(x, f64(lp["input_layernorm"]["weight"]), cfg.rms_norm_eps)
-    proj = lambda name: h @ f64(att[name]["kernel"]) + (  # noqa: E731
-        f64(att[name]["bias"]) if "bias" in att[name] else 0.0)
+    # q/k/v kernels (embed, heads, head_dim), biases (heads, head_dim): flattened here
+    proj = lambda name: h @ f64(att[name]["kernel"]).reshape(h.shape[-1], -1) + (  # noqa: E731
+        f64(att[name]["bias"]).reshape(-1) if "bias" in att[name] else 0.0)
     q = proj("q_proj").reshape(t_len, cfg.num_heads, cfg.head_dim)
     k = proj("k_proj").reshape(t_len, cfg.num_kv_heads, cfg.head_dim)
     v = proj("v_proj").reshape(t_len, cfg.num_kv_heads, cfg.head_dim)
@@ -57,7 +58,7 @@ def forward(params, cfg, tokens, mask):
         w = np.exp(scores - scores.max())
         w /= w.sum()
         out[i, head] = sum(wj * v[j, kv] for wj, j in zip(w, keys))
-    x = x + out.reshape(t_len, -1) @ f64(att["o_proj"]["kernel"])
+    x = x + out.reshape(t_len, -1) @ f64(att["o_proj"]["kernel"]).reshape(-1, x.shape[-1])
     h = _rms_norm(x, f64(lp["post_attention_layernorm"]["weight"]), cfg.rms_norm_eps)
     mlp = lp["mlp"]
     gate = h @ f64(mlp["gate_proj"]["kernel"])

@@ -78,7 +78,10 @@ class _ScriptedSampler:
     self.task, self.group, self.round = task, group, 0
 
   def __call__(self, params, prompt_tokens, prompt_mask, key):
+    """Prompts (num_prompts, P) -> num_prompts x G rows, as the run's sampler."""
     tok = self.task.tokenizer
+    prompt_tokens, prompt_mask = (np.repeat(x, self.group, 0) for x in (prompt_tokens,
+                                                                          prompt_mask))
     rows = []
     for i, (tokens, mask) in enumerate(zip(prompt_tokens, prompt_mask)):
       a, b = tok.decode(tokens[mask]).rstrip("=").split("+")

@@ -54,7 +54,8 @@ def test_first_fused_step_equals_the_host_path(rl, first_token_parity_reward):
   common = dict(model_cfg=run.spec.model_cfg, max_new_tokens=r.max_new_tokens,
                 eos_id=run.task.eos_id, pad_id=run.task.pad_id)
   samplers = Samplers(
-      sample=lambda p, t, m, k: generate(p, t, m, k, temperature=r.temperature, **common),
+      sample=lambda p, t, m, k: generate(p, t, m, k, temperature=r.temperature,
+                                         group_size=r.group_size, **common),
       greedy=lambda p, t, m: generate(p, t, m, jax.random.key(0), temperature=0.0, **common))
   (host,) = collect(state.params, [8], [step_key(state, 0)], run.task, config, samplers,
                     run.axis, run.needs)

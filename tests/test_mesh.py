@@ -37,6 +37,11 @@ def test_sharded_run_equals_single_device(mesh_results, shape):
   assert r["params_max_diff"] <= 1e-5
   assert r["accum_params_max_diff"] <= 1e-5  # 4 micro-batches == the full batch
   assert r["loss"] == pytest.approx(r["ref_loss"], abs=1e-5)
+  # Scanned layers on the mesh = the unscanned single-device run.
+  assert r["scanned_tokens_equal"]
+  assert r["scanned_params_max_diff"] <= 1e-5
+  assert r["scanned_loss"] == pytest.approx(r["ref_loss"], abs=1e-5)
+  assert r["scanned_cache_shard"] == r["cache_shard"]
   # KV cache (B=16, kv_heads=2, S=3+6, D=8): rows over data x fsdp, kv heads over tensor when
   # it divides 2 (tensor=4 does not: replicated).
   assert r["cache_shard"] == CACHE_SHARD[shape]

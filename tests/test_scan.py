@@ -3,6 +3,7 @@ equal to the unscanned decoder; HF export unstacks; the mesh rules keep the laye
 
 import dataclasses
 import json
+import os
 
 import jax
 import jax.numpy as jnp
@@ -75,10 +76,15 @@ def test_export_of_scanned_params_loads_as_the_unscanned_model(tmp_path):
 
 
 def test_mesh_rules_give_stacked_layers_an_unsharded_layer_axis():
-  assert param_logical_axes("layers/self_attn/q_proj/kernel", 3) == (None, "embed", "heads")
+  assert param_logical_axes("layers/self_attn/q_proj/kernel", 4) == (
+      None, "embed", "heads", "head_dim")
   assert param_logical_axes("layers/mlp/down_proj/kernel", 3) == (None, "mlp", "embed")
   assert param_logical_axes("layers/input_layernorm/weight", 2) == (None, "norm")
-  assert param_logical_axes("layers_0/self_attn/q_proj/kernel", 2) == ("embed", "heads")
+  assert param_logical_axes("layers_0/self_attn/q_proj/kernel", 3) == (
+      "embed", "heads", "head_dim")
+  assert param_logical_axes("layers_0/self_attn/k_proj/bias", 2) == ("kv_heads", "head_dim")
+  assert param_logical_axes("layers_0/self_attn/o_proj/kernel", 3) == (
+      "heads", "head_dim", "embed")
   assert param_logical_axes("embed_tokens/embedding", 2) == ("vocab", "embed")
 
 
@@ -118,24 +124,77 @@ def test_a_run_with_scanned_layers_goes_through_the_loop(tmp_path):
 
 
 def test_no_head_is_split_on_a_1_1_4_mesh_with_2_kv_heads():
-  """Tensor = 4 divides k_proj's 2 x 8 = 16 columns but not its 2 heads: the rules replicate
-  k/v instead of putting half a head on each device; q/o (4 heads) are split whole."""
-  from grpo_jax.parallel.mesh import head_counts, param_spec, split_heads_note  # noqa: PLC0415
+  """Tensor = 4 would divide k_proj's 2 x 8 = 16 flattened columns but not its 2 heads: the
+  kernels carry heads as a dimension (embed, kv_heads, head_dim), so the rules replicate k/v
+  instead of putting half a head on each device; q/o (4 heads) are split whole. Checked on the
+  params placed on a real (1, 1, 4) mesh of 4 CPU devices (a subprocess)."""
+  import subprocess  # noqa: PLC0415
+  import sys  # noqa: PLC0415
   import types  # noqa: PLC0415
 
-  from jax.sharding import PartitionSpec as P  # noqa: PLC0415
+  from grpo_jax.parallel.mesh import split_heads_note  # noqa: PLC0415
+  code = """
+import json, jax, ml_collections
+from grpo_jax.models.decoder import init_params
+from grpo_jax.parallel.mesh import make_mesh, place_tree
+from tests.conftest import tiny_model_config
+cfg = tiny_model_config(num_heads=4, num_kv_heads=2, head_dim=8)
+mesh = make_mesh(ml_collections.ConfigDict(dict(data=1, fsdp=1, tensor=4)))
+att = place_tree(init_params(cfg, jax.random.key(0)), mesh)["layers_0"]["self_attn"]
+print(json.dumps({n: [list(att[n][leaf].shape), list(att[n][leaf].addressable_shards[0].data.shape)]
+                  for n in ("q_proj", "k_proj", "v_proj", "o_proj") for leaf in ["kernel"]}))
+"""
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  out = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True,
+                       env=dict(os.environ, PYTHONPATH=root,
+                                XLA_FLAGS="--xla_force_host_platform_device_count=4"))
+  assert out.returncode == 0, out.stderr[-2000:]
+  shapes = json.loads(out.stdout.strip().splitlines()[-1])
+  hidden = tiny_model_config().hidden_size
+  assert shapes == {  # [global shape, one device's shard]
+      "q_proj": [[hidden, 4, 8], [hidden, 1, 8]],  # one whole head per device
+      "k_proj": [[hidden, 2, 8], [hidden, 2, 8]],  # 2 heads over 4 devices: replicated
+      "v_proj": [[hidden, 2, 8], [hidden, 2, 8]],
+      "o_proj": [[4, 8, hidden], [1, 8, hidden]]}
   cfg = tiny_model_config(num_heads=4, num_kv_heads=2, head_dim=8)
   mesh = types.SimpleNamespace(shape={"data": 1, "fsdp": 1, "tensor": 4})
-  heads = head_counts(cfg)
-  kv = (cfg.hidden_size, cfg.num_kv_heads * cfg.head_dim)
-  assert param_spec("layers_0/self_attn/k_proj/kernel", kv, mesh) == P("fsdp", "tensor")  # old
-  assert param_spec("layers_0/self_attn/k_proj/kernel", kv, mesh, heads) == P("fsdp", None)
-  assert param_spec("layers_0/self_attn/v_proj/bias", kv[1:], mesh, heads) == P(None)
-  q = (cfg.hidden_size, cfg.num_heads * cfg.head_dim)
-  assert param_spec("layers_0/self_attn/q_proj/kernel", q, mesh, heads) == P("fsdp", "tensor")
-  assert param_spec("layers/self_attn/o_proj/kernel", (2,) + q[::-1], mesh, heads) == P(
-      None, "tensor", "fsdp")
   assert split_heads_note(cfg, mesh) == (
       "warning: mesh tensor=4 does not divide the model's head counts (num_heads=4, "
       "num_kv_heads=2); the projections of [2] heads are replicated over tensor instead of "
       "splitting a head.")
+
+
+def test_scanned_hf_checkpoint_matches_transformers(tmp_path):
+  """HF parity with scanned layers: a transformers Qwen2 checkpoint, loaded and stacked, gives
+  transformers' logits (the same bar as tests/test_hf.py)."""
+  from tests.test_hf import (assert_logits_close, our_logits, save,  # noqa: PLC0415
+                             tiny_hf_model, torch_logits)
+  model = tiny_hf_model("qwen2")
+  model_cfg, params = load_hf_checkpoint(save(model, tmp_path))
+  scanned = dataclasses.replace(model_cfg, scan_layers=True)
+  assert_logits_close(our_logits(scanned, stack_layers(params, model_cfg.num_layers)),
+                      torch_logits(model))
+
+
+def test_resume_with_scanned_layers_reproduces_the_run(tmp_path):
+  """A scanned, rematerialised run resumed from its step-1 checkpoint ends in the same state
+  and records (wall-clock fields aside) as the uninterrupted run, bit for bit."""
+  import shutil  # noqa: PLC0415
+
+  from tests.test_checkpoint import strip  # noqa: PLC0415
+  config = small_tiny_config(steps=3, eval_every=10)
+  config.model.update(scan_layers=True, remat="full", logits_chunk=2)
+  config.train.checkpoint_every = 1
+  records = lambda d: [json.loads(x) for x in open(d / "metrics.jsonl")]  # noqa: E731
+  whole = train(config, str(tmp_path / "whole"), log=lambda *_: None)
+  resumed_dir = tmp_path / "resumed"
+  train(config, str(resumed_dir), log=lambda *_: None)
+  for step in (2, 3):
+    shutil.rmtree(resumed_dir / "checkpoints" / str(step))
+  lines = []
+  resumed = train(config, str(resumed_dir), log=lines.append)
+  assert any("resumed from checkpoint" in str(x) and x.endswith("/1 (no warm-up)")
+             for x in lines), lines
+  assert strip(records(resumed_dir)) == strip(records(tmp_path / "whole"))
+  for a, b in zip(jax.tree.leaves(resumed.params), jax.tree.leaves(whole.params)):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))

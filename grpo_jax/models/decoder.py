@@ -13,7 +13,9 @@ The KV cache is an explicit argument and an explicit output: ``apply`` is a pure
   to ``kv_mask`` (B, T) (False for padding);
 * with a cache (a tuple of per-layer ``{"k", "v"}`` arrays of shape (B, kv_heads, S, head_dim))
   the T tokens are written at cache slots ``[offset, offset + T)`` and attend to every slot
-  ``s <= their own slot`` with ``kv_mask[:, s]`` True; ``kv_mask`` then has shape (B, S).
+  ``s <= their own slot`` with ``kv_mask[:, s]`` True; ``kv_mask`` then has shape (B, S') with
+  offset + T <= S' <= S, and only the first S' slots are read (the sampler passes the filled
+  part, so a decode step does not read the empty tail of the cache).
 
 The cache is head-major (B, kv_heads, S, head_dim) so that a decode step's attention reads it
 as a batched matrix without transposing the whole cache each step. ``logits_window=(start, n)``
@@ -31,6 +33,7 @@ import jax
 import jax.numpy as jnp
 
 from grpo_jax.models.config import ModelConfig
+from grpo_jax.parallel.mesh import constrain
 
 Cache = tuple  # tuple of {"k": (B, Hkv, S, D), "v": (B, Hkv, S, D)} per layer
 
@@ -108,16 +111,14 @@ class Attention(nn.Module):
   @nn.compact
   def __call__(self, x, positions, mask, layer_cache, offset):
     cfg = self.cfg
-    dense = lambda n, bias, name: nn.Dense(  # noqa: E731
-        n, use_bias=bias, dtype=cfg.dtype, param_dtype=cfg.param_dtype, kernel_init=_init,
-        name=name)
-    batch, t, _ = x.shape
-    q = dense(cfg.num_heads * cfg.head_dim, cfg.qkv_bias, "q_proj")(x)
-    k = dense(cfg.num_kv_heads * cfg.head_dim, cfg.qkv_bias, "k_proj")(x)
-    v = dense(cfg.num_kv_heads * cfg.head_dim, cfg.qkv_bias, "v_proj")(x)
-    q = q.reshape(batch, t, cfg.num_heads, cfg.head_dim)
-    k = k.reshape(batch, t, cfg.num_kv_heads, cfg.head_dim)
-    v = v.reshape(batch, t, cfg.num_kv_heads, cfg.head_dim)
+    # Kernels keep the heads as a dimension, (embed, heads, head_dim) and o_proj's (heads,
+    # head_dim, embed): the mesh rules (parallel/mesh.py) shard whole heads or none.
+    heads = lambda n, name: nn.DenseGeneral(  # noqa: E731
+        (n, cfg.head_dim), use_bias=cfg.qkv_bias, dtype=cfg.dtype, param_dtype=cfg.param_dtype,
+        kernel_init=_init, name=name)
+    q = constrain(heads(cfg.num_heads, "q_proj")(x), ("batch", None, "heads", None))
+    k = constrain(heads(cfg.num_kv_heads, "k_proj")(x), ("batch", None, "kv_heads", None))
+    v = constrain(heads(cfg.num_kv_heads, "v_proj")(x), ("batch", None, "kv_heads", None))
     if cfg.qk_norm:
       q = RMSNorm(cfg.rms_norm_eps, cfg.param_dtype, name="q_norm")(q)
       k = RMSNorm(cfg.rms_norm_eps, cfg.param_dtype, name="k_norm")(k)
@@ -129,10 +130,12 @@ class Attention(nn.Module):
           c, x.astype(c.dtype), offset, axis=2)
       k_all, v_all = write(layer_cache["k"], k), write(layer_cache["v"], v)
       layer_cache = {"k": k_all, "v": v_all}
-      k, v = k_all.astype(cfg.dtype), v_all.astype(cfg.dtype)
-    out = grouped_query_attention(q, k, v, mask)
-    out = out.reshape(batch, t, cfg.num_heads * cfg.head_dim)
-    return dense(cfg.hidden_size, False, "o_proj")(out), layer_cache
+      filled = mask.shape[-1]  # read only the slots the mask covers (the filled ones)
+      k, v = k_all[:, :, :filled].astype(cfg.dtype), v_all[:, :, :filled].astype(cfg.dtype)
+    out = constrain(grouped_query_attention(q, k, v, mask), ("batch", None, "heads", None))
+    o_proj = nn.DenseGeneral(cfg.hidden_size, axis=(-2, -1), use_bias=False, dtype=cfg.dtype,
+                             param_dtype=cfg.param_dtype, kernel_init=_init, name="o_proj")
+    return o_proj(out), layer_cache
 
 
 class MLP(nn.Module):
@@ -147,7 +150,7 @@ class MLP(nn.Module):
         name=name)
     hidden = nn.silu(dense(cfg.intermediate_size, "gate_proj")(x)) * dense(
         cfg.intermediate_size, "up_proj")(x)
-    return dense(cfg.hidden_size, "down_proj")(hidden)
+    return dense(cfg.hidden_size, "down_proj")(constrain(hidden, ("batch", None, "mlp")))
 
 
 class DecoderLayer(nn.Module):
@@ -159,10 +162,10 @@ class DecoderLayer(nn.Module):
     h, layer_cache = Attention(cfg, name="self_attn")(
         RMSNorm(cfg.rms_norm_eps, cfg.param_dtype, name="input_layernorm")(x),
         positions, mask, layer_cache, offset)
-    x = x + h
+    x = constrain(x + h, ("batch", None, None))
     x = x + MLP(cfg, name="mlp")(
         RMSNorm(cfg.rms_norm_eps, cfg.param_dtype, name="post_attention_layernorm")(x))
-    return x, layer_cache
+    return constrain(x, ("batch", None, None)), layer_cache
 
 
 def attention_mask(kv_mask: jax.Array, num_queries: int, offset) -> jax.Array:
@@ -187,7 +190,7 @@ class Decoder(nn.Module):
     cfg = self.cfg
     embed = nn.Embed(cfg.vocab_size, cfg.hidden_size, dtype=cfg.dtype,
                      param_dtype=cfg.param_dtype, embedding_init=_init, name="embed_tokens")
-    x = embed(tokens)
+    x = constrain(embed(tokens), ("batch", None, None))  # activations: rows over data x fsdp
     mask = attention_mask(kv_mask, tokens.shape[1], offset)
     layer_cls = DecoderLayer
     if cache is None and REMAT_POLICIES[cfg.remat] is not None:  # no backward pass with a cache

@@ -5,7 +5,9 @@ qwen3 are built in; default RoPE, full attention).
 
 Names map one to one (``model.layers.3.self_attn.q_proj.weight`` <->
 ``layers_3/self_attn/q_proj/kernel``); Dense kernels are stored (out, in) by torch and (in, out)
-here, so they are transposed on the way in and out. Nothing here touches the network:
+here, so they are transposed on the way in and out; the attention kernels keep their heads
+as a dimension here (q/k/v (embed, heads, head_dim), o (heads, head_dim, embed), q/k/v biases
+(heads, head_dim)), flattened in torch's layout. Nothing here touches the network:
 download a checkpoint first, e.g. ``hf download Qwen/Qwen2.5-0.5B-Instruct --local-dir PATH``.
 
 bfloat16 tensors are read through safetensors' NumPy API as ``ml_dtypes.bfloat16`` arrays (the
@@ -18,6 +20,7 @@ import collections
 import dataclasses
 import functools
 import json
+import math
 import pathlib
 import re
 import shutil
@@ -175,23 +178,50 @@ def _feature_hint() -> str:
 # ----------------------------------------------------------------------------- names
 
 
-def _hf_name(path: tuple) -> tuple:
-  """Our param path -> (Hugging Face tensor name, whether the array is transposed)."""
+def _hf_name(path: tuple) -> str:
+  """Our param path -> its Hugging Face tensor name."""
   *modules, leaf = path
   modules = [re.sub(r"^layers_(\d+)$", r"layers.\1", m) for m in modules]
   prefix = [] if modules[0] == "lm_head" else ["model"]
   hf_leaf = "weight" if leaf in ("kernel", "embedding") else leaf
-  return ".".join(prefix + modules + [hf_leaf]), leaf == "kernel"
+  return ".".join(prefix + modules + [hf_leaf])
+
+
+def _input_dims(path: tuple) -> int:
+  """How many leading dims of a kernel are its input: o_proj's (heads, head_dim, embed) reads
+  two; q/k/v's (embed, heads, head_dim) and the 2-d kernels one."""
+  return 2 if "o_proj" in path else 1
+
+
+def _hf_shape(path: tuple, shape: tuple) -> tuple:
+  """The torch shape of a param: a kernel (in dims..., out dims...) is (out, in) flattened, a
+  per-head bias (heads, head_dim) is flat, the rest as ours."""
+  if path[-1] == "kernel":
+    k = _input_dims(path)
+    return (math.prod(shape[k:]), math.prod(shape[:k]))
+  return (math.prod(shape),) if path[-1] == "bias" else shape
+
+
+def _from_hf(array: np.ndarray, path: tuple, shape: tuple) -> np.ndarray:
+  return array.T.reshape(shape) if path[-1] == "kernel" else array.reshape(shape)
+
+
+def _to_hf(array: np.ndarray, path: tuple) -> np.ndarray:
+  if path[-1] == "kernel":
+    k = _input_dims(path)
+    return array.reshape(math.prod(array.shape[:k]), -1).T
+  return array.reshape(-1) if path[-1] == "bias" else array
 
 
 def _param_layout(model_cfg: ModelConfig):
-  """[(param path, HF name, transposed, our shape)] in tree order, and the params' treedef."""
+  """[(param path, HF name, HF shape, our shape)] in tree order, and the params' treedef."""
   shapes = jax.eval_shape(functools.partial(init_params, model_cfg), jax.random.key(0))
   flat, treedef = jax.tree_util.tree_flatten_with_path(shapes)
   layout = []
   for key_path, leaf in flat:
     path = tuple(k.key for k in key_path)
-    layout.append((path, *_hf_name(path), tuple(leaf.shape)))
+    shape = tuple(leaf.shape)
+    layout.append((path, _hf_name(path), _hf_shape(path, shape), shape))
   return layout, treedef
 
 
@@ -268,26 +298,25 @@ def _check_tensor_names(expected: set, found: set, model_cfg: ModelConfig) -> No
 def _read_tensors(weight_map: dict, layout: list, dtype) -> dict:
   """{HF name: our array}, reading each safetensors file once."""
   by_file = collections.defaultdict(list)
-  for _, name, transposed, shape in layout:
-    by_file[weight_map[name]].append((name, transposed, shape))
+  for path, name, hf_shape, shape in layout:
+    by_file[weight_map[name]].append((path, name, hf_shape, shape))
   arrays = {}
   for file, entries in by_file.items():
     if not pathlib.Path(file).is_file():
       raise FileNotFoundError(f"The shard {file} listed in model.safetensors.index.json is "
                               f"missing; download the whole checkpoint again.")
     with safe_open(str(file), framework="np") as f:
-      for name, transposed, shape in entries:
-        arrays[name] = _to_param(f.get_tensor(name), name, transposed, shape, dtype)
+      for path, name, hf_shape, shape in entries:
+        arrays[name] = _to_param(f.get_tensor(name), path, name, hf_shape, shape, dtype)
   return arrays
 
 
-def _to_param(array: np.ndarray, name: str, transposed: bool, shape: tuple, dtype):
+def _to_param(array: np.ndarray, path: tuple, name: str, hf_shape: tuple, shape: tuple, dtype):
   """A torch-layout tensor -> our layout and dtype, after checking its shape."""
-  hf_shape = shape[::-1] if transposed else shape
   if tuple(array.shape) != hf_shape:
     raise ValueError(f"Tensor {name} has shape {tuple(array.shape)} but config.json implies "
                      f"{hf_shape}; check that config.json belongs to these weights.")
-  return jnp.asarray(array.T if transposed else array, dtype=dtype)
+  return jnp.asarray(_from_hf(array, path, shape), dtype=dtype)
 
 
 # ----------------------------------------------------------------------------- export
@@ -345,12 +374,12 @@ def _hf_tensors(params, model_cfg: ModelConfig, dtype: np.dtype) -> dict:
     raise ValueError("params do not have the structure of init_params(model_cfg, key); pass "
                      "the ModelConfig the params were built or loaded with.")
   tensors = {}
-  for (path, name, transposed, shape), leaf in zip(layout, jax.tree.leaves(params)):
+  for (path, name, _, shape), leaf in zip(layout, jax.tree.leaves(params)):
     array = np.asarray(jax.device_get(leaf))
     if array.shape != shape:
       raise ValueError(f"param {'/'.join(path)} has shape {array.shape} but model_cfg implies "
                        f"{shape}; pass the ModelConfig the params were built or loaded with.")
-    tensors[name] = np.ascontiguousarray((array.T if transposed else array).astype(dtype))
+    tensors[name] = np.ascontiguousarray(_to_hf(array, path).astype(dtype))
   return tensors
 
 

@@ -21,8 +21,9 @@ LOGICAL_RULES = {
     "batch": ("data", "fsdp"),  # rows of prompts / completions / KV cache
     "vocab": "tensor",
     "embed": "fsdp",  # the model dimension of weights (FSDP shards it)
-    "heads": "tensor",  # q/k/v/o projections' flattened heads * head_dim (whole heads only)
+    "heads": "tensor",  # attention heads (a dim of their own: a head is never split)
     "kv_heads": "tensor",
+    "head_dim": None,
     "mlp": "tensor",
     "norm": None,
     "value": None,
@@ -73,13 +74,25 @@ def spec_for(logical: tuple, shape: tuple, mesh: Mesh) -> PartitionSpec:
   return PartitionSpec(*parts)
 
 
+def constrain(x: jax.Array, logical: tuple) -> jax.Array:
+  """An activation laid out by the rules from its logical axis names (MaxText's
+  `nn.with_logical_constraint`), under the mesh of the surrounding `jax.set_mesh` (the training
+  loop sets the run's); without one (a single device, the seeds axis) it is x unchanged."""
+  mesh = jax.sharding.get_abstract_mesh()
+  if mesh.empty or not set(MESH_AXES) <= set(mesh.axis_names):
+    return x
+  return jax.lax.with_sharding_constraint(x, spec_for(logical, x.shape, mesh))
+
+
 # Parameter path (as "a/b/c") -> logical axes, first match wins.
 _PARAM_AXES = (
     (r"embed_tokens/embedding$", ("vocab", "embed")),
     (r"lm_head/kernel$", ("embed", "vocab")),
-    (r"(q_proj|k_proj|v_proj)/kernel$", ("embed", "heads")),
-    (r"(q_proj|k_proj|v_proj)/bias$", ("heads",)),
-    (r"o_proj/kernel$", ("heads", "embed")),
+    (r"q_proj/kernel$", ("embed", "heads", "head_dim")),
+    (r"(k_proj|v_proj)/kernel$", ("embed", "kv_heads", "head_dim")),
+    (r"q_proj/bias$", ("heads", "head_dim")),
+    (r"(k_proj|v_proj)/bias$", ("kv_heads", "head_dim")),
+    (r"o_proj/kernel$", ("heads", "head_dim", "embed")),
     (r"(gate_proj|up_proj)/kernel$", ("embed", "mlp")),
     (r"down_proj/kernel$", ("mlp", "embed")),
     (r"head/kernel$", ("embed", "value")),
@@ -104,9 +117,9 @@ def _path_str(path) -> str:
   return "/".join(str(getattr(k, "key", getattr(k, "idx", k))) for k in path)
 
 
-def place_tree(tree, mesh: Mesh, heads: dict | None = None):
+def place_tree(tree, mesh: Mesh):
   """Puts a params-like pytree (host or device arrays, identical on every process) on the mesh
-  by the rules (`heads`: see param_spec)."""
+  by the rules."""
   def place(x, sharding):
     if isinstance(x, jax.Array) and jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
       return jax.random.wrap_key_data(place(jax.random.key_data(x), sharding),
@@ -115,20 +128,14 @@ def place_tree(tree, mesh: Mesh, heads: dict | None = None):
       return jax.device_put(x, sharding)
     host = np.asarray(x)
     return jax.make_array_from_callback(host.shape, sharding, lambda index: host[index])
-  return jax.tree.map(place, tree, tree_shardings(tree, mesh, heads))
-
-
-def head_counts(model_cfg) -> dict:
-  """Heads of each attention projection's flattened heads x head_dim dimension."""
-  return {"q_proj": model_cfg.num_heads, "o_proj": model_cfg.num_heads,
-          "k_proj": model_cfg.num_kv_heads, "v_proj": model_cfg.num_kv_heads}
+  return jax.tree.map(place, tree, tree_shardings(tree, mesh))
 
 
 def split_heads_note(model_cfg, mesh) -> str | None:
   """One line when the tensor axis does not divide a head count (those projections are then
   replicated, never split inside a head); None when every head stays whole on one device."""
   tensor = mesh.shape["tensor"]
-  bad = sorted({n for n in head_counts(model_cfg).values() if n % tensor})
+  bad = sorted({n for n in (model_cfg.num_heads, model_cfg.num_kv_heads) if n % tensor})
   if tensor == 1 or not bad:
     return None
   return (f"warning: mesh tensor={tensor} does not divide the model's head counts "
@@ -136,23 +143,18 @@ def split_heads_note(model_cfg, mesh) -> str | None:
           f"projections of {bad} heads are replicated over tensor instead of splitting a head.")
 
 
-def param_spec(path: str, shape: tuple, mesh, heads: dict | None = None) -> PartitionSpec:
-  """The rules' PartitionSpec of one parameter (or optimizer-state leaf named like one). With
-  `heads` (head_counts), an attention projection's heads dimension is split over tensor only
-  when tensor divides its head count, so no head is ever split across devices."""
-  logical = param_logical_axes(path, len(shape))
-  match = re.search(r"(q_proj|k_proj|v_proj|o_proj)/", path)
-  if heads and match and heads[match.group(1)] % mesh.shape["tensor"]:
-    logical = tuple(None if a == "heads" else a for a in logical)
-  return spec_for(logical, shape, mesh)
+def param_spec(path: str, shape: tuple, mesh) -> PartitionSpec:
+  """The rules' PartitionSpec of one parameter (or optimizer-state leaf named like one). The
+  attention kernels carry their heads as a dimension of its own, so tensor splits whole heads,
+  or (when it does not divide the head count) none: a head is never split across devices."""
+  return spec_for(param_logical_axes(path, len(shape)), shape, mesh)
 
 
-def tree_shardings(tree, mesh: Mesh, heads: dict | None = None):
+def tree_shardings(tree, mesh: Mesh):
   """NamedShardings for a params-like pytree (optimizer states included: their leaves keep the
-  param paths as suffixes, so the same rules apply); scalars are replicated. `heads`: see
-  param_spec."""
+  param paths as suffixes, so the same rules apply); scalars are replicated."""
   def one(path, leaf):
-    return NamedSharding(mesh, param_spec(_path_str(path), np.shape(leaf), mesh, heads))
+    return NamedSharding(mesh, param_spec(_path_str(path), np.shape(leaf), mesh))
   return jax.tree_util.tree_map_with_path(one, tree)
 
 
@@ -161,12 +163,21 @@ def batch_sharding(mesh: Mesh, ndim: int) -> NamedSharding:
   return NamedSharding(mesh, PartitionSpec(LOGICAL_RULES["batch"], *([None] * (ndim - 1))))
 
 
-def shard_batch(tree, mesh: Mesh):
-  """Places every array of a batch pytree with its leading dim split over the batch axes."""
+def shard_batch(tree, mesh: Mesh, replicate_indivisible: bool = False):
+  """Places every array of a batch pytree with its leading dim split over the batch axes.
+
+  A leading dim that does not divide by them is an error, or with replicate_indivisible
+  (prompts, which the sampler repeats G times and then splits) placed whole on every device.
+  """
   size = batch_axis_size(mesh)
 
   def place(x):
     x = x if isinstance(x, jax.Array) else np.asarray(x)
+    if x.ndim and x.shape[0] % size and replicate_indivisible:
+      sharding = NamedSharding(mesh, PartitionSpec())
+      if isinstance(x, np.ndarray):
+        return jax.make_array_from_callback(x.shape, sharding, lambda index: x[index])
+      return jax.device_put(x, sharding)
     if x.ndim and x.shape[0] % size:
       raise ValueError(f"a batch of {x.shape[0]} rows does not split over the {size} devices "
                        f"of the mesh's data x fsdp axes ({mesh.shape['data']} x "

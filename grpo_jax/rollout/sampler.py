@@ -1,9 +1,16 @@
 """The sampler: one jitted, pure function from (params, prompts, key) to a `Rollout`.
 
-prefill (one forward pass over the left-padded prompts, filling the KV cache), then a
-`lax.while_loop` of single-token decode steps that ends when every row has emitted EOS or the
-completion limit is reached. Shapes are static: prompts (B, P), completions (B, N), so one
+prefill (one forward pass over the left-padded prompts, filling the KV cache), then
+`lax.while_loop`s of single-token decode steps that end when every row has emitted EOS or the
+completion limit is reached. Shapes are static: prompts (B / G, P), completions (B, N), so one
 compilation serves every call of the same shapes and settings.
+
+Prefix sharing: each prompt is prefilled once and its cache rows, last-position logits and
+masks are repeated for its G samples (`group_size`), so prefill FLOPs scale with prompts, not
+rows. Decode reads only what exists: the decode steps run in segments of `decode_block` steps,
+and a segment's attention reads the first P + (its last step + 1) cache slots, not all P + N.
+Neither changes a drawn token: row r's token t uses fold_in(key, t) and the r-th uniform, as
+without them (tests/test_sampler_prefix.py).
 """
 
 from __future__ import annotations
@@ -44,42 +51,70 @@ def _constrain_cache(cache, mesh):
   return jax.tree.map(place, cache)
 
 
+def repeat_rows(tree, group_size: int, axis: int = 0):
+  """Each row of every array repeated group_size times along `axis` (groups contiguous)."""
+  if group_size == 1:
+    return tree
+  return jax.tree.map(lambda x: jnp.repeat(x, group_size, axis=axis), tree)
+
+
 def prefill(params, prompt_tokens, prompt_mask, *, model_cfg: ModelConfig,
-            max_new_tokens: int, mesh=None):
-  """One forward pass over the left-padded prompts (B, P) into a cache of P + N slots.
+            max_new_tokens: int, mesh=None, group_size: int = 1):
+  """One forward pass over the left-padded prompts (B / G, P) into a cache of P + N slots for
+  their B = prompts x G sample rows.
 
   Returns (logits of the last prompt position (B, V), cache, kv_mask (B, P + N)); only the last
-  position is projected onto the vocabulary. With a `mesh`, the cache is laid out by the mesh
-  rules (`_constrain_cache`).
+  position is projected onto the vocabulary. Each prompt is computed once; its cache rows,
+  logits and mask are then repeated G = group_size times (prefix sharing). With a `mesh`, the
+  cache is laid out by the mesh rules (`_constrain_cache`).
   """
-  batch, prompt_len = prompt_tokens.shape
+  prompts, prompt_len = prompt_tokens.shape
   prompt_mask = prompt_mask.astype(bool)
-  kv_mask = jnp.concatenate([prompt_mask, jnp.zeros((batch, max_new_tokens), bool)], axis=1)
-  cache = _constrain_cache(init_cache(model_cfg, batch, kv_mask.shape[1]), mesh)
+  cache = init_cache(model_cfg, prompts, prompt_len + max_new_tokens)
   logits, cache = Decoder(model_cfg).apply(
-      {"params": params}, prompt_tokens, positions_from_mask(prompt_mask), kv_mask, cache, 0,
-      logits_window=(prompt_len - 1, 1))
-  return logits[:, 0], _constrain_cache(cache, mesh), kv_mask
+      {"params": params}, prompt_tokens, positions_from_mask(prompt_mask), prompt_mask,
+      cache, 0, logits_window=(prompt_len - 1, 1))
+  layer_axis = 1 if model_cfg.scan_layers else 0  # stacked caches: (layers, rows, ...)
+  cache = _constrain_cache(repeat_rows(cache, group_size, layer_axis), mesh)
+  kv_mask = jnp.concatenate([repeat_rows(prompt_mask, group_size),
+                             jnp.zeros((prompts * group_size, max_new_tokens), bool)], axis=1)
+  return repeat_rows(logits[:, 0], group_size), cache, kv_mask
+
+
+def decode_segments(max_new_tokens: int, decode_block: int) -> list:
+  """The decode loop's segment ends: decode steps 0 .. N - 2 (token t + 1 is chosen after the
+  forward of token t) in segments of `decode_block` steps; a segment ending at step e reads
+  cache slots [0, P + e). decode_block <= 0: one segment (every step reads all P + N slots)."""
+  last = max_new_tokens - 1
+  if decode_block <= 0 or last <= 0:
+    return [max(last, 0)]
+  return [min(end, last) for end in range(decode_block, last + decode_block, decode_block)]
 
 
 @functools.partial(jax.jit, static_argnames=(
     "model_cfg", "max_new_tokens", "temperature", "top_k", "top_p", "eos_id", "pad_id",
-    "mesh"))
+    "mesh", "group_size", "decode_block"))
 def generate(params, prompt_tokens, prompt_mask, key, *, model_cfg: ModelConfig,
              max_new_tokens: int, temperature: float = 1.0, top_k: int = 0,
-             top_p: float = 1.0, eos_id: int, pad_id: int, mesh=None) -> Rollout:
-  """Samples up to `max_new_tokens` tokens after each left-padded prompt row.
+             top_p: float = 1.0, eos_id: int, pad_id: int, mesh=None, group_size: int = 1,
+             decode_block: int = 0) -> Rollout:
+  """Samples up to `max_new_tokens` tokens for group_size rows per left-padded prompt row.
 
-  Token t of every row is drawn with key fold_in(key, t). The loop carries the chosen token,
-  not the (B, V) logits, and runs N - 1 decode forwards: the last token is recorded after it.
-  With a `mesh`, the KV cache is laid out by the mesh rules (rows over data/fsdp, kv heads
-  over tensor); params and prompts carry their own shardings in.
+  prompt_tokens (B / G, P); the Rollout has B = prompts x G rows, groups contiguous, its
+  prompts repeated. Token t of every row is drawn with key fold_in(key, t). The loop carries
+  the chosen token, not the (B, V) logits, and runs N - 1 decode forwards (in segments of
+  `decode_block` steps that read only the filled cache, `decode_segments`): the last token is
+  recorded after them. With a `mesh`, the KV cache is laid out by the mesh rules (rows over
+  data/fsdp, kv heads over tensor); params and prompts carry their own shardings in.
   """
   model = Decoder(model_cfg)
-  batch, prompt_len = prompt_tokens.shape
+  prompt_len = prompt_tokens.shape[1]
   prompt_mask = prompt_mask.astype(bool)
   logits, cache, kv_mask = prefill(params, prompt_tokens, prompt_mask, model_cfg=model_cfg,
-                                   max_new_tokens=max_new_tokens, mesh=mesh)
+                                   max_new_tokens=max_new_tokens, mesh=mesh,
+                                   group_size=group_size)
+  prompt_tokens, prompt_mask = repeat_rows((prompt_tokens, prompt_mask), group_size)
+  batch = prompt_tokens.shape[0]
   next_position = jnp.sum(prompt_mask, axis=1).astype(jnp.int32)  # (B,)
   choose = lambda lg, step: choose_tokens(  # noqa: E731
       lg, jax.random.fold_in(key, step), temperature, top_k, top_p)
@@ -95,15 +130,17 @@ def generate(params, prompt_tokens, prompt_mask, key, *, model_cfg: ModelConfig,
     kv_mask = kv_mask.at[:, prompt_len + step].set(live)
     return token, done | (token == eos_id), kv_mask, outs
 
-  def cond(carry):
+  def cond(end, carry):
     step, _, _, _, done, *_ = carry
-    return (step < max_new_tokens - 1) & ~jnp.all(done)
+    return (step < end) & ~jnp.all(done)
 
-  def body(carry):
+  def body(end, carry):
     step, token, logp, cache, done, kv_mask, outs = carry
     token, done, kv_mask, outs = record(step, token, logp, done, kv_mask, outs)
+    # Slots >= P + end are empty in this segment: the decoder reads the first kv_len of them.
+    kv_len = prompt_len + end
     logits, cache = model.apply({"params": params}, token[:, None],
-                                (next_position + step)[:, None], kv_mask, cache,
+                                (next_position + step)[:, None], kv_mask[:, :kv_len], cache,
                                 prompt_len + step)
     cache = _constrain_cache(cache, mesh)
     token, logp = choose(logits[:, 0], step + 1)
@@ -114,7 +151,10 @@ def generate(params, prompt_tokens, prompt_mask, key, *, model_cfg: ModelConfig,
           jnp.zeros((batch, max_new_tokens), jnp.float32),
           jnp.zeros((batch, max_new_tokens), bool))
   carry = (jnp.int32(0), token, logp, cache, jnp.zeros((batch,), bool), kv_mask, outs)
-  step, token, logp, _, done, kv_mask, outs = jax.lax.while_loop(cond, body, carry)
+  for end in decode_segments(max_new_tokens, decode_block):
+    carry = jax.lax.while_loop(functools.partial(cond, end), functools.partial(body, end),
+                               carry)
+  step, token, logp, _, done, kv_mask, outs = carry
   # The loop stops at step N - 1 or once every row is done; recording at `step` is then either
   # the last token or a no-op (all rows done: pad, mask False).
   _, done, _, (tokens_out, logp_out, mask_out) = record(step, token, logp, done, kv_mask, outs)
@@ -133,20 +173,29 @@ class Sampling:
   top_k: int = 0
   top_p: float = 1.0
   mesh: Any = None
+  group_size: int = 1  # sample rows per prompt row (prefix sharing)
+  decode_block: int = 0  # decode steps per segment; <= 0: one segment reading all slots
 
   @classmethod
   def of(cls, model_cfg: ModelConfig, task, rollout_cfg, mesh=None,
          max_new_tokens: int | None = None) -> "Sampling":
-    """The rollout's sampling for a task (its eos / pad) and a config's rollout section."""
+    """The rollout's sampling for a task (its eos / pad) and a config's rollout section, one
+    row per prompt row (`grouped` for G)."""
     return cls(model_cfg, max_new_tokens or rollout_cfg.max_new_tokens, task.eos_id,
                task.pad_id, rollout_cfg.temperature, rollout_cfg.top_k, rollout_cfg.top_p,
-               mesh)
+               mesh, 1, getattr(rollout_cfg, "decode_block", 0))
 
   def greedy(self) -> "Sampling":
-    return dataclasses.replace(self, temperature=0.0, top_k=0, top_p=1.0)
+    """Greedy, one row per prompt."""
+    return dataclasses.replace(self, temperature=0.0, top_k=0, top_p=1.0, group_size=1)
+
+  def grouped(self, group_size: int) -> "Sampling":
+    """group_size sampled rows per prompt row, the prompt prefilled once."""
+    return dataclasses.replace(self, group_size=group_size)
 
   def __call__(self, params, prompt_tokens, prompt_mask, key) -> Rollout:
-    """generate(params, prompt_tokens, prompt_mask, key) with these settings."""
+    """generate(params, prompt_tokens, prompt_mask, key) with these settings: prompts
+    (B / G, P) -> a Rollout of B rows."""
     return generate(params, prompt_tokens, prompt_mask, key,
                     **{f.name: getattr(self, f.name) for f in dataclasses.fields(self)})
 

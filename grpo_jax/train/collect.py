@@ -32,8 +32,9 @@ class Collected:
 
 @dataclasses.dataclass(frozen=True)
 class Samplers:
-  """The jitted samplers of a run: sample(params, tokens, mask, keys) and greedy(params,
-  tokens, mask), both over the run's seed axis."""
+  """The jitted samplers of a run, both over the run's seed axis: sample(params, tokens, mask,
+  keys) of the prompts (num_prompts, P) -> a Rollout of num_prompts x G rows (each prompt
+  prefilled once), and greedy(params, tokens, mask) -> one row per prompt."""
   sample: object
   greedy: object
 
@@ -88,11 +89,10 @@ def collect(params, positions: list, keys: list, task, config, samplers: Sampler
     for s in range(seeds):
       if not done[s]:
         prompts[s] = task.train_batch(position[s], num_prompts, axis.seeds[s])
-    repeat = lambda x: np.repeat(x, group, axis=0)  # noqa: E731
     round_keys = axis.stack([jax.random.fold_in(k, rounds[s]) for s, k in enumerate(keys)])
     rollouts = axis.unstack(to_host(samplers.sample(
-        params, axis.stack([repeat(p.prompt_tokens) for p in prompts]),
-        axis.stack([repeat(p.prompt_mask) for p in prompts]), round_keys)))
+        params, axis.stack([p.prompt_tokens for p in prompts]),
+        axis.stack([p.prompt_mask for p in prompts]), round_keys)))
     greedy = [None] * seeds
     if "greedy_rewards" in needs:
       greedy = axis.unstack(to_host(samplers.greedy(

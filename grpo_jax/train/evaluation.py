@@ -21,10 +21,12 @@ def make_evaluator(task, model_cfg: ModelConfig, train_cfg, rollout_cfg, eval_ke
   one of k completions sampled at the rollout temperature earns reward 1. Seed s samples with
   fold_in(eval_keys[s], chunk start)."""
   sampling = Sampling.of(model_cfg, task, rollout_cfg, mesh, task.max_new_tokens)
-  place = (lambda *xs: shard_batch(xs, mesh)) if mesh is not None else (lambda *xs: xs)
+  place = ((lambda *xs: shard_batch(xs, mesh, replicate_indivisible=True))
+           if mesh is not None else (lambda *xs: xs))
   greedy = axis.compile(lambda p, t, m: sampling.greedy()(p, *place(t, m), jax.random.key(0)),
                         in_axes=(0, None, None))
-  sampled = axis.compile(lambda p, t, m, k: sampling(p, *place(t, m), k),
+  grouped = sampling.grouped(max(train_cfg.get("eval_pass_k", 0), 1))
+  sampled = axis.compile(lambda p, t, m, k: grouped(p, *place(t, m), k),
                          in_axes=(0, None, None, 0))
 
   def evaluate(params) -> list[dict]:
@@ -54,8 +56,8 @@ def evaluate_models(generate_fn, num_models: int, task, train_cfg) -> list[dict]
 
   generate_fn(prompt_tokens, prompt_mask, chunk_start, sampled) returns the host `Rollout` of
   every model, each array with a leading model axis: greedy completions, or (sampled=True)
-  pass@k samples of the rows repeated k times, drawn with each model's own evaluation key
-  folded with chunk_start.
+  pass@k samples, k rows per prompt (each prompt prefilled once), drawn with each model's own
+  evaluation key folded with chunk_start.
   """
   batch = task.test_batch(train_cfg.eval_size)
   size, chunk = train_cfg.eval_size, train_cfg.eval_batch_size
@@ -70,8 +72,7 @@ def evaluate_models(generate_fn, num_models: int, task, train_cfg) -> list[dict]
     tokens.append(np.asarray(r.completion_tokens)[:, :keep])
     masks.append(np.asarray(r.completion_mask)[:, :keep])
     if pass_k:
-      s = generate_fn(np.repeat(prompts, pass_k, 0), np.repeat(prompt_mask, pass_k, 0), start,
-                      True)
+      s = generate_fn(prompts, prompt_mask, start, True)  # pass_k rows per prompt
       chunk_rows = take_rows(batch, rows)
       passed.append(np.stack([
           (task.score(chunk_rows, s.completion_tokens[m], s.completion_mask[m], pass_k)

@@ -30,13 +30,14 @@ def make_device_experience(run, device_task):
   r_cfg, spec = run.config.rollout, run.spec
   num_prompts, group = r_cfg.num_prompts, r_cfg.group_size
   sampling = Sampling.of(spec.model_cfg, run.task, r_cfg, run.mesh)
+  grouped = sampling.grouped(group)
   needs = run.needs
 
   def experience(state, table):
     prompts = device_task.prompts(table, state.data_position, num_prompts)
     rows = lambda x: jnp.repeat(x, group, axis=0)  # noqa: E731
-    rollout = sampling(state.params, rows(prompts.prompt_tokens), rows(prompts.prompt_mask),
-                       jax.random.fold_in(step_key(state, 0), 0))
+    rollout = grouped(state.params, prompts.prompt_tokens, prompts.prompt_mask,
+                      jax.random.fold_in(step_key(state, 0), 0))
     tokens, mask = rollout.completion_tokens, rollout.completion_mask
     extras = {}
     if "greedy_rewards" in needs:

@@ -12,6 +12,7 @@ Everything else here is the same for both, and for any number of seeds.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import sys
@@ -25,8 +26,8 @@ from grpo_jax.models.config import ModelConfig
 from grpo_jax.models.value_head import init_value_params
 from grpo_jax.parallel import distributed
 from grpo_jax.parallel.distributed import to_host
-from grpo_jax.parallel.mesh import (batch_axis_size, bytes_per_device, head_counts, make_mesh,
-                                    place_tree, shard_batch, split_heads_note, tree_shardings)
+from grpo_jax.parallel.mesh import (batch_axis_size, bytes_per_device, make_mesh, place_tree,
+                                    shard_batch, split_heads_note, tree_shardings)
 from grpo_jax.rl.estimators import ESTIMATORS
 from grpo_jax.rollout.sampler import Sampling
 from grpo_jax.train.checkpoint import Checkpoints, step_of
@@ -135,13 +136,16 @@ def train(config, workdir: str, log=print, seeds=None, seed_axis: str = "vmap") 
         note = split_heads_note(model_cfg, mesh)
         if note:
           log(note)
-        state = place_tree(state, mesh, head_counts(model_cfg))
+        state = place_tree(state, mesh)
         log(f"mesh (data, fsdp, tensor) = {tuple(mesh.shape.values())} over {mesh.size} "
             f"devices, {jax.process_count()} process(es); per device: params "
             f"{bytes_per_device(state.params) / 2**20:.2f} MiB, optimizer state "
             f"{bytes_per_device(state.opt_state) / 2**20:.2f} MiB, reference "
             f"{bytes_per_device(state.ref_params) / 2**20:.2f} MiB")
-      return _run(run, state, resumed, ckpts, sigterm)
+      # Under the run's mesh, the model's activation constraints (parallel/mesh.constrain)
+      # take effect.
+      with (jax.set_mesh(mesh) if mesh is not None else contextlib.nullcontext()):
+        return _run(run, state, resumed, ckpts, sigterm)
   finally:
     ckpts.close()
 
@@ -200,8 +204,7 @@ def _state_jit_options(state, run: Run) -> dict:
   """Donate the state; on a mesh, keep its layout (so the next step compiles nothing new)."""
   options = dict(donate_argnums=0)
   if run.mesh is not None:
-    options["out_shardings"] = (tree_shardings(state, run.mesh,
-                                               head_counts(run.spec.model_cfg)), None)
+    options["out_shardings"] = (tree_shardings(state, run.mesh), None)
   return options
 
 
@@ -210,9 +213,11 @@ def make_host_advance(run: Run, state):
   config, axis, mesh = run.config, run.axis, run.mesh
   r_cfg = config.rollout
   sampling = Sampling.of(run.spec.model_cfg, run.task, r_cfg, mesh)
-  place = (lambda *xs: shard_batch(xs, mesh)) if mesh is not None else (lambda *xs: xs)
+  place = ((lambda *xs: shard_batch(xs, mesh, replicate_indivisible=True))
+           if mesh is not None else (lambda *xs: xs))
+  grouped = sampling.grouped(r_cfg.group_size)
   samplers = Samplers(
-      sample=axis.compile(lambda p, t, m, k: sampling(p, *place(t, m), k)),
+      sample=axis.compile(lambda p, t, m, k: grouped(p, *place(t, m), k)),
       greedy=axis.compile(lambda p, t, m: sampling.greedy()(p, *place(t, m),
                                                             jax.random.key(0))))
   rollout_keys = axis.compile(lambda s: step_key(s, 0))
