@@ -48,10 +48,16 @@ def test_two_processes_equal_one_process_with_as_many_devices(tmp_path):
   multi_metrics, single_metrics = _metrics(tmp_path / "multi"), _metrics(tmp_path / "single")
   assert [r["step"] for r in multi_metrics] == [0, 1, 2]
   assert [sorted(r) for r in multi_metrics] == [sorted(r) for r in single_metrics]
+  bad = []
   for multi_row, single_row in zip(multi_metrics, single_metrics):
     for key, value in multi_row.items():
-      if isinstance(value, float) and not float(value).is_integer():
-        assert value == pytest.approx(single_row[key], rel=1e-6, abs=1e-9), key
-      else:  # counts, step, rewards of whole tokens, lengths: exactly equal
-        assert value == single_row[key], key
+      if key == "sampler_logprob_gap":  # itself a rounding measure (~1e-7): absolute bar
+        if value != pytest.approx(single_row[key], abs=1e-6):
+          bad.append((multi_row["step"], key, value, single_row[key]))
+      elif isinstance(value, float) and not float(value).is_integer():
+        if value != pytest.approx(single_row[key], rel=1e-6, abs=1e-9):
+          bad.append((multi_row["step"], key, value, single_row[key]))
+      elif value != single_row[key]:
+        bad.append((multi_row["step"], key, value, single_row[key]))
+  assert not bad, bad
   assert multi_metrics[2]["grad_norm"] > 0.1 and multi_metrics[2]["kl"] > 0  # it trained
