@@ -14,6 +14,16 @@ times); decode tok/s = batch x new tokens / (time of the whole generate call - p
 --decode-block: the decode segment lengths to compare (0 = every step reads all P + N cache
 slots). Greedy and sampled (temperature 1, full vocabulary) rows; best of --repeats after a
 compiling call. One JSON line per measurement after the table.
+
+    python benchmarks/rollout.py --length-mix --model qwen2-8L-512 --rows 64
+
+--length-mix: static vs slot-refill (rollout.decode_slots) on GSM8K-like completion lengths.
+Row r stops after a pre-drawn length L_r (its per-row limit; the eos id never occurs), L_r
+~ lognormal with mean --mean-len (sigma --length-sigma), capped at --new-tokens, so both
+engines do the same useful work sum(L_r). rows = rows / G prompts x G samples, sampled at
+temperature 1. tokens/s = sum(L_r) / time of the whole sampler call (prefill included);
+utilisation = sum(L_r) / slot-steps (slots x decode-loop iterations). Ends with one JSON line:
+static_tokens_per_s, refill_tokens_per_s, static_utilisation, refill_utilisation, speedup.
 """
 
 import argparse
@@ -47,6 +57,59 @@ def measure(params, cfg, batch: int, prompt_len: int, new_tokens: int, temperatu
               total_s=t_all, prefill_s=t_fill)
 
 
+def draw_lengths(rows: int, mean: float, sigma: float, cap: int, seed: int = 0):
+  """GSM8K-like completion lengths: lognormal with mean `mean` (mu = ln(mean) - sigma^2 / 2),
+  rounded, clipped to [1, cap]."""
+  import numpy as np
+  rng = np.random.default_rng(seed)
+  mu = np.log(mean) - sigma ** 2 / 2
+  return np.clip(np.rint(rng.lognormal(mu, sigma, size=rows)), 1, cap).astype(np.int32)
+
+
+def length_mix(params, cfg, args) -> dict:
+  """Static vs slot-refill tokens/s and utilisation on pre-drawn lengths (module docstring)."""
+  import jax
+  import numpy as np
+  from grpo_jax.rollout.sampler import sample
+  rng = np.random.default_rng(0)
+  tokens = rng.integers(3, cfg.vocab_size, size=(args.rows // args.group_size, args.prompt_len),
+                        dtype=np.int32)
+  mask = np.ones_like(tokens, bool)
+  lengths = draw_lengths(args.rows, args.mean_len, args.length_sigma, args.new_tokens)
+  useful = int(lengths.sum())
+  settings = dict(model_cfg=cfg, max_new_tokens=args.new_tokens, temperature=1.0, eos_id=-1,
+                  pad_id=0, group_size=args.group_size, decode_block=args.decode_block[0])
+  out = dict(model=args.checkpoint or args.model, rows=args.rows, group_size=args.group_size,
+             prompt_len=args.prompt_len, new_tokens=args.new_tokens,
+             mean_len=round(float(lengths.mean()), 1), max_len=int(lengths.max()),
+             useful_tokens=useful, decode_block=args.decode_block[0])
+  results = {}
+  for name, slots in [("static", 0)] + [(f"refill_{s}", s) for s in args.decode_slots]:
+    call = lambda slots=slots: jax.block_until_ready(sample(  # noqa: E731
+        params, tokens, mask, jax.random.key(0), lengths, decode_slots=slots, **settings))
+    rollout, stats = call()
+    got = np.asarray(rollout.completion_mask).sum(1)
+    assert np.array_equal(got, lengths), "every row must stop at its drawn length"
+    seconds = min(common.time_it(call, args.repeats, warmup=0))
+    results[name] = dict(slots=slots or args.rows, seconds=seconds,
+                         tokens_per_s=useful / seconds,
+                         utilisation=useful / int(np.asarray(stats.slot_steps)))
+  best = max((k for k in results if k != "static"), key=lambda k: results[k]["tokens_per_s"])
+  static, refill = results["static"], results[best]
+  print(common.table(["engine", "slots", "seconds", "useful tok/s", "utilisation"],
+                     [[k, r["slots"], f"{r['seconds']:.2f}", f"{r['tokens_per_s']:,.0f}",
+                       f"{r['utilisation']:.3f}"] for k, r in results.items()]))
+  out.update({f"{k}_tokens_per_s": round(r["tokens_per_s"], 1) for k, r in results.items()
+              if k != "static"})
+  out.update(decode_slots=refill["slots"],
+             static_tokens_per_s=round(static["tokens_per_s"], 1),
+             refill_tokens_per_s=round(refill["tokens_per_s"], 1),
+             static_utilisation=round(static["utilisation"], 4),
+             refill_utilisation=round(refill["utilisation"], 4),
+             speedup=round(refill["tokens_per_s"] / static["tokens_per_s"], 3))
+  return out
+
+
 def main():
   parser = argparse.ArgumentParser()
   parser.add_argument("--checkpoint", help="a Hugging Face checkpoint directory")
@@ -61,7 +124,24 @@ def main():
   parser.add_argument("--decode-block", type=int, nargs="+", default=[0],
                       help="decode segment lengths to compare (0 = read every cache slot)")
   parser.add_argument("--sampled-only", action="store_true", help="skip the greedy rows")
+  parser.add_argument("--length-mix", action="store_true",
+                      help="static vs slot refill on GSM8K-like lengths (see the docstring)")
+  parser.add_argument("--rows", type=int, default=64, help="--length-mix: rollout rows")
+  parser.add_argument("--decode-slots", type=int, nargs="+", default=None,
+                      help="--length-mix: slot counts to try (default rows/2 and rows/4); the "
+                      "fastest is reported as refill")
+  parser.add_argument("--mean-len", type=float, default=220.0)
+  parser.add_argument("--length-sigma", type=float, default=0.6)
   args = parser.parse_args()
+  if args.length_mix:
+    if args.new_tokens == 64:  # the default: the length mix's cap is 512
+      args.new_tokens = 512
+    if args.group_size == 1:
+      args.group_size = 8
+    if args.decode_block == [0]:
+      args.decode_block = [128]  # rollout.decode_block's default, for the static engine
+    args.decode_slots = args.decode_slots or [args.rows // 2, args.rows // 4]
+    args.batch = [args.rows]
   for b in args.batch:
     if b % args.group_size:
       parser.error(f"--batch {b} is not a multiple of --group-size {args.group_size}")
@@ -74,6 +154,9 @@ def main():
   n = sum(x.size for x in jax.tree.leaves(params))
   print(f"checkpoint {path}: {n / 1e6:.1f}M params, {args.dtype}; prompt {args.prompt_len}, "
         f"{args.new_tokens} new tokens; best of {args.repeats}; {malloc}")
+  if args.length_mix:
+    print(json.dumps(length_mix(params, cfg, args)))
+    return
   rows, records = [], []
   policies = (("sampled", 1.0),) if args.sampled_only else (("greedy", 0.0), ("sampled", 1.0))
   for batch in args.batch:

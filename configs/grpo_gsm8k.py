@@ -38,7 +38,9 @@ def get_config() -> ml_collections.ConfigDict:
   # micro-batches (40 rows each) the whole step needs 28.4 GiB at Qwen2.5-0.5B by XLA's analysis.
   c.model.update(dict(scan_layers=True, remat="full", logits_chunk=64))
   c.task.name = "gsm8k"
-  c.data.path = "../shared/data/gsm8k"  # data.source "jsonl": data.path/{train,test}.jsonl
+  # data.source "jsonl": data.path/{train,test}.jsonl, relative to where the run starts;
+  # `python -m grpo_jax.data.fetch_gsm8k --out data/gsm8k` writes them (needs network once).
+  c.data.path = "data/gsm8k"
   c.reward.name = "gsm8k_strict"  # gsm8k_strict | gsm8k_flexible | gsm8k_format
   # No warm-up (the supervised warm-up is for the synthetic task only).
   c.warmup.update(dict(steps=0, batch_size=1, learning_rate=0.0, carry_drop_fraction=0.0))

@@ -3,6 +3,8 @@ compute. Each failure is one sentence naming the value and the fix."""
 
 from __future__ import annotations
 
+import math
+
 import ml_collections
 
 from grpo_jax.errors import ConfigError
@@ -11,6 +13,7 @@ from grpo_jax.rl.aggregation import LOSS_AGGREGATIONS
 KL_PLACEMENTS = ("loss", "reward")
 VALUE_HEADS = ("none", "shared", "separate")
 REWARD_ERROR_MODES = ("raise", "zero")  # train.on_reward_error
+MODEL_DTYPES = ("bfloat16", "float16", "float32")  # model.param_dtype, model.compute_dtype
 # Estimator inputs the host loop produces for any task (the others come from the task).
 LOOP_PROVIDES = ("greedy_rewards",)
 
@@ -87,6 +90,12 @@ def validate(config) -> None:
              f"rl.advantage={rl.advantage!r} needs {need}, which task {task.name!r} does not "
              f"provide; pick another estimator.")
   _require(r.num_prompts >= 1, f"rollout.num_prompts={r.num_prompts}; use at least 1.")
+  _require(r.max_new_tokens >= 1, f"rollout.max_new_tokens={r.max_new_tokens}; use at least 1 "
+           f"(the completion length limit).")
+  _require(tr.eval_pass_k >= 0, f"train.eval_pass_k={tr.eval_pass_k}; use 0 (off) or a number "
+           f"of samples per prompt >= 1.")
+  for field in ("param_dtype", "compute_dtype"):
+    _one_of(config.model[field], MODEL_DTYPES, f"model.{field}")
   _require(r.group_size >= 1, f"rollout.group_size={r.group_size}; use at least 1.")
   if estimator.groups:
     _require(r.group_size >= 2,
@@ -114,6 +123,9 @@ def validate(config) -> None:
   _require(isinstance(r.decode_block, int) and r.decode_block >= 0,
            f"rollout.decode_block={r.decode_block!r}; use a whole number of decode steps per "
            f"segment >= 0 (0 = one segment).")
+  _require(isinstance(r.get("decode_slots", 0), int) and r.get("decode_slots", 0) >= 0,
+           f"rollout.decode_slots={r.get('decode_slots')!r}; use a whole number of decode slots "
+           f">= 0 (0 = one per row, the static engine).")
   _require(rl.clip_eps_low > 0 and rl.clip_eps_high > 0,
            f"rl.clip_eps_low={rl.clip_eps_low}, rl.clip_eps_high={rl.clip_eps_high}; use "
            f"positive values such as 0.2 and 0.28.")
@@ -140,8 +152,21 @@ def validate(config) -> None:
   _require(tr.max_consecutive_skips >= 1, f"train.max_consecutive_skips="
            f"{tr.max_consecutive_skips}; use at least 1.")
   _one_of(tr.on_reward_error, REWARD_ERROR_MODES, "train.on_reward_error")
+  limit = tr.get("max_reward_error_fraction", 0.5)
+  _require(0 <= limit <= 1, f"train.max_reward_error_fraction={limit}; use a fraction in "
+           f"[0, 1] (0 stops at any failed reward, 1 never stops).")
   _validate_fused(config, task)
-  _require(opt.learning_rate > 0, f"optim.learning_rate={opt.learning_rate}; use > 0.")
+  for name, value in (("optim.learning_rate", opt.learning_rate),
+                      ("warmup.learning_rate", config.warmup.learning_rate)):
+    _require(math.isfinite(value) and value > 0,
+             f"{name}={value}; use a finite value > 0 (1e-6 is usual for a real checkpoint).")
+  for name in ("weight_decay", "b1", "b2"):
+    _require(math.isfinite(opt[name]) and opt[name] >= 0,
+             f"optim.{name}={opt[name]}; use a finite value >= 0.")
+  _require(math.isfinite(opt.max_grad_norm) and opt.max_grad_norm > 0,
+           f"optim.max_grad_norm={opt.max_grad_norm}; use a finite value > 0 (1.0 is usual).")
+  _require(opt.b1 < 1 and opt.b2 < 1, f"optim.b1={opt.b1}, optim.b2={opt.b2}; AdamW's decay "
+           f"rates must be below 1 (0.9 and 0.99 are usual).")
   m = config.model
   from grpo_jax.models.decoder import REMAT_POLICIES  # noqa: PLC0415
   _one_of(m.get("remat", "none"), tuple(REMAT_POLICIES), "model.remat")

@@ -74,7 +74,11 @@ def get_defaults() -> ml_collections.ConfigDict:
       top_p=1.0,  # 1.0 = off
       # Decode steps per segment: a segment's attention reads only the cache slots filled by
       # its end (P + e), not all P + N; 0 = one segment. Each segment is its own compiled loop.
-      decode_block=128))
+      decode_block=128,
+      # Decode slots of the slot-refill engine (continuous batching): when a row ends, its slot
+      # takes the next pending row. 0 = one slot per row (the static engine: every row decodes
+      # until the longest one ends). The drawn tokens do not depend on it.
+      decode_slots=0))
 
   # Every field and its source: grpo_jax/config.py's rl_defaults.
   c.rl = rl_defaults()
@@ -94,9 +98,15 @@ def get_defaults() -> ml_collections.ConfigDict:
       keep_checkpoints=3,  # the newest K (a damaged newest one falls back to the one before)
       max_consecutive_skips=20,  # stop after this many non-finite updates in a row
       on_reward_error="raise",  # a reward that raises / is not finite: "raise" or "zero"
+      # With "zero": stop when more than this fraction of a step's completions fail to score.
+      max_reward_error_fraction=0.5,
       # K > 0: K RL iterations per host call in one jitted lax.scan; needs a task whose reward
       # is a JAX function
-      fused_steps=0))
+      fused_steps=0,
+      # Resuming a workdir under a config that differs from its config.json (beyond run
+      # length and bookkeeping, workdir.FREE_TO_CHANGE) is refused unless this is True; every
+      # start's changes are recorded in run_info.json.
+      allow_config_change=False))
 
   # Devices: (data, fsdp, tensor) sizes, -1 = the rest; multi-host start-up (see README).
   c.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, tensor=1))

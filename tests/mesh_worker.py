@@ -102,5 +102,29 @@ def main():
   print(json.dumps(out))
 
 
+def refill_main(path: str):
+  """tests/test_refill.py's slot engine (4 slots, sampled with top-k/top-p, per-row limits) on
+  the (2, 2, 2) mesh, its result written to `path` as JSON."""
+  from grpo_jax.rollout.refill import generate_refill  # noqa: PLC0415
+  from grpo_jax.rollout.sampler import row_limits_or_max  # noqa: PLC0415
+  from tests import test_refill as t  # noqa: PLC0415
+  mesh = mesh_of((2, 2, 2), jax.devices())
+  cfg = tiny_model_config()
+  with jax.set_mesh(mesh):
+    params = jax.device_put(t._params(cfg), tree_shardings(t._params(cfg), mesh))
+    prompts, mask = shard_batch((t.PROMPTS, t.PROMPT_MASK), mesh, replicate_indivisible=True)
+    out, _ = jax.jit(lambda p, tk, m, k: generate_refill(
+        p, tk, m, k, row_limits_or_max(t.LIMITS, t.ROWS, t.NEW), mesh=mesh, decode_slots=4,
+        **t._settings(cfg, temperature=0.8, top_k=6, top_p=0.9)))(
+            params, prompts, mask, jax.random.key(7))
+  with open(path, "w") as f:
+    json.dump(dict(devices=len(jax.devices()),
+                   completion_tokens=np.asarray(out.completion_tokens).tolist(),
+                   completion_mask=np.asarray(out.completion_mask).tolist(),
+                   logprobs=np.asarray(out.logprobs).tolist()), f)
+
+
 if __name__ == "__main__":
+  if sys.argv[1:2] == ["refill"]:
+    sys.exit(refill_main(sys.argv[2]))
   sys.exit(main())

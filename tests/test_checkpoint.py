@@ -40,7 +40,8 @@ SMALL = ["--config.warmup.steps=30", f"--config.train.steps={2 * N}", "--config.
          "--config.rl.num_minibatches=2", "--config.rl.value_head=separate",
          "--config.rl.adaptive_kl=True", "--config.rl.kl_target=0.001",
          "--config.rl.ref_update_every=2", "--config.rl.ref_mix=0.5",
-         f"--config.train.checkpoint_every={N}", "--config.train.keep_checkpoints=3"]
+         f"--config.train.checkpoint_every={N}", "--config.train.keep_checkpoints=3",
+         "--config.rollout.decode_slots=5"]  # the slot-refill engine, 5 slots for 16 rows
 strip = lambda rs: [{k: v for k, v in r.items() if k not in TIMING_KEYS} for r in rs]  # noqa
 
 
@@ -303,6 +304,7 @@ def test_failing_reward_stops_the_run_or_scores_zero(mode):
   assert np.all(steps[0][[1, 5]] == 0) and steps[0][0].sum() == 4  # 3 digits + <eos>
 
 
+
 class _NanWhenRight:
   """The addition task, whose reward is NaN wherever it should be 1."""
 
@@ -349,6 +351,13 @@ def test_metrics_resume_keeps_records_up_to_the_restored_step(tmp_path):
   assert keep_records_until(str(path), 2) == 3
   assert [json.loads(x)["step"] for x in path.read_text().splitlines()] == [0, 1, 2]
   assert keep_records_until(str(path), -1) == 3 and path.read_text() == ""
+  # A blank or torn line in the middle: the valid records after it are kept, the file is
+  # replaced whole (no temporary left behind).
+  lines = [json.dumps({"step": s}) for s in range(6)]
+  path.write_text("\n".join(lines[:2] + ["", '{"step": 2, "lo'] + lines[3:]) + "\n")
+  assert keep_records_until(str(path), 4) == 3
+  assert [json.loads(x)["step"] for x in path.read_text().splitlines()] == [0, 1, 3, 4]
+  assert sorted(os.listdir(tmp_path)) == ["metrics.jsonl"]
 
 
 @pytest.mark.parametrize("field, value, message", [
@@ -363,3 +372,37 @@ def test_fault_config_fields_are_validated(field, value, message):
   with pytest.raises(ConfigError) as info:
     validate(config)
   assert str(info.value).startswith(message)
+
+
+
+
+@pytest.mark.slow
+def test_resume_under_a_changed_config_is_refused_unless_allowed(reference, tmp_path, env):
+  """A workdir with checkpoints resumes under its recorded config only: a changed learning
+  rate stops with one sentence naming the field, before config.json or anything else is
+  rewritten; with train.allow_config_change it resumes and run_info.json records the change.
+  Changing only the run's length is free (and recorded)."""
+  import shutil  # noqa: PLC0415
+  ref_dir, _ = reference
+  workdir = tmp_path / "run"
+  shutil.copytree(ref_dir, workdir)
+  before = {name: (workdir / name).read_bytes() for name in ("config.json", "run_info.json",
+                                                             "metrics.jsonl")}
+  out = subprocess.run(_command(workdir, "--config.optim.learning_rate=0.001"), cwd=ROOT,
+                       capture_output=True, text=True, timeout=600, env=env)
+  assert out.returncode == 2, out.stderr[-2000:]
+  lines = out.stderr.strip().splitlines()
+  assert lines[-1] == (
+      f"error: resuming {workdir} under a config that differs from its config.json "
+      f"(optim.learning_rate 0.0002 -> 0.001); run with its recorded config, pass another "
+      f"--workdir, or pass --config.train.allow_config_change=True to resume anyway (the "
+      f"changes are recorded in run_info.json).")
+  assert {name: (workdir / name).read_bytes() for name in before} == before
+  _run(workdir, env, f"--config.train.steps={2 * N + 1}", "--config.optim.learning_rate=0.001",
+       "--config.train.allow_config_change=True")
+  starts = json.loads((workdir / "run_info.json").read_text())["starts"]
+  assert starts[-1]["resumed_from_step"] == 2 * N
+  assert starts[-1]["config_changes"] == {
+      "optim.learning_rate": [0.0002, 0.001], "train.allow_config_change": [False, True],
+      "train.steps": [2 * N, 2 * N + 1]}
+  assert json.loads((workdir / "config.json").read_text())["optim"]["learning_rate"] == 0.001

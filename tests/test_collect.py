@@ -14,7 +14,7 @@ from grpo_jax.rewards.exact_match import token_step_rewards
 from grpo_jax.rl import advantages as adv_lib
 from grpo_jax.rl.estimators import ESTIMATORS, estimate_advantages
 from grpo_jax.rl.shaping import overlong_penalty
-from grpo_jax.rollout.sampler import Rollout
+from grpo_jax.rollout.sampler import DecodeStats, Rollout
 from grpo_jax.train.collect import Samplers, collect
 from grpo_jax.train.seed_axis import SeedAxis
 
@@ -92,8 +92,8 @@ class _ScriptedSampler:
     self.round += 1
     tokens = np.stack([r[0] for r in rows])
     mask = np.stack([r[1] for r in rows])
-    return Rollout(prompt_tokens, prompt_mask, tokens, mask, np.zeros(mask.shape, np.float32),
-                   np.zeros(len(rows), bool))
+    return (Rollout(prompt_tokens, prompt_mask, tokens, mask, np.zeros(mask.shape, np.float32),
+                    np.zeros(len(rows), bool)), DecodeStats(np.int32(mask.size)))
 
 
 @pytest.mark.parametrize("max_extra", [4, 1])

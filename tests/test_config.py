@@ -51,6 +51,17 @@ def test_config_error_from_main_is_one_line(tmp_path):
     ("rl", "num_micro_batches", 3, "a minibatch of 128 completions does not split into "
                                    "rl.num_micro_batches=3"),
     ("rl", "loss_aggregation", "sum", "rl.loss_aggregation='sum' is unknown"),
+    ("optim", "learning_rate", float("inf"), "optim.learning_rate=inf; use a finite value > 0"),
+    ("optim", "learning_rate", 0.0, "optim.learning_rate=0.0; use a finite value > 0"),
+    ("warmup", "learning_rate", float("nan"), "warmup.learning_rate=nan; use a finite value"),
+    ("optim", "max_grad_norm", 0.0, "optim.max_grad_norm=0.0; use a finite value > 0"),
+    ("optim", "b2", 1.0, "optim.b2=1.0; AdamW's decay rates must be below 1"),
+    ("rollout", "max_new_tokens", 0, "rollout.max_new_tokens=0; use at least 1"),
+    ("train", "eval_pass_k", -2, "train.eval_pass_k=-2; use 0 (off)"),
+    ("model", "compute_dtype", "float8", "model.compute_dtype='float8' is unknown; valid: "
+                                         "bfloat16, float16, float32."),
+    ("rollout", "decode_slots", -2, "rollout.decode_slots=-2; use a whole number of decode "
+                                    "slots >= 0"),
 ])
 def test_invalid_values_fail_before_any_compute(tmp_path, section, field, value, expected):
   config = grpo_tiny.get_config()

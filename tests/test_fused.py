@@ -17,7 +17,7 @@ from grpo_jax.train.seed_axis import SeedAxis
 from grpo_jax.train.setup import build_model, build_task
 from grpo_jax.train.state import make_optimizer, step_key
 from grpo_jax.train.step import StepSpec, make_rl_step
-from grpo_jax.rollout.sampler import generate
+from grpo_jax.rollout.sampler import generate, sample
 from tests.conftest import small_tiny_config
 
 quiet = lambda *a, **k: None  # noqa: E731
@@ -54,14 +54,14 @@ def test_first_fused_step_equals_the_host_path(rl, first_token_parity_reward):
   common = dict(model_cfg=run.spec.model_cfg, max_new_tokens=r.max_new_tokens,
                 eos_id=run.task.eos_id, pad_id=run.task.pad_id)
   samplers = Samplers(
-      sample=lambda p, t, m, k: generate(p, t, m, k, temperature=r.temperature,
-                                         group_size=r.group_size, **common),
+      sample=lambda p, t, m, k: sample(p, t, m, k, temperature=r.temperature,
+                                       group_size=r.group_size, **common),
       greedy=lambda p, t, m: generate(p, t, m, jax.random.key(0), temperature=0.0, **common))
   (host,) = collect(state.params, [8], [step_key(state, 0)], run.task, config, samplers,
                     run.axis, run.needs)
   device_task = run.task.device_task()
   table = jax.tree.map(jax.numpy.asarray, device_task.stream(0, 64))
-  rollout, inputs = jax.jit(make_device_experience(run, device_task))(state, table)
+  rollout, inputs, _ = jax.jit(make_device_experience(run, device_task))(state, table)
   np.testing.assert_array_equal(rollout.prompt_tokens, host.rollout.prompt_tokens)
   np.testing.assert_array_equal(rollout.completion_tokens, host.rollout.completion_tokens)
   np.testing.assert_array_equal(rollout.completion_mask, host.rollout.completion_mask)

@@ -96,3 +96,43 @@ def test_tfds_fails_fast_offline(tmp_path):
   with pytest.raises((FileNotFoundError, ImportError), match="tfds|tensorflow-datasets"):
     load_tfds("train", data_dir=str(tmp_path))
   assert time.perf_counter() - start < 30  # no minutes of retries
+
+
+def test_a_folder_without_tokenizer_files_is_refused(tmp_path):
+  """transformers returns a 1-token tokenizer for a checkpoint folder without its tokenizer
+  files; every prompt would encode to nothing. The loader refuses it in one sentence."""
+  from grpo_jax.data.tokenizer import load_hf_tokenizer  # noqa: PLC0415
+  from grpo_jax.errors import ConfigError  # noqa: PLC0415
+  from tests.hf_fixtures import save_tiny_qwen2  # noqa: PLC0415
+  path = save_tiny_qwen2(str(tmp_path / "ckpt"))
+  assert len(load_hf_tokenizer(path)) > 1  # with its files: accepted
+  for name in os.listdir(path):
+    if name.startswith("tokenizer") or name == "chat_template.jinja":
+      os.remove(os.path.join(path, name))
+  with pytest.raises(ConfigError) as err:
+    load_hf_tokenizer(path)
+  message = str(err.value)
+  assert message.startswith(
+      f"the tokenizer in model.path={path} cannot encode task text (1 token(s) in its "
+      f"vocabulary, 'Natalia sold 48 clips in April.' -> 0 ids -> '', eos id "), message
+  assert message.endswith("); the folder needs the checkpoint's tokenizer files "
+                          "(tokenizer.json, tokenizer_config.json).")
+
+
+def test_fetch_writes_jsonl_that_the_task_reads(tmp_path):
+  """grpo_jax.data.fetch_gsm8k (its `datasets` loader replaced by the committed excerpt, no
+  network): the files it writes load with their gold answers; the recipe's default data.path
+  is inside the run's folder, not ../shared."""
+  from configs import grpo_gsm8k  # noqa: PLC0415
+  from grpo_jax.data.fetch_gsm8k import fetch  # noqa: PLC0415
+  splits = {s: load_jsonl(os.path.join(EXCERPT, f"{s}.jsonl")) for s in ("train", "test")}
+  asked = []
+  fake = lambda name, config: asked.append((name, config)) or splits  # noqa: E731
+  counts = fetch(str(tmp_path / "gsm8k"), load_dataset=fake)
+  assert asked == [("openai/gsm8k", "main")]
+  for split in ("train", "test"):
+    written = load_jsonl(str(tmp_path / "gsm8k" / f"{split}.jsonl"))
+    assert counts[split] == len(written) == len(splits[split])
+    assert [r["question"] for r in written] == [r["question"] for r in splits[split]]
+  assert sorted(os.listdir(tmp_path / "gsm8k")) == ["test.jsonl", "train.jsonl"]
+  assert grpo_gsm8k.get_config().data.path == "data/gsm8k"

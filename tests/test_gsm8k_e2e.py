@@ -16,7 +16,8 @@ SMALL = ["--config.rollout.num_prompts=2", "--config.rollout.group_size=2",
          "--config.rl.num_minibatches=2", "--config.rl.num_micro_batches=1",
          "--config.train.eval_size=3",
          "--config.train.eval_batch_size=2", "--config.train.eval_every=1",
-         "--config.train.eval_pass_k=2", "--config.data.path=tests/data/gsm8k"]
+         "--config.train.eval_pass_k=2", "--config.data.path=tests/data/gsm8k",
+         "--config.rollout.decode_slots=3"]  # the slot-refill engine for the 4 rollout rows
 
 
 def _run(module, *args):

@@ -267,3 +267,20 @@ def test_wrong_shape_error(tmp_path):
   assert str(err.value) == (
       "Tensor model.layers.0.mlp.down_proj.weight has shape (64, 96) but config.json implies "
       "(64, 80); check that config.json belongs to these weights.")
+
+
+def test_non_finite_weights_name_the_tensor(tmp_path):
+  """A NaN in model.safetensors stops the load, naming the tensor, its file and the count."""
+  from safetensors.numpy import load_file, save_file  # noqa: PLC0415
+  save(tiny_hf_model("qwen2"), tmp_path)
+  file = tmp_path / "model.safetensors"
+  tensors = load_file(str(file))
+  name = "model.layers.1.self_attn.k_proj.weight"
+  tensors[name] = tensors[name].copy()
+  tensors[name].flat[[3, 7]] = [np.nan, np.inf]
+  save_file(tensors, str(file), metadata={"format": "pt"})
+  with pytest.raises(ValueError) as err:
+    hf.load_hf_checkpoint(tmp_path)
+  assert str(err.value) == (
+      f"Tensor {name} in {file} has 2 non-finite value(s) (NaN or inf) of "
+      f"{tensors[name].size}: the checkpoint is damaged; download or export it again.")

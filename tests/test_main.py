@@ -13,9 +13,11 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SMALL = ["--config.warmup.steps=30", "--config.train.steps=4", "--config.train.eval_every=2",
          "--config.train.eval_size=40", "--config.train.eval_batch_size=20",
          "--config.rollout.num_prompts=4", "--config.rollout.group_size=4",
-         "--config.rl.num_iterations=2", "--config.rl.num_minibatches=2"]
+         "--config.rl.num_iterations=2", "--config.rl.num_minibatches=2",
+         # The slot-refill engine: 6 slots for the 16 rollout rows and the 20 eval rows.
+         "--config.rollout.decode_slots=6"]
 REQUIRED = {"step", "reward_mean", "kl", "clip_frac", "entropy", "response_len", "tokens_per_s",
-            "loss"}
+            "loss", "decode_slot_utilisation", "rollout_tokens_per_s"}
 
 
 def _run(workdir, *extra):
@@ -39,6 +41,7 @@ def test_run_writes_outputs_and_is_deterministic(tmp_path):
   assert [("eval_accuracy" in r) for r in first[1:]] == [False, True, False, True]
   for record in first[1:]:
     assert REQUIRED <= set(record), REQUIRED - set(record)
+    assert 0 < record["decode_slot_utilisation"] <= 1 and record["rollout_tokens_per_s"] > 0
   assert any(name.startswith("events.out.tfevents") for name in os.listdir(tmp_path / "a"))
   progress = [line for line in stdout.splitlines() if line.startswith("step ")]
   assert len(progress) == 5 and "tok/s" in progress[-1] and "eta" in progress[-1]

@@ -15,7 +15,7 @@ from grpo_jax.train import loop
 COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
 
 
-def _tiny_config(**rl):
+def _tiny_config(decode_slots=0, **rl):
   config = grpo_tiny.get_config()
   config.warmup.steps = 5
   config.train.steps = 3
@@ -24,6 +24,7 @@ def _tiny_config(**rl):
   config.train.eval_batch_size = 20
   config.rollout.num_prompts = 4
   config.rollout.group_size = 4
+  config.rollout.decode_slots = decode_slots
   config.rl.update(rl)
   return config
 
@@ -47,6 +48,7 @@ class _Recorder:
 @pytest.mark.parametrize("rl", [
     dict(),  # the tiny recipe: one pass, one minibatch, k3 KL in the loss
     dict(num_iterations=2, num_minibatches=2, adaptive_kl=True),  # mu > 1, KL controller
+    dict(decode_slots=6),  # the slot-refill engine (16 rollout rows, 20 eval rows)
 ])
 def test_no_compilation_after_the_first_step(tmp_path, monkeypatch, rl):
   recorder = _Recorder()

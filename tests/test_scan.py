@@ -110,8 +110,10 @@ def test_one_rl_step_with_scanned_layers_equals_the_unscanned_step():
     _close(g, w, tol=1e-6)
     moved = max(moved, float(jnp.max(jnp.abs(w - before))))
   assert moved > 1e-3
+  # abs 1e-6: the loss (~0.017) is a sum of terms of order 1 that largely cancel, so its
+  # rounding is absolute, not relative to its small value.
   for key in ("loss", "kl", "entropy", "rollout_kl"):
-    assert float(got_m[key]) == pytest.approx(float(want_m[key]), rel=1e-5, abs=1e-7), key
+    assert float(got_m[key]) == pytest.approx(float(want_m[key]), rel=1e-5, abs=1e-6), key
 
 
 def test_a_run_with_scanned_layers_goes_through_the_loop(tmp_path):

@@ -146,6 +146,13 @@ def test_vmapped_step_matches_single_seed_step_to_float_rounding():
     for k in ("loss", "kl", "entropy", "clip_frac", "advantage_abs_mean"):
       np.testing.assert_allclose(one_metrics[k], metrics[k][i], rtol=1e-4, atol=1e-7)
     assert int(new_states.data_position[i]) == int(new_state.data_position) == r.num_prompts
+  # The slot-refill engine vmapped over the seeds (its loops and refill branch batched): each
+  # seed's tokens are its single-seed static ones.
+  refilled = axis.compile(lambda p, t, m, k: generate(p, t, m, k, decode_slots=5, **common))(
+      stacked.params, axis.stack(tokens), axis.stack(masks), axis.stack(keys))
+  for i, (rollout, _, _) in enumerate(single):
+    np.testing.assert_array_equal(rollout.completion_tokens, refilled.completion_tokens[i])
+    np.testing.assert_array_equal(rollout.completion_mask, refilled.completion_mask[i])
 
 
 @pytest.mark.slow

@@ -107,8 +107,11 @@ class GSM8KTask:
     if data.source == "jsonl":
       for split in ("train", "test"):
         file = os.path.join(data.path, f"{split}.jsonl")
-        _require(os.path.isfile(file), f"data.path={data.path!r} has no {split}.jsonl; point "
-                 f"it at a folder with GSM8K's train.jsonl and test.jsonl.")
+        _require(os.path.isfile(file), f"data.path={data.path!r} has no {split}.jsonl (looked "
+                 f"for {os.path.abspath(file)}); write GSM8K there with python -m "
+                 f"grpo_jax.data.fetch_gsm8k --out {data.path} (pip install -e '.[data]', "
+                 f"needs network once), or point data.path at a folder with GSM8K's "
+                 f"train.jsonl and test.jsonl.")
 
   @classmethod
   def from_config(cls, config, log=print) -> "GSM8KTask":

@@ -66,9 +66,22 @@ def load_hf_tokenizer(path: str):
         f"hf download Qwen/Qwen2.5-0.5B-Instruct --local-dir {path}.")
   from transformers import AutoTokenizer  # noqa: PLC0415
   try:
-    return AutoTokenizer.from_pretrained(path, local_files_only=True)
+    tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
   except (OSError, ValueError) as e:
     raise ConfigError(
         f"no tokenizer could be loaded from model.path={path} ({str(e).splitlines()[0]}); the "
         f"folder needs the checkpoint's tokenizer files (tokenizer.json, "
         f"tokenizer_config.json).") from None
+  # Without its files transformers still returns a tokenizer, of one token, that encodes every
+  # text to nothing: a run would train on empty prompts. Refuse one that cannot round-trip
+  # a line of task text.
+  probe = "Natalia sold 48 clips in April."
+  ids = tokenizer(probe, add_special_tokens=False)["input_ids"]
+  decoded = tokenizer.decode(ids, skip_special_tokens=True) if ids else ""
+  if len(ids) < 2 or "48" not in decoded or tokenizer.eos_token_id is None:
+    raise ConfigError(
+        f"the tokenizer in model.path={path} cannot encode task text ({len(tokenizer)} "
+        f"token(s) in its vocabulary, {probe!r} -> {len(ids)} ids -> {decoded!r}, eos id "
+        f"{tokenizer.eos_token_id}); the folder needs the checkpoint's tokenizer files "
+        f"(tokenizer.json, tokenizer_config.json).")
+  return tokenizer

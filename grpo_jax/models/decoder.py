@@ -12,7 +12,8 @@ The KV cache is an explicit argument and an explicit output: ``apply`` is a pure
 * without a cache (``cache=None``) the T tokens attend causally to each other, keys restricted
   to ``kv_mask`` (B, T) (False for padding);
 * with a cache (a tuple of per-layer ``{"k", "v"}`` arrays of shape (B, kv_heads, S, head_dim))
-  the T tokens are written at cache slots ``[offset, offset + T)`` and attend to every slot
+  the T tokens are written at cache slots ``[offset, offset + T)`` (``offset`` a scalar, or
+  (B,) for rows at different positions) and attend to every slot
   ``s <= their own slot`` with ``kv_mask[:, s]`` True; ``kv_mask`` then has shape (B, S') with
   offset + T <= S' <= S, and only the first S' slots are read (the sampler passes the filled
   part, so a decode step does not read the empty tail of the cache).
@@ -126,8 +127,7 @@ class Attention(nn.Module):
     k = rotary_embedding(k, positions, cfg.rope_theta).transpose(0, 2, 1, 3)  # (B, Hkv, T, D)
     v = v.transpose(0, 2, 1, 3)
     if layer_cache is not None:
-      write = lambda c, x: jax.lax.dynamic_update_slice_in_dim(  # noqa: E731
-          c, x.astype(c.dtype), offset, axis=2)
+      write = lambda c, x: write_cache(c, x, offset)  # noqa: E731
       k_all, v_all = write(layer_cache["k"], k), write(layer_cache["v"], v)
       layer_cache = {"k": k_all, "v": v_all}
       filled = mask.shape[-1]  # read only the slots the mask covers (the filled ones)
@@ -168,13 +168,24 @@ class DecoderLayer(nn.Module):
     return constrain(x, ("batch", None, None)), layer_cache
 
 
+def write_cache(cache: jax.Array, x: jax.Array, offset) -> jax.Array:
+  """cache (B, Hkv, S, D) with x (B, Hkv, T, D) written at slots [offset, offset + T): one
+  offset for every row (a scalar), or one per row ((B,) int32: the slot-refill sampler's rows
+  are at different positions)."""
+  x = x.astype(cache.dtype)
+  if jnp.ndim(offset) == 0:
+    return jax.lax.dynamic_update_slice_in_dim(cache, x, offset, axis=2)
+  return jax.vmap(lambda c, u, o: jax.lax.dynamic_update_slice_in_dim(c, u, o, axis=1))(
+      cache, x, offset)
+
+
 def attention_mask(kv_mask: jax.Array, num_queries: int, offset) -> jax.Array:
-  """(B, Tq, S) bool: query i (at slot offset + i) may see key slot s iff s <= offset + i and
-  kv_mask[b, s]."""
+  """(B, Tq, S) bool: query i of row b (at slot offset + i, offset a scalar or (B,)) may see
+  key slot s iff s <= offset + i and kv_mask[b, s]."""
   num_keys = kv_mask.shape[1]
-  query_slots = offset + jnp.arange(num_queries)
-  causal = jnp.arange(num_keys)[None, :] <= query_slots[:, None]
-  return causal[None, :, :] & kv_mask[:, None, :].astype(bool)
+  query_slots = jnp.reshape(offset, (-1, 1)) + jnp.arange(num_queries)  # (1 or B, Tq)
+  causal = jnp.arange(num_keys) <= query_slots[:, :, None]
+  return causal & kv_mask[:, None, :].astype(bool)
 
 
 class Decoder(nn.Module):

@@ -307,7 +307,13 @@ def _read_tensors(weight_map: dict, layout: list, dtype) -> dict:
                               f"missing; download the whole checkpoint again.")
     with safe_open(str(file), framework="np") as f:
       for path, name, hf_shape, shape in entries:
-        arrays[name] = _to_param(f.get_tensor(name), path, name, hf_shape, shape, dtype)
+        array = f.get_tensor(name)
+        bad = int(np.size(array) - np.count_nonzero(np.isfinite(array)))
+        if bad:
+          raise ValueError(f"Tensor {name} in {file} has {bad} non-finite value(s) (NaN or "
+                           f"inf) of {np.size(array)}: the checkpoint is damaged; download or "
+                           f"export it again.")
+        arrays[name] = _to_param(array, path, name, hf_shape, shape, dtype)
   return arrays
 
 

@@ -1,4 +1,5 @@
-"""The sampler: one jitted, pure function from (params, prompts, key) to a `Rollout`.
+"""The sampler: one jitted, pure function from (params, prompts, key) to a `Rollout`
+(`sample`, which also returns its `DecodeStats`; `generate`, the Rollout alone).
 
 prefill (one forward pass over the left-padded prompts, filling the KV cache), then
 `lax.while_loop`s of single-token decode steps that end when every row has emitted EOS or the
@@ -9,8 +10,14 @@ Prefix sharing: each prompt is prefilled once and its cache rows, last-position 
 masks are repeated for its G samples (`group_size`), so prefill FLOPs scale with prompts, not
 rows. Decode reads only what exists: the decode steps run in segments of `decode_block` steps,
 and a segment's attention reads the first P + (its last step + 1) cache slots, not all P + N.
-Neither changes a drawn token: row r's token t uses fold_in(key, t) and the r-th uniform, as
-without them (tests/test_sampler_prefix.py).
+Neither changes a drawn token (tests/test_sampler_prefix.py).
+
+Tokens do not depend on scheduling: token t of row r (r = prompt x G + sample, the row's index
+in the call's Rollout) is drawn with the uniform `token_uniforms(key, r, t)`, never with one
+that depends on the batch, a slot or the loop. So the slot-refill engine (rollout/refill.py,
+`decode_slots`: S slots, a finished row's slot takes the next pending row) draws the same
+tokens as the static engine here, with any S, any batch split and any mesh
+(tests/test_refill.py).
 """
 
 from __future__ import annotations
@@ -25,7 +32,7 @@ from jax.sharding import NamedSharding
 
 from grpo_jax.models.config import ModelConfig
 from grpo_jax.models.decoder import Decoder, init_cache, positions_from_mask
-from grpo_jax.rollout.sampling import choose_tokens
+from grpo_jax.rollout.sampling import choose_tokens, token_uniforms
 
 
 class Rollout(NamedTuple):
@@ -38,7 +45,7 @@ class Rollout(NamedTuple):
   truncated: jax.Array  # (B,) bool, hit N tokens without EOS
 
 
-def _constrain_cache(cache, mesh):
+def constrain_cache(cache, mesh):
   """KV cache (B, kv_heads, S, head_dim): rows over the batch axes (data x fsdp) and kv heads
   over `tensor` (each only when it divides)."""
   if mesh is None:
@@ -66,7 +73,7 @@ def prefill(params, prompt_tokens, prompt_mask, *, model_cfg: ModelConfig,
   Returns (logits of the last prompt position (B, V), cache, kv_mask (B, P + N)); only the last
   position is projected onto the vocabulary. Each prompt is computed once; its cache rows,
   logits and mask are then repeated G = group_size times (prefix sharing). With a `mesh`, the
-  cache is laid out by the mesh rules (`_constrain_cache`).
+  cache is laid out by the mesh rules (`constrain_cache`).
   """
   prompts, prompt_len = prompt_tokens.shape
   prompt_mask = prompt_mask.astype(bool)
@@ -75,7 +82,7 @@ def prefill(params, prompt_tokens, prompt_mask, *, model_cfg: ModelConfig,
       {"params": params}, prompt_tokens, positions_from_mask(prompt_mask), prompt_mask,
       cache, 0, logits_window=(prompt_len - 1, 1))
   layer_axis = 1 if model_cfg.scan_layers else 0  # stacked caches: (layers, rows, ...)
-  cache = _constrain_cache(repeat_rows(cache, group_size, layer_axis), mesh)
+  cache = constrain_cache(repeat_rows(cache, group_size, layer_axis), mesh)
   kv_mask = jnp.concatenate([repeat_rows(prompt_mask, group_size),
                              jnp.zeros((prompts * group_size, max_new_tokens), bool)], axis=1)
   return repeat_rows(logits[:, 0], group_size), cache, kv_mask
@@ -91,21 +98,74 @@ def decode_segments(max_new_tokens: int, decode_block: int) -> list:
   return [min(end, last) for end in range(decode_block, last + decode_block, decode_block)]
 
 
-@functools.partial(jax.jit, static_argnames=(
-    "model_cfg", "max_new_tokens", "temperature", "top_k", "top_p", "eos_id", "pad_id",
-    "mesh", "group_size", "decode_block"))
-def generate(params, prompt_tokens, prompt_mask, key, *, model_cfg: ModelConfig,
-             max_new_tokens: int, temperature: float = 1.0, top_k: int = 0,
-             top_p: float = 1.0, eos_id: int, pad_id: int, mesh=None, group_size: int = 1,
-             decode_block: int = 0) -> Rollout:
-  """Samples up to `max_new_tokens` tokens for group_size rows per left-padded prompt row.
+class DecodeStats(NamedTuple):
+  """How much decode work a sampler call spent: slot_steps = decode slots x loop iterations
+  (an iteration records at most one token per slot), so useful tokens / slot_steps is the
+  decode-slot utilisation."""
+  slot_steps: jax.Array  # () int32
+
+
+def row_limits_or_max(row_limits, rows: int, max_new_tokens: int) -> jax.Array:
+  """(rows,) int32 per-row completion limits in [1, N] (N for every row when None)."""
+  if row_limits is None:
+    return jnp.full((rows,), max_new_tokens, jnp.int32)
+  return jnp.clip(jnp.asarray(row_limits, jnp.int32), 1, max_new_tokens)
+
+
+def finish(prompt_tokens, prompt_mask, tokens_out, mask_out, logp_out, eos_id: int) -> Rollout:
+  """The Rollout of the recorded tokens: truncated = the row ended without emitting EOS."""
+  ended_by_eos = jnp.any((tokens_out == eos_id) & mask_out, axis=1)
+  return Rollout(prompt_tokens, prompt_mask, tokens_out, mask_out, logp_out, ~ended_by_eos)
+
+
+SAMPLE_STATIC = ("model_cfg", "max_new_tokens", "temperature", "top_k", "top_p", "eos_id",
+                 "pad_id", "mesh", "group_size", "decode_block", "decode_slots")
+
+
+@functools.partial(jax.jit, static_argnames=SAMPLE_STATIC)
+def sample(params, prompt_tokens, prompt_mask, key, row_limits=None, *,
+           model_cfg: ModelConfig, max_new_tokens: int, temperature: float = 1.0,
+           top_k: int = 0, top_p: float = 1.0, eos_id: int, pad_id: int, mesh=None,
+           group_size: int = 1, decode_block: int = 0,
+           decode_slots: int = 0) -> tuple[Rollout, DecodeStats]:
+  """Samples up to `max_new_tokens` tokens (row r: up to row_limits[r]) for group_size rows per
+  left-padded prompt row; returns (Rollout, DecodeStats).
 
   prompt_tokens (B / G, P); the Rollout has B = prompts x G rows, groups contiguous, its
-  prompts repeated. Token t of every row is drawn with key fold_in(key, t). The loop carries
-  the chosen token, not the (B, V) logits, and runs N - 1 decode forwards (in segments of
-  `decode_block` steps that read only the filled cache, `decode_segments`): the last token is
-  recorded after them. With a `mesh`, the KV cache is laid out by the mesh rules (rows over
-  data/fsdp, kv heads over tensor); params and prompts carry their own shardings in.
+  prompts repeated. Token t of row r is drawn with `token_uniforms(key, r, t)`, whichever
+  engine runs: decode_slots in (0, B) runs the slot-refill engine (rollout/refill.py: S slots,
+  a finished row's slot takes the next pending row), else the static one below (every row
+  decoded until the last one ends). Both give the same tokens and masks.
+  """
+  rows = prompt_tokens.shape[0] * group_size
+  limits = row_limits_or_max(row_limits, rows, max_new_tokens)
+  if 0 < decode_slots < rows:
+    from grpo_jax.rollout.refill import generate_refill  # noqa: PLC0415 (it imports this module)
+    return generate_refill(params, prompt_tokens, prompt_mask, key, limits, model_cfg=model_cfg,
+                           max_new_tokens=max_new_tokens, temperature=temperature,
+                           top_k=top_k, top_p=top_p, eos_id=eos_id, pad_id=pad_id, mesh=mesh,
+                           group_size=group_size, decode_slots=decode_slots)
+  return generate_static(params, prompt_tokens, prompt_mask, key, limits, model_cfg=model_cfg,
+                         max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k,
+                         top_p=top_p, eos_id=eos_id, pad_id=pad_id, mesh=mesh,
+                         group_size=group_size, decode_block=decode_block)
+
+
+def generate(params, prompt_tokens, prompt_mask, key, row_limits=None, **settings) -> Rollout:
+  """`sample`'s Rollout alone (the same arguments)."""
+  return sample(params, prompt_tokens, prompt_mask, key, row_limits, **settings)[0]
+
+
+def generate_static(params, prompt_tokens, prompt_mask, key, row_limits, *,
+                    model_cfg: ModelConfig, max_new_tokens: int, temperature: float,
+                    top_k: int, top_p: float, eos_id: int, pad_id: int, mesh, group_size: int,
+                    decode_block: int) -> tuple[Rollout, DecodeStats]:
+  """The static engine: all B rows decode together until every row has ended (EOS or its
+  limit). The loop carries the chosen token, not the (B, V) logits, and runs the decode
+  forwards in segments of `decode_block` steps that read only the filled cache
+  (`decode_segments`); the last token is recorded after them. With a `mesh`, the KV cache is
+  laid out by the mesh rules (rows over data/fsdp, kv heads over tensor); params and prompts
+  carry their own shardings in.
   """
   model = Decoder(model_cfg)
   prompt_len = prompt_tokens.shape[1]
@@ -115,9 +175,10 @@ def generate(params, prompt_tokens, prompt_mask, key, *, model_cfg: ModelConfig,
                                    group_size=group_size)
   prompt_tokens, prompt_mask = repeat_rows((prompt_tokens, prompt_mask), group_size)
   batch = prompt_tokens.shape[0]
+  row_ids = jnp.arange(batch, dtype=jnp.int32)
   next_position = jnp.sum(prompt_mask, axis=1).astype(jnp.int32)  # (B,)
   choose = lambda lg, step: choose_tokens(  # noqa: E731
-      lg, jax.random.fold_in(key, step), temperature, top_k, top_p)
+      lg, token_uniforms(key, row_ids, step), temperature, top_k, top_p)
 
   def record(step, token, logp, done, kv_mask, outs):
     """Writes token `step` of the live rows (pad elsewhere); returns the updated state."""
@@ -128,7 +189,7 @@ def generate(params, prompt_tokens, prompt_mask, key, *, model_cfg: ModelConfig,
             logp_out.at[:, step].set(jnp.where(live, logp, 0.0)),
             mask_out.at[:, step].set(live))
     kv_mask = kv_mask.at[:, prompt_len + step].set(live)
-    return token, done | (token == eos_id), kv_mask, outs
+    return token, done | (token == eos_id) | (step + 1 >= row_limits), kv_mask, outs
 
   def cond(end, carry):
     step, _, _, _, done, *_ = carry
@@ -142,7 +203,7 @@ def generate(params, prompt_tokens, prompt_mask, key, *, model_cfg: ModelConfig,
     logits, cache = model.apply({"params": params}, token[:, None],
                                 (next_position + step)[:, None], kv_mask[:, :kv_len], cache,
                                 prompt_len + step)
-    cache = _constrain_cache(cache, mesh)
+    cache = constrain_cache(cache, mesh)
     token, logp = choose(logits[:, 0], step + 1)
     return (step + 1, token, logp, cache, done, kv_mask, outs)
 
@@ -157,8 +218,10 @@ def generate(params, prompt_tokens, prompt_mask, key, *, model_cfg: ModelConfig,
   step, token, logp, _, done, kv_mask, outs = carry
   # The loop stops at step N - 1 or once every row is done; recording at `step` is then either
   # the last token or a no-op (all rows done: pad, mask False).
-  _, done, _, (tokens_out, logp_out, mask_out) = record(step, token, logp, done, kv_mask, outs)
-  return Rollout(prompt_tokens, prompt_mask, tokens_out, mask_out, logp_out, ~done)
+  _, _, _, (tokens_out, logp_out, mask_out) = record(step, token, logp, done, kv_mask, outs)
+  rollout = finish(prompt_tokens, prompt_mask, tokens_out, mask_out, logp_out, eos_id)
+  slot_steps = batch * jnp.max(jnp.sum(mask_out, axis=1)).astype(jnp.int32)
+  return rollout, DecodeStats(slot_steps)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -175,6 +238,7 @@ class Sampling:
   mesh: Any = None
   group_size: int = 1  # sample rows per prompt row (prefix sharing)
   decode_block: int = 0  # decode steps per segment; <= 0: one segment reading all slots
+  decode_slots: int = 0  # slot-refill engine with this many slots; 0 or >= rows: static
 
   @classmethod
   def of(cls, model_cfg: ModelConfig, task, rollout_cfg, mesh=None,
@@ -183,7 +247,8 @@ class Sampling:
     row per prompt row (`grouped` for G)."""
     return cls(model_cfg, max_new_tokens or rollout_cfg.max_new_tokens, task.eos_id,
                task.pad_id, rollout_cfg.temperature, rollout_cfg.top_k, rollout_cfg.top_p,
-               mesh, 1, getattr(rollout_cfg, "decode_block", 0))
+               mesh, 1, getattr(rollout_cfg, "decode_block", 0),
+               getattr(rollout_cfg, "decode_slots", 0))
 
   def greedy(self) -> "Sampling":
     """Greedy, one row per prompt."""
@@ -196,6 +261,10 @@ class Sampling:
   def __call__(self, params, prompt_tokens, prompt_mask, key) -> Rollout:
     """generate(params, prompt_tokens, prompt_mask, key) with these settings: prompts
     (B / G, P) -> a Rollout of B rows."""
-    return generate(params, prompt_tokens, prompt_mask, key,
-                    **{f.name: getattr(self, f.name) for f in dataclasses.fields(self)})
+    return self.with_stats(params, prompt_tokens, prompt_mask, key)[0]
+
+  def with_stats(self, params, prompt_tokens, prompt_mask, key, row_limits=None):
+    """sample(...) with these settings: (Rollout, DecodeStats)."""
+    return sample(params, prompt_tokens, prompt_mask, key, row_limits,
+                  **{f.name: getattr(self, f.name) for f in dataclasses.fields(self)})
 

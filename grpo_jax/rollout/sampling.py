@@ -89,7 +89,22 @@ def inverse_cdf_sample(weights: jax.Array, uniform: jax.Array, block: int = SAMP
   return chosen * block + offset
 
 
-def choose_tokens(logits: jax.Array, key: jax.Array, temperature: float, top_k: int,
+def token_uniforms(key: jax.Array, rows: jax.Array, steps) -> jax.Array:
+  """The uniform that draws token steps[i] of rollout row rows[i]:
+
+      u = uniform(fold_in(fold_in(key, row), step))  in [0, 1),
+
+  a function of (the call's key, the row's index in the rollout, the token's position) only:
+  never of the batch, the slot that decodes the row, the loop iteration or the mesh, so every
+  engine (static, slot refill with any number of slots) draws the same tokens for the same
+  rows. rows (B,) int32; steps (B,) or a scalar."""
+  steps = jnp.broadcast_to(jnp.asarray(steps, jnp.int32), rows.shape)
+  draw = lambda r, t: jax.random.uniform(  # noqa: E731
+      jax.random.fold_in(jax.random.fold_in(key, r), t), (), jnp.float32)
+  return jax.vmap(draw)(rows, steps)
+
+
+def choose_tokens(logits: jax.Array, uniform, temperature: float, top_k: int,
                   top_p: float):
   """Samples one token per row and returns (tokens, logprobs).
 
@@ -97,11 +112,11 @@ def choose_tokens(logits: jax.Array, key: jax.Array, temperature: float, top_k: 
   vocabulary (top-k/top-p only restrict which tokens can be drawn), which is what the trainer
   recomputes:  log pi(t) = (z_t - max z) - log sum_v exp(z_v - max z),  z = logits / T,
   computed without materialising the (B, V) log-softmax. temperature == 0 is greedy
-  (`first_argmax`) with log-probs of softmax(logits). Sampling draws from the (filtered)
-  softmax by inverse CDF with one uniform per row, jax.random.uniform(key, (B,))
-  (`inverse_cdf_sample`): on CPU at a 32k vocabulary this is about 8x faster than the
-  Gumbel-max draw of jax.random.categorical, which needs B x V random numbers and two
-  logarithms each. logits: (B, V) float32.
+  (`first_argmax`) with log-probs of softmax(logits); `uniform` is then unused (None is
+  fine). Sampling draws from the (filtered) softmax by inverse CDF with one uniform per row,
+  uniform (B,) in [0, 1) (`token_uniforms`, `inverse_cdf_sample`): on CPU at a 32k vocabulary
+  this is about 8x faster than the Gumbel-max draw of jax.random.categorical, which needs
+  B x V random numbers and two logarithms each. logits: (B, V) float32.
   """
   scaled = logits if temperature in (0.0, 1.0) else logits / temperature
   top = jnp.max(scaled, axis=-1, keepdims=True)
@@ -113,7 +128,6 @@ def choose_tokens(logits: jax.Array, key: jax.Array, temperature: float, top_k: 
     filtered = top_p_filter(top_k_filter(scaled, top_k), top_p)
     if filtered is not scaled:
       weights = jnp.exp(filtered - top)  # the most likely token is always kept: same max
-    uniform = jax.random.uniform(key, (logits.shape[0],), jnp.float32)
     tokens = inverse_cdf_sample(weights, uniform)
   chosen = jnp.take_along_axis(scaled, tokens[:, None], axis=-1)[:, 0]
   logprobs = (chosen - top[:, 0]) - log_z

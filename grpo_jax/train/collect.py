@@ -11,6 +11,7 @@ call are discarded), so each seed collects exactly what a run of it alone collec
 from __future__ import annotations
 
 import dataclasses
+import time
 
 import jax
 import numpy as np
@@ -28,13 +29,17 @@ class Collected:
   sampling_rounds: int  # 1 + extra rounds drawn by dynamic sampling
   groups_without_spread: int  # groups kept although all their rewards were equal
   reward_errors: int = 0  # completions scored 0 because their reward raised or was not finite
+  scored: int = 0  # completions scored in every round (greedy ones included)
+  decoded_tokens: int = 0  # completion tokens sampled in every round (kept or not)
+  slot_steps: int = 0  # decode slots x loop iterations of those rounds (DecodeStats)
+  rollout_s: float = 0.0  # wall time of the sampler calls it took part in (shared by seeds)
 
 
 @dataclasses.dataclass(frozen=True)
 class Samplers:
   """The jitted samplers of a run, both over the run's seed axis: sample(params, tokens, mask,
-  keys) of the prompts (num_prompts, P) -> a Rollout of num_prompts x G rows (each prompt
-  prefilled once), and greedy(params, tokens, mask) -> one row per prompt."""
+  keys) of the prompts (num_prompts, P) -> (a Rollout of num_prompts x G rows (each prompt
+  prefilled once), its DecodeStats), and greedy(params, tokens, mask) -> one row per prompt."""
   sample: object
   greedy: object
 
@@ -85,14 +90,18 @@ def collect(params, positions: list, keys: list, task, config, samplers: Sampler
   kept, spare = [[] for _ in range(seeds)], [[] for _ in range(seeds)]
   position, rounds, errors = list(positions), [0] * seeds, [0] * seeds
   done, prompts = [False] * seeds, [None] * seeds
+  decoded, slot_steps, rollout_s, scored = [0] * seeds, [0] * seeds, [0.0] * seeds, [0] * seeds
   while not all(done):
     for s in range(seeds):
       if not done[s]:
         prompts[s] = task.train_batch(position[s], num_prompts, axis.seeds[s])
     round_keys = axis.stack([jax.random.fold_in(k, rounds[s]) for s, k in enumerate(keys)])
-    rollouts = axis.unstack(to_host(samplers.sample(
+    start = time.perf_counter()
+    rollouts, stats = to_host(samplers.sample(
         params, axis.stack([p.prompt_tokens for p in prompts]),
-        axis.stack([p.prompt_mask for p in prompts]), round_keys)))
+        axis.stack([p.prompt_mask for p in prompts]), round_keys))
+    elapsed = time.perf_counter() - start
+    rollouts, stats = axis.unstack(rollouts), axis.unstack(stats)
     greedy = [None] * seeds
     if "greedy_rewards" in needs:
       greedy = axis.unstack(to_host(samplers.greedy(
@@ -103,9 +112,13 @@ def collect(params, positions: list, keys: list, task, config, samplers: Sampler
         continue
       position[s] += num_prompts
       rounds[s] += 1
+      decoded[s] += int(np.asarray(rollouts[s].completion_mask).sum())
+      slot_steps[s] += int(np.asarray(stats[s].slot_steps))
+      rollout_s[s] += elapsed
       rewards, extras, bad = score_round(task, prompts[s], rollouts[s], greedy[s], group,
                                          on_error, needs)
       errors[s] += bad
+      scored[s] += len(rewards) + (num_prompts if "greedy_rewards" in needs else 0)
       for g in range(num_prompts):
         rows = slice(g * group, (g + 1) * group)
         item = (_rows(rollouts[s], rows), rewards[rows], _rows(extras, rows))
@@ -113,8 +126,11 @@ def collect(params, positions: list, keys: list, task, config, samplers: Sampler
         (kept[s] if (spread or not rl.dynamic_sampling) else spare[s]).append(item)
       done[s] = (len(kept[s]) >= num_prompts or not rl.dynamic_sampling
                  or rounds[s] > rl.max_extra_rollouts)
-  return [_assemble(kept[s], spare[s], num_prompts, position[s] - positions[s], rounds[s],
-                    errors[s]) for s in range(seeds)]
+  return [dataclasses.replace(
+      _assemble(kept[s], spare[s], num_prompts, position[s] - positions[s], rounds[s],
+                errors[s]), scored=scored[s], decoded_tokens=decoded[s],
+      slot_steps=slot_steps[s],
+      rollout_s=rollout_s[s]) for s in range(seeds)]
 
 
 def _assemble(kept, spare, num_prompts, consumed, rounds, errors) -> Collected:

@@ -59,6 +59,18 @@ def check_skips(consecutive: int, limit: int, step: int) -> None:
         f"train.max_consecutive_skips.")
 
 
+def check_state_finite(records: list, step: int, newest_saved) -> None:
+  """Raises RunStopped if an update left non-finite params or optimizer state (`state_finite`
+  0 in a record of the step), before anything of that step is saved; newest_saved() -> the
+  newest checkpoint's step, for the message."""
+  if all(r.get("state_finite", 1.0) == 1.0 for r in records):
+    return
+  raise RunStopped(f"the update of step {step} made the params or the optimizer state "
+                   f"non-finite although its loss and gradients were finite; nothing of it was "
+                   f"saved (the newest checkpoint is step {newest_saved()}), so lower "
+                   f"optim.learning_rate or check the model's weights.")
+
+
 def _text(tokenizer, tokens, mask, limit: int = 300) -> str:
   text = tokenizer.decode(np.asarray(tokens)[np.asarray(mask, bool)].tolist())
   return text if len(text) <= limit else text[:limit] + "..."
@@ -79,6 +91,41 @@ def _score_rows(task, prompts, tokens, mask, group_size: int):
   return np.asarray(rewards, np.float32), failures
 
 
+def reward_name(task) -> str:
+  """The name of the reward function a task scores with, for messages."""
+  reward = getattr(task, "reward", None)
+  name = getattr(reward, "name", None) or getattr(getattr(task, "reward_fn", None), "__name__",
+                                                  None)
+  return name or type(task).__name__
+
+
+def _check_reward_shape(task, rewards, rows: int) -> None:
+  """One number per completion, or a RewardError naming the reward and the expected shape (a
+  bug of the reward function, whatever train.on_reward_error says)."""
+  if rewards is not None:
+    try:
+      shape = np.shape(np.asarray(rewards, np.float64))
+    except (TypeError, ValueError):
+      shape = "not numeric"
+    if shape == (rows,):
+      return
+  got = "None" if rewards is None else (
+      f"values of shape {shape}" if isinstance(shape, tuple) else "values that are not numbers")
+  raise RewardError(f"the reward function {reward_name(task)!r} returned {got} for {rows} "
+                    f"completions; it must return one finite number per completion, shape "
+                    f"({rows},).")
+
+
+def check_reward_error_fraction(errors: int, scored: int, limit: float, step: int) -> None:
+  """With train.on_reward_error='zero': stops the run when more than `limit` of a step's
+  scored completions failed (a broken reward would otherwise train on zeros)."""
+  if scored and errors / scored > limit:
+    raise RunStopped(f"the rewards of {errors} of step {step}'s {scored} completions failed "
+                     f"({errors / scored:.0%}, above train.max_reward_error_fraction={limit}); "
+                     f"fix the reward function (run with train.on_reward_error='raise' to see "
+                     f"the first failure), or raise the limit.")
+
+
 def guarded_score(task, prompts, tokens, mask, group_size: int, on_error: str):
   """task.score(prompts, tokens, mask, group_size) -> (rewards, failed (B,) bool).
 
@@ -89,10 +136,11 @@ def guarded_score(task, prompts, tokens, mask, group_size: int, on_error: str):
   tokens, mask = np.asarray(tokens), np.asarray(mask)
   try:
     rewards = task.score(prompts, tokens, mask, group_size)
-    ok = np.isfinite(np.asarray(rewards, np.float64))
-    first_error = None
   except Exception as e:  # noqa: BLE001
     ok, first_error = None, e
+  else:
+    _check_reward_shape(task, rewards, tokens.shape[0])
+    ok, first_error = np.isfinite(np.asarray(rewards, np.float64)), None
   if ok is not None and ok.all():
     return np.asarray(rewards, np.float32), np.zeros(tokens.shape[0], bool)
   rewards, failures = _score_rows(task, prompts, tokens, mask, group_size)

@@ -25,8 +25,9 @@ from grpo_jax.train.step import make_rl_step
 
 
 def make_device_experience(run, device_task):
-  """experience(state, table) -> (rollout, reward_inputs): the host path's `collect` for one
-  seed without dynamic sampling, on the devices; table is that seed's stream."""
+  """experience(state, table) -> (rollout, reward_inputs, DecodeStats): the host path's
+  `collect` for one seed without dynamic sampling, on the devices; table is that seed's
+  stream."""
   r_cfg, spec = run.config.rollout, run.spec
   num_prompts, group = r_cfg.num_prompts, r_cfg.group_size
   sampling = Sampling.of(spec.model_cfg, run.task, r_cfg, run.mesh)
@@ -36,8 +37,9 @@ def make_device_experience(run, device_task):
   def experience(state, table):
     prompts = device_task.prompts(table, state.data_position, num_prompts)
     rows = lambda x: jnp.repeat(x, group, axis=0)  # noqa: E731
-    rollout = grouped(state.params, prompts.prompt_tokens, prompts.prompt_mask,
-                      jax.random.fold_in(step_key(state, 0), 0))
+    rollout, stats = grouped.with_stats(state.params, prompts.prompt_tokens,
+                                        prompts.prompt_mask,
+                                        jax.random.fold_in(step_key(state, 0), 0))
     tokens, mask = rollout.completion_tokens, rollout.completion_mask
     extras = {}
     if "greedy_rewards" in needs:
@@ -48,7 +50,7 @@ def make_device_experience(run, device_task):
     if "step_rewards" in needs:
       extras["step_rewards"] = device_task.step_rewards(prompts, tokens, mask, group)
     rewards = device_task.rewards(prompts, tokens, mask, group)
-    return rollout, RewardInputs(rewards, extras, jnp.int32(num_prompts))
+    return rollout, RewardInputs(rewards, extras, jnp.int32(num_prompts)), stats
 
   return experience
 
@@ -60,10 +62,11 @@ def make_fused_iteration(run, device_task):
   group = run.config.rollout.group_size
 
   def iteration(state, table):
-    rollout, inputs = experience(state, table)
+    rollout, inputs, stats = experience(state, table)
     state, metrics = rl_step(state, rollout, inputs)
     metrics["rollout"] = rollout_metrics(inputs.rewards, rollout.completion_mask,
                                          rollout.truncated, group, xp=jnp)
+    metrics["decode"] = (jnp.sum(rollout.completion_mask, dtype=jnp.int32), stats.slot_steps)
     metrics["step_tokens"] = (jnp.sum(rollout.prompt_mask) +
                               jnp.sum(rollout.completion_mask)).astype(jnp.int32)
     return state, metrics
@@ -97,7 +100,9 @@ def make_fused_advance(run, state, jit_options: dict):
         one = jax.tree.map(lambda x: np.asarray(x)[i], m)
         stats = one.pop("rollout")
         one.pop("step_tokens")
-        step_records.append(step_record(one, stats, config))
+        decoded, slot_steps = one.pop("decode")
+        step_records.append(step_record(one, stats, config) | dict(
+            decode_slot_utilisation=int(decoded) / max(int(slot_steps), 1)))
       records.append(step_records)
       tokens.append(sum(int(np.asarray(m["step_tokens"])[i]) for m in per_seed))
     return state, records, tokens

@@ -33,7 +33,8 @@ from grpo_jax.rollout.sampler import Sampling
 from grpo_jax.train.checkpoint import Checkpoints, step_of
 from grpo_jax.train.collect import Samplers, collect
 from grpo_jax.train.evaluation import make_evaluator
-from grpo_jax.train.faults import Preempted, TerminationFlag, check_skips
+from grpo_jax.train.faults import (Preempted, TerminationFlag, check_reward_error_fraction,
+                                    check_skips, check_state_finite)
 from grpo_jax.train.metrics import (MetricsWriter, keep_records_until, rollout_metrics,
                                     step_record, step_tokens)
 from grpo_jax.train.seed_axis import SeedAxis
@@ -41,7 +42,8 @@ from grpo_jax.train.setup import build_model, build_task, check_vocabulary, uses
 from grpo_jax.train.state import TrainState, create_train_state, make_optimizer, step_key
 from grpo_jax.train.step import StepSpec, make_rl_step
 from grpo_jax.train.warmup import run_warmup
-from grpo_jax.train.workdir import record_start, write_config
+from grpo_jax.train.workdir import (WorkdirLock, check_resume_config, config_changes,
+                                     record_start, write_config)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -87,6 +89,13 @@ def train(config, workdir: str, log=print, seeds=None, seed_axis: str = "vmap") 
   axis = (SeedAxis((int(config.seed),)) if seeds is None else
           SeedAxis(tuple(int(s) for s in seeds), seed_axis))
   mesh = _start_devices(config, axis)
+  # Process 0 writes for everyone, so it alone holds the workdir's lock (one run per workdir).
+  with (WorkdirLock(workdir) if distributed.is_main_process() else contextlib.nullcontext()):
+    return _train(config, workdir, log, axis, mesh)
+
+
+def _train(config, workdir: str, log, axis: SeedAxis, mesh) -> TrainState:
+  """`train` once the devices are up and the workdir is this run's."""
   if not distributed.is_main_process():
     log = lambda *a, **k: None  # noqa: E731  process 0 speaks and writes for everyone
   task = build_task(config, log)
@@ -99,9 +108,6 @@ def train(config, workdir: str, log=print, seeds=None, seed_axis: str = "vmap") 
   workdirs = (workdir,) if not axis.stacked else tuple(seed_workdir(workdir, s)
                                                        for s in axis.seeds)
   main_process = distributed.is_main_process()
-  if main_process:
-    for c, wd in zip(configs, workdirs):
-      write_config(c, wd)
   count = sum(x.size for x in jax.tree.leaves(params)) // len(axis)
   log(f"model: {count:,} parameters" + (f", {len(axis)} seeds {list(axis.seeds)} in one "
                                         f"program ({axis.mode})" if axis.stacked else ""))
@@ -114,6 +120,14 @@ def train(config, workdir: str, log=print, seeds=None, seed_axis: str = "vmap") 
   directory = ("checkpoints" if not axis.stacked else
                f"checkpoints_seeds_{'_'.join(map(str, axis.seeds))}")
   ckpts = Checkpoints(os.path.join(workdir, directory), t_cfg.keep_checkpoints, log)
+  # A workdir with checkpoints is resumed: under its recorded config only (workdir.py),
+  # checked before config.json is rewritten.
+  changes = [config_changes(c, wd) if ckpts.steps() else {} for c, wd in zip(configs, workdirs)]
+  if main_process:
+    for c, wd, changed in zip(configs, workdirs, changes):
+      check_resume_config(changed, wd, bool(t_cfg.get("allow_config_change", False)))
+    for c, wd in zip(configs, workdirs):
+      write_config(c, wd)
   try:
     with TerminationFlag() as sigterm:
       states = lambda p: axis.stack([  # noqa: E731
@@ -121,8 +135,8 @@ def train(config, workdir: str, log=print, seeds=None, seed_axis: str = "vmap") 
           for q, k in zip(axis.unstack(p), base_keys)])
       state = ckpts.restore_latest(jax.eval_shape(states, params))
       resumed = state is not None
-      for wd in workdirs if main_process else ():
-        record_start(wd, step_of(state) if resumed else None)
+      for wd, changed in zip(workdirs, changes) if main_process else ():
+        record_start(wd, step_of(state) if resumed else None, changed)
         dropped = keep_records_until(os.path.join(wd, "metrics.jsonl"),
                                      step_of(state) if resumed else -1)
       if resumed:
@@ -217,7 +231,7 @@ def make_host_advance(run: Run, state):
            if mesh is not None else (lambda *xs: xs))
   grouped = sampling.grouped(r_cfg.group_size)
   samplers = Samplers(
-      sample=axis.compile(lambda p, t, m, k: grouped(p, *place(t, m), k)),
+      sample=axis.compile(lambda p, t, m, k: grouped.with_stats(p, *place(t, m), k)),
       greedy=axis.compile(lambda p, t, m: sampling.greedy()(p, *place(t, m),
                                                             jax.random.key(0))))
   rollout_keys = axis.compile(lambda s: step_key(s, 0))
@@ -227,14 +241,23 @@ def make_host_advance(run: Run, state):
     positions = np.atleast_1d(to_host(state.data_position)).tolist()
     collected = collect(state.params, positions, axis.unstack(rollout_keys(state)), run.task,
                         config, samplers, axis, run.needs)
+    for c in collected:  # before the update: a step mostly scored 0 must not train
+      check_reward_error_fraction(c.reward_errors, c.scored,
+                                  config.train.get("max_reward_error_fraction", 0.5),
+                                  step_of(state) + 1)
     rollout, inputs = axis.stack([c.rollout for c in collected]), axis.stack(
         [c.inputs for c in collected])
     if mesh is not None:
       rollout, inputs = shard_batch((rollout, inputs), mesh)
     state, metrics = rl_step(state, rollout, inputs)
+    # Rollout tokens/s: every seed's sampled tokens over the sampler calls' wall time.
+    rollout_speed = (sum(c.decoded_tokens for c in collected) /
+                     max(collected[0].rollout_s, 1e-9))
     records = [step_record(m, rollout_metrics(c.inputs.rewards, c.rollout.completion_mask,
                                               c.rollout.truncated, r_cfg.group_size),
                            config, c.sampling_rounds, c.groups_without_spread, c.reward_errors)
+               | dict(decode_slot_utilisation=c.decoded_tokens / max(c.slot_steps, 1),
+                      rollout_tokens_per_s=rollout_speed)
                for m, c in zip(axis.unstack(to_host(metrics)), collected)]
     return state, [records], [sum(step_tokens(c.rollout) for c in collected)]
 
@@ -272,6 +295,9 @@ def _run(run: Run, state, resumed: bool, ckpts, sigterm) -> TrainState:
       t0 = time.perf_counter()
       state, records, tokens = advance(state)
       step = step_of(state)
+      for i, per_seed in enumerate(records):
+        check_state_finite(per_seed, step - len(records) + 1 + i,
+                           lambda: (ckpts.steps() or [None])[-1])
       if step % t_cfg.eval_every == 0 or step == t_cfg.steps:
         for record, m in zip(records[-1], run_eval(state.params)):
           record.update(m)

@@ -12,7 +12,7 @@ from typing import Mapping
 import numpy as np
 
 # Wall-clock fields: the only metrics that differ between two runs of the same config.
-TIMING_KEYS = ("tokens_per_s", "step_time_s", "elapsed_s")
+TIMING_KEYS = ("tokens_per_s", "step_time_s", "elapsed_s", "rollout_tokens_per_s")
 
 
 def to_python(metrics: Mapping) -> dict:
@@ -52,26 +52,32 @@ def step_tokens(rollout) -> int:
 
 
 def keep_records_until(path: str, step: int) -> int:
-  """Rewrites metrics.jsonl keeping its records of steps <= `step` (all of them for the
+  """Rewrites metrics.jsonl keeping every readable record of a step <= `step` (the
   resumed-from step; none with step=-1): a run killed after its last checkpoint may have written
-  records past it, which the resumed run writes again. Stops at the first unreadable line (a
-  record cut short by the kill). Returns how many records were dropped."""
+  records past it, which the resumed run writes again. Unreadable lines (blank, or a record cut
+  short by a kill) are skipped, never the valid records after them. The new file is written
+  beside the old one and renamed over it, so a kill during the rewrite loses nothing. Returns
+  how many lines were dropped."""
   kept, dropped = [], 0
   if os.path.exists(path):
     with open(path) as f:
       lines = f.read().splitlines()
-    for i, line in enumerate(lines):
+    for line in lines:
       try:
         record_step = json.loads(line)["step"]
+        keep = record_step <= step
       except (ValueError, KeyError, TypeError):
-        dropped += len(lines) - i
-        break
-      if record_step <= step:
+        keep = False
+      if keep:
         kept.append(line)
       else:
         dropped += 1
-  with open(path, "w") as f:
+  partial = path + ".tmp"
+  with open(partial, "w") as f:
     f.writelines(line + "\n" for line in kept)
+    f.flush()
+    os.fsync(f.fileno())
+  os.replace(partial, path)
   return dropped
 
 
@@ -111,6 +117,8 @@ class MetricsWriter:
              f"loss {m['loss']:+.4f}", f"clip {m['clip_frac']:.3f}",
              f"len {m['response_len']:.2f}", f"tok/s {m['tokens_per_s']:,.0f}",
              f"eta {int(eta) // 60}m{int(eta) % 60:02d}s"]
+    if m.get("reward_errors"):
+      parts.append(f"reward errors {m['reward_errors']}")
     if "eval_accuracy" in m:
       parts.append(f"eval_acc {m['eval_accuracy']:.3f}")
     print(" | ".join(parts), file=self.stream, flush=True)

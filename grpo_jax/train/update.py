@@ -140,6 +140,11 @@ def make_update(model_cfg: ModelConfig, rl, optimizer, temperature: float):
       metrics.update({k: jnp.sum(per_mb[k]) / completion_tokens for k in _COMPLETION_SUMS})
     skipped = state.skipped_updates + jnp.sum(per_mb["skipped"])
     metrics["skipped_updates"] = skipped
+    # The update's result too (a read of the new params and moments, no copy): the loop stops
+    # before saving a state that is not finite although its loss and gradients were.
+    metrics["state_finite"] = jnp.all(jnp.array(
+        [jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves((trainable, opt_state))
+         if jnp.issubdtype(x.dtype, jnp.inexact)])).astype(jnp.float32)
     new_state = state.replace(step=state.step + 1, params=trainable[0],
                               value_params=trainable[1], opt_state=opt_state,
                               skipped_updates=skipped, consecutive_skips=in_a_row)

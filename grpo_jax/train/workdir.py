@@ -10,6 +10,8 @@ import os
 import platform
 import subprocess
 
+from grpo_jax.train.faults import RunStopped
+
 PACKAGES = ("jax", "jaxlib", "flax", "optax", "orbax-checkpoint", "transformers", "numpy")
 
 
@@ -43,15 +45,104 @@ def code_version(directory: str | None = None) -> dict:
           "code_dir": directory}
 
 
+class WorkdirBusy(RunStopped):
+  """Another live process holds the workdir's lock."""
+
+
+class WorkdirLock:
+  """An exclusive lock on workdir/.lock for the whole run: a second run on the same workdir
+  stops at once, naming the holder's PID. It is a flock, which the kernel releases when the
+  holding process ends in any way (kill -9 included), so no stale lock is ever left behind;
+  the file's content is only the holder's PID, for the message."""
+
+  def __init__(self, workdir: str):
+    self.workdir, self.path, self.fd = workdir, os.path.join(workdir, ".lock"), None
+
+  def __enter__(self) -> "WorkdirLock":
+    import fcntl  # noqa: PLC0415  (POSIX; the project runs on Linux)
+    os.makedirs(self.workdir, exist_ok=True)
+    fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+      fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+      holder = os.read(fd, 32).decode(errors="replace").strip() or "unknown"
+      os.close(fd)
+      raise WorkdirBusy(f"the workdir {self.workdir} is in use by another run (PID {holder}); "
+                        f"wait for it to end, stop it, or pass another --workdir.") from None
+    os.ftruncate(fd, 0)
+    os.write(fd, str(os.getpid()).encode())
+    self.fd = fd
+    return self
+
+  def __exit__(self, *exc) -> None:
+    import fcntl  # noqa: PLC0415
+    if self.fd is not None:
+      fcntl.flock(self.fd, fcntl.LOCK_UN)
+      os.close(self.fd)
+      self.fd = None
+
+
 def write_config(config, workdir: str) -> None:
   os.makedirs(workdir, exist_ok=True)
   with open(os.path.join(workdir, "config.json"), "w") as f:
     f.write(config.to_json_best_effort(indent=2, sort_keys=True))
 
 
-def record_start(workdir: str, resumed_from_step: int | None) -> dict:
-  """Appends this start (time, resumed step, versions, code) to workdir/run_info.json, whose
-  "starts" list then tells which code produced which part of the run."""
+# Fields a resumed run may change without train.allow_config_change: how long it runs and
+# what it keeps or prints, never what it computes (the learning-rate schedule does not depend
+# on train.steps), and the multi-host start-up (a restarted job may get another coordinator).
+FREE_TO_CHANGE = ("train.steps", "train.eval_every", "train.checkpoint_every",
+                  "train.keep_checkpoints", "train.export", "train.allow_config_change",
+                  "distributed.")
+
+
+def _flat(tree, prefix: str = "") -> dict:
+  out = {}
+  for key, value in tree.items():
+    if isinstance(value, dict):
+      out.update(_flat(value, f"{prefix}{key}."))
+    else:
+      out[f"{prefix}{key}"] = value
+  return out
+
+
+def config_changes(config, workdir: str) -> dict:
+  """{field: [recorded value, new value]} for every field of `config` that differs from
+  workdir/config.json (a field only one side has counts, with None on the other); empty when
+  there is no record."""
+  path = os.path.join(workdir, "config.json")
+  if not os.path.exists(path):
+    return {}
+  try:
+    with open(path) as f:
+      old = _flat(json.load(f))
+  except ValueError:
+    return {"config.json": ["unreadable", "replaced"]}
+  new = _flat(json.loads(config.to_json_best_effort(sort_keys=True)))
+  return {k: [old.get(k), new.get(k)] for k in sorted(set(old) | set(new))
+          if old.get(k) != new.get(k)}
+
+
+def check_resume_config(changes: dict, workdir: str, allow: bool) -> None:
+  """Refuses to resume `workdir` under a config whose changes go beyond FREE_TO_CHANGE,
+  unless `allow` (train.allow_config_change); before anything of the workdir is rewritten."""
+  from grpo_jax.errors import ConfigError  # noqa: PLC0415
+  refused = {k: v for k, v in changes.items() if not k.startswith(FREE_TO_CHANGE)}
+  if refused and not allow:
+    listed = ", ".join(f"{k} {json.dumps(a)} -> {json.dumps(b)}" for k, (a, b) in
+                       list(refused.items())[:8])
+    more = f" and {len(refused) - 8} more" if len(refused) > 8 else ""
+    raise ConfigError(f"resuming {workdir} under a config that differs from its config.json "
+                      f"({listed}{more}); run with its recorded config, pass another "
+                      f"--workdir, or pass --config.train.allow_config_change=True to resume "
+                      f"anyway (the changes are recorded in run_info.json).")
+
+
+def record_start(workdir: str, resumed_from_step: int | None,
+                 config_changes: dict | None = None) -> dict:
+  """Appends this start (time, resumed step, versions, code, and the config fields it changed
+  from the previous start) to workdir/run_info.json, whose "starts" list then tells which code
+  and settings produced which part of the run."""
   path = os.path.join(workdir, "run_info.json")
   info = {"starts": []}
   if os.path.exists(path):
@@ -62,7 +153,7 @@ def record_start(workdir: str, resumed_from_step: int | None) -> dict:
       info = {"starts": []}
   entry = {"time": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
            "resumed_from_step": resumed_from_step, "versions": package_versions(),
-           **code_version()}
+           **code_version(), "config_changes": config_changes or {}}
   info["starts"] = [*info.get("starts", []), entry]
   with open(path + ".tmp", "w") as f:
     json.dump(info, f, indent=2)

@@ -1,0 +1,184 @@
+"""The slot-refill engine (continuous batching) inside one jitted program.
+
+S = `decode_slots` decode slots work through the B = prompts x G rows of a call. Each loop
+iteration
+
+1. refills: every free slot takes the next pending row in row order (its prompt's cache rows
+   copied from the shared prefill into the slot's region, its first token drawn from the
+   prompt's last-position logits);
+2. records each busy slot's current token at (row, t); a row ends at EOS or at its limit,
+   freeing its slot for the next iteration;
+3. runs one decode forward of all S slots, each at its own cache offset P + t, and draws each
+   busy slot's next token.
+
+So no slot waits for the longest row of a batch: the loop runs about sum(lengths) / S
+iterations instead of max(length) iterations of all B rows. Once no row is pending and at most
+half the slots are busy, the busy ones are compacted into half as many slots
+(`shrink_phases`), so the last long rows do not keep idle slots running either.
+`DecodeStats.slot_steps` counts the slots of each iteration, summed.
+
+Why a fixed per-slot cache region and not a paged cache (vLLM's blocks + block table, Tunix's
+ragged paged attention): every row of a call has the same capacity P + N, so a slot's region
+of P + N slots is never too small and never fragments; the row that takes a slot simply
+overwrites it. Paging pays when rows of very different capacities share memory, or prefixes
+are shared in place; here the shared prefix is one prefill per prompt, copied into a slot
+when a row starts (P x layers x kv bytes per refill, small next to the row's decode), and the
+cache stays a plain (S, kv_heads, P + N, head_dim) array that the existing decoder and mesh
+rules handle. The cost: each decode step's attention reads all P + N slots of every slot
+(masked), where the static engine's segments read only the filled part.
+
+Tokens do not depend on scheduling: token t of row r is drawn with token_uniforms(key, r, t),
+as in the static engine, so any S gives the same tokens and masks (log-probs to rounding: a
+matmul over S rows may round its last bits differently from one over B rows).
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from grpo_jax.models.config import ModelConfig
+from grpo_jax.models.decoder import Decoder, init_cache, positions_from_mask
+from grpo_jax.rollout.sampler import (DecodeStats, Rollout, constrain_cache, finish,
+                                      repeat_rows)
+from grpo_jax.rollout.sampling import choose_tokens, token_uniforms
+
+
+def _copy_prompts(slot_cache, prompt_cache, prompt_of_slot, assign, row_axis: int):
+  """Slot cache with the prompt cache rows prompt_of_slot[s] in slots [0, P) of every slot s
+  where assign[s]; the other slots unchanged."""
+  def copy(slot, prompt):
+    prompt_len = prompt.shape[row_axis + 2]
+    gathered = jnp.take(prompt, prompt_of_slot, axis=row_axis)
+    head = jax.lax.slice_in_dim(slot, 0, prompt_len, axis=row_axis + 2)
+    select = assign.reshape((1,) * row_axis + (-1, 1, 1, 1))
+    return jax.lax.dynamic_update_slice_in_dim(slot, jnp.where(select, gathered, head), 0,
+                                               axis=row_axis + 2)
+  return jax.tree.map(copy, slot_cache, prompt_cache)
+
+
+def shrink_phases(slots: int, floor_ratio: int = 32) -> list:
+  """The slot counts of the loop's phases: S, S/2, S/4, ... down to max(1, S // floor_ratio).
+  Once no row is pending and at most half of a phase's slots are busy, the busy ones are
+  compacted into the next phase's half as many slots, so the tail of long rows does not keep
+  running idle slots. Each phase is its own compiled loop (at most 6 for the default ratio)."""
+  phases, floor = [slots], max(1, slots // floor_ratio)
+  while phases[-1] // 2 >= floor and phases[-1] > 1:
+    phases.append(phases[-1] // 2)
+  return phases
+
+
+class _Slots(NamedTuple):
+  """The loop state of the slot-refill engine: per-slot arrays and the call's outputs."""
+  slot_steps: jax.Array  # () int32: slots x iterations so far
+  next_row: jax.Array  # () int32: the first row not yet given a slot
+  row: jax.Array  # (S,) int32: the row a slot decodes, -1 = free
+  t: jax.Array  # (S,) int32: the position of its current token in the completion
+  position: jax.Array  # (S,) int32: the rotary position of completion token 0 (prompt length)
+  token: jax.Array  # (S,) int32: the current token (drawn, not yet recorded)
+  logp: jax.Array  # (S,) float32: its log-prob
+  cache: Any  # the KV cache, (S, kv_heads, P + N, head_dim) per layer
+  kv_mask: jax.Array  # (S, P + N) bool
+  outs: tuple  # (tokens (B, N) int32, logprobs (B, N) float32, mask (B, N) bool)
+
+
+def _compact(state: _Slots, slots: int, row_axis: int, mesh) -> _Slots:
+  """The busy slots moved to the first of `slots` slots (all busy ones fit), the rest dropped."""
+  keep = jnp.argsort((state.row < 0).astype(jnp.int32), stable=True)[:slots]
+  take = lambda x, axis=0: jnp.take(x, keep, axis=axis)  # noqa: E731
+  cache = constrain_cache(jax.tree.map(lambda x: take(x, row_axis), state.cache), mesh)
+  return state._replace(row=take(state.row), t=take(state.t), position=take(state.position),
+                        token=take(state.token), logp=take(state.logp), cache=cache,
+                        kv_mask=take(state.kv_mask))
+
+
+def generate_refill(params, prompt_tokens, prompt_mask, key, row_limits, *,
+                    model_cfg: ModelConfig, max_new_tokens: int, temperature: float,
+                    top_k: int, top_p: float, eos_id: int, pad_id: int, mesh, group_size: int,
+                    decode_slots: int) -> tuple[Rollout, DecodeStats]:
+  """`sampler.sample` with S = decode_slots < B slots (see the module docstring)."""
+  model = Decoder(model_cfg)
+  num_prompts, prompt_len = prompt_tokens.shape
+  new, group = max_new_tokens, group_size
+  rows = num_prompts * group
+  prompt_mask = prompt_mask.astype(bool)
+  row_axis = 1 if model_cfg.scan_layers else 0  # stacked caches: (layers, rows, ...)
+  apply = lambda *a, **k: model.apply({"params": params}, *a, **k)  # noqa: E731
+  choose = lambda logits, row, t: choose_tokens(  # noqa: E731
+      logits, token_uniforms(key, row, t), temperature, top_k, top_p)
+
+  # Each prompt prefilled once (prefix sharing); rows copy its cache when they start.
+  first_logits, prompt_cache = apply(
+      prompt_tokens, positions_from_mask(prompt_mask), prompt_mask,
+      init_cache(model_cfg, num_prompts, prompt_len), 0, logits_window=(prompt_len - 1, 1))
+  first_logits, prompt_cache = first_logits[:, 0], constrain_cache(prompt_cache, mesh)
+  prompt_lengths = jnp.sum(prompt_mask, axis=1).astype(jnp.int32)
+
+  def refill(state: _Slots) -> _Slots:
+    """Every free slot takes the next pending row (in row order)."""
+    slots = state.row.shape[0]
+    free = state.row < 0
+    candidate = state.next_row + jnp.cumsum(free.astype(jnp.int32)) - 1
+    assign = free & (candidate < rows)
+    new_row = jnp.minimum(candidate, rows - 1)
+    prompt = new_row // group
+    cache = constrain_cache(_copy_prompts(state.cache, prompt_cache, prompt, assign, row_axis),
+                            mesh)
+    fresh_mask = jnp.concatenate([prompt_mask[prompt], jnp.zeros((slots, new), bool)], axis=1)
+    first, first_logp = choose(first_logits[prompt], new_row, 0)
+    return state._replace(
+        next_row=state.next_row + jnp.sum(assign, dtype=jnp.int32),
+        row=jnp.where(assign, new_row, state.row), t=jnp.where(assign, 0, state.t),
+        position=jnp.where(assign, prompt_lengths[prompt], state.position),
+        token=jnp.where(assign, first, state.token), logp=jnp.where(assign, first_logp,
+                                                                    state.logp),
+        cache=cache, kv_mask=jnp.where(assign[:, None], fresh_mask, state.kv_mask))
+
+  def body(state: _Slots) -> _Slots:
+    """Refill, record each busy slot's token, one decode forward of every slot."""
+    state = jax.lax.cond(jnp.any(state.row < 0) & (state.next_row < rows), refill,
+                         lambda s: s, state)
+    row, t, token = state.row, state.t, state.token
+    slots = row.shape[0]
+    busy = row >= 0
+    at_row = jnp.where(busy, row, rows)  # rows (out of range): the scatter drops it
+    tokens_out, logp_out, mask_out = state.outs
+    outs = (tokens_out.at[at_row, t].set(token, mode="drop"),
+            logp_out.at[at_row, t].set(state.logp, mode="drop"),
+            mask_out.at[at_row, t].set(True, mode="drop"))
+    kv_mask = state.kv_mask.at[jnp.arange(slots), prompt_len + t].set(busy)
+    safe_row = jnp.maximum(row, 0)
+    ended = busy & ((token == eos_id) | (t + 1 >= row_limits[safe_row]))
+    logits, cache = apply(token[:, None], (state.position + t)[:, None], kv_mask, state.cache,
+                          prompt_len + t)
+    going = busy & ~ended
+    following, following_logp = choose(logits[:, 0], safe_row, t + 1)
+    return state._replace(
+        slot_steps=state.slot_steps + slots, row=jnp.where(ended, -1, row),
+        t=jnp.where(going, t + 1, t), token=jnp.where(going, following, token),
+        logp=jnp.where(going, following_logp, state.logp), cache=constrain_cache(cache, mesh),
+        kv_mask=kv_mask, outs=outs)
+
+  phases = shrink_phases(decode_slots)
+  slots = phases[0]
+  state = _Slots(
+      jnp.int32(0), jnp.int32(0), jnp.full((slots,), -1, jnp.int32),
+      *(jnp.zeros((slots,), jnp.int32) for _ in range(3)), jnp.zeros((slots,), jnp.float32),
+      constrain_cache(init_cache(model_cfg, slots, prompt_len + new), mesh),
+      jnp.zeros((slots, prompt_len + new), bool),
+      (jnp.full((rows, new), pad_id, jnp.int32), jnp.zeros((rows, new), jnp.float32),
+       jnp.zeros((rows, new), bool)))
+  for i, slots in enumerate(phases):
+    if i:
+      state = _compact(state, slots, row_axis, mesh)
+    # A phase ends when every row is done, or (not the last) when no row is pending and the
+    # busy slots fit in the next phase's.
+    fits = phases[i + 1] if i + 1 < len(phases) else 0
+    state = jax.lax.while_loop(
+        lambda s, fits=fits: (s.next_row < rows) | (jnp.sum(s.row >= 0) > fits), body, state)
+  tokens_out, logp_out, mask_out = state.outs
+  prompt_tokens, prompt_mask = repeat_rows((prompt_tokens, prompt_mask), group)
+  rollout = finish(prompt_tokens, prompt_mask, tokens_out, mask_out, logp_out, eos_id)
+  return rollout, DecodeStats(state.slot_steps)

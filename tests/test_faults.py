@@ -1,0 +1,120 @@
+"""Faults that stop a run with one sentence, before they can spoil a record: a reward of the
+wrong shape or too many failed rewards, an update whose result is not finite, a second run on
+a locked workdir."""
+
+import os
+import subprocess
+import sys
+import types
+
+import numpy as np
+import pytest
+
+from grpo_jax.config import rl_defaults
+from grpo_jax.data.arithmetic import AdditionTask
+from grpo_jax.train import faults
+from grpo_jax.train import update as update_lib
+from grpo_jax.train.state import make_optimizer
+from tests.test_checkpoint import ROOT, _command
+
+
+class _Shaped:
+  """The addition task whose reward returns `value(rewards)` instead of its rewards."""
+
+  def __init__(self, task, value):
+    self.task, self.value = task, value
+
+  def __getattr__(self, name):
+    return getattr(self.task, name)
+
+  def score(self, batch, tokens, mask, group_size):
+    return self.value(self.task.score(batch, tokens, mask, group_size))
+
+
+@pytest.mark.parametrize("mode", ["raise", "zero"])
+@pytest.mark.parametrize("value, got", [
+    (lambda r: None, "None"), (lambda r: r[:-1], "values of shape (5,)"),
+    (lambda r: r.reshape(2, 3), "values of shape (2, 3)"),
+    (lambda r: ["x"] * len(r), "values that are not numbers")])
+def test_a_reward_of_the_wrong_shape_names_the_function(mode, value, got):
+  """A wrong shape or None is a bug of the reward function, in either mode: one sentence naming
+  the function and the shape it must return, not an error blamed on one completion."""
+  task = AdditionTask(2, 100, 4, fixed_width=True, reverse_answer=True)
+  prompts = task.encode(np.array([[7, 68], [12, 30]]))
+  tokens = np.full((6, 4), 5, np.int32)
+  mask = np.ones((6, 4), bool)
+  with pytest.raises(faults.RewardError) as err:
+    faults.guarded_score(_Shaped(task, value), prompts, tokens, mask, 3, mode)
+  assert str(err.value) == (f"the reward function 'exact_match' returned {got} for 6 "
+                            f"completions; it must return one finite number per completion, "
+                            f"shape (6,).")
+
+
+def test_too_many_failed_rewards_stop_the_step():
+  faults.check_reward_error_fraction(3, 6, 0.5, 4)  # half: goes on
+  with pytest.raises(faults.RunStopped) as err:
+    faults.check_reward_error_fraction(4, 6, 0.5, 4)
+  assert str(err.value) == (
+      "the rewards of 4 of step 4's 6 completions failed (67%, above "
+      "train.max_reward_error_fraction=0.5); fix the reward function (run with "
+      "train.on_reward_error='raise' to see the first failure), or raise the limit.")
+
+
+def test_an_update_that_overflows_the_params_is_reported_and_stops_the_run():
+  """Finite loss and gradients, but an infinite learning rate (which config validation refuses;
+  here given to the optimizer directly): the update's result is checked (`state_finite` 0),
+  and the loop's check stops before any save (the skip guard alone sees only loss and
+  gradients)."""
+  from tests.test_update import CFG as cfg, _batch_and_state  # noqa: PLC0415
+  rl = rl_defaults(num_minibatches=2)
+  state, batch, _ = _batch_and_state(rl)
+  huge = make_optimizer(types.SimpleNamespace(learning_rate=float("inf"), warmup_steps=0,
+                                              weight_decay=0.0, b1=0.9, b2=0.99,
+                                              max_grad_norm=1.0), 10)
+  state = state.replace(opt_state=huge.init((state.params, state.value_params)))
+  update_step = update_lib.make_update_step(cfg, rl, huge, 1.0)
+  after, metrics = update_step(state, batch)
+  # The first minibatch's loss and gradients are finite (the learning rate is not): its
+  # update leaves NaN params, which the step reports.
+  assert float(metrics["state_finite"]) == 0.0
+  assert int(metrics["skipped_updates"]) == 1  # the second minibatch's loss was NaN
+  good, metrics = update_lib.make_update_step(cfg, rl, make_optimizer(
+      types.SimpleNamespace(learning_rate=1e-3, warmup_steps=0, weight_decay=0.0, b1=0.9,
+                            b2=0.99, max_grad_norm=1.0), 10), 1.0)(*_batch_and_state(rl)[:2])
+  assert float(metrics["state_finite"]) == 1.0
+  faults.check_state_finite([{"state_finite": 1.0}], 3, lambda: 2)
+  with pytest.raises(faults.RunStopped) as err:
+    faults.check_state_finite([{"state_finite": 1.0}, {"state_finite": 0.0}], 3, lambda: 2)
+  assert str(err.value) == (
+      "the update of step 3 made the params or the optimizer state non-finite although its "
+      "loss and gradients were finite; nothing of it was saved (the newest checkpoint is step "
+      "2), so lower optim.learning_rate or check the model's weights.")
+
+
+def test_a_second_run_on_a_locked_workdir_stops_naming_the_holder(tmp_path):
+  """One run per workdir: while this process holds the lock, `grpo_jax.main` on the same
+  workdir stops with one sentence naming our PID and writes nothing; a holder killed with
+  SIGKILL leaves no stale lock."""
+  from grpo_jax.train.workdir import WorkdirBusy, WorkdirLock  # noqa: PLC0415
+  workdir = tmp_path / "run"
+  with WorkdirLock(str(workdir)):
+    out = subprocess.run(_command(workdir), cwd=ROOT, capture_output=True, text=True,
+                         timeout=300)
+    with pytest.raises(WorkdirBusy):
+      WorkdirLock(str(workdir)).__enter__()
+  assert out.returncode == 1
+  assert out.stderr.strip().splitlines() == [
+      f"error: the workdir {workdir} is in use by another run (PID {os.getpid()}); wait for "
+      f"it to end, stop it, or pass another --workdir."]
+  assert sorted(os.listdir(workdir)) == [".lock"]
+  holder = subprocess.Popen([sys.executable, "-c", (
+      "import sys, time; from grpo_jax.train.workdir import WorkdirLock; "
+      f"WorkdirLock({str(workdir)!r}).__enter__(); print('held', flush=True); time.sleep(60)")],
+      cwd=ROOT, stdout=subprocess.PIPE, text=True)
+  assert holder.stdout.readline().strip() == "held"
+  with pytest.raises(WorkdirBusy, match=f"PID {holder.pid}"):
+    WorkdirLock(str(workdir)).__enter__()
+  holder.kill()
+  holder.wait(timeout=60)
+  with WorkdirLock(str(workdir)):  # free again
+    pass

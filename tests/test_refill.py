@@ -1,0 +1,131 @@
+"""The slot-refill engine (rollout.decode_slots): the same rows give the same tokens and masks
+as the static engine, with any number of slots; its loop does the decode work a plain
+simulation of the schedule predicts.
+
+Log-probs are compared within 1e-5, not bit for bit: XLA:CPU's matmul rounds a row's last bits
+differently with the number of rows in the product (a (3, 256) x (256, 1024) product differs
+from the first 3 rows of a (64, 256) one by up to 4e-5), and the slot engine runs its forwards
+over S rows where the static one runs B. The drawn tokens use the same uniform for (row, t) in
+both (`token_uniforms`), so they agree exactly.
+"""
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import pytest
+
+from grpo_jax.models.decoder import stack_layers
+from grpo_jax.rollout.refill import generate_refill, shrink_phases
+from grpo_jax.rollout.sampler import row_limits_or_max, sample
+from tests.conftest import perturbed_params
+from tests.test_sampler_prefix import _assert_same  # tokens, masks exact; log-probs 1e-5
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+EOS, PAD = 2, 0
+PROMPTS = np.array([[0, 0, 3, 7, 9], [5, 6, 7, 8, 9], [0, 0, 0, 1, 4]], np.int32)
+PROMPT_MASK = PROMPTS != 0
+GROUP, NEW = 4, 11
+ROWS = len(PROMPTS) * GROUP
+LIMITS = np.random.default_rng(0).integers(1, NEW + 1, size=ROWS).astype(np.int32)
+POLICIES = [dict(temperature=0.0), dict(temperature=1.0),
+            dict(temperature=0.8, top_k=6, top_p=0.9)]
+
+
+def _params(cfg, scan=False):
+  params = perturbed_params(cfg, seed=5)
+  # <eos> likely, so rows end at very different lengths (some at once, some at the limit).
+  params["embed_tokens"]["embedding"] = params["embed_tokens"]["embedding"].at[EOS].multiply(3.0)
+  return stack_layers(params, cfg.num_layers) if scan else params
+
+
+def _settings(cfg, **policy):
+  return dict(model_cfg=cfg, max_new_tokens=NEW, eos_id=EOS, pad_id=PAD, group_size=GROUP,
+              **policy)
+
+
+def _refill(cfg, params, slots, limits=None, **policy):
+  """The slot engine itself (also for slots = rows, which `sample` would run statically)."""
+  fn = jax.jit(lambda p, t, m, k, lim: generate_refill(
+      p, t, m, k, row_limits_or_max(lim, ROWS, NEW), mesh=None, decode_slots=slots,
+      **{"top_k": 0, "top_p": 1.0, **_settings(cfg, **policy)}))
+  return fn(params, PROMPTS, PROMPT_MASK, jax.random.key(7), limits)
+
+
+def simulated_slot_steps(lengths, slots: int) -> int:
+  """A plain loop over the schedule: free slots take the next rows in row order, each busy
+  slot records one token per iteration, and once nothing is pending and at most half of a
+  phase's slots are busy the next phase has half as many (`shrink_phases`)."""
+  phases = shrink_phases(slots)
+  pending, busy, steps, phase = list(lengths), [], 0, 0
+  while pending or busy:
+    if not pending:
+      while phase + 1 < len(phases) and len(busy) <= phases[phase + 1]:
+        phase += 1
+    while len(busy) < phases[phase] and pending:
+      busy.append(pending.pop(0))
+    steps += phases[phase]
+    busy = [b - 1 for b in busy if b > 1]
+  return steps
+
+
+def test_shrink_phases():
+  assert shrink_phases(16) == [16, 8, 4, 2, 1]
+  assert shrink_phases(3) == [3, 1]
+  assert shrink_phases(1) == [1]
+  assert shrink_phases(256) == [256, 128, 64, 32, 16, 8]
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+@pytest.mark.parametrize("limits", [None, LIMITS], ids=["eos", "row-limits"])
+def test_refill_equals_static_for_every_slot_count(tiny_cfg, policy, limits):
+  params = _params(tiny_cfg)
+  static, stats = sample(params, PROMPTS, PROMPT_MASK, jax.random.key(7), limits,
+                         decode_block=4, **_settings(tiny_cfg, **policy))
+  lengths = np.asarray(static.completion_mask).sum(1)
+  assert 1 <= lengths.min() and lengths.max() <= NEW and len(set(lengths.tolist())) >= 2
+  if limits is not None:
+    assert np.all(lengths <= LIMITS) and np.any(lengths == LIMITS)
+  assert int(stats.slot_steps) == ROWS * lengths.max()
+  for slots in (ROWS, ROWS // 2, ROWS // 4, 3):
+    got, got_stats = _refill(tiny_cfg, params, slots, limits, **policy)
+    _assert_same(got, static)
+    assert int(got_stats.slot_steps) == simulated_slot_steps(lengths, slots), slots
+  # `sample` dispatches to the slot engine below one slot per row: the same result.
+  got, _ = sample(params, PROMPTS, PROMPT_MASK, jax.random.key(7), limits, decode_slots=5,
+                  **_settings(tiny_cfg, **policy))
+  _assert_same(got, static)
+
+
+def test_refill_with_scanned_layers_and_one_slot(tiny_cfg):
+  cfg = dataclasses.replace(tiny_cfg, scan_layers=True)
+  params = _params(tiny_cfg, scan=True)
+  policy = dict(temperature=0.8, top_k=6, top_p=0.9)
+  static, _ = sample(params, PROMPTS, PROMPT_MASK, jax.random.key(7), None,
+                     **_settings(cfg, **policy))
+  got, stats = _refill(cfg, params, 1, None, **policy)
+  _assert_same(got, static)
+  assert int(stats.slot_steps) == int(np.asarray(static.completion_mask).sum())  # no idle slot
+
+
+@pytest.mark.slow
+def test_refill_on_the_2x2x2_mesh_equals_one_device(tiny_cfg, tmp_path):
+  """The slot engine on 8 CPU devices (data 2, fsdp 2, tensor 2; a subprocess with its own
+  device count) gives the one-device engine's tokens and masks."""
+  params = _params(tiny_cfg)
+  policy = dict(temperature=0.8, top_k=6, top_p=0.9)
+  want, _ = _refill(tiny_cfg, params, 4, LIMITS, **policy)
+  out = subprocess.run(
+      [sys.executable, "-m", "tests.mesh_worker", "refill", str(tmp_path / "mesh.json")],
+      cwd=ROOT, capture_output=True, text=True, timeout=600,
+      env={**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8"})
+  assert out.returncode == 0, out.stderr[-3000:]
+  got = json.loads((tmp_path / "mesh.json").read_text())
+  assert got["devices"] == 8
+  np.testing.assert_array_equal(got["completion_tokens"], np.asarray(want.completion_tokens))
+  np.testing.assert_array_equal(got["completion_mask"], np.asarray(want.completion_mask))
+  np.testing.assert_allclose(got["logprobs"], np.asarray(want.logprobs), atol=1e-5)
