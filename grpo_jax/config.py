@@ -156,8 +156,10 @@ def validate(config) -> None:
   _require(0 <= limit <= 1, f"train.max_reward_error_fraction={limit}; use a fraction in "
            f"[0, 1] (0 stops at any failed reward, 1 never stops).")
   _validate_fused(config, task)
-  for name, value in (("optim.learning_rate", opt.learning_rate),
-                      ("warmup.learning_rate", config.warmup.learning_rate)):
+  rates = [("optim.learning_rate", opt.learning_rate)]
+  if config.warmup.steps > 0:  # no warm-up (real checkpoints): its rate is unused
+    rates.append(("warmup.learning_rate", config.warmup.learning_rate))
+  for name, value in rates:
     _require(math.isfinite(value) and value > 0,
              f"{name}={value}; use a finite value > 0 (1e-6 is usual for a real checkpoint).")
   for name in ("weight_decay", "b1", "b2"):

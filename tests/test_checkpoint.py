@@ -170,6 +170,42 @@ def test_sigterm_saves_the_current_step_and_a_damaged_latest_falls_back(referenc
   assert strip(_records(workdir)) == strip(ref_records)
 
 
+@pytest.mark.slow
+def test_each_damaged_step_folder_falls_back_to_the_newest_intact_one(reference, tmp_path,
+                                                                      env):
+  """Three kinds of damage at once in a copy of the reference run (checkpoints 0, 3, 6): an
+  empty step folder 9, 4 KiB of flipped bytes in step 6 (caught by its CRC-32 record), step 3's
+  item folder deleted. Each is moved aside with one warning, step 0 is restored, nothing intact
+  is touched, and the resumed command reproduces the uninterrupted run."""
+  import shutil  # noqa: PLC0415
+  ref_dir, ref_records = reference
+  workdir = tmp_path / "run"
+  shutil.copytree(ref_dir, workdir)
+  root = workdir / "checkpoints"
+  assert all((root / str(s) / "crc32.json").is_file() for s in (0, N, 2 * N))
+  (root / "9").mkdir()
+  largest = max((p for p in (root / str(2 * N)).rglob("*") if p.is_file()
+                 and p.name != "crc32.json"), key=lambda p: p.stat().st_size)
+  with open(largest, "r+b") as f:
+    f.seek(largest.stat().st_size // 2)
+    chunk = f.read(4096)
+    f.seek(largest.stat().st_size // 2)
+    f.write(bytes(b ^ 0xFF for b in chunk))
+  shutil.rmtree(root / str(N) / "default")
+  ckpts = Checkpoints(root, 3, log=(logged := []).append)
+  state = ckpts.restore_latest(_template())
+  ckpts.close()
+  assert int(state.step) == 0
+  assert [line.split(" cannot be restored")[0] for line in logged] == [
+      f"warning: checkpoint {root}/{s}" for s in (9, 2 * N, N)]
+  assert "CRC-32" in logged[1] and "delete" not in " ".join(logged)
+  assert sorted(os.listdir(root)) == ["0", f"{N}.unreadable", f"{2 * N}.unreadable",
+                                      "9.unreadable"]
+  stdout = _run(workdir, env)
+  assert f"resumed from checkpoint {root}/0" in stdout
+  assert strip(_records(workdir)) == strip(ref_records)
+
+
 def _template():
   """The abstract state of the SMALL runs (shapes and dtypes only)."""
   config = grpo_tiny.get_config()

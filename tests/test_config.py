@@ -75,5 +75,19 @@ def test_invalid_values_fail_before_any_compute(tmp_path, section, field, value,
   assert not (tmp_path / "w").exists()  # nothing was started
 
 
-def test_the_shipped_config_is_valid():
-  validate(grpo_tiny.get_config())
+def test_the_shipped_configs_are_valid(tmp_path):
+  """Every recipe under configs/ passes validation as shipped (the GSM8K one given the
+  checkpoint folder and data it needs)."""
+  import importlib  # noqa: PLC0415
+  import pkgutil  # noqa: PLC0415
+
+  import configs  # noqa: PLC0415
+  from tests.hf_fixtures import save_tiny_qwen2  # noqa: PLC0415
+  names = [m.name for m in pkgutil.iter_modules(configs.__path__) if not m.ispkg]
+  assert {"grpo_tiny", "ppo_tiny", "dapo_tiny", "grpo_gsm8k"} <= set(names)
+  for name in names:
+    config = importlib.import_module(f"configs.{name}").get_config()
+    if config.task.name == "gsm8k":
+      config.model.path = save_tiny_qwen2(str(tmp_path / "ckpt"))
+      config.data.path = os.path.join(ROOT, "tests", "data", "gsm8k")
+    validate(config)

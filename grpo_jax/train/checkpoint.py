@@ -2,13 +2,18 @@
 position, KL coefficient, skip counters) with orbax, and restoring the newest readable one.
 
 A checkpoint is written to a temporary folder and renamed when complete (orbax's atomic save),
-so a run killed mid-save leaves no half-written step behind; a step folder that was damaged
-later (a truncated file, a missing array) fails to restore and the one before it is used.
+so a run killed mid-save leaves no half-written step behind. Each step folder is restored on its
+own (not through the manager, which stops reading every step once one of them lacks its item
+folder), after checking the CRC-32 of each of its files against `<step>/crc32.json`, written at
+save: a damaged step (missing or empty folder, a truncated file, flipped bytes, a non-finite
+value) is moved aside and the one before it is used.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import zlib
 
 import jax
 import jax.numpy as jnp
@@ -40,13 +45,47 @@ def step_of(state: TrainState) -> int:
 
 def check_restored(state: TrainState, step: int) -> None:
   """Raises ValueError if a restored state does not belong to `step` or holds a non-finite
-  parameter (a checkpoint that reads without error but is damaged)."""
+  value anywhere (params, optimizer moments, reference, critic: a checkpoint that reads without
+  error but is damaged)."""
   if step_of(state) != step:
     raise ValueError(f"the state inside says step {np.asarray(state.step).tolist()}")
-  finite = [bool(jnp.all(jnp.isfinite(x))) for x in
-            jax.tree.leaves((state.params, state.value_params, state.ref_params))]
-  if not all(finite):
-    raise ValueError("it holds non-finite parameters")
+  floats = [x for x in jax.tree.leaves(to_saveable(state))
+            if jnp.issubdtype(jnp.asarray(x).dtype, jnp.inexact)]
+  if not all(bool(jnp.all(jnp.isfinite(x))) for x in floats):
+    raise ValueError("it holds non-finite values")
+
+
+CRC_FILE = "crc32.json"  # in each step folder: {relative path: CRC-32} of its item's files
+
+
+def file_checksums(item_dir: str) -> dict:
+  """{path relative to the step folder: CRC-32 (hex)} of every file under `item_dir`."""
+  base = os.path.dirname(item_dir)
+  sums = {}
+  for root, _, files in os.walk(item_dir):
+    for name in sorted(files):
+      path = os.path.join(root, name)
+      crc = 0
+      with open(path, "rb") as f:
+        while chunk := f.read(1 << 24):
+          crc = zlib.crc32(chunk, crc)
+      sums[os.path.relpath(path, base)] = f"{crc:08x}"
+  return sums
+
+
+def verify_checksums(step_dir: str) -> None:
+  """Raises ValueError naming the first file whose CRC-32 differs from the one recorded at save
+  (or that is missing); a step saved without a record is not checked."""
+  record = os.path.join(step_dir, CRC_FILE)
+  if not os.path.exists(record):
+    return
+  with open(record) as f:
+    want = json.load(f)
+  got = file_checksums(os.path.join(step_dir, "default"))
+  for path, crc in sorted(want.items()):
+    if got.get(path) != crc:
+      raise ValueError(f"{path} is {'missing' if path not in got else 'changed'} since the save "
+                       f"(CRC-32 {got.get(path)} != {crc})")
 
 
 def _short(error: Exception) -> str:
@@ -77,12 +116,22 @@ class Checkpoints:
       return False
     self.manager.save(step, args=ocp.args.StandardSave(to_saveable(state)), force=True)
     self.manager.wait_until_finished()
+    if jax.process_index() == 0:  # the files are complete: record their checksums
+      step_dir = os.path.join(self.directory, str(step))
+      sums = file_checksums(os.path.join(step_dir, "default"))
+      with open(os.path.join(step_dir, CRC_FILE + ".tmp"), "w") as f:
+        json.dump(sums, f, indent=0, sort_keys=True)
+      os.replace(os.path.join(step_dir, CRC_FILE + ".tmp"), os.path.join(step_dir, CRC_FILE))
     return True
 
   def restore(self, step: int, template: TrainState) -> TrainState:
-    """Checkpoint `step` in the structure of `template` (a state or its jax.eval_shape)."""
+    """Checkpoint `step` in the structure of `template` (a state or its jax.eval_shape), read
+    from its own folder after its checksums are verified, then checked (`check_restored`)."""
+    step_dir = os.path.join(self.directory, str(step))
+    verify_checksums(step_dir)
     abstract = jax.eval_shape(to_saveable, template)
-    tree = self.manager.restore(step, args=ocp.args.StandardRestore(abstract))
+    with ocp.StandardCheckpointer() as checkpointer:
+      tree = checkpointer.restore(os.path.join(step_dir, "default"), abstract)
     state = from_saveable(tree)
     check_restored(state, step)
     return state
@@ -111,8 +160,8 @@ class Checkpoints:
     if steps:
       raise RunStopped(
           f"no checkpoint in {self.directory} (steps {steps}) can be restored, the last error "
-          f"being {_short(error)}; if the config changed since they were written use a new "
-          f"--workdir, else delete {self.directory} to start afresh.") from error
+          f"being {_short(error)}; if the model changed since they were written run with its "
+          f"recorded config or use a new --workdir (nothing was moved or deleted).") from error
     return None
 
   def _aside(self, step: int) -> str:
