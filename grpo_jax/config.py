@@ -102,6 +102,10 @@ def validate(config) -> None:
              f"rollout.group_size={r.group_size} with rl.advantage={rl.advantage!r} leaves "
              f"groups of one, with no group mean or standard deviation to compare against; "
              f"use group_size >= 2 (or rl.advantage='gae' with a value head).")
+    _require(r.temperature != 0,
+             f"rollout.temperature={r.temperature} (greedy) makes the G completions of a prompt "
+             f"identical, so rl.advantage={rl.advantage!r} compares equal rewards and nothing "
+             f"learns; use a temperature > 0 (1.0 is usual).")
   if rl.dynamic_sampling:
     _require(r.group_size >= 2, f"rl.dynamic_sampling needs groups to compare; "
              f"rollout.group_size={r.group_size}, use >= 2.")
@@ -120,6 +124,8 @@ def validate(config) -> None:
   _require(rl.num_iterations >= 1, f"rl.num_iterations={rl.num_iterations}; use at least 1.")
   _require(r.temperature >= 0, f"rollout.temperature={r.temperature}; use >= 0 (0 = greedy).")
   _require(0 < r.top_p <= 1, f"rollout.top_p={r.top_p}; use a value in (0, 1].")
+  _require(r.top_k >= 0, f"rollout.top_k={r.top_k}; use 0 (off) or the number of most likely "
+           f"tokens to sample from.")
   _require(isinstance(r.decode_block, int) and r.decode_block >= 0,
            f"rollout.decode_block={r.decode_block!r}; use a whole number of decode steps per "
            f"segment >= 0 (0 = one segment).")
@@ -156,6 +162,11 @@ def validate(config) -> None:
   _require(0 <= limit <= 1, f"train.max_reward_error_fraction={limit}; use a fraction in "
            f"[0, 1] (0 stops at any failed reward, 1 never stops).")
   _validate_fused(config, task)
+  from grpo_jax.train.wandb_logging import check_wandb_config  # noqa: PLC0415
+  check_wandb_config(tr)
+  w = config.warmup
+  _require(w.steps >= 0, f"warmup.steps={w.steps}; use 0 (no warm-up) or a number of steps.")
+  _require(w.steps == 0 or w.batch_size >= 1, f"warmup.batch_size={w.batch_size}; use at least 1.")
   rates = [("optim.learning_rate", opt.learning_rate)]
   if config.warmup.steps > 0:  # no warm-up (real checkpoints): its rate is unused
     rates.append(("warmup.learning_rate", config.warmup.learning_rate))
@@ -174,11 +185,27 @@ def validate(config) -> None:
   _one_of(m.get("remat", "none"), tuple(REMAT_POLICIES), "model.remat")
   _require(m.get("logits_chunk", 0) >= 0, f"model.logits_chunk={m.get('logits_chunk')}; use 0 "
            f"(the whole completion at once) or a number of positions > 0, e.g. 64.")
+  _validate_devices(config)
   if m.get("path", ""):
     return  # the checkpoint's config.json describes the model
+  for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads",
+               "num_kv_heads", "head_dim"):
+    _require(isinstance(m[name], int) and m[name] >= 1,
+             f"model.{name}={m[name]!r}; a decoder needs a whole number >= 1 there.")
   _require(m.num_heads % m.num_kv_heads == 0,
            f"model.num_heads={m.num_heads} is not a multiple of model.num_kv_heads="
            f"{m.num_kv_heads}; grouped-query attention needs heads = kv_heads x group.")
+
+
+def _validate_devices(config) -> None:
+  """The mesh sizes and the multi-host start-up mode."""
+  for axis in ("data", "fsdp", "tensor"):
+    size = config.mesh[axis]
+    _require(isinstance(size, int) and (size == -1 or size >= 1),
+             f"mesh.{axis}={size!r}; use a device count >= 1, or -1 for the rest of the devices.")
+  dist = config.get("distributed")
+  if dist is not None:
+    _one_of(dist.mode, ("none", "auto", "explicit"), "distributed.mode")
 
 
 def _validate_fused(config, task) -> None:

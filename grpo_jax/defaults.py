@@ -106,7 +106,11 @@ def get_defaults() -> ml_collections.ConfigDict:
       # Resuming a workdir under a config that differs from its config.json (beyond run
       # length and bookkeeping, workdir.FREE_TO_CHANGE) is refused unless this is True; every
       # start's changes are recorded in run_info.json.
-      allow_config_change=False))
+      allow_config_change=False,
+      # Weights & Biases logging besides metrics.jsonl and TensorBoard: a project name ("" =
+      # off; needs pip install -e '.[wandb]') and its mode: "online", "offline" (no network:
+      # written under workdir/wandb, uploaded later with `wandb sync`) or "disabled".
+      wandb_project="", wandb_mode="online"))
 
   # Devices: (data, fsdp, tensor) sizes, -1 = the rest; multi-host start-up (see README).
   c.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, tensor=1))

@@ -9,13 +9,12 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 
 import jax
 from absl import app, flags
 
 from grpo_jax import config as config_lib
-from grpo_jax.main import _CONFIG, _WORKDIR, parse_flags
+from grpo_jax.main import _CONFIG, _WORKDIR, _fail, check_flags, parse_flags
 
 
 def main(argv):
@@ -23,16 +22,19 @@ def main(argv):
   from grpo_jax.host_allocator import tune_host_allocator
   tune_host_allocator()  # before JAX starts its threads (see the module)
   from grpo_jax.train.evaluation import evaluate
-  from grpo_jax.train.setup import build_model, build_task
+  from grpo_jax.train.setup import build_model, build_task, check_task_fits_model
+  from grpo_jax.train.workdir import check_workdir
+  check_flags()
   config = _CONFIG.value
   try:
     config_lib.validate(config)
+    check_workdir(_WORKDIR.value)
     task = build_task(config)
     key = jax.random.key(config.seed)
     model_cfg, params = build_model(config, jax.random.fold_in(key, 0))
+    check_task_fits_model(config, model_cfg, task)
   except config_lib.ConfigError as e:
-    print(f"error: {e}", file=sys.stderr)
-    sys.exit(2)
+    _fail(e, 2)
   metrics = evaluate(params, task, model_cfg, config.train, config.rollout,
                      jax.random.fold_in(key, 3))
   os.makedirs(_WORKDIR.value, exist_ok=True)

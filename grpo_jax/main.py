@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import runpy
 import sys
 
@@ -9,6 +10,7 @@ from absl import app, flags, logging
 from ml_collections import config_flags
 
 from grpo_jax.config import ConfigError
+from grpo_jax.errors import first_line
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Path to an ml_collections config.",
                                           lock_config=True)
@@ -20,18 +22,40 @@ _SEED_AXIS = flags.DEFINE_enum(
     "seed_axis", "vmap", ["vmap", "map"], "With --vmap_seeds: batch the seeds (vmap: fastest; "
     "equal to separate runs up to float rounding) or loop over them inside the one program "
     "(map: bit-identical to separate runs).")
-flags.mark_flags_as_required(["config", "workdir"])
+flags.mark_flags_as_required(["config"])  # --workdir is checked in main, in one sentence
 
 
-def explain_bad_override(argv: list[str]) -> str | None:
-  """Names the first --config.a.b=v whose path is not a field of the config file."""
-  path = next((a.split("=", 1)[1] for a in argv if a.startswith("--config=")), None)
+def _config_path(argv: list[str]) -> str | None:
+  values = [a.split("=", 1)[1] for a in argv if a.startswith("--config=")]
+  if not values and "--config" in argv[:-1]:
+    values = [argv[argv.index("--config") + 1]]
+  return values[-1] if values else None
+
+
+def explain_parse_error(argv: list[str], error: Exception) -> str:
+  """One sentence for a command line that absl could not parse: a missing or broken config
+  file, a `get_config` that raises, an --config.a.b=v whose path is not a field, or absl's own
+  message."""
+  path = _config_path(argv)
   if path is None:
-    return None
+    return ("--config is required: the recipe to run, e.g. --config=configs/grpo_tiny.py."
+            if not any(a.startswith("--config") for a in argv) else
+            f"could not parse the command line ({first_line(error)}).")
+  spec = path.split(":", 1)[0]  # config_flags allows --config=file.py:argument
+  if not os.path.isfile(spec):
+    return (f"--config={path}: no such file (looked for {os.path.abspath(spec)} from the "
+            f"current directory {os.getcwd()}); run from the repository root or give the "
+            f"config's full path.")
   try:
-    config = runpy.run_path(path)["get_config"]()
-  except Exception:  # noqa: BLE001  the file itself is broken: let absl report it
-    return None
+    module = runpy.run_path(spec)
+  except Exception as e:  # noqa: BLE001  a user's config file may raise anything
+    return f"--config={path} could not be loaded ({first_line(e)}); fix that file."
+  if "get_config" not in module:
+    return f"--config={path} defines no get_config(); a config file must define one."
+  try:
+    config = module["get_config"]()
+  except Exception as e:  # noqa: BLE001
+    return f"--config={path}: get_config() raised {first_line(e)}; fix that file."
   for arg in argv:
     if not arg.startswith("--config."):
       continue
@@ -43,22 +67,61 @@ def explain_bad_override(argv: list[str]) -> str | None:
         return (f"{arg.split('=', 1)[0]} is not a field of {path}: {where} has no field "
                 f"{part!r}; valid fields there: {valid}.")
       node, walked = node[part], walked + [part]
-  return None
+  return f"could not parse the command line ({first_line(error)})."
 
 
 def parse_flags(argv: list[str]) -> list[str]:
   try:
     return flags.FLAGS(argv)
   except Exception as e:  # noqa: BLE001  absl/ml_collections raise several types here
-    message = explain_bad_override(argv) or f"could not parse the command line: {e}"
-    print(f"error: {message}", file=sys.stderr)
+    print(f"error: {explain_parse_error(argv, e)}", file=sys.stderr)
     sys.exit(2)
 
 
+def _fail(message: str, code: int):
+  print(f"error: {' '.join(str(message).splitlines())}", file=sys.stderr, flush=True)
+  sys.exit(code)
+
+
+def check_flags() -> None:
+  """Exits with one line (status 2) when the config file could not be loaded or --workdir is
+  missing; shared by grpo_jax.eval."""
+  try:  # config_flags defers a config file's load error to the first use of the config
+    _CONFIG.value.get("seed")
+  except Exception as e:  # noqa: BLE001
+    _fail(explain_parse_error(sys.argv, e), 2)
+  if _WORKDIR.value is None:
+    _fail("--workdir is required: the folder for the run's outputs, e.g. --workdir=/tmp/run.", 2)
+
+
+def cli(argv: list[str], entry=None) -> int:
+  """The command line in this process (for tests): parse `argv` (without the program name),
+  run `entry` (this module's main, or grpo_jax.eval's), and return the exit status it gives."""
+  entry = entry or main
+  flags.FLAGS.unparse_flags()
+  for name in [n for n in flags.FLAGS if n.startswith("config.")]:
+    delattr(flags.FLAGS, name)  # config_flags defines one flag per override at each parse
+  saved, sys.argv = sys.argv, [sys.argv[0], *argv]  # config_flags reads overrides from it
+  from grpo_jax.host_allocator import OPT_OUT_ENV  # noqa: PLC0415
+  malloc = os.environ.get(OPT_OUT_ENV)
+  os.environ[OPT_OUT_ENV] = "1"  # the calling process keeps its own allocator settings
+  try:
+    entry(parse_flags(sys.argv))
+  except SystemExit as e:
+    return int(e.code or 0)
+  finally:
+    sys.argv = saved
+    if malloc is None:
+      os.environ.pop(OPT_OUT_ENV, None)
+    else:
+      os.environ[OPT_OUT_ENV] = malloc
+  return 0
+
+
 def main(argv):
-  """Exit status: 0 done, 2 a bad config, 1 a run that cannot go on (too many skipped
-  updates, a failing reward), 143 stopped by SIGTERM after checkpointing (run it again to
-  resume)."""
+  """Exit status: 0 done, 2 a bad config or input (one line, nothing written to the workdir),
+  1 a run that cannot go on (too many skipped updates, a failing reward, a full disk), 143 / 130
+  stopped by SIGTERM / SIGINT after checkpointing (run it again to resume)."""
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {' '.join(argv[1:])}")
   from grpo_jax.host_allocator import tune_host_allocator
@@ -67,6 +130,7 @@ def main(argv):
     logging.set_verbosity(logging.WARNING)  # orbax logs every save at INFO
   from grpo_jax.train import faults  # imported late so that --help stays fast
   from grpo_jax.train.loop import train
+  check_flags()
   try:
     seeds = None
     if _VMAP_SEEDS.value:
@@ -77,14 +141,15 @@ def main(argv):
                           f"--vmap_seeds=0,1,2.") from None
     train(_CONFIG.value, _WORKDIR.value, seeds=seeds, seed_axis=_SEED_AXIS.value)
   except ConfigError as e:
-    print(f"error: {e}", file=sys.stderr)
-    sys.exit(2)
+    _fail(e, 2)
   except faults.RunStopped as e:
-    print(f"error: {e}", file=sys.stderr)
-    sys.exit(1)
+    _fail(e, 1)
   except faults.Preempted as e:
     print(str(e), file=sys.stderr, flush=True)
-    sys.exit(faults.PREEMPTED_EXIT_CODE)
+    sys.exit(e.exit_code)
+  except KeyboardInterrupt:
+    _fail("interrupted (SIGINT) before the loop could save; run the same command again to "
+          "resume from the newest checkpoint, if there is one.", faults.INTERRUPTED_EXIT_CODE)
 
 
 if __name__ == "__main__":

@@ -56,3 +56,19 @@ def small_tiny_config(steps: int = 4, eval_every: int = 2, num_minibatches: int 
   c.rl.num_minibatches = num_minibatches
   c.optim.warmup_steps = 1
   return c
+
+
+@pytest.fixture(scope="session")
+def env(tmp_path_factory):
+  """Environment for tiny command-line runs, sharing one persistent compilation cache."""
+  from tests.tiny_runs import cache_env  # noqa: PLC0415
+  return cache_env(tmp_path_factory.mktemp("jax_cache"))
+
+
+@pytest.fixture(scope="session")
+def reference(tmp_path_factory, env):
+  """The uninterrupted tiny run of 2N steps (tests/tiny_runs.py): (workdir, metrics records)."""
+  from tests.tiny_runs import records, run  # noqa: PLC0415
+  workdir = tmp_path_factory.mktemp("reference") / "run"
+  run(workdir, env)
+  return workdir, records(workdir)

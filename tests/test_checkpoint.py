@@ -7,15 +7,12 @@ import os
 import random
 import signal
 import subprocess
-import sys
-import time
 import types
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-import orbax.checkpoint as ocp
 import pytest
 
 from configs import grpo_tiny
@@ -26,85 +23,12 @@ from grpo_jax.train import faults, update as update_lib
 from grpo_jax.train.checkpoint import Checkpoints
 from grpo_jax.train.collect import Samplers, collect, score_round
 from grpo_jax.train.loop import train
-from grpo_jax.train.metrics import TIMING_KEYS, keep_records_until
+from grpo_jax.train.metrics import keep_records_until
 from grpo_jax.train.seed_axis import SeedAxis
-from grpo_jax.train.state import make_optimizer
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-N = 3  # checkpoint every N steps; runs are 2N steps
-# Every piece of the state moves: a separate critic, an adaptive KL coefficient, a refreshed
-# reference, shuffled minibatches.
-SMALL = ["--config.warmup.steps=30", f"--config.train.steps={2 * N}", "--config.train.eval_every=3",
-         "--config.train.eval_size=40", "--config.train.eval_batch_size=20",
-         "--config.rollout.num_prompts=4", "--config.rollout.group_size=4",
-         "--config.rl.num_minibatches=2", "--config.rl.value_head=separate",
-         "--config.rl.adaptive_kl=True", "--config.rl.kl_target=0.001",
-         "--config.rl.ref_update_every=2", "--config.rl.ref_mix=0.5",
-         f"--config.train.checkpoint_every={N}", "--config.train.keep_checkpoints=3",
-         "--config.rollout.decode_slots=5"]  # the slot-refill engine, 5 slots for 16 rows
-strip = lambda rs: [{k: v for k, v in r.items() if k not in TIMING_KEYS} for r in rs]  # noqa
-
-
-@pytest.fixture(scope="module")
-def env(tmp_path_factory):
-  """Subprocess environment sharing a persistent compilation cache (same programs, faster)."""
-  cache = tmp_path_factory.mktemp("jax_cache")
-  return {**os.environ, "JAX_COMPILATION_CACHE_DIR": str(cache),
-          "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
-          "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0"}
-
-
-def _command(workdir, *extra):
-  return [sys.executable, "-m", "grpo_jax.main", "--config=configs/grpo_tiny.py",
-          f"--workdir={workdir}", *SMALL, *extra]
-
-
-def _run(workdir, env, *extra):
-  out = subprocess.run(_command(workdir, *extra), cwd=ROOT, capture_output=True, text=True,
-                       timeout=600, env=env)
-  assert out.returncode == 0, out.stderr[-3000:]
-  return out.stdout
-
-
-def _start_and_signal(workdir, env, sig, at_step: int, delay: float, *extra):
-  """Starts a run, sends `sig` `delay` seconds after its progress line for `at_step`."""
-  err = open(os.path.join(workdir.parent, f"{workdir.name}.stderr"), "w+")
-  proc = subprocess.Popen(_command(workdir, *extra), cwd=ROOT, stdout=subprocess.PIPE,
-                          stderr=err, text=True, env=env)
-  for line in proc.stdout:
-    if line.startswith(f"step {at_step:>4}/"):
-      time.sleep(delay)
-      proc.send_signal(sig)
-      break
-  proc.stdout.read()
-  proc.wait(timeout=600)
-  err.seek(0)
-  return proc.returncode, err.read()
-
-
-def _records(workdir):
-  with open(os.path.join(workdir, "metrics.jsonl")) as f:
-    return [json.loads(line) for line in f]
-
-
-def _raw_state(workdir, step):
-  """A checkpoint as saved (nested dicts of arrays), read without any template."""
-  return ocp.StandardCheckpointer().restore(os.path.join(workdir, "checkpoints", str(step),
-                                                         "default"))
-
-
-def _assert_trees_equal(a, b):
-  assert jax.tree.structure(a) == jax.tree.structure(b)
-  for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
-    np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
-
-
-@pytest.fixture(scope="module")
-def reference(tmp_path_factory, env):
-  """An uninterrupted run of 2N steps: (workdir, metrics records)."""
-  workdir = tmp_path_factory.mktemp("reference") / "run"
-  _run(workdir, env)
-  return workdir, _records(workdir)
+from tests.tiny_runs import N, ROOT, assert_trees_equal as _assert_trees_equal
+from tests.tiny_runs import command as _command, raw_state as _raw_state, records as _records
+from tests.tiny_runs import run as _run, start_and_signal as _start_and_signal, strip
+from tests.tiny_runs import template as _template
 
 
 @pytest.mark.slow
@@ -115,7 +39,7 @@ def test_sigkill_then_resume_reproduces_the_uninterrupted_run(reference, tmp_pat
   rng = random.Random()
   at_step, delay = rng.choice(range(N + 1, 2 * N)), rng.uniform(0.0, 0.05)
   workdir = tmp_path / "run"
-  code, stderr = _start_and_signal(workdir, env, signal.SIGKILL, at_step, delay)
+  code, stderr, _ = _start_and_signal(workdir, env, signal.SIGKILL, at_step, delay)
   where = f"killed after the progress line of step {at_step} + {delay:.3f}s"
   assert code == -signal.SIGKILL, (where, stderr[-2000:])
   killed_at = len(_records(workdir)) - 1
@@ -143,7 +67,7 @@ def test_sigterm_saves_the_current_step_and_a_damaged_latest_falls_back(referenc
                                                                          env):
   _, ref_records = reference
   workdir = tmp_path / "run"
-  code, stderr = _start_and_signal(workdir, env, signal.SIGTERM, 2, 0.0,
+  code, stderr, _ = _start_and_signal(workdir, env, signal.SIGTERM, 2, 0.0,
                                    "--config.train.checkpoint_every=100")
   assert code == faults.PREEMPTED_EXIT_CODE, stderr[-2000:]
   stopped = _records(workdir)[-1]["step"]
@@ -204,18 +128,6 @@ def test_each_damaged_step_folder_falls_back_to_the_newest_intact_one(reference,
   stdout = _run(workdir, env)
   assert f"resumed from checkpoint {root}/0" in stdout
   assert strip(_records(workdir)) == strip(ref_records)
-
-
-def _template():
-  """The abstract state of the SMALL runs (shapes and dtypes only)."""
-  config = grpo_tiny.get_config()
-  config.rl.value_head = "separate"
-  from grpo_jax.train.loop import initial_state
-  from grpo_jax.train.setup import build_model
-  model_cfg, params = build_model(config, jax.random.key(0))
-  optimizer = make_optimizer(config.optim, 1)
-  return jax.eval_shape(lambda p, k: initial_state(config, model_cfg, p, optimizer, k), params,
-                        jax.random.key(0))
 
 
 def _nan_grad_loss(monkeypatch, always: bool):

@@ -15,7 +15,7 @@ from grpo_jax.data.arithmetic import AdditionTask
 from grpo_jax.train import faults
 from grpo_jax.train import update as update_lib
 from grpo_jax.train.state import make_optimizer
-from tests.test_checkpoint import ROOT, _command
+from tests.tiny_runs import ROOT, command as _command
 
 
 class _Shaped:
@@ -118,3 +118,39 @@ def test_a_second_run_on_a_locked_workdir_stops_naming_the_holder(tmp_path):
   holder.wait(timeout=60)
   with WorkdirLock(str(workdir)):  # free again
     pass
+
+
+@pytest.mark.slow
+def test_an_unreadable_newest_checkpoint_falls_back_and_resumes_exactly(reference, tmp_path, env,
+                                                                        monkeypatch):
+  """The newest checkpoint's files made unreadable (chmod 0; as root, who reads through any
+  mode, its reads also refused with PermissionError): it is moved aside, the one before it is
+  restored, and the resumed command reproduces the uninterrupted run."""
+  import builtins  # noqa: PLC0415
+  import shutil  # noqa: PLC0415
+  from grpo_jax.train.checkpoint import Checkpoints  # noqa: PLC0415
+  from tests.tiny_runs import N, records, run, strip, template  # noqa: PLC0415
+  ref_dir, ref_records = reference
+  workdir = tmp_path / "run"
+  shutil.copytree(ref_dir, workdir)
+  newest = workdir / "checkpoints" / str(2 * N)
+  files = [p for p in newest.rglob("*") if p.is_file()]
+  for path in files:
+    path.chmod(0)
+  if os.geteuid() == 0:
+    refused, real_open = {str(p) for p in files}, builtins.open
+    def open_unless_refused(file, *args, **kwargs):
+      if str(file) in refused:
+        raise PermissionError(13, "Permission denied", str(file))
+      return real_open(file, *args, **kwargs)
+    monkeypatch.setattr(builtins, "open", open_unless_refused)
+  ckpts = Checkpoints(workdir / "checkpoints", 3, log=(logged := []).append)
+  state = ckpts.restore_latest(template())
+  ckpts.close()
+  monkeypatch.undo()
+  assert int(state.step) == N
+  assert len(logged) == 1 and "PermissionError" in logged[0], logged
+  assert sorted(os.listdir(workdir / "checkpoints")) == ["0", str(N), f"{2 * N}.unreadable"]
+  stdout = run(workdir, env)
+  assert f"resumed from checkpoint {workdir}/checkpoints/{N}" in stdout
+  assert strip(records(workdir)) == strip(ref_records)

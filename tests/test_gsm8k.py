@@ -6,6 +6,7 @@ import os
 
 import pytest
 
+from grpo_jax.errors import InputError
 from grpo_jax.data.gsm8k import load_jsonl, load_tfds
 from grpo_jax.rewards import gsm8k as R
 
@@ -43,18 +44,56 @@ def test_real_gsm8k_loads_with_gold_answers(train_records):
 
 
 @pytest.mark.parametrize("completion,strict,flexible", [
-    ("so the total is 1234.\n#### 1,234", "1234", "1234"),
-    ("She pays $18.00 in all.", None, "18"),
-    ("The answer is 18.", None, "18"),
-    ("I am not sure.", None, None),
-    ("#### 18\nWait, let me recount: 3 + 4 = 7.", "18", "7"),  # flexible takes the last number
+    ("so the total is 1234.\n#### 1,234", "1234", "1,234"),  # flexible keeps the comma
+    ("She pays $18.00 in all.", None, "18.00"),
+    ("The answer is 18.", None, "18."),
+    ("I am not sure.", None, "."),  # verl's loop ends on the only match, '.'
+    ("no digits and no dots", None, None),
+    ("#### 18\nWait, let me recount: 3 + 4 = 7.", "18", "7."),  # the last number
     ("#### -7", "-7", "-7"),
-    ("#### 3.50", "3.5", "3.5"),
-    ("#### $5", None, "5"),  # verl's strict pattern wants digits right after '#### '
+    ("#### 3.50", "3.50", "3.50"),
+    ("#### $5", None, "5"),  # the strict pattern wants digits right after '#### '
 ])
-def test_extraction_on_model_style_outputs(completion, strict, flexible):
+def test_extraction_is_verls(completion, strict, flexible):
   assert R.extract_strict(completion) == strict
   assert R.extract_flexible(completion) == flexible
+
+
+# verl's scores, written out by hand from verl/utils/reward_score/gsm8k.py (compute_score with
+# format_score 0), for the four kinds of completion where grpo_jax used to score higher, and a
+# few where every rule agrees: (completion, gold, verl strict, verl flexible, lenient strict,
+# lenient flexible).
+VERL_SCORES = [
+    ("Total: 6 + 12 = 18.\n#### 18.", "18", 0.0, 0.0, 1.0, 1.0),  # a trailing '.'
+    ("So she pays 18 dollars.\n#### 18.00", "18", 0.0, 0.0, 1.0, 1.0),  # '.00'
+    ("She earns 1,234 dollars in all", "1234", 0.0, 0.0, 0.0, 1.0),  # flexible: a comma
+    ("#### 1,234", "1234", 1.0, 0.0, 1.0, 1.0),  # strict drops commas, flexible does not
+    ("The answer is 18. Hope this helps!", "18", 0.0, 0.0, 0.0, 1.0),  # text after it
+    ("6 + 12 = 18\n#### 18", "18", 1.0, 1.0, 1.0, 1.0),
+    ("#### 18\nso 18 it is", "18", 1.0, 1.0, 1.0, 1.0),
+    ("#### -7", "-7", 1.0, 1.0, 1.0, 1.0),
+    ("#### 19", "18", 0.0, 0.0, 0.0, 0.0),
+    ("I do not know", "18", 0.0, 0.0, 0.0, 0.0),
+    ("x" * 300 + "\n#### 18", "18", 1.0, 1.0, 1.0, 1.0),
+    ("#### 18\n" + "x" * 300, "18", 0.0, 0.0, 0.0, 0.0),  # beyond the last 300 characters
+]
+
+
+@pytest.mark.parametrize("completion,gold,strict,flexible,lenient_strict,lenient_flexible",
+                         VERL_SCORES)
+def test_strict_and_flexible_equal_verls_scorer(completion, gold, strict, flexible,
+                                                lenient_strict, lenient_flexible):
+  assert R.strict_reward(completion, gold) == strict
+  assert R.flexible_reward(completion, gold) == flexible
+  assert R.strict_lenient_reward(completion, gold) == lenient_strict
+  assert R.flexible_lenient_reward(completion, gold) == lenient_flexible
+
+
+def test_gold_answers_are_verls_preprocessing():
+  assert R.gold_answer("She has 1,234 in all.\n#### 1,234") == "1234"
+  assert R.gold_answer("3 - 10 = -7\n#### -7") == "-7"
+  with pytest.raises(ValueError, match="no '#### <number>'"):
+    R.gold_answer("the answer is 7")
 
 
 def test_only_the_last_300_characters_are_searched():
@@ -68,7 +107,7 @@ def test_scores_and_format_score():
   assert R.strict_reward("#### 1,235", "1234") == 0.0
   assert R.strict_reward("#### 1,235", "1234", format_score=0.1) == 0.1
   assert R.strict_reward("no answer", "1234", format_score=0.1) == 0.0
-  assert R.flexible_reward("The answer is 18.", "18") == 1.0
+  assert R.flexible_reward("The answer is 18", "18") == 1.0
   assert R.format_reward("#### 9", "18") == 1.0 and R.format_reward("9", "18") == 0.0
   with pytest.raises(ValueError, match="reward.name='exact' is unknown; valid: gsm8k_flexible"):
     R.get_reward_function("exact")
@@ -86,14 +125,14 @@ def test_malformed_lines_name_file_and_line(tmp_path):
   path.write_text(json.dumps({"question": "q", "answer": "no marker"}) + "\n")
   with pytest.raises(ValueError, match=rf"{path}:1: GSM8K answer .* has no '#### <number>'"):
     load_jsonl(str(path))
-  with pytest.raises(FileNotFoundError, match="set data.path"):
+  with pytest.raises(InputError, match="set data.path"):
     load_jsonl(str(tmp_path / "missing.jsonl"))
 
 
 def test_tfds_fails_fast_offline(tmp_path):
   import time
   start = time.perf_counter()
-  with pytest.raises((FileNotFoundError, ImportError), match="tfds|tensorflow-datasets"):
+  with pytest.raises(InputError, match="tfds|tensorflow-datasets"):
     load_tfds("train", data_dir=str(tmp_path))
   assert time.perf_counter() - start < 30  # no minutes of retries
 

@@ -9,6 +9,7 @@ import pytest
 import torch
 import transformers
 
+from grpo_jax.errors import InputError
 from grpo_jax.models import hf
 from grpo_jax.models.decoder import Decoder, init_params, positions_from_mask
 
@@ -36,6 +37,12 @@ CASES = {
 }
 SHARDED = {"qwen3"}  # Saved as model-0000x-of-0000y.safetensors + index.
 
+
+
+def _message(err) -> str:
+  """The error's sentence without load_hf_checkpoint's "model.path=<folder>: " prefix."""
+  text = str(err.value)
+  return text.split(": ", 1)[1] if text.startswith("model.path=") else text
 
 def tiny_hf_model(kind, seed=0):
   """A random float32 transformers model whose norm weights and biases are not ones / zeros."""
@@ -124,7 +131,7 @@ def test_export_rejects_source_dir_of_another_model(tmp_path):
   other = save(tiny_hf_model("qwen3"), tmp_path / "b")
   with pytest.raises(ValueError) as err:
     hf.export_hf_checkpoint(params, model_cfg, tmp_path / "out", source_dir=other)
-  assert str(err.value) == (f"model_cfg.head_dim=16 but {other}/config.json implies 24; pass the "
+  assert _message(err) == (f"model_cfg.head_dim=16 but {other}/config.json implies 24; pass the "
                             f"source_dir the params were loaded from.")
 
 
@@ -132,7 +139,7 @@ def test_export_rejects_model_type_that_does_not_match_params(tmp_path):
   model_cfg, params = hf.load_hf_checkpoint(save(tiny_hf_model("qwen2"), tmp_path))
   with pytest.raises(ValueError) as err:
     hf.export_hf_checkpoint(params, model_cfg, tmp_path / "out", model_type="llama")
-  assert str(err.value) == (
+  assert _message(err) == (
       "model_type='llama' needs qkv_bias=False and qk_norm=False but the model has "
       "qkv_bias=True, qk_norm=False; pass qwen2 for q/k/v biases, qwen3 for q/k norms, llama "
       "for neither.")
@@ -194,31 +201,31 @@ def test_model_config_errors(change, message):
               num_hidden_layers=1, num_attention_heads=4)
   with pytest.raises(ValueError) as err:
     hf.model_config_from_hf({**base, **change})
-  assert str(err.value) == message
+  assert _message(err) == message
 
 
 def test_missing_directory_error(tmp_path):
   path = tmp_path / "nope"
-  with pytest.raises(FileNotFoundError) as err:
+  with pytest.raises(InputError) as err:
     hf.load_hf_checkpoint(path)
-  assert str(err.value) == (
+  assert _message(err) == (
       f"No checkpoint directory at {path}; download a Hugging Face checkpoint there first, "
       f"e.g. `hf download Qwen/Qwen2.5-0.5B-Instruct --local-dir {path}`.")
 
 
 def test_missing_config_error(tmp_path):
-  with pytest.raises(FileNotFoundError) as err:
+  with pytest.raises(InputError) as err:
     hf.load_hf_checkpoint(tmp_path)
-  assert str(err.value) == (
+  assert _message(err) == (
       f"{tmp_path} has no config.json; point at a full Hugging Face checkpoint directory, "
       f"e.g. one from `hf download Qwen/Qwen2.5-0.5B-Instruct --local-dir {tmp_path}`.")
 
 
 def test_missing_weights_error(tmp_path):
   tiny_hf_model("llama").config.save_pretrained(tmp_path)
-  with pytest.raises(FileNotFoundError) as err:
+  with pytest.raises(InputError) as err:
     hf.load_hf_checkpoint(tmp_path)
-  assert str(err.value) == (
+  assert _message(err) == (
       f"{tmp_path} has no model.safetensors or model.safetensors.index.json (.bin weights are "
       f"not read); download safetensors weights with "
       f"`hf download Qwen/Qwen2.5-0.5B-Instruct --local-dir {tmp_path}`.")
@@ -230,7 +237,7 @@ def test_unknown_model_type_error(tmp_path):
   (tmp_path / "config.json").write_text(json.dumps({**config, "model_type": "gemma"}))
   with pytest.raises(ValueError) as err:
     hf.load_hf_checkpoint(tmp_path)
-  assert str(err.value) == ("config.json model_type='gemma' is not supported; use a checkpoint "
+  assert _message(err) == ("config.json model_type='gemma' is not supported; use a checkpoint "
                             "of one of llama, mistral, qwen2, qwen3.")
 
 
@@ -247,13 +254,13 @@ def test_missing_and_unexpected_tensor_errors(tmp_path):
                                         np.zeros(64, np.float32)})
   with pytest.raises(ValueError) as err:
     hf.load_hf_checkpoint(tmp_path)
-  assert str(err.value) == (
+  assert _message(err) == (
       "The checkpoint has tensors model.layers.0.self_attn.o_proj.bias that the decoder has no "
       "parameter for; only plain llama, mistral, qwen2, qwen3 checkpoints are supported.")
   _rewrite_weights(tmp_path, lambda t: {k: v for k, v in t.items() if k != name})
   with pytest.raises(ValueError) as err:
     hf.load_hf_checkpoint(tmp_path)
-  assert str(err.value) == (
+  assert _message(err) == (
       f"The checkpoint lacks tensors {name} that its config.json implies; check that "
       f"config.json belongs to these weights.")
 
@@ -264,7 +271,7 @@ def test_wrong_shape_error(tmp_path):
   (tmp_path / "config.json").write_text(json.dumps({**config, "intermediate_size": 80}))
   with pytest.raises(ValueError) as err:
     hf.load_hf_checkpoint(tmp_path)
-  assert str(err.value) == (
+  assert _message(err) == (
       "Tensor model.layers.0.mlp.down_proj.weight has shape (64, 96) but config.json implies "
       "(64, 80); check that config.json belongs to these weights.")
 
@@ -281,6 +288,6 @@ def test_non_finite_weights_name_the_tensor(tmp_path):
   save_file(tensors, str(file), metadata={"format": "pt"})
   with pytest.raises(ValueError) as err:
     hf.load_hf_checkpoint(tmp_path)
-  assert str(err.value) == (
+  assert _message(err) == (
       f"Tensor {name} in {file} has 2 non-finite value(s) (NaN or inf) of "
       f"{tensors[name].size}: the checkpoint is damaged; download or export it again.")

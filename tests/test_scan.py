@@ -183,7 +183,7 @@ def test_resume_with_scanned_layers_reproduces_the_run(tmp_path):
   and records (wall-clock fields aside) as the uninterrupted run, bit for bit."""
   import shutil  # noqa: PLC0415
 
-  from tests.test_checkpoint import strip  # noqa: PLC0415
+  from tests.tiny_runs import strip  # noqa: PLC0415
   config = small_tiny_config(steps=3, eval_every=10)
   config.model.update(scan_layers=True, remat="full", logits_chunk=2)
   config.train.checkpoint_every = 1

@@ -115,8 +115,8 @@ class AdditionTask:
 
   def test_batch(self, size: int) -> PromptBatch:
     if size > len(self.test_pairs):
-      raise ValueError(f"eval size {size} exceeds the {len(self.test_pairs)} test problems; "
-                       f"lower train.eval_size or raise task.test_size.")
+      raise ConfigError(f"train.eval_size={size} exceeds the {len(self.test_pairs)} test "
+                        f"problems; lower train.eval_size or raise task.test_size.")
     return self.encode(self.test_pairs[:size])
 
   def warmup_batch(self, step: int, count: int, seed: int,

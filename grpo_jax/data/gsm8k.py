@@ -16,37 +16,47 @@ import numpy as np
 
 from grpo_jax.data.task import register_task, reward_name
 from grpo_jax.data.tokenizer import pad_rows
-from grpo_jax.errors import ConfigError
-from grpo_jax.rewards.gsm8k import extract_flexible, extract_strict, gold_answer
+from grpo_jax.errors import ConfigError, InputError, first_line
+from grpo_jax.rewards.gsm8k import flexible_reward, gold_answer, strict_reward
 from grpo_jax.rewards.registry import get_reward
 
 VERL_INSTRUCTION = 'Let\'s think step by step and output the final answer after "####".'
 
 
 def load_jsonl(path: str) -> list[dict]:
-  """GSM8K records from a jsonl file; a malformed line fails naming the file and line."""
+  """GSM8K records from a jsonl file; a missing or empty file, or a bad line (not UTF-8, not
+  JSON, no question/answer, no '#### <number>'), fails naming the file and line."""
   if not os.path.isfile(path):
-    raise FileNotFoundError(f"GSM8K file {path} does not exist; set data.path to a folder "
-                            f"holding train.jsonl and test.jsonl (one JSON object per line).")
+    raise InputError(f"GSM8K file {path} does not exist; set data.path to a folder holding "
+                     f"train.jsonl and test.jsonl (one JSON object per line).")
   records = []
-  with open(path) as f:
-    for number, line in enumerate(f, 1):
+  with open(path, "rb") as f:
+    for number, raw in enumerate(f, 1):
+      try:
+        line = raw.decode("utf-8")
+      except UnicodeDecodeError as e:
+        raise InputError(f"{path}:{number} is not UTF-8 text (byte {raw[e.start:e.start + 1]!r} "
+                         f"at column {e.start + 1}); save the file as UTF-8.") from None
       if not line.strip():
         continue
       try:
         record = json.loads(line)
       except json.JSONDecodeError as e:
-        raise ValueError(f"{path}:{number} is not valid JSON ({e.msg}); each line must be one "
+        raise InputError(f"{path}:{number} is not valid JSON ({e.msg}); each line must be one "
                          f"object with 'question' and 'answer'.") from None
       if not (isinstance(record, dict) and isinstance(record.get("question"), str)
               and isinstance(record.get("answer"), str)):
-        raise ValueError(f"{path}:{number} lacks a string 'question' or 'answer'; each line must "
+        raise InputError(f"{path}:{number} lacks a string 'question' or 'answer'; each line must "
                          f"be one object with both.")
       try:
         record["gold"] = gold_answer(record["answer"])
       except ValueError as e:
-        raise ValueError(f"{path}:{number}: {e}") from None
+        raise InputError(f"{path}:{number}: {e}") from None
       records.append(record)
+  if not records:
+    raise InputError(f"GSM8K file {path} holds no records (it is empty or blank); write GSM8K "
+                     f"there with python -m grpo_jax.data.fetch_gsm8k --out "
+                     f"{os.path.dirname(path) or '.'}, or point data.path at a folder that has it.")
   return records
 
 
@@ -56,14 +66,16 @@ def load_tfds(split: str, data_dir: str | None = None) -> list[dict]:
     import tensorflow_datasets as tfds
     import tensorflow_datasets.text.gsm8k  # noqa: F401  registers the builder
   except ImportError as e:
-    raise ImportError(f"data.source='tfds' needs tensorflow-datasets and importlib_resources "
-                      f"(pip install tensorflow-datasets importlib_resources); {e}.") from None
+    raise InputError(f"data.source='tfds' needs tensorflow-datasets and importlib_resources "
+                     f"(pip install -e '.[tfds]'); {first_line(e)}.") from None
   builder = tfds.builder("gsm8k", data_dir=data_dir)
   if not builder.is_prepared():
-    raise FileNotFoundError(
-        f"tfds gsm8k is not prepared under {builder.data_dir}; run once with network access: "
-        f"python -c \"import tensorflow_datasets as tfds, tensorflow_datasets.text.gsm8k; "
-        f"tfds.builder('gsm8k').download_and_prepare()\", or use data.source='jsonl'.")
+    where = f"data_dir={data_dir!r}" if data_dir else ""
+    raise InputError(
+        f"tfds gsm8k is not prepared under {builder.data_dir} (data.tfds_dir="
+        f"{data_dir or ''!r}); run once with network access: python -c \"import "
+        f"tensorflow_datasets as tfds, tensorflow_datasets.text.gsm8k; tfds.builder('gsm8k'"
+        f"{', ' + where if where else ''}).download_and_prepare()\", or use data.source='jsonl'.")
   records = []
   for example in tfds.as_numpy(builder.as_dataset(split=split)):
     question, answer = example["question"].decode(), example["answer"].decode()
@@ -136,15 +148,16 @@ class GSM8KTask:
       train, test = load_tfds("train", data_cfg.tfds_dir or None), load_tfds("test",
                                                                                data_cfg.tfds_dir or None)
     else:
-      raise ValueError(f"data.source={data_cfg.source!r} is unknown; valid: jsonl, tfds.")
+      raise ConfigError(f"data.source={data_cfg.source!r} is unknown; valid: jsonl, tfds.")
     self.train, dropped = self._encode_all(train)
     self.test, dropped_test = self._encode_all(test)
     if dropped or dropped_test:
       log(f"gsm8k: dropped {dropped} train and {dropped_test} test prompts longer than "
           f"data.max_prompt_tokens={max_prompt_tokens}")
     if not self.train or not self.test:
-      raise ValueError(f"no GSM8K prompt fits data.max_prompt_tokens={max_prompt_tokens}; "
-                       f"raise it.")
+      raise ConfigError(f"no GSM8K {'train' if not self.train else 'test'} prompt fits "
+                        f"data.max_prompt_tokens={max_prompt_tokens} ({len(train)} train and "
+                        f"{len(test)} test records read); raise it.")
 
   def prompt_text(self, question: str) -> str:
     content = f"{question} {self.instruction}".strip()
@@ -190,8 +203,8 @@ class GSM8KTask:
 
   def test_batch(self, size: int) -> GSM8KPrompts:
     if size > len(self.test):
-      raise ValueError(f"eval size {size} exceeds the {len(self.test)} GSM8K test prompts; "
-                       f"lower train.eval_size.")
+      raise ConfigError(f"train.eval_size={size} exceeds the {len(self.test)} GSM8K test "
+                        f"prompts that fit data.max_prompt_tokens; lower train.eval_size.")
     return self._batch(self.test[:size])
 
   def decode(self, completion_tokens, completion_mask) -> list[str]:
@@ -212,10 +225,10 @@ class GSM8KTask:
     return rewards
 
   def eval_scores(self, batch: GSM8KPrompts, completion_tokens, completion_mask) -> dict:
-    """Per-prompt strict and flexible correctness (verl's two GSM8K scores)."""
+    """Per-prompt strict and flexible correctness (verl's two GSM8K scores, format_score 0)."""
     texts = self.decode(completion_tokens, completion_mask)
     golds = batch.gold
-    return {"eval_accuracy": np.array([extract_strict(t) == g for t, g in zip(texts, golds)],
+    return {"eval_accuracy": np.array([strict_reward(t, g) for t, g in zip(texts, golds)],
                                       np.float32),
             "eval_accuracy_flexible": np.array(
-                [extract_flexible(t) == g for t, g in zip(texts, golds)], np.float32)}
+                [flexible_reward(t, g) for t, g in zip(texts, golds)], np.float32)}

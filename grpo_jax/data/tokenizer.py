@@ -57,18 +57,29 @@ def pad_rows(rows: list[list[int]], length: int, pad_id: int, left: bool):
 
 def load_hf_tokenizer(path: str):
   """A checkpoint's own tokenizer (and chat template), from local files only."""
+  import json  # noqa: PLC0415
   import os  # noqa: PLC0415
 
-  from grpo_jax.errors import ConfigError  # noqa: PLC0415
+  from grpo_jax.errors import InputError, first_line  # noqa: PLC0415
   if not os.path.isdir(path):
-    raise ConfigError(
+    raise InputError(
         f"model.path={path} is not a directory; download a checkpoint first, e.g. "
         f"hf download Qwen/Qwen2.5-0.5B-Instruct --local-dir {path}.")
-  from transformers import AutoTokenizer  # noqa: PLC0415
+  # transformers reads config.json too, and would blame a broken one on the tokenizer files.
+  config_file = os.path.join(path, "config.json")
+  if os.path.isfile(config_file):
+    try:
+      with open(config_file, "rb") as f:
+        json.loads(f.read().decode("utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+      raise InputError(f"{config_file} is not valid JSON ({first_line(e)}); restore the "
+                       f"checkpoint's own config.json.") from None
+  import transformers  # noqa: PLC0415
+  transformers.logging.set_verbosity_error()  # its warnings would break the one-line errors
   try:
-    tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
-  except (OSError, ValueError) as e:
-    raise ConfigError(
+    tokenizer = transformers.AutoTokenizer.from_pretrained(path, local_files_only=True)
+  except (OSError, ValueError, TypeError, KeyError) as e:
+    raise InputError(
         f"no tokenizer could be loaded from model.path={path} ({str(e).splitlines()[0]}); the "
         f"folder needs the checkpoint's tokenizer files (tokenizer.json, "
         f"tokenizer_config.json).") from None
@@ -79,7 +90,7 @@ def load_hf_tokenizer(path: str):
   ids = tokenizer(probe, add_special_tokens=False)["input_ids"]
   decoded = tokenizer.decode(ids, skip_special_tokens=True) if ids else ""
   if len(ids) < 2 or "48" not in decoded or tokenizer.eos_token_id is None:
-    raise ConfigError(
+    raise InputError(
         f"the tokenizer in model.path={path} cannot encode task text ({len(tokenizer)} "
         f"token(s) in its vocabulary, {probe!r} -> {len(ids)} ids -> {decoded!r}, eos id "
         f"{tokenizer.eos_token_id}); the folder needs the checkpoint's tokenizer files "

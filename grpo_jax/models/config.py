@@ -23,6 +23,8 @@ class ModelConfig:
   tie_embeddings: bool = True
   qkv_bias: bool = False  # Qwen2 has biases on q/k/v.
   qk_norm: bool = False  # Qwen3 RMS-normalises q and k per head.
+  # Positions the checkpoint was trained for (config.json); 0 = no limit (a random model).
+  max_position_embeddings: int = 0
   param_dtype: str = "float32"
   compute_dtype: str = "float32"
   # Memory, not maths (grpo_jax/models/decoder.py REMAT_POLICIES; grpo_jax/models/scoring.py):
@@ -35,6 +37,11 @@ class ModelConfig:
   scan_layers: bool = False
 
   def __post_init__(self):
+    for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads",
+                 "num_kv_heads", "head_dim"):
+      if not (isinstance(getattr(self, name), int) and getattr(self, name) >= 1):
+        raise ValueError(f"model.{name}={getattr(self, name)!r}; a decoder needs a whole number "
+                         f">= 1 there.")
     if self.num_heads % self.num_kv_heads:
       raise ValueError(
           f"model.num_heads={self.num_heads} is not a multiple of model.num_kv_heads="

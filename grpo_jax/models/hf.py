@@ -28,9 +28,10 @@ import shutil
 import jax
 import jax.numpy as jnp
 import numpy as np
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from safetensors.numpy import save_file
 
+from grpo_jax.errors import InputError, first_line
 from grpo_jax.models.config import ModelConfig
 from grpo_jax.models.decoder import init_params, unstack_layers
 from grpo_jax.models.families import MODEL_FAMILIES, ModelFamily, find_model_family, model_types
@@ -59,6 +60,12 @@ def model_config_from_hf(hf_config: dict, param_dtype: str = "float32",
         f"config.json model_type={model_type!r} is not supported; use a checkpoint of one of "
         f"{', '.join(model_types())}.")
   _check_supported_features(hf_config, family)
+  for key in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+              "num_attention_heads"):
+    value = _require(hf_config, key)
+    if not (isinstance(value, int) and value >= 1):
+      raise ValueError(f"config.json {key}={value!r}; a decoder needs a whole number >= 1 there: "
+                       f"use the config.json that came with the checkpoint.")
   heads = _require(hf_config, "num_attention_heads")
   return ModelConfig(
       vocab_size=_require(hf_config, "vocab_size"),
@@ -73,6 +80,7 @@ def model_config_from_hf(hf_config: dict, param_dtype: str = "float32",
       tie_embeddings=bool(hf_config.get("tie_word_embeddings", False)),
       qkv_bias=family.qkv_bias,
       qk_norm=family.qk_norm,
+      max_position_embeddings=int(hf_config.get("max_position_embeddings") or 0),
       param_dtype=param_dtype,
       compute_dtype=compute_dtype)
 
@@ -98,6 +106,8 @@ def hf_config_from_model_config(model_cfg: ModelConfig, model_type: str = "qwen2
       "rope_theta": model_cfg.rope_theta,
       "dtype": dtype,
   }
+  if model_cfg.max_position_embeddings:
+    hf_config["max_position_embeddings"] = model_cfg.max_position_embeddings
   hf_config.update(family.export_extras)
   return hf_config
 
@@ -241,11 +251,16 @@ def load_hf_checkpoint(path, param_dtype: str = "float32", compute_dtype: str = 
   params has exactly the structure of ``init_params(cfg, key)``, cast to param_dtype.
   """
   path = pathlib.Path(path)
-  model_cfg = model_config_from_hf(_read_config(path), param_dtype, compute_dtype)
-  weight_map = _weight_map(path)
-  layout, treedef = _param_layout(model_cfg)
-  _check_tensor_names({name for _, name, _, _ in layout}, set(weight_map), model_cfg)
-  arrays = _read_tensors(weight_map, layout, jnp.dtype(param_dtype))
+  try:
+    model_cfg = model_config_from_hf(_read_config(path), param_dtype, compute_dtype)
+    weight_map = _weight_map(path)
+    layout, treedef = _param_layout(model_cfg)
+    _check_tensor_names({name for _, name, _, _ in layout}, set(weight_map), model_cfg)
+    arrays = _read_tensors(weight_map, layout, jnp.dtype(param_dtype))
+  except InputError:
+    raise
+  except (OSError, ValueError, KeyError, SafetensorError) as e:  # one sentence naming the folder
+    raise InputError(f"model.path={path}: {str(e).strip() or first_line(e)}") from None
   return model_cfg, jax.tree.unflatten(treedef, [arrays[name] for _, name, _, _ in layout])
 
 
@@ -256,13 +271,21 @@ def _download_hint(path) -> str:
 def _read_config(path: pathlib.Path) -> dict:
   """The checkpoint's config.json as a dict."""
   if not path.is_dir():
-    raise FileNotFoundError(f"No checkpoint directory at {path}; download a Hugging Face "
+    raise InputError(f"No checkpoint directory at {path}; download a Hugging Face "
                             f"checkpoint there first, e.g. {_download_hint(path)}.")
   config_file = path / "config.json"
   if not config_file.is_file():
-    raise FileNotFoundError(f"{path} has no config.json; point at a full Hugging Face "
+    raise InputError(f"{path} has no config.json; point at a full Hugging Face "
                             f"checkpoint directory, e.g. one from {_download_hint(path)}.")
-  return json.loads(config_file.read_text())
+  try:
+    config = json.loads(config_file.read_text())
+  except (json.JSONDecodeError, UnicodeDecodeError) as e:
+    raise InputError(f"{config_file} is not valid JSON ({first_line(e)}); restore the "
+                     f"checkpoint's own config.json.") from None
+  if not isinstance(config, dict):
+    raise InputError(f"{config_file} holds a {type(config).__name__}, not a JSON object; restore "
+                     f"the checkpoint's own config.json.")
+  return config
 
 
 def _weight_map(path: pathlib.Path) -> dict:
@@ -273,11 +296,20 @@ def _weight_map(path: pathlib.Path) -> dict:
     return {name: path / file for name, file in weight_map.items()}
   single = path / "model.safetensors"
   if single.is_file():
-    with safe_open(str(single), framework="np") as f:
+    with _open_safetensors(single) as f:
       return {name: single for name in f.keys()}
-  raise FileNotFoundError(
+  raise InputError(
       f"{path} has no model.safetensors or model.safetensors.index.json (.bin weights are not "
       f"read); download safetensors weights with {_download_hint(path)}.")
+
+
+def _open_safetensors(file):
+  """safe_open(file), or an InputError naming the file when its header cannot be read."""
+  try:
+    return safe_open(str(file), framework="np")
+  except (SafetensorError, OSError) as e:
+    raise InputError(f"{file} cannot be read as safetensors ({first_line(e)}): the file is "
+                     f"truncated or damaged; download or export it again.") from None
 
 
 def _check_tensor_names(expected: set, found: set, model_cfg: ModelConfig) -> None:
@@ -303,11 +335,15 @@ def _read_tensors(weight_map: dict, layout: list, dtype) -> dict:
   arrays = {}
   for file, entries in by_file.items():
     if not pathlib.Path(file).is_file():
-      raise FileNotFoundError(f"The shard {file} listed in model.safetensors.index.json is "
+      raise InputError(f"The shard {file} listed in model.safetensors.index.json is "
                               f"missing; download the whole checkpoint again.")
-    with safe_open(str(file), framework="np") as f:
+    with _open_safetensors(file) as f:
       for path, name, hf_shape, shape in entries:
-        array = f.get_tensor(name)
+        try:
+          array = f.get_tensor(name)
+        except SafetensorError as e:
+          raise InputError(f"tensor {name} of {file} cannot be read ({first_line(e)}): the file "
+                           f"is truncated or damaged; download or export it again.") from None
         bad = int(np.size(array) - np.count_nonzero(np.isfinite(array)))
         if bad:
           raise ValueError(f"Tensor {name} in {file} has {bad} non-finite value(s) (NaN or "

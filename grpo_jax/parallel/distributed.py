@@ -17,6 +17,8 @@ import os
 import jax
 import numpy as np
 
+from grpo_jax.errors import ConfigError
+
 _initialized = False
 
 
@@ -35,14 +37,14 @@ def initialize(dist_cfg) -> None:
     pid = dist_cfg.process_id if dist_cfg.process_id >= 0 else int(
         os.environ.get("JAX_PROCESS_ID", "-1"))
     if not address or num < 1 or pid < 0:
-      raise ValueError(
+      raise ConfigError(
           f"distributed.mode='explicit' needs a coordinator address, a process count and a "
           f"process id (got {address!r}, {num}, {pid}); set distributed.coordinator_address, "
           f"distributed.num_processes and distributed.process_id or the JAX_COORDINATOR_ADDRESS,"
           f" JAX_NUM_PROCESSES and JAX_PROCESS_ID variables.")
     jax.distributed.initialize(coordinator_address=address, num_processes=num, process_id=pid)
   else:
-    raise ValueError(f"distributed.mode={mode!r} is unknown; valid: none, auto, explicit.")
+    raise ConfigError(f"distributed.mode={mode!r} is unknown; valid: none, auto, explicit.")
   _initialized = True
 
 

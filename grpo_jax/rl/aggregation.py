@@ -8,8 +8,11 @@ A (B, T) per-token loss l with mask m reduces to a scalar as numerator / normali
   seq-mean-token-sum        sum_{i,t} m l                        B
   seq-mean-token-sum-norm   sum_{i,t} m l                        B * T   (Dr. GRPO)
 
-B counts every row, rows with no masked-in token included (verl's choice: such a row adds 0 to
-the numerator and 1 to B). T is the padded length, so every micro-batch must share it. For
+B counts every row, rows with no masked-in token included: such a row adds 0 to the numerator
+and 1 to B. That is verl's convention on its current worker path, which passes
+global_batch_size = ppo_mini_batch_size * n to agg_loss; verl's agg_loss called without it (the
+legacy dp_actor) excludes fully masked rows (B = rows with at least one token). The two agree
+unless a row is fully masked, which here happens only with rl.mask_truncated. T is the padded length, so every micro-batch must share it. For
 seq-mean-token-sum-norm verl divides by T alone; here it is B * T, a mean over sequences of
 (token sum / T), the same loss up to the constant 1/B.
 

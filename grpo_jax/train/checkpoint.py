@@ -11,8 +11,13 @@ value) is moved aside and the one before it is used.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import os
+import shutil
+import sys
+import tempfile
 import zlib
 
 import jax
@@ -88,6 +93,33 @@ def verify_checksums(step_dir: str) -> None:
                        f"(CRC-32 {got.get(path)} != {crc})")
 
 
+@contextlib.contextmanager
+def _stderr_held():
+  """Holds what is written to file descriptor 2 in memory while orbax saves, and writes it out
+  afterwards only if the save succeeded. A failed save (a full disk above all) makes orbax's
+  threads print hundreds of tracebacks; the run's own one-sentence error replaces them."""
+  sys.stderr.flush()
+  saved = os.dup(2)
+  held = (os.memfd_create("grpo_jax_save_stderr") if hasattr(os, "memfd_create") else
+          tempfile.TemporaryFile().detach().fileno())  # not on the (full) disk where possible
+  os.dup2(held, 2)
+  failed = False
+  try:
+    yield
+  except BaseException:
+    failed = True
+    raise
+  finally:
+    sys.stderr.flush()
+    os.dup2(saved, 2)
+    os.close(saved)
+    if not failed:
+      os.lseek(held, 0, os.SEEK_SET)
+      while chunk := os.read(held, 1 << 16):
+        os.write(2, chunk)
+    os.close(held)
+
+
 def _short(error: Exception) -> str:
   text = str(error).strip().splitlines()
   return f"{type(error).__name__}: {text[0][:200] if text else ''}"
@@ -112,17 +144,39 @@ class Checkpoints:
   def save(self, state: TrainState) -> bool:
     """Writes the state as checkpoint `state.step` (synchronously); False if it exists."""
     step = step_of(state)
-    if step in self.steps():
+    before = self.steps()
+    if step in before:
       return False
-    self.manager.save(step, args=ocp.args.StandardSave(to_saveable(state)), force=True)
-    self.manager.wait_until_finished()
-    if jax.process_index() == 0:  # the files are complete: record their checksums
-      step_dir = os.path.join(self.directory, str(step))
-      sums = file_checksums(os.path.join(step_dir, "default"))
-      with open(os.path.join(step_dir, CRC_FILE + ".tmp"), "w") as f:
-        json.dump(sums, f, indent=0, sort_keys=True)
-      os.replace(os.path.join(step_dir, CRC_FILE + ".tmp"), os.path.join(step_dir, CRC_FILE))
+    try:
+      with _stderr_held():
+        self.manager.save(step, args=ocp.args.StandardSave(to_saveable(state)), force=True)
+        self.manager.wait_until_finished()
+      if jax.process_index() == 0:  # the files are complete: record their checksums
+        step_dir = os.path.join(self.directory, str(step))
+        sums = file_checksums(os.path.join(step_dir, "default"))
+        with open(os.path.join(step_dir, CRC_FILE + ".tmp"), "w") as f:
+          json.dump(sums, f, indent=0, sort_keys=True)
+        os.replace(os.path.join(step_dir, CRC_FILE + ".tmp"), os.path.join(step_dir, CRC_FILE))
+    except Exception as e:  # noqa: BLE001  orbax / tensorstore wrap OSErrors in several types
+      raise self._save_failed(step, before, e) from e
     return True
+
+  def _save_failed(self, step: int, before: list, error: Exception) -> RunStopped:
+    """The one-sentence stop for a save that failed (a full disk above all): what is left of
+    it is removed, so the newest complete checkpoint stays the one a resume reads."""
+    # orbax's failed write tasks are collected later, each logging "Task exception was never
+    # retrieved" with its traceback: the run is ending with its own sentence, so silence them.
+    logging.getLogger("asyncio").setLevel(logging.CRITICAL)
+    for name in os.listdir(self.directory) if os.path.isdir(self.directory) else ():
+      if name == str(step) or (name.startswith(f"{step}.") and "tmp" in name):
+        shutil.rmtree(os.path.join(self.directory, name), ignore_errors=True)
+    full = "No space left on device" in str(error) or getattr(error, "errno", None) == 28
+    reason = "the disk is full" if full else _short(error)
+    previous = (f"the previous checkpoint {self.directory}/{before[-1]} is intact" if before
+                else "no earlier checkpoint exists")
+    return RunStopped(f"the checkpoint of step {step} could not be saved ({reason}); {previous}, "
+                      f"so {'free some space' if full else 'fix the cause'} and run the same "
+                      f"command again to resume from it.")
 
   def restore(self, step: int, template: TrainState) -> TrainState:
     """Checkpoint `step` in the structure of `template` (a state or its jax.eval_shape), read

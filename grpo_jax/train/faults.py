@@ -10,9 +10,11 @@ import numpy as np
 
 from grpo_jax.train.evaluation import take_rows
 
-# Exit status of a run stopped by SIGTERM after saving its checkpoint (128 + SIGTERM, as a
-# shell reports a process killed by it), so that a supervisor can tell it from a finished run.
-PREEMPTED_EXIT_CODE = 143
+# Exit status of a run stopped by SIGTERM / SIGINT (Ctrl-C) after saving its checkpoint (128 +
+# the signal's number, as a shell reports a process killed by it), so that a supervisor can tell
+# it from a finished run.
+PREEMPTED_EXIT_CODE = 128 + signal.SIGTERM  # 143
+INTERRUPTED_EXIT_CODE = 128 + signal.SIGINT  # 130
 
 
 class RunStopped(RuntimeError):
@@ -24,28 +26,49 @@ class RewardError(RunStopped):
 
 
 class Preempted(Exception):
-  """SIGTERM arrived; the state of the step reached was checkpointed."""
+  """SIGTERM or SIGINT arrived; the state of the step reached was checkpointed (or, during the
+  warm-up, nothing was: a resume runs the warm-up again, a pure function of the seed)."""
+
+  def __init__(self, message: str, signum: int = signal.SIGTERM):
+    super().__init__(message)
+    self.exit_code = 128 + int(signum)
 
 
 class TerminationFlag:
-  """While entered, SIGTERM only sets `self.requested` (the loop saves and stops at the end of
-  the step). Installs nothing outside the main thread, where signals cannot be handled."""
+  """While entered, SIGTERM and SIGINT (Ctrl-C) only set `self.requested` and `self.signal`:
+  the loop saves and stops at the end of the step, the warm-up at the end of its step. A second
+  Ctrl-C stops at once (KeyboardInterrupt). Installs nothing outside the main thread, where
+  signals cannot be handled."""
+
+  SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
   def __init__(self):
     self.requested = False
-    self._previous = None
+    self.signal = None
+    self._previous = {}
+
+  @property
+  def name(self) -> str:
+    return signal.Signals(self.signal).name if self.signal else ""
 
   def _handle(self, signum, frame):  # noqa: ARG002
-    self.requested = True
+    if signum == signal.SIGINT and self.signal == signal.SIGINT:
+      raise KeyboardInterrupt  # Ctrl-C twice: do not wait for the save
+    self.requested, self.signal = True, signum
+
+  def stop(self, message: str) -> "Preempted":
+    """The Preempted to raise once the loop has done what it does before stopping."""
+    return Preempted(f"{self.name}: {message}", self.signal or signal.SIGTERM)
 
   def __enter__(self):
     if threading.current_thread() is threading.main_thread():
-      self._previous = signal.signal(signal.SIGTERM, self._handle)
+      self._previous = {s: signal.signal(s, self._handle) for s in self.SIGNALS}
     return self
 
   def __exit__(self, *exc):
-    if self._previous is not None:
-      signal.signal(signal.SIGTERM, self._previous)
+    for s, previous in self._previous.items():
+      signal.signal(s, previous)
+    self._previous = {}
     return False
 
 

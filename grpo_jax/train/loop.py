@@ -33,17 +33,18 @@ from grpo_jax.rollout.sampler import Sampling
 from grpo_jax.train.checkpoint import Checkpoints, step_of
 from grpo_jax.train.collect import Samplers, collect
 from grpo_jax.train.evaluation import make_evaluator
-from grpo_jax.train.faults import (Preempted, TerminationFlag, check_reward_error_fraction,
+from grpo_jax.train.faults import (TerminationFlag, check_reward_error_fraction,
                                     check_skips, check_state_finite)
 from grpo_jax.train.metrics import (MetricsWriter, keep_records_until, rollout_metrics,
                                     step_record, step_tokens)
 from grpo_jax.train.seed_axis import SeedAxis
-from grpo_jax.train.setup import build_model, build_task, check_vocabulary, uses_checkpoint
+from grpo_jax.train.setup import build_model, build_task, check_task_fits_model, uses_checkpoint
 from grpo_jax.train.state import TrainState, create_train_state, make_optimizer, step_key
 from grpo_jax.train.step import StepSpec, make_rl_step
+from grpo_jax.train.wandb_logging import start_wandb
 from grpo_jax.train.warmup import run_warmup
-from grpo_jax.train.workdir import (WorkdirLock, check_resume_config, config_changes,
-                                     record_start, write_config)
+from grpo_jax.train.workdir import (WorkdirLock, check_resume_config, check_workdir,
+                                     config_changes, record_start, write_config)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,25 +87,28 @@ def train(config, workdir: str, log=print, seeds=None, seed_axis: str = "vmap") 
   faults.RunStopped (RewardError included) when the run cannot go on.
   """
   config_lib.validate(config)
+  check_workdir(workdir)
   axis = (SeedAxis((int(config.seed),)) if seeds is None else
           SeedAxis(tuple(int(s) for s in seeds), seed_axis))
   mesh = _start_devices(config, axis)
-  # Process 0 writes for everyone, so it alone holds the workdir's lock (one run per workdir).
-  with (WorkdirLock(workdir) if distributed.is_main_process() else contextlib.nullcontext()):
-    return _train(config, workdir, log, axis, mesh)
-
-
-def _train(config, workdir: str, log, axis: SeedAxis, mesh) -> TrainState:
-  """`train` once the devices are up and the workdir is this run's."""
   if not distributed.is_main_process():
     log = lambda *a, **k: None  # noqa: E731  process 0 speaks and writes for everyone
+  # Every input is read and checked before the workdir is touched: a bad one writes nothing.
   task = build_task(config, log)
   configs = [_with_seed(config, s) for s in axis.seeds]
   base_keys = tuple(jax.random.key(s) for s in axis.seeds)
   built = [build_model(c, jax.random.fold_in(k, 0)) for c, k in zip(configs, base_keys)]
   model_cfg, params = built[0][0], axis.stack([p for _, p in built])
   del built
-  check_vocabulary(model_cfg, task)
+  check_task_fits_model(config, model_cfg, task)
+  # Process 0 writes for everyone, so it alone holds the workdir's lock (one run per workdir).
+  with (WorkdirLock(workdir) if distributed.is_main_process() else contextlib.nullcontext()):
+    return _train(config, workdir, log, axis, mesh, task, configs, base_keys, model_cfg, params)
+
+
+def _train(config, workdir: str, log, axis: SeedAxis, mesh, task, configs, base_keys,
+           model_cfg, params) -> TrainState:
+  """`train` once the inputs are checked, the devices are up and the workdir is this run's."""
   workdirs = (workdir,) if not axis.stacked else tuple(seed_workdir(workdir, s)
                                                        for s in axis.seeds)
   main_process = distributed.is_main_process()
@@ -144,7 +148,13 @@ def _train(config, workdir: str, log, axis: SeedAxis, mesh) -> TrainState:
         if main_process:
           log(f"dropped {dropped} metrics records written after it")
       else:
-        state = states(run_warmup(params, task, model_cfg, config.warmup, axis, log))
+        warmed = run_warmup(params, task, model_cfg, config.warmup, axis, log,
+                            stop=lambda: sigterm.requested)
+        if sigterm.requested:  # the warm-up stopped early: nothing of this run is saved yet
+          raise sigterm.stop("stopped during the warm-up, before the first checkpoint; run the "
+                             "same command again to start over (the warm-up is a pure "
+                             "function of the seed).")
+        state = states(warmed)
       del params  # the state holds them (fresh) or a restored copy replaced them
       if mesh is not None:
         note = split_heads_note(model_cfg, mesh)
@@ -277,7 +287,8 @@ def _run(run: Run, state, resumed: bool, ckpts, sigterm) -> TrainState:
                             [jax.random.fold_in(k, 3) for k in run.base_keys], axis, run.mesh)
   enabled = distributed.is_main_process()
   writers = [MetricsWriter(wd, t_cfg.steps, stream=None if axis.stacked else sys.stdout,
-                           enabled=enabled) for wd in run.workdirs]
+                           enabled=enabled, wandb_run=start_wandb(c, wd) if enabled else None)
+             for wd, c in zip(run.workdirs, [_with_seed(run.config, s) for s in axis.seeds])]
   try:
     if not resumed:
       evals = run_eval(state.params)
@@ -290,8 +301,8 @@ def _run(run: Run, state, resumed: bool, ckpts, sigterm) -> TrainState:
     while step_of(state) < t_cfg.steps:
       if sigterm.requested:
         ckpts.save(state)
-        raise Preempted(f"SIGTERM: saved checkpoint {ckpts.directory}/{step_of(state)}; run "
-                        f"the same command again to resume from it.")
+        raise sigterm.stop(f"saved checkpoint {ckpts.directory}/{step_of(state)}; run the "
+                           f"same command again to resume from it.")
       t0 = time.perf_counter()
       state, records, tokens = advance(state)
       step = step_of(state)

@@ -1,5 +1,6 @@
 """Where metrics go: workdir/metrics.jsonl (one JSON object per record), TensorBoard event
-files (tensorboardX, no TensorFlow needed), and a progress line on stdout."""
+files (tensorboardX, no TensorFlow needed), a W&B run when train.wandb_project is set
+(grpo_jax/train/wandb_logging.py), and a progress line on stdout."""
 
 from __future__ import annotations
 
@@ -82,11 +83,13 @@ def keep_records_until(path: str, step: int) -> int:
 
 
 class MetricsWriter:
-  def __init__(self, workdir: str, total_steps: int, stream=sys.stdout, enabled: bool = True):
+  def __init__(self, workdir: str, total_steps: int, stream=sys.stdout, enabled: bool = True,
+               wandb_run=None):
     self.path = os.path.join(workdir, "metrics.jsonl")
     self.total_steps = total_steps
     self.stream = stream
     self.enabled = enabled  # only process 0 of a multi-host run writes
+    self._wandb = wandb_run
     self._tb = None
     if not enabled:
       return
@@ -103,10 +106,13 @@ class MetricsWriter:
     if not prefix:
       with open(self.path, "a") as f:
         f.write(json.dumps(record) + "\n")
+    scalars = {f"{prefix}{k}": v for k, v in record.items()
+               if k != "step" and isinstance(v, (int, float)) and math.isfinite(v)}
     if self._tb is not None:
-      for k, v in record.items():
-        if k != "step" and isinstance(v, (int, float)) and math.isfinite(v):
-          self._tb.add_scalar(f"{prefix}{k}", v, int(step))
+      for k, v in scalars.items():
+        self._tb.add_scalar(k, v, int(step))
+    if self._wandb is not None:
+      self._wandb.log(scalars, step=int(step))
 
   def progress(self, step: int, m: Mapping, seconds_per_step: float) -> None:
     if not self.enabled:
@@ -126,3 +132,5 @@ class MetricsWriter:
   def close(self) -> None:
     if self._tb is not None:
       self._tb.close()
+    if self._wandb is not None:
+      self._wandb.finish()

@@ -45,3 +45,18 @@ def check_vocabulary(model_cfg: ModelConfig, task) -> None:
     raise ConfigError(
         f"model.vocab_size={model_cfg.vocab_size} is smaller than the tokenizer's "
         f"{len(task.tokenizer)} tokens; raise model.vocab_size.")
+
+
+def check_task_fits_model(config, model_cfg: ModelConfig, task) -> None:
+  """What can only be checked once the task and the model are built, before any compute: the
+  vocabulary, the held-out split's size against train.eval_size, and prompt + completion
+  positions against the checkpoint's max_position_embeddings."""
+  check_vocabulary(model_cfg, task)
+  prompts = task.test_batch(config.train.eval_size).prompt_tokens
+  positions = prompts.shape[1] + config.rollout.max_new_tokens
+  limit = model_cfg.max_position_embeddings
+  if limit and positions > limit:
+    raise ConfigError(
+        f"prompts of {prompts.shape[1]} tokens (data.max_prompt_tokens) + "
+        f"rollout.max_new_tokens={config.rollout.max_new_tokens} = {positions} positions exceed "
+        f"the model's max_position_embeddings={limit} (its config.json); lower one of them.")

@@ -42,10 +42,11 @@ def warmup_log_due(i: int, total: int) -> bool:
   return (i + 1) % max(total // 5, 1) == 0 or i + 1 == total
 
 
-def run_warmup(params, task, model_cfg: ModelConfig, warmup_cfg, axis, log=print):
+def run_warmup(params, task, model_cfg: ModelConfig, warmup_cfg, axis, log=print,
+               stop=lambda: False):
   """`warmup_cfg.steps` AdamW steps of SFT for every seed of `axis` (a SeedAxis; params as it
   holds them), each on its own seed's data; returns the new params (a pure function of the
-  seed)."""
+  seed). Returns early, after the step in flight, once `stop()` is true (SIGTERM / SIGINT)."""
   if warmup_cfg.steps <= 0:
     return params
   optimizer, step = make_warmup_step(model_cfg, warmup_cfg)
@@ -54,6 +55,8 @@ def run_warmup(params, task, model_cfg: ModelConfig, warmup_cfg, axis, log=print
   params = jax.tree.map(jnp.copy, params)
   fields = ("prompt_tokens", "prompt_mask", "target_tokens", "target_mask")
   for i in range(warmup_cfg.steps):
+    if stop():
+      break
     batches = [task.warmup_batch(i, warmup_cfg.batch_size, s, warmup_cfg.carry_drop_fraction)
                for s in axis.seeds]
     params, opt_state, loss = step(params, opt_state,

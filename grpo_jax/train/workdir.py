@@ -10,6 +10,7 @@ import os
 import platform
 import subprocess
 
+from grpo_jax.errors import InputError, first_line
 from grpo_jax.train.faults import RunStopped
 
 PACKAGES = ("jax", "jaxlib", "flax", "optax", "orbax-checkpoint", "transformers", "numpy")
@@ -45,6 +46,28 @@ def code_version(directory: str | None = None) -> dict:
           "code_dir": directory}
 
 
+def check_workdir(workdir: str) -> None:
+  """Raises InputError, before anything is written, when `workdir` cannot hold a run: it is a
+  file, an ancestor is a file, or the folder (or the nearest existing ancestor that would hold
+  it) is not writable."""
+  if not workdir:
+    raise InputError("--workdir is empty; pass the folder for the run's outputs, e.g. "
+                     "--workdir=/tmp/grpo_tiny.")
+  path = os.path.abspath(workdir)
+  if os.path.exists(path) and not os.path.isdir(path):
+    raise InputError(f"--workdir={workdir} is a file, not a folder; pass a folder (new or one "
+                     f"of an earlier run), e.g. --workdir={workdir}_run.")
+  existing = path
+  while not os.path.exists(existing):
+    existing = os.path.dirname(existing)
+  if not os.path.isdir(existing):
+    raise InputError(f"--workdir={workdir} cannot be created: {existing} is a file; pass a "
+                     f"path whose parents are folders.")
+  if not os.access(existing, os.W_OK | os.X_OK):
+    raise InputError(f"--workdir={workdir} is not writable ({existing} denies writing to this "
+                     f"user); pass a folder you can write to.")
+
+
 class WorkdirBusy(RunStopped):
   """Another live process holds the workdir's lock."""
 
@@ -60,8 +83,12 @@ class WorkdirLock:
 
   def __enter__(self) -> "WorkdirLock":
     import fcntl  # noqa: PLC0415  (POSIX; the project runs on Linux)
-    os.makedirs(self.workdir, exist_ok=True)
-    fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+      os.makedirs(self.workdir, exist_ok=True)
+      fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as e:  # read-only file system, permissions, a file in the way
+      raise InputError(f"--workdir={self.workdir} cannot be written ({first_line(e)}); pass a "
+                       f"folder you can write to.") from None
     try:
       fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -93,7 +120,7 @@ def write_config(config, workdir: str) -> None:
 # on train.steps), and the multi-host start-up (a restarted job may get another coordinator).
 FREE_TO_CHANGE = ("train.steps", "train.eval_every", "train.checkpoint_every",
                   "train.keep_checkpoints", "train.export", "train.allow_config_change",
-                  "distributed.")
+                  "train.wandb_", "distributed.")
 
 
 def _flat(tree, prefix: str = "") -> dict:

@@ -1,0 +1,50 @@
+"""Optional Weights & Biases logging (train.wandb_project), beside metrics.jsonl and
+TensorBoard: every record of a workdir goes to one W&B run, whose id is kept in
+workdir/wandb_run_id so that a resumed run continues it. train.wandb_mode='offline' writes the
+run under workdir/wandb/ without network (`wandb sync` uploads it later)."""
+
+from __future__ import annotations
+
+import os
+import uuid
+
+from grpo_jax.errors import ConfigError
+
+WANDB_MODES = ("online", "offline", "disabled")  # train.wandb_mode
+
+
+def check_wandb_config(train_cfg) -> None:
+  """ConfigError when W&B logging is asked for but cannot work, before any compute."""
+  project = train_cfg.get("wandb_project", "")
+  if not project:
+    return
+  mode = train_cfg.get("wandb_mode", "online")
+  if mode not in WANDB_MODES:
+    raise ConfigError(f"train.wandb_mode={mode!r} is unknown; valid: {', '.join(WANDB_MODES)}.")
+  try:
+    import wandb  # noqa: F401,PLC0415
+  except ImportError:
+    raise ConfigError(f"train.wandb_project={project!r} needs the wandb package: pip install -e "
+                      f"'.[wandb]' (or set train.wandb_project='').") from None
+
+
+def start_wandb(config, workdir: str):
+  """The W&B run of `workdir` (a new one, or the one its wandb_run_id names), or None when
+  train.wandb_project is empty."""
+  train_cfg = config.train
+  project = train_cfg.get("wandb_project", "")
+  if not project:
+    return None
+  import wandb  # noqa: PLC0415
+  id_file = os.path.join(workdir, "wandb_run_id")
+  if os.path.exists(id_file):
+    with open(id_file) as f:
+      run_id = f.read().strip()
+  else:
+    run_id = uuid.uuid4().hex[:12]
+    with open(id_file, "w") as f:
+      f.write(run_id)
+  return wandb.init(project=project, dir=workdir, id=run_id, resume="allow",
+                    mode=train_cfg.get("wandb_mode", "online"), config=config.to_dict(),
+                    name=os.path.basename(os.path.abspath(workdir)),
+                    settings=wandb.Settings(silent=True))

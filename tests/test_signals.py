@@ -1,0 +1,84 @@
+"""Stopping a run from outside: Ctrl-C (SIGINT) saves and exits like SIGTERM, a signal during
+the warm-up stops within seconds, and a disk that fills during a save ends the run with one
+sentence, the previous checkpoint intact and resumable."""
+
+import os
+import shutil
+import signal
+import subprocess
+
+import pytest
+
+from grpo_jax.train import faults
+from tests.tiny_runs import N, ROOT, command, records, run, start_and_signal, strip
+
+
+@pytest.mark.slow
+def test_sigint_saves_the_step_and_the_resume_equals_the_uninterrupted_run(reference, tmp_path,
+                                                                           env):
+  _, ref_records = reference
+  workdir = tmp_path / "run"
+  code, stderr, _ = start_and_signal(workdir, env, signal.SIGINT, 2, 0.0,
+                                     "--config.train.checkpoint_every=100")
+  assert code == faults.INTERRUPTED_EXIT_CODE == 130, stderr[-2000:]
+  stopped = records(workdir)[-1]["step"]
+  assert stderr.strip().splitlines() == [
+      f"SIGINT: saved checkpoint {workdir}/checkpoints/{stopped}; run the same command again to "
+      f"resume from it."]
+  stdout = run(workdir, env, "--config.train.checkpoint_every=100")
+  assert f"resumed from checkpoint {workdir}/checkpoints/{stopped}" in stdout
+  assert strip(records(workdir)) == strip(ref_records)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_a_signal_during_the_warm_up_stops_within_seconds(tmp_path, env, sig):
+  """A warm-up of 10^6 steps (hours) stopped by the signal: the run ends at the end of the
+  warm-up step in flight, well within a TPU VM's ~30 s notice, with nothing saved (a resume
+  runs the warm-up again: it is a pure function of the seed)."""
+  workdir = tmp_path / "run"
+  code, stderr, waited = start_and_signal(workdir, env, sig, "model:", 2.0,
+                                          "--config.warmup.steps=1000000")
+  assert code == 128 + sig, stderr[-2000:]
+  assert stderr.strip().splitlines() == [
+      f"{signal.Signals(sig).name}: stopped during the warm-up, before the first checkpoint; "
+      f"run the same command again to start over (the warm-up is a pure function of the seed)."]
+  assert waited < 30, f"{waited:.1f} s from the signal to the exit"
+  assert not os.listdir(workdir / "checkpoints")
+  print(f"{signal.Signals(sig).name} during the warm-up: exit {waited:.2f} s after the signal")
+
+
+def _mount_tmpfs(path, size: str) -> bool:
+  path.mkdir()
+  if os.geteuid() != 0 or shutil.which("mount") is None:
+    return False
+  out = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
+                       capture_output=True)
+  return out.returncode == 0
+
+
+@pytest.mark.slow
+def test_a_full_disk_during_a_save_is_one_line_and_the_previous_checkpoint_resumes(
+    reference, tmp_path, env):
+  """The run's workdir on a 6 MiB file system: checkpoint 0 (4.4 MiB) fits, checkpoint 1 does
+  not. One sentence, exit 1, what the failed save left removed; the workdir, moved to a disk
+  with space, resumes from checkpoint 0 and reproduces the uninterrupted run."""
+  _, ref_records = reference
+  small = tmp_path / "small_disk"
+  if not _mount_tmpfs(small, "6m"):
+    pytest.skip("mounting a small tmpfs needs root and CAP_SYS_ADMIN")
+  try:
+    out = subprocess.run(command(small / "run", "--config.train.checkpoint_every=1"), cwd=ROOT,
+                         capture_output=True, text=True, timeout=600, env=env)
+    assert out.returncode == 1, out.stderr[-3000:]
+    assert out.stderr.strip().splitlines() == [
+        f"error: the checkpoint of step 1 could not be saved (the disk is full); the previous "
+        f"checkpoint {small}/run/checkpoints/0 is intact, so free some space and run the same "
+        f"command again to resume from it."]
+    assert os.listdir(small / "run" / "checkpoints") == ["0"]
+    shutil.copytree(small / "run", tmp_path / "run")
+  finally:
+    subprocess.run(["umount", str(small)], check=False)
+  stdout = run(tmp_path / "run", env, f"--config.train.checkpoint_every={N}")
+  assert f"resumed from checkpoint {tmp_path}/run/checkpoints/0" in stdout
+  assert strip(records(tmp_path / "run")) == strip(ref_records)

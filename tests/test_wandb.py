@@ -1,0 +1,44 @@
+"""Optional Weights & Biases logging, offline (no network): every metrics record reaches the
+W&B run, and a resumed run continues the same W&B run."""
+
+import json
+
+import pytest
+
+from configs import grpo_tiny
+from grpo_jax.train.loop import train
+
+wandb = pytest.importorskip("wandb")
+
+
+def _config(steps: int):
+  c = grpo_tiny.get_config()
+  c.warmup.steps, c.train.steps, c.train.eval_every = 5, steps, 2
+  c.train.eval_size = c.train.eval_batch_size = 20
+  c.rollout.num_prompts, c.rollout.group_size = 2, 4
+  c.train.wandb_project, c.train.wandb_mode = "grpo_jax_test", "offline"
+  return c
+
+
+def test_offline_wandb_gets_every_record_and_a_resume_continues_the_run(tmp_path, monkeypatch):
+  logged = []
+  original = wandb.sdk.wandb_run.Run.log
+
+  def log(self, data, step=None, **kwargs):
+    logged.append((self.id, step, dict(data)))
+    return original(self, data, step=step, **kwargs)
+
+  monkeypatch.setattr(wandb.sdk.wandb_run.Run, "log", log)
+  workdir = tmp_path / "run"
+  train(_config(2), str(workdir), log=lambda *a, **k: None)
+  run_id = (workdir / "wandb_run_id").read_text()
+  train(_config(3), str(workdir), log=lambda *a, **k: None)  # resumes from step 2
+  records = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
+  assert [r["step"] for r in records] == [0, 1, 2, 3]
+  assert {i for i, _, _ in logged} == {run_id}
+  assert [s for _, s, _ in logged] == [0, 1, 2, 3]
+  for (_, step, data), record in zip(logged, records):
+    assert data == pytest.approx({k: v for k, v in record.items() if k != "step"})
+  runs = sorted(p.name for p in (workdir / "wandb").glob(f"offline-run-*-{run_id}"))
+  assert len(runs) == 2 and all((workdir / "wandb" / r / f"run-{run_id}.wandb").stat().st_size
+                                for r in runs)
