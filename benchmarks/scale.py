@@ -15,6 +15,12 @@ What it measures, for each `--what`:
   prefill  `grpo_jax.rollout.sampler.prefill` of rows / G prompts, each computed once and its
            cache rows repeated G times (FLOPs scale with prompts, not rows). --no-prefix-sharing
            feeds every prompt G times instead (rows prompts, group size 1), as before.
+  state    no compile: the train state's bytes (per device with --mesh) for full fine-tuning
+           (params, AdamW moments, reference, all float32) and for LoRA of rank --lora-rank
+           (default 16) on every projection (adapters and their moments float32, the frozen
+           base in --base-dtype, no reference copy), and their ratio.
+With --lora-rank R > 0, `update` and `sampler` run under LoRA (adapters of rank R, the base in
+--base-dtype).
 
 How: params are `jax.eval_shape(init_params, ...)` (fp32 master weights, bf16 compute, as in
 configs/grpo_gsm8k.py), the train state `jax.eval_shape(initial_state, ...)`, the rollout and
@@ -73,7 +79,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
   sys.path.insert(0, ROOT)
 
-GIB = 2 ** 30
+from benchmarks.state_bytes import (GIB, abstract_state, measure_state,  # noqa: E402
+                                    per_device_gib, tree_gib)
 
 # Hugging Face config.json values of the released checkpoints (Qwen/Qwen2.5-*).
 QWEN25 = {
@@ -130,13 +137,16 @@ def parse_args(argv=None):
   p.add_argument("--mesh", default=None, help="D,F,T: (data, fsdp, tensor) fake CPU devices")
   p.add_argument("--decode-block", type=int, default=128,
                  help="sampler: decode steps per segment (rollout.decode_block; 0 = one)")
+  p.add_argument("--lora-rank", type=int, default=0,
+                 help="LoRA rank (all-linear) for update/sampler; state: default 16")
+  p.add_argument("--base-dtype", default="float32", help="LoRA's frozen base: float32|bfloat16")
   p.add_argument("--no-prefix-sharing", action="store_true",
                  help="sampler/prefill: feed every prompt G times (the sampler before #13)")
   args = p.parse_args(argv)
   args.what = [w.strip() for w in args.what.split(",") if w.strip()]
   for w in args.what:
-    if w not in ("update", "sampler", "prefill"):
-      p.error(f"--what {w!r}: use update, sampler or prefill (comma-separated)")
+    if w not in ("update", "sampler", "prefill", "state"):
+      p.error(f"--what {w!r}: use update, sampler, prefill or state (comma-separated)")
   if args.group_size is None:
     args.group_size = min(args.rows, 4)
   if args.rows % args.group_size:
@@ -220,22 +230,6 @@ def measure(fn, abstract_args, donate=(), jit_kwargs=None) -> dict:
   return out
 
 
-def tree_gib(tree) -> float:
-  import jax
-  return sum(math.prod(x.shape) * x.dtype.itemsize for x in jax.tree.leaves(tree)) / GIB
-
-
-def per_device_gib(tree, shardings) -> float:
-  """The most loaded device's bytes of `tree` under `shardings` (from shard shapes)."""
-  import jax
-  per = {}
-  for leaf, sharding in zip(jax.tree.leaves(tree), jax.tree.leaves(shardings)):
-    nbytes = math.prod(sharding.shard_shape(leaf.shape)) * leaf.dtype.itemsize
-    for device in sharding.device_set:
-      per[device] = per.get(device, 0) + nbytes
-  return max(per.values()) / GIB if per else 0.0
-
-
 def with_shardings(abstract, shardings):
   import jax
   return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
@@ -256,6 +250,9 @@ def run(args) -> list:
   from grpo_jax.train.step import StepSpec, make_rl_step
 
   cfg = model_config(args)
+  if args.lora_rank:
+    from grpo_jax.models.lora import lora_scale
+    cfg = dataclasses.replace(cfg, lora_scale=lora_scale(args.lora_rank, 2 * args.lora_rank))
   rows, plen, new = args.rows, args.prompt, args.new
   key = jax.random.key(0)
   params = jax.eval_shape(lambda k: init_params(cfg, k), key)
@@ -289,13 +286,19 @@ def run(args) -> list:
   results = []
   for what in args.what:
     extra = {}
+    if what == "state":
+      results.append(measure_state(args, cfg, params, key, mesh, base))
+      continue
     if what == "update":
       rl = rl_defaults(num_micro_batches=args.micro_batches, kl_coef=0.001,
                        num_minibatches=args.minibatches)
       optimizer = make_optimizer(optim_section(), 100)
       run_cfg = types.SimpleNamespace(rl=rl)
-      state = jax.eval_shape(lambda p, k: initial_state(run_cfg, cfg, p, optimizer, k),
-                             params, key)
+      if args.lora_rank:
+        state = abstract_state(cfg, params, optimizer, key, args.lora_rank, args.base_dtype)
+      else:
+        state = jax.eval_shape(lambda p, k: initial_state(run_cfg, cfg, p, optimizer, k),
+                               params, key)
       rollout = sampler.Rollout(
           prompts[0], prompts[1], sds((rows, new), jnp.int32), sds((rows, new), jnp.bool_),
           sds((rows, new), jnp.float32), sds((rows,), jnp.bool_))
@@ -313,12 +316,16 @@ def run(args) -> list:
       m = measure(step, (state, rollout, inputs), donate=0, jit_kwargs=jit_kwargs)
     else:
       p_abs, (tok, msk) = params, sampler_prompts
+      if args.lora_rank:  # the sampler's policy under LoRA: base + adapters, never merged
+        from grpo_jax.train.state import policy_params
+        p_abs = policy_params(abstract_state(cfg, params, make_optimizer(optim_section(), 1),
+                                             key, args.lora_rank, args.base_dtype))
       extra.update(sampler_prompts=rows // group, sampler_group=group,
                    decode_block=args.decode_block)
       if mesh is not None:
-        shardings = tree_shardings(params, mesh)
-        extra["params_gib_per_device"] = round(per_device_gib(params, shardings), 4)
-        p_abs = with_shardings(params, shardings)
+        shardings = tree_shardings(p_abs, mesh)
+        extra["params_gib_per_device"] = round(per_device_gib(p_abs, shardings), 4)
+        p_abs = with_shardings(p_abs, shardings)
         if (rows // group) % batch_rows == 0:  # else replicated, as the loop places them
           tok, msk = rows_sharded((tok, msk))
       if what == "sampler":

@@ -186,6 +186,7 @@ def validate(config) -> None:
   _require(m.get("logits_chunk", 0) >= 0, f"model.logits_chunk={m.get('logits_chunk')}; use 0 "
            f"(the whole completion at once) or a number of positions > 0, e.g. 64.")
   _validate_devices(config)
+  _validate_lora(config)
   if m.get("path", ""):
     return  # the checkpoint's config.json describes the model
   for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads",
@@ -195,6 +196,29 @@ def validate(config) -> None:
   _require(m.num_heads % m.num_kv_heads == 0,
            f"model.num_heads={m.num_heads} is not a multiple of model.num_kv_heads="
            f"{m.num_kv_heads}; grouped-query attention needs heads = kv_heads x group.")
+
+
+def _validate_lora(config) -> None:
+  lo = config.get("lora")
+  if lo is None:
+    return
+  _require(isinstance(lo.rank, int) and lo.rank >= 0,
+           f"lora.rank={lo.rank!r}; use 0 (full fine-tuning) or the adapters' rank, e.g. 32.")
+  if lo.rank == 0:
+    return
+  _require(math.isfinite(lo.alpha) and lo.alpha > 0,
+           f"lora.alpha={lo.alpha}; use a finite value > 0 (the scale is alpha / rank).")
+  _require(lo.dropout == 0, f"lora.dropout={lo.dropout}: dropout on the adapters is not "
+           f"supported (the sampler's and the update's policies would differ); use 0.0, as "
+           f"verl's and TRL's GRPO-LoRA recipes do.")
+  from grpo_jax.models.lora import parse_targets  # noqa: PLC0415
+  try:
+    parse_targets(lo.targets)
+  except ValueError as e:
+    raise ConfigError(str(e)) from None
+  _require(config.rl.ref_update_every == 0,
+           f"rl.ref_update_every={config.rl.ref_update_every} with lora.rank={lo.rank}: the "
+           f"reference is the base model with the adapters off; set rl.ref_update_every=0.")
 
 
 def _validate_devices(config) -> None:

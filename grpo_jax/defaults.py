@@ -80,6 +80,16 @@ def get_defaults() -> ml_collections.ConfigDict:
       # until the longest one ends). The drawn tokens do not depend on it.
       decode_slots=0))
 
+  # Low-rank adapters on the policy (grpo_jax/models/lora.py; README "LoRA"): rank 0 = off
+  # (full fine-tuning). With rank r > 0 only the adapters train; the reference policy is the
+  # base with the adapters off. alpha: scale s = alpha / r (alpha / sqrt(r) with use_rslora);
+  # targets: comma-separated projections or "all-linear" (PEFT's names); dropout: only 0.0
+  # (see README); export_adapter: with model.path, also write workdir/peft_adapter (PEFT's
+  # format) at the end (train.export writes the merged full checkpoint).
+  c.lora = ml_collections.ConfigDict(dict(
+      rank=0, alpha=32.0, dropout=0.0, targets="all-linear", use_rslora=False,
+      export_adapter=True))
+
   # Every field and its source: grpo_jax/config.py's rl_defaults.
   c.rl = rl_defaults()
 

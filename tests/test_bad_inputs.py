@@ -97,6 +97,7 @@ CONFIG_CASES = [
     ("reward.name=nope", "nope"),
     ("mesh.tensor=0", "mesh.tensor=0"),
     ("distributed.mode=cluster", "distributed.mode='cluster'"),
+    ("lora.rank=-1", "lora.rank=-1"),
 ]
 
 

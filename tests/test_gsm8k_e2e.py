@@ -53,3 +53,37 @@ def test_gsm8k_recipe_trains_evaluates_and_exports(tmp_path):
   # The exported policy is the trained one: the standalone greedy figures equal the run's last.
   assert result["eval_accuracy_flexible"] == records[-1]["eval_accuracy_flexible"]
   assert "eval_accuracy:" in ev.stdout
+
+
+@pytest.mark.slow
+def test_gsm8k_lora_recipe_exports_a_peft_adapter_and_the_merged_policy(tmp_path):
+  """configs/grpo_gsm8k_lora.py for 2 steps: PEFT loads workdir/peft_adapter onto the base
+  checkpoint and gives the logits of workdir/hf_export (the adapters merged)."""
+  import numpy as np
+  import peft
+  import torch
+  from safetensors.numpy import load_file
+  from transformers import AutoModelForCausalLM
+  ckpt = save_tiny_qwen2(str(tmp_path / "ckpt"))
+  work = tmp_path / "run"
+  out = subprocess.run(
+      [sys.executable, "-m", "grpo_jax.main", "--config=configs/grpo_gsm8k_lora.py",
+       f"--workdir={work}", f"--config.model.path={ckpt}", "--config.train.steps=2",
+       "--config.lora.rank=4", "--config.optim.learning_rate=1e-2",
+       "--config.model.param_dtype=float32", "--config.rl.entropy_coef=0.1", *SMALL],
+      cwd=ROOT, capture_output=True, text=True, timeout=600)
+  assert out.returncode == 0, out.stderr[-3000:]
+  assert "exported the LoRA adapters in PEFT's format" in out.stdout
+  tensors = load_file(str(work / "peft_adapter" / "adapter_model.safetensors"))
+  assert len(tensors) == 2 * 7 * 2  # A and B of 7 projections in 2 layers
+  # Trained (an entropy bonus gives a gradient although the random model earns no reward).
+  assert max(np.abs(v).max() for k, v in tensors.items() if "lora_B" in k) > 0
+  tokens = torch.tensor([[5, 17, 33, 2, 90, 11, 7]])
+  with torch.no_grad():
+    base = AutoModelForCausalLM.from_pretrained(ckpt).eval()
+    base_logits = base(tokens).logits
+    adapted = peft.PeftModel.from_pretrained(base, work / "peft_adapter").eval()
+    merged = AutoModelForCausalLM.from_pretrained(work / "hf_export").eval()
+    a, m = adapted(tokens).logits, merged(tokens).logits
+  np.testing.assert_allclose(a.numpy(), m.numpy(), atol=1e-4, rtol=0)
+  assert (a - base_logits).abs().max() > 1e-4  # the run moved the policy

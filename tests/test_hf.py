@@ -10,7 +10,7 @@ import torch
 import transformers
 
 from grpo_jax.errors import InputError
-from grpo_jax.models import hf
+from grpo_jax.models import hf, hf_export
 from grpo_jax.models.decoder import Decoder, init_params, positions_from_mask
 
 # Left-padded batch (pad id 0); the last row is mostly padding.
@@ -102,7 +102,7 @@ def test_loaded_checkpoint_matches_transformers(kind, tmp_path):
 def test_export_round_trip(kind, tmp_path):
   model = tiny_hf_model(kind)
   model_cfg, params = hf.load_hf_checkpoint(save(model, tmp_path / "src"))
-  out = hf.export_hf_checkpoint(params, model_cfg, tmp_path / "out", model_type=kind)
+  out = hf_export.export_hf_checkpoint(params, model_cfg, tmp_path / "out", model_type=kind)
   reloaded = transformers.AutoModelForCausalLM.from_pretrained(out).eval()
   assert type(reloaded) is type(model)
   assert_logits_close(torch_logits(reloaded), torch_logits(model))
@@ -116,7 +116,7 @@ def test_export_from_source_dir_copies_config_and_tokenizer_files(tmp_path):
   (source / "tokenizer_config.json").write_text('{"model_max_length": 8}')
   (source / "merges.txt").write_text("#version: 0.2\n")
   model_cfg, params = hf.load_hf_checkpoint(source)
-  out = hf.export_hf_checkpoint(params, model_cfg, tmp_path / "out", source_dir=source)
+  out = hf_export.export_hf_checkpoint(params, model_cfg, tmp_path / "out", source_dir=source)
   for name in ("tokenizer_config.json", "merges.txt", "generation_config.json"):
     assert (out / name).read_text() == (source / name).read_text()
   assert not (out / "vocab.json").exists()
@@ -130,7 +130,7 @@ def test_export_rejects_source_dir_of_another_model(tmp_path):
   model_cfg, params = hf.load_hf_checkpoint(save(tiny_hf_model("qwen2"), tmp_path / "a"))
   other = save(tiny_hf_model("qwen3"), tmp_path / "b")
   with pytest.raises(ValueError) as err:
-    hf.export_hf_checkpoint(params, model_cfg, tmp_path / "out", source_dir=other)
+    hf_export.export_hf_checkpoint(params, model_cfg, tmp_path / "out", source_dir=other)
   assert _message(err) == (f"model_cfg.head_dim=16 but {other}/config.json implies 24; pass the "
                             f"source_dir the params were loaded from.")
 
@@ -138,7 +138,7 @@ def test_export_rejects_source_dir_of_another_model(tmp_path):
 def test_export_rejects_model_type_that_does_not_match_params(tmp_path):
   model_cfg, params = hf.load_hf_checkpoint(save(tiny_hf_model("qwen2"), tmp_path))
   with pytest.raises(ValueError) as err:
-    hf.export_hf_checkpoint(params, model_cfg, tmp_path / "out", model_type="llama")
+    hf_export.export_hf_checkpoint(params, model_cfg, tmp_path / "out", model_type="llama")
   assert _message(err) == (
       "model_type='llama' needs qkv_bias=False and qk_norm=False but the model has "
       "qkv_bias=True, qk_norm=False; pass qwen2 for q/k/v biases, qwen3 for q/k norms, llama "
@@ -157,7 +157,7 @@ def test_bfloat16_checkpoint_loads_and_exports(tmp_path):
   np.testing.assert_array_equal(params["norm"]["weight"], expected["model.norm.weight"])
   _, bf16_params = hf.load_hf_checkpoint(tmp_path / "src", param_dtype="bfloat16")
   assert {x.dtype for x in jax.tree.leaves(bf16_params)} == {jnp.dtype(jnp.bfloat16)}
-  out = hf.export_hf_checkpoint(params, model_cfg, tmp_path / "out", dtype="bfloat16")
+  out = hf_export.export_hf_checkpoint(params, model_cfg, tmp_path / "out", dtype="bfloat16")
   reloaded = transformers.AutoModelForCausalLM.from_pretrained(out)
   for name, tensor in reloaded.state_dict().items():
     assert tensor.dtype == torch.bfloat16, name

@@ -14,7 +14,8 @@ import pytest
 from grpo_jax.config import rl_defaults
 
 from grpo_jax.models.decoder import Decoder, positions_from_mask, stack_layers, unstack_layers
-from grpo_jax.models.hf import export_hf_checkpoint, load_hf_checkpoint
+from grpo_jax.models.hf import load_hf_checkpoint
+from grpo_jax.models.hf_export import export_hf_checkpoint
 from grpo_jax.models.scoring import completion_scores
 from grpo_jax.parallel.mesh import param_logical_axes
 from grpo_jax.rollout.sampler import generate

@@ -35,6 +35,9 @@ class ModelConfig:
   # Layers as one nn.scan over params stacked on a leading axis ("layers/..."): compile time
   # independent of depth, and one layer's buffers reused by all (MaxText's scan_layers).
   scan_layers: bool = False
+  # LoRA's s = alpha / r (grpo_jax/models/lora.py): the adapters' scale, used only when the
+  # forward is given adapters.
+  lora_scale: float = 0.0
 
   def __post_init__(self):
     for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads",

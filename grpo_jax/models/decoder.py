@@ -34,6 +34,7 @@ import jax
 import jax.numpy as jnp
 
 from grpo_jax.models.config import ModelConfig
+from grpo_jax.models.lora import LoraParams, adapted
 from grpo_jax.parallel.mesh import constrain
 
 Cache = tuple  # tuple of {"k": (B, Hkv, S, D), "v": (B, Hkv, S, D)} per layer
@@ -110,16 +111,18 @@ class Attention(nn.Module):
   cfg: ModelConfig
 
   @nn.compact
-  def __call__(self, x, positions, mask, layer_cache, offset):
+  def __call__(self, x, positions, mask, layer_cache, offset, adapters=None):
+    """adapters: this module's LoRA adapters ({"q_proj": {"lora_a", "lora_b"}, ...}) or None."""
     cfg = self.cfg
+    lora = lambda y, x_, name: adapted(y, x_, adapters, name, cfg.lora_scale, cfg.dtype)  # noqa
     # Kernels keep the heads as a dimension, (embed, heads, head_dim) and o_proj's (heads,
     # head_dim, embed): the mesh rules (parallel/mesh.py) shard whole heads or none.
-    heads = lambda n, name: nn.DenseGeneral(  # noqa: E731
+    heads = lambda n, name: lora(nn.DenseGeneral(  # noqa: E731
         (n, cfg.head_dim), use_bias=cfg.qkv_bias, dtype=cfg.dtype, param_dtype=cfg.param_dtype,
-        kernel_init=_init, name=name)
-    q = constrain(heads(cfg.num_heads, "q_proj")(x), ("batch", None, "heads", None))
-    k = constrain(heads(cfg.num_kv_heads, "k_proj")(x), ("batch", None, "kv_heads", None))
-    v = constrain(heads(cfg.num_kv_heads, "v_proj")(x), ("batch", None, "kv_heads", None))
+        kernel_init=_init, name=name)(x), x, name)
+    q = constrain(heads(cfg.num_heads, "q_proj"), ("batch", None, "heads", None))
+    k = constrain(heads(cfg.num_kv_heads, "k_proj"), ("batch", None, "kv_heads", None))
+    v = constrain(heads(cfg.num_kv_heads, "v_proj"), ("batch", None, "kv_heads", None))
     if cfg.qk_norm:
       q = RMSNorm(cfg.rms_norm_eps, cfg.param_dtype, name="q_norm")(q)
       k = RMSNorm(cfg.rms_norm_eps, cfg.param_dtype, name="k_norm")(k)
@@ -135,7 +138,7 @@ class Attention(nn.Module):
     out = constrain(grouped_query_attention(q, k, v, mask), ("batch", None, "heads", None))
     o_proj = nn.DenseGeneral(cfg.hidden_size, axis=(-2, -1), use_bias=False, dtype=cfg.dtype,
                              param_dtype=cfg.param_dtype, kernel_init=_init, name="o_proj")
-    return o_proj(out), layer_cache
+    return lora(o_proj(out), out, "o_proj"), layer_cache
 
 
 class MLP(nn.Module):
@@ -143,28 +146,30 @@ class MLP(nn.Module):
   cfg: ModelConfig
 
   @nn.compact
-  def __call__(self, x):
+  def __call__(self, x, adapters=None):
     cfg = self.cfg
-    dense = lambda n, name: nn.Dense(  # noqa: E731
+    dense = lambda n, name, x_: adapted(nn.Dense(  # noqa: E731
         n, use_bias=False, dtype=cfg.dtype, param_dtype=cfg.param_dtype, kernel_init=_init,
-        name=name)
-    hidden = nn.silu(dense(cfg.intermediate_size, "gate_proj")(x)) * dense(
-        cfg.intermediate_size, "up_proj")(x)
-    return dense(cfg.hidden_size, "down_proj")(constrain(hidden, ("batch", None, "mlp")))
+        name=name)(x_), x_, adapters, name, cfg.lora_scale, cfg.dtype)
+    hidden = nn.silu(dense(cfg.intermediate_size, "gate_proj", x)) * dense(
+        cfg.intermediate_size, "up_proj", x)
+    return dense(cfg.hidden_size, "down_proj", constrain(hidden, ("batch", None, "mlp")))
 
 
 class DecoderLayer(nn.Module):
   cfg: ModelConfig
 
   @nn.compact
-  def __call__(self, x, positions, mask, layer_cache, offset):
+  def __call__(self, x, positions, mask, layer_cache, offset, adapters=None):
     cfg = self.cfg
+    adapters = adapters or {}
     h, layer_cache = Attention(cfg, name="self_attn")(
         RMSNorm(cfg.rms_norm_eps, cfg.param_dtype, name="input_layernorm")(x),
-        positions, mask, layer_cache, offset)
+        positions, mask, layer_cache, offset, adapters.get("self_attn"))
     x = constrain(x + h, ("batch", None, None))
     x = x + MLP(cfg, name="mlp")(
-        RMSNorm(cfg.rms_norm_eps, cfg.param_dtype, name="post_attention_layernorm")(x))
+        RMSNorm(cfg.rms_norm_eps, cfg.param_dtype, name="post_attention_layernorm")(x),
+        adapters.get("mlp"))
     return constrain(x, ("batch", None, None)), layer_cache
 
 
@@ -195,9 +200,10 @@ class Decoder(nn.Module):
   @nn.compact
   def __call__(self, tokens, positions, kv_mask, cache: Optional[Cache] = None, offset=0,
                return_hidden: bool = False, logits_window: Optional[tuple] = None,
-               project: bool = True):
+               project: bool = True, adapters=None):
     """project=False returns (normed hidden states of the window, cache) without the
-    vocabulary projection (chunked scoring projects them itself, grpo_jax/models/scoring.py)."""
+    vocabulary projection (chunked scoring projects them itself, grpo_jax/models/scoring.py).
+    adapters: LoRA adapters (grpo_jax/models/lora.py) added to the projections, or None."""
     cfg = self.cfg
     embed = nn.Embed(cfg.vocab_size, cfg.hidden_size, dtype=cfg.dtype,
                      param_dtype=cfg.param_dtype, embedding_init=_init, name="embed_tokens")
@@ -209,15 +215,18 @@ class Decoder(nn.Module):
                            prevent_cse=not cfg.scan_layers)
     if cfg.scan_layers:  # params and cache stacked on a leading layer axis
       scanned = nn.scan(layer_cls, variable_axes={"params": 0}, split_rngs={"params": True},
-                        in_axes=(nn.broadcast, nn.broadcast, 0, nn.broadcast),
+                        in_axes=(nn.broadcast, nn.broadcast, 0, nn.broadcast, 0),
                         length=cfg.num_layers)
-      x, new_cache = scanned(cfg, name="layers")(x, positions, mask, cache, offset)
+      layer_adapters = None if adapters is None else adapters["layers"]
+      x, new_cache = scanned(cfg, name="layers")(x, positions, mask, cache, offset,
+                                                 layer_adapters)
     else:
       new_cache = []
       for i in range(cfg.num_layers):
         layer_cache = None if cache is None else cache[i]
+        layer_adapters = None if adapters is None else adapters[f"layers_{i}"]
         x, layer_cache = layer_cls(cfg, name=f"layers_{i}")(x, positions, mask, layer_cache,
-                                                            offset)
+                                                            offset, layer_adapters)
         new_cache.append(layer_cache)
       new_cache = tuple(new_cache)
     if logits_window is not None:
@@ -236,6 +245,15 @@ class Decoder(nn.Module):
     if return_hidden:
       return logits, out_cache, x
     return logits, out_cache
+
+
+def decoder_apply(model_cfg: ModelConfig, params, *args, **kwargs):
+  """Decoder(model_cfg).apply on plain params, or on LoraParams (the base's weights with the
+  adapters added to the projections): the one entry point of every forward pass."""
+  if isinstance(params, LoraParams):
+    return Decoder(model_cfg).apply({"params": params.base}, *args, adapters=params.adapters,
+                                    **kwargs)
+  return Decoder(model_cfg).apply({"params": params}, *args, **kwargs)
 
 
 def init_cache(cfg: ModelConfig, batch: int, length: int, dtype=None) -> Cache:

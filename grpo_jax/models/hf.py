@@ -1,4 +1,5 @@
-"""Hugging Face checkpoints <-> our decoder params: config.json, safetensors loading, export.
+"""Hugging Face checkpoints <-> our decoder params: config.json, safetensors loading, names
+(export: grpo_jax/models/hf_export.py).
 
 Supported ``model_type``s: those registered in models/families.py (llama, mistral, qwen2 and
 qwen3 are built in; default RoPE, full attention).
@@ -17,23 +18,21 @@ dtype jax registers with NumPy; safetensors >= 0.5 understands it) and cast to `
 from __future__ import annotations
 
 import collections
-import dataclasses
 import functools
 import json
 import math
 import pathlib
 import re
-import shutil
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from safetensors import SafetensorError, safe_open
-from safetensors.numpy import save_file
 
 from grpo_jax.errors import InputError, first_line
 from grpo_jax.models.config import ModelConfig
-from grpo_jax.models.decoder import init_params, unstack_layers
+from grpo_jax.models.decoder import init_params
+from grpo_jax.models.lora import input_dims
 from grpo_jax.models.families import MODEL_FAMILIES, ModelFamily, find_model_family, model_types
 
 EXPORT_DTYPES = ("float32", "bfloat16", "float16")
@@ -42,7 +41,7 @@ TOKENIZER_FILES = (
     "merges.txt", "tokenizer.model", "added_tokens.json", "generation_config.json",
     "chat_template.jinja")
 _EXAMPLE_REPO = "Qwen/Qwen2.5-0.5B-Instruct"
-_ARCHITECTURE_FIELDS = ("vocab_size", "hidden_size", "intermediate_size", "num_layers",
+ARCHITECTURE_FIELDS = ("vocab_size", "hidden_size", "intermediate_size", "num_layers",
                         "num_heads", "num_kv_heads", "head_dim", "rope_theta", "rms_norm_eps",
                         "tie_embeddings", "qkv_bias", "qk_norm")
 
@@ -197,17 +196,11 @@ def _hf_name(path: tuple) -> str:
   return ".".join(prefix + modules + [hf_leaf])
 
 
-def _input_dims(path: tuple) -> int:
-  """How many leading dims of a kernel are its input: o_proj's (heads, head_dim, embed) reads
-  two; q/k/v's (embed, heads, head_dim) and the 2-d kernels one."""
-  return 2 if "o_proj" in path else 1
-
-
 def _hf_shape(path: tuple, shape: tuple) -> tuple:
   """The torch shape of a param: a kernel (in dims..., out dims...) is (out, in) flattened, a
   per-head bias (heads, head_dim) is flat, the rest as ours."""
   if path[-1] == "kernel":
-    k = _input_dims(path)
+    k = input_dims(path[-2])
     return (math.prod(shape[k:]), math.prod(shape[:k]))
   return (math.prod(shape),) if path[-1] == "bias" else shape
 
@@ -216,14 +209,14 @@ def _from_hf(array: np.ndarray, path: tuple, shape: tuple) -> np.ndarray:
   return array.T.reshape(shape) if path[-1] == "kernel" else array.reshape(shape)
 
 
-def _to_hf(array: np.ndarray, path: tuple) -> np.ndarray:
+def to_hf(array: np.ndarray, path: tuple) -> np.ndarray:
   if path[-1] == "kernel":
-    k = _input_dims(path)
+    k = input_dims(path[-2])
     return array.reshape(math.prod(array.shape[:k]), -1).T
   return array.reshape(-1) if path[-1] == "bias" else array
 
 
-def _param_layout(model_cfg: ModelConfig):
+def param_layout(model_cfg: ModelConfig):
   """[(param path, HF name, HF shape, our shape)] in tree order, and the params' treedef."""
   shapes = jax.eval_shape(functools.partial(init_params, model_cfg), jax.random.key(0))
   flat, treedef = jax.tree_util.tree_flatten_with_path(shapes)
@@ -252,9 +245,9 @@ def load_hf_checkpoint(path, param_dtype: str = "float32", compute_dtype: str = 
   """
   path = pathlib.Path(path)
   try:
-    model_cfg = model_config_from_hf(_read_config(path), param_dtype, compute_dtype)
+    model_cfg = model_config_from_hf(read_config(path), param_dtype, compute_dtype)
     weight_map = _weight_map(path)
-    layout, treedef = _param_layout(model_cfg)
+    layout, treedef = param_layout(model_cfg)
     _check_tensor_names({name for _, name, _, _ in layout}, set(weight_map), model_cfg)
     arrays = _read_tensors(weight_map, layout, jnp.dtype(param_dtype))
   except InputError:
@@ -268,7 +261,7 @@ def _download_hint(path) -> str:
   return f"`hf download {_EXAMPLE_REPO} --local-dir {path}`"
 
 
-def _read_config(path: pathlib.Path) -> dict:
+def read_config(path: pathlib.Path) -> dict:
   """The checkpoint's config.json as a dict."""
   if not path.is_dir():
     raise InputError(f"No checkpoint directory at {path}; download a Hugging Face "
@@ -359,74 +352,3 @@ def _to_param(array: np.ndarray, path: tuple, name: str, hf_shape: tuple, shape:
     raise ValueError(f"Tensor {name} has shape {tuple(array.shape)} but config.json implies "
                      f"{hf_shape}; check that config.json belongs to these weights.")
   return jnp.asarray(_from_hf(array, path, shape), dtype=dtype)
-
-
-# ----------------------------------------------------------------------------- export
-
-
-def export_hf_checkpoint(params, model_cfg: ModelConfig, out_dir, source_dir=None,
-                         model_type: str = "qwen2", dtype: str = "float32") -> pathlib.Path:
-  """Writes params as a Hugging Face checkpoint (config.json, model.safetensors, tokenizer).
-
-  config.json is source_dir's (with its dtype set to ``dtype``) when given, else generated for
-  model_type; tokenizer and generation files are copied from source_dir when it has them.
-  Returns out_dir.
-  """
-  if dtype not in EXPORT_DTYPES:
-    raise ValueError(f"dtype={dtype!r} is not supported for export; pass one of "
-                     f"{', '.join(EXPORT_DTYPES)}.")
-  if model_cfg.scan_layers:  # HF names one tensor per layer
-    params = unstack_layers(params, model_cfg.num_layers)
-    model_cfg = dataclasses.replace(model_cfg, scan_layers=False)
-  if source_dir is None:
-    hf_config = hf_config_from_model_config(model_cfg, model_type, dtype)
-  else:
-    hf_config = _source_config(pathlib.Path(source_dir), model_cfg, dtype)
-  tensors = _hf_tensors(params, model_cfg, np.dtype(jnp.dtype(dtype)))
-  out_dir = pathlib.Path(out_dir)
-  out_dir.mkdir(parents=True, exist_ok=True)
-  save_file(tensors, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
-  (out_dir / "config.json").write_text(json.dumps(hf_config, indent=2) + "\n")
-  if source_dir is not None:
-    _copy_tokenizer_files(pathlib.Path(source_dir), out_dir)
-  return out_dir
-
-
-def _source_config(source_dir: pathlib.Path, model_cfg: ModelConfig, dtype: str) -> dict:
-  """source_dir's config.json, checked against model_cfg, with its dtype set to dtype."""
-  hf_config = _read_config(source_dir)
-  source_cfg = model_config_from_hf(hf_config)
-  for field in _ARCHITECTURE_FIELDS:
-    ours, theirs = getattr(model_cfg, field), getattr(source_cfg, field)
-    if ours != theirs:
-      raise ValueError(f"model_cfg.{field}={ours!r} but {source_dir}/config.json implies "
-                       f"{theirs!r}; pass the source_dir the params were loaded from.")
-  hf_config = dict(hf_config)
-  for key in ("dtype", "torch_dtype"):
-    if key in hf_config:
-      hf_config[key] = dtype
-  hf_config.setdefault("dtype", dtype)
-  return hf_config
-
-
-def _hf_tensors(params, model_cfg: ModelConfig, dtype: np.dtype) -> dict:
-  """{HF name: contiguous torch-layout array in dtype}, checking params' structure."""
-  layout, treedef = _param_layout(model_cfg)
-  if jax.tree.structure(params) != treedef:
-    raise ValueError("params do not have the structure of init_params(model_cfg, key); pass "
-                     "the ModelConfig the params were built or loaded with.")
-  tensors = {}
-  for (path, name, _, shape), leaf in zip(layout, jax.tree.leaves(params)):
-    array = np.asarray(jax.device_get(leaf))
-    if array.shape != shape:
-      raise ValueError(f"param {'/'.join(path)} has shape {array.shape} but model_cfg implies "
-                       f"{shape}; pass the ModelConfig the params were built or loaded with.")
-    tensors[name] = np.ascontiguousarray(_to_hf(array, path).astype(dtype))
-  return tensors
-
-
-def _copy_tokenizer_files(source_dir: pathlib.Path, out_dir: pathlib.Path) -> None:
-  """Copies whichever tokenizer / generation files source_dir has."""
-  for name in TOKENIZER_FILES:
-    if (source_dir / name).is_file():
-      shutil.copyfile(source_dir / name, out_dir / name)

@@ -8,7 +8,8 @@ import jax
 import jax.numpy as jnp
 
 from grpo_jax.models.config import ModelConfig
-from grpo_jax.models.decoder import Decoder, positions_from_mask
+from grpo_jax.models.decoder import decoder_apply, positions_from_mask
+from grpo_jax.models.lora import base_params
 
 
 def completion_logits(params, model_cfg: ModelConfig, prompt_tokens, prompt_mask,
@@ -24,9 +25,9 @@ def completion_logits(params, model_cfg: ModelConfig, prompt_tokens, prompt_mask
   num_new = completion_tokens.shape[1]
   tokens = jnp.concatenate([prompt_tokens, completion_tokens], axis=1)
   mask = jnp.concatenate([prompt_mask, completion_mask], axis=1).astype(bool)
-  out = Decoder(model_cfg).apply({"params": params}, tokens, positions_from_mask(mask), mask,
-                                 None, 0, return_hidden=return_hidden,
-                                 logits_window=(prompt_len - 1, num_new), project=project)
+  out = decoder_apply(model_cfg, params, tokens, positions_from_mask(mask), mask, None, 0,
+                      return_hidden=return_hidden, logits_window=(prompt_len - 1, num_new),
+                      project=project)
   if not project:
     return out[0]
   return (out[0], out[2]) if return_hidden else out[0]
@@ -35,7 +36,7 @@ def completion_logits(params, model_cfg: ModelConfig, prompt_tokens, prompt_mask
 def vocab_logits(params, model_cfg: ModelConfig, hidden):
   """The decoder's vocabulary projection of normed hidden states (..., H) -> (..., V) float32:
   the tied embedding's transpose, or lm_head, in the compute dtype (as the Decoder does)."""
-  dtype = model_cfg.dtype
+  dtype, params = model_cfg.dtype, base_params(params)  # no adapter on the vocabulary
   if model_cfg.tie_embeddings:
     weight = params["embed_tokens"]["embedding"].astype(dtype).T
   else:

@@ -27,6 +27,7 @@ LOGICAL_RULES = {
     "mlp": "tensor",
     "norm": None,
     "value": None,
+    "lora": None,  # the adapters' rank
 }
 
 
@@ -96,6 +97,15 @@ _PARAM_AXES = (
     (r"(gate_proj|up_proj)/kernel$", ("embed", "mlp")),
     (r"down_proj/kernel$", ("mlp", "embed")),
     (r"head/kernel$", ("embed", "value")),
+    # LoRA adapters (grpo_jax/models/lora.py): A (in dims..., r), B (r, out dims...), their
+    # in/out dims named as the kernel's; the rank axis is replicated.
+    (r"(q_proj|k_proj|v_proj|gate_proj|up_proj)/lora_a$", ("embed", "lora")),
+    (r"q_proj/lora_b$", ("lora", "heads", "head_dim")),
+    (r"(k_proj|v_proj)/lora_b$", ("lora", "kv_heads", "head_dim")),
+    (r"o_proj/lora_a$", ("heads", "head_dim", "lora")),
+    (r"(gate_proj|up_proj)/lora_b$", ("lora", "mlp")),
+    (r"down_proj/lora_a$", ("mlp", "lora")),
+    (r"(o_proj|down_proj)/lora_b$", ("lora", "embed")),
     (r"(weight|bias)$", ("norm",)),
 )
 

@@ -40,7 +40,7 @@ import jax
 import jax.numpy as jnp
 
 from grpo_jax.models.config import ModelConfig
-from grpo_jax.models.decoder import Decoder, init_cache, positions_from_mask
+from grpo_jax.models.decoder import decoder_apply, init_cache, positions_from_mask
 from grpo_jax.rollout.sampler import (DecodeStats, Rollout, constrain_cache, finish,
                                       repeat_rows)
 from grpo_jax.rollout.sampling import choose_tokens, token_uniforms
@@ -99,13 +99,12 @@ def generate_refill(params, prompt_tokens, prompt_mask, key, row_limits, *,
                     top_k: int, top_p: float, eos_id: int, pad_id: int, mesh, group_size: int,
                     decode_slots: int) -> tuple[Rollout, DecodeStats]:
   """`sampler.sample` with S = decode_slots < B slots (see the module docstring)."""
-  model = Decoder(model_cfg)
   num_prompts, prompt_len = prompt_tokens.shape
   new, group = max_new_tokens, group_size
   rows = num_prompts * group
   prompt_mask = prompt_mask.astype(bool)
   row_axis = 1 if model_cfg.scan_layers else 0  # stacked caches: (layers, rows, ...)
-  apply = lambda *a, **k: model.apply({"params": params}, *a, **k)  # noqa: E731
+  apply = lambda *a, **k: decoder_apply(model_cfg, params, *a, **k)  # noqa: E731
   choose = lambda logits, row, t: choose_tokens(  # noqa: E731
       logits, token_uniforms(key, row, t), temperature, top_k, top_p)
 

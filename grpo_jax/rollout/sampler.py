@@ -31,7 +31,7 @@ import jax.numpy as jnp
 from jax.sharding import NamedSharding
 
 from grpo_jax.models.config import ModelConfig
-from grpo_jax.models.decoder import Decoder, init_cache, positions_from_mask
+from grpo_jax.models.decoder import decoder_apply, init_cache, positions_from_mask
 from grpo_jax.rollout.sampling import choose_tokens, token_uniforms
 
 
@@ -78,8 +78,8 @@ def prefill(params, prompt_tokens, prompt_mask, *, model_cfg: ModelConfig,
   prompts, prompt_len = prompt_tokens.shape
   prompt_mask = prompt_mask.astype(bool)
   cache = init_cache(model_cfg, prompts, prompt_len + max_new_tokens)
-  logits, cache = Decoder(model_cfg).apply(
-      {"params": params}, prompt_tokens, positions_from_mask(prompt_mask), prompt_mask,
+  logits, cache = decoder_apply(
+      model_cfg, params, prompt_tokens, positions_from_mask(prompt_mask), prompt_mask,
       cache, 0, logits_window=(prompt_len - 1, 1))
   layer_axis = 1 if model_cfg.scan_layers else 0  # stacked caches: (layers, rows, ...)
   cache = constrain_cache(repeat_rows(cache, group_size, layer_axis), mesh)
@@ -167,7 +167,6 @@ def generate_static(params, prompt_tokens, prompt_mask, key, row_limits, *,
   laid out by the mesh rules (rows over data/fsdp, kv heads over tensor); params and prompts
   carry their own shardings in.
   """
-  model = Decoder(model_cfg)
   prompt_len = prompt_tokens.shape[1]
   prompt_mask = prompt_mask.astype(bool)
   logits, cache, kv_mask = prefill(params, prompt_tokens, prompt_mask, model_cfg=model_cfg,
@@ -200,7 +199,7 @@ def generate_static(params, prompt_tokens, prompt_mask, key, row_limits, *,
     token, done, kv_mask, outs = record(step, token, logp, done, kv_mask, outs)
     # Slots >= P + end are empty in this segment: the decoder reads the first kv_len of them.
     kv_len = prompt_len + end
-    logits, cache = model.apply({"params": params}, token[:, None],
+    logits, cache = decoder_apply(model_cfg, params, token[:, None],
                                 (next_position + step)[:, None], kv_mask[:, :kv_len], cache,
                                 prompt_len + step)
     cache = constrain_cache(cache, mesh)

@@ -30,12 +30,14 @@ from grpo_jax.train.state import TrainState
 
 
 def to_saveable(state: TrainState) -> TrainState:
-  """The state with its typed PRNG key replaced by the key's raw uint32 data."""
-  return state.replace(key=jax.random.key_data(state.key))
+  """The state with its typed PRNG key replaced by the key's raw uint32 data, and without
+  LoRA's frozen base (rebuilt from model.path on resume: a checkpoint holds the adapters)."""
+  return state.replace(key=jax.random.key_data(state.key), base_params=None)
 
 
 def from_saveable(tree: TrainState) -> TrainState:
-  """Inverse of to_saveable (the key gets jax's default implementation, as at the start)."""
+  """Inverse of to_saveable (the key gets jax's default implementation, as at the start;
+  base_params stays None until the caller puts the base back)."""
   return tree.replace(key=jax.random.wrap_key_data(tree.key))
 
 

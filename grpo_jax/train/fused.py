@@ -20,7 +20,7 @@ from grpo_jax.parallel.distributed import to_host
 from grpo_jax.rollout.sampler import Sampling
 from grpo_jax.train.experience import RewardInputs
 from grpo_jax.train.metrics import rollout_metrics, step_record
-from grpo_jax.train.state import step_key
+from grpo_jax.train.state import policy_params, step_key
 from grpo_jax.train.step import make_rl_step
 
 
@@ -37,13 +37,13 @@ def make_device_experience(run, device_task):
   def experience(state, table):
     prompts = device_task.prompts(table, state.data_position, num_prompts)
     rows = lambda x: jnp.repeat(x, group, axis=0)  # noqa: E731
-    rollout, stats = grouped.with_stats(state.params, prompts.prompt_tokens,
+    rollout, stats = grouped.with_stats(policy_params(state), prompts.prompt_tokens,
                                         prompts.prompt_mask,
                                         jax.random.fold_in(step_key(state, 0), 0))
     tokens, mask = rollout.completion_tokens, rollout.completion_mask
     extras = {}
     if "greedy_rewards" in needs:
-      best = sampling.greedy()(state.params, prompts.prompt_tokens, prompts.prompt_mask,
+      best = sampling.greedy()(policy_params(state), prompts.prompt_tokens, prompts.prompt_mask,
                                jax.random.key(0))
       extras["greedy_rewards"] = rows(device_task.rewards(
           prompts, best.completion_tokens, best.completion_mask, 1))

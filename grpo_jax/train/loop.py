@@ -33,13 +33,16 @@ from grpo_jax.rollout.sampler import Sampling
 from grpo_jax.train.checkpoint import Checkpoints, step_of
 from grpo_jax.train.collect import Samplers, collect
 from grpo_jax.train.evaluation import make_evaluator
+from grpo_jax.train.export import export_policy
 from grpo_jax.train.faults import (TerminationFlag, check_reward_error_fraction,
                                     check_skips, check_state_finite)
 from grpo_jax.train.metrics import (MetricsWriter, keep_records_until, rollout_metrics,
                                     step_record, step_tokens)
 from grpo_jax.train.seed_axis import SeedAxis
-from grpo_jax.train.setup import build_model, build_task, check_task_fits_model, uses_checkpoint
-from grpo_jax.train.state import TrainState, create_train_state, make_optimizer, step_key
+from grpo_jax.train.setup import (build_model, build_task, check_task_fits_model,
+                                   initial_adapters, uses_checkpoint, uses_lora)
+from grpo_jax.train.state import (TrainState, create_train_state, make_optimizer, policy_params,
+                                  step_key)
 from grpo_jax.train.step import StepSpec, make_rl_step
 from grpo_jax.train.wandb_logging import start_wandb
 from grpo_jax.train.warmup import run_warmup
@@ -65,11 +68,16 @@ class Run:
 
 
 def initial_state(config, model_cfg: ModelConfig, params, optimizer, base_key) -> TrainState:
-  """The state at step 0 from the starting policy (a frozen reference copy, a fresh critic)."""
+  """The state at step 0 from the starting policy (a frozen reference copy, a fresh critic);
+  under LoRA, fresh adapters on `params` as the frozen base (and reference)."""
   value_params = init_value_params(config.rl.value_head, model_cfg, params,
                                    jax.random.fold_in(base_key, 2))
-  return create_train_state(params, optimizer, jax.random.fold_in(base_key, 1), value_params,
-                            config.rl.kl_coef)
+  key = jax.random.fold_in(base_key, 1)
+  if uses_lora(config):
+    adapters = initial_adapters(config, params, jax.random.fold_in(base_key, 4))
+    return create_train_state(adapters, optimizer, key, value_params, config.rl.kl_coef,
+                              base_params=params)
+  return create_train_state(params, optimizer, key, value_params, config.rl.kl_coef)
 
 
 def seed_workdir(workdir: str, seed: int) -> str:
@@ -143,7 +151,16 @@ def _train(config, workdir: str, log, axis: SeedAxis, mesh, task, configs, base_
         record_start(wd, step_of(state) if resumed else None, changed)
         dropped = keep_records_until(os.path.join(wd, "metrics.jsonl"),
                                      step_of(state) if resumed else -1)
-      if resumed:
+      if resumed and uses_lora(config):  # the frozen base is not in the checkpoint
+        origin = "model.path" if uses_checkpoint(config) else "the seed"
+        log(f"resumed from checkpoint {ckpts.directory}/{step_of(state)} (LoRA adapters; the "
+            f"frozen base rebuilt from {origin}"
+            f"{' and the warm-up' if config.warmup.steps else ''})")
+        base = run_warmup(params, task, model_cfg, config.warmup, axis, log)
+        state = state.replace(base_params=base)
+        if main_process:
+          log(f"dropped {dropped} metrics records written after it")
+      elif resumed:
         log(f"resumed from checkpoint {ckpts.directory}/{step_of(state)} (no warm-up)")
         if main_process:
           log(f"dropped {dropped} metrics records written after it")
@@ -165,7 +182,8 @@ def _train(config, workdir: str, log, axis: SeedAxis, mesh, task, configs, base_
             f"devices, {jax.process_count()} process(es); per device: params "
             f"{bytes_per_device(state.params) / 2**20:.2f} MiB, optimizer state "
             f"{bytes_per_device(state.opt_state) / 2**20:.2f} MiB, reference "
-            f"{bytes_per_device(state.ref_params) / 2**20:.2f} MiB")
+            f"{bytes_per_device(state.ref_params) / 2**20:.2f} MiB, frozen base "
+            f"{bytes_per_device(state.base_params) / 2**20:.2f} MiB")
       # Under the run's mesh, the model's activation constraints (parallel/mesh.constrain)
       # take effect.
       with (jax.set_mesh(mesh) if mesh is not None else contextlib.nullcontext()):
@@ -249,7 +267,7 @@ def make_host_advance(run: Run, state):
 
   def advance(state):
     positions = np.atleast_1d(to_host(state.data_position)).tolist()
-    collected = collect(state.params, positions, axis.unstack(rollout_keys(state)), run.task,
+    collected = collect(policy_params(state), positions, axis.unstack(rollout_keys(state)), run.task,
                         config, samplers, axis, run.needs)
     for c in collected:  # before the update: a step mostly scored 0 must not train
       check_reward_error_fraction(c.reward_errors, c.scored,
@@ -291,7 +309,7 @@ def _run(run: Run, state, resumed: bool, ckpts, sigterm) -> TrainState:
              for wd, c in zip(run.workdirs, [_with_seed(run.config, s) for s in axis.seeds])]
   try:
     if not resumed:
-      evals = run_eval(state.params)
+      evals = run_eval(policy_params(state))
       for writer, m in zip(writers, evals):
         writer.write(0, m)
       log(f"step    0/{t_cfg.steps} | eval_acc {_join(m['eval_accuracy'] for m in evals)}")
@@ -310,7 +328,7 @@ def _run(run: Run, state, resumed: bool, ckpts, sigterm) -> TrainState:
         check_state_finite(per_seed, step - len(records) + 1 + i,
                            lambda: (ckpts.steps() or [None])[-1])
       if step % t_cfg.eval_every == 0 or step == t_cfg.steps:
-        for record, m in zip(records[-1], run_eval(state.params)):
+        for record, m in zip(records[-1], run_eval(policy_params(state))):
           record.update(m)
       now = time.perf_counter()
       per_step = (now - t0) / len(records)
@@ -332,13 +350,8 @@ def _run(run: Run, state, resumed: bool, ckpts, sigterm) -> TrainState:
   finally:
     for writer in writers:
       writer.close()
-  if uses_checkpoint(config) and t_cfg.export and not axis.stacked:
-    host_params = to_host(state.params)  # collective: every process takes part
-    if distributed.is_main_process():
-      from grpo_jax.models.hf import export_hf_checkpoint  # noqa: PLC0415
-      out = os.path.join(run.workdirs[0], "hf_export")
-      export_hf_checkpoint(host_params, run.spec.model_cfg, out, source_dir=config.model.path)
-      log(f"exported the trained policy as a Hugging Face checkpoint: {out}")
+  if uses_checkpoint(config) and not axis.stacked:
+    export_policy(config, state, run.spec.model_cfg, run.workdirs[0], log)
   return state
 
 

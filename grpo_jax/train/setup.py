@@ -9,6 +9,7 @@ from grpo_jax.data.task import TASKS
 from grpo_jax.errors import ConfigError
 from grpo_jax.models.config import ModelConfig
 from grpo_jax.models.decoder import init_params, stack_layers
+from grpo_jax.models.lora import init_adapters, lora_scale, parse_targets
 
 
 def uses_checkpoint(config) -> bool:
@@ -31,7 +32,21 @@ def build_model(config, key):
   if config.model.get("scan_layers", False):
     model_cfg = dataclasses.replace(model_cfg, scan_layers=True)
     params = stack_layers(params, model_cfg.num_layers)
+  if uses_lora(config):
+    lo = config.lora
+    model_cfg = dataclasses.replace(model_cfg, lora_scale=lora_scale(lo.rank, lo.alpha,
+                                                                     lo.use_rslora))
   return model_cfg, params
+
+
+def uses_lora(config) -> bool:
+  lo = getattr(config, "lora", None)  # (a config without the section: full fine-tuning)
+  return lo is not None and lo.rank > 0
+
+
+def initial_adapters(config, base, key):
+  """config.lora's adapters on `base` (B = 0: the policy starts as the base)."""
+  return init_adapters(base, parse_targets(config.lora.targets), config.lora.rank, key)
 
 
 def build_task(config, log=print):

@@ -9,6 +9,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from grpo_jax.models.lora import LoraParams
 from grpo_jax.rl.kl import adaptive_kl_coef
 
 
@@ -18,17 +19,35 @@ class TrainState(flax.struct.PyTreeNode):
   step: RL steps done; key: the run's base key (per-step keys are fold_in(key, step), so the
   randomness of step s does not depend on how the run got there); data_position: training
   prompts consumed.
+
+  Under LoRA (config.lora.rank > 0) `params` holds the trainable adapters only and
+  `base_params` the frozen base weights, which are also the reference (no copy: ref_params is
+  None); `policy_params` / `reference_params` give what the forward passes take either way.
+  base_params is not checkpointed: it is rebuilt from model.path (and the warm-up) on resume.
   """
   step: jax.Array
-  params: Any
+  params: Any  # the policy's trainable params: all of them, or the LoRA adapters
   value_params: Any  # critic head (+ backbone for a separate critic), or None
   opt_state: Any  # of the pair (params, value_params)
-  ref_params: Any
+  ref_params: Any  # frozen reference; None under LoRA (the base is the reference)
   kl_coef: jax.Array  # beta (moves under the adaptive controller)
   key: jax.Array
   data_position: jax.Array
   skipped_updates: jax.Array  # updates refused for a non-finite loss or gradient
   consecutive_skips: jax.Array  # ... of which the latest in a row (0 after an applied one)
+  base_params: Any = None  # LoRA's frozen base weights; None for full fine-tuning
+
+
+def policy_params(state: TrainState):
+  """What the policy's forward takes: params, or LoraParams(base, adapters) under LoRA."""
+  if state.base_params is None:
+    return state.params
+  return LoraParams(state.base_params, state.params)
+
+
+def reference_params(state: TrainState):
+  """The KL reference's params: the frozen copy, or under LoRA the base (adapters off)."""
+  return state.ref_params if state.base_params is None else state.base_params
 
 
 def make_optimizer(optim_cfg, total_updates: int) -> optax.GradientTransformation:
@@ -44,13 +63,16 @@ def make_optimizer(optim_cfg, total_updates: int) -> optax.GradientTransformatio
 
 
 def create_train_state(params, optimizer: optax.GradientTransformation, key,
-                       value_params=None, kl_coef: float = 0.0) -> TrainState:
-  """A fresh state whose frozen reference is a copy of the starting policy."""
+                       value_params=None, kl_coef: float = 0.0,
+                       base_params=None) -> TrainState:
+  """A fresh state whose frozen reference is a copy of the starting policy; with
+  `base_params` (LoRA: params are then the adapters) the reference is that base, uncopied."""
+  ref = jax.tree.map(jnp.copy, params) if base_params is None else None
   return TrainState(step=jnp.int32(0), params=params, value_params=value_params,
-                    opt_state=optimizer.init((params, value_params)),
-                    ref_params=jax.tree.map(jnp.copy, params),
+                    opt_state=optimizer.init((params, value_params)), ref_params=ref,
                     kl_coef=jnp.float32(kl_coef), key=key, data_position=jnp.int32(0),
-                    skipped_updates=jnp.int32(0), consecutive_skips=jnp.int32(0))
+                    skipped_updates=jnp.int32(0), consecutive_skips=jnp.int32(0),
+                    base_params=base_params)
 
 
 def step_key(state: TrainState, purpose: int) -> jax.Array:
@@ -88,7 +110,7 @@ def end_of_step(state: TrainState, rl, rollout_kl, batch_size: int) -> TrainStat
   if rl.adaptive_kl:
     beta = adaptive_kl_coef(state.kl_coef, rollout_kl, rl.kl_target, rl.kl_horizon, batch_size)
     state = state.replace(kl_coef=jnp.where(jnp.isfinite(beta), beta, state.kl_coef))
-  if rl.ref_update_every > 0:
+  if rl.ref_update_every > 0 and state.ref_params is not None:  # (none under LoRA)
     refresh = state.step % rl.ref_update_every == 0
     mix = rl.ref_mix
     state = state.replace(ref_params=jax.tree.map(

@@ -21,6 +21,7 @@ import jax
 import jax.numpy as jnp
 
 from grpo_jax.models.config import ModelConfig
+from grpo_jax.models.lora import LoraParams
 from grpo_jax.rl.aggregation import aggregate, loss_normalizer, masked_sum
 from grpo_jax.rl.kl import kl_penalty
 from grpo_jax.rl.losses import POLICY_LOSSES, entropy_bonus, truncated_is_weights, value_loss
@@ -36,10 +37,13 @@ _COMPLETION_SUMS = ("rollout_kl", "sampler_logprob_gap")
 
 
 def loss_and_sums(trainable, mb: Batch, normalizer, kl_coef, *, model_cfg: ModelConfig, rl,
-                  temperature: float):
+                  temperature: float, base=None):
   """The loss of (part of) a minibatch, normalised by `normalizer` (the whole minibatch's), and
-  metric numerators, so that both add up exactly over micro-batches."""
+  metric numerators, so that both add up exactly over micro-batches. Under LoRA `base` is the
+  frozen base (not differentiated) and trainable's policy part the adapters."""
   params, value_params = trainable
+  if base is not None:
+    params = LoraParams(base, params)
   logp, entropy, values = policy_and_values(params, value_params, mb, model_cfg, rl.value_head,
                                             temperature)
   mask, mode = mb.loss_mask.astype(bool), rl.loss_aggregation
@@ -89,19 +93,20 @@ def make_update(model_cfg: ModelConfig, rl, optimizer, temperature: float):
   mu, num_mb, num_micro = rl.num_iterations, rl.num_minibatches, rl.num_micro_batches
   grad_fn = jax.value_and_grad(loss_and_sums, has_aux=True)
 
-  def minibatch_grads(trainable, mb: Batch, kl_coef):
+  def minibatch_grads(trainable, mb: Batch, kl_coef, base):
     """Summed gradients of the minibatch's micro-batches (== the minibatch's gradient)."""
     normalizer = loss_normalizer(mb.loss_mask, rl.loss_aggregation)
     micro = jax.tree.map(lambda x: x.reshape(num_micro, -1, *x.shape[1:]), mb)
 
+    def grad_of(part):
+      return grad_fn(trainable, part, normalizer, kl_coef, model_cfg=model_cfg, rl=rl,
+                     temperature=temperature, base=base)
+
     def one(acc, part):
-      (_, sums), grads = grad_fn(trainable, part, normalizer, kl_coef, model_cfg=model_cfg,
-                                 rl=rl, temperature=temperature)
+      (_, sums), grads = grad_of(part)
       return jax.tree.map(jnp.add, acc, (grads, sums)), None
 
-    zero_sums = jax.eval_shape(lambda: grad_fn(trainable, jax.tree.map(lambda x: x[0], micro),
-                                               normalizer, kl_coef, model_cfg=model_cfg, rl=rl,
-                                               temperature=temperature)[0][1])
+    zero_sums = jax.eval_shape(lambda: grad_of(jax.tree.map(lambda x: x[0], micro))[0][1])
     init = (jax.tree.map(jnp.zeros_like, trainable),
             jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), zero_sums))
     (grads, sums), _ = jax.lax.scan(one, init, micro)
@@ -120,7 +125,7 @@ def make_update(model_cfg: ModelConfig, rl, optimizer, temperature: float):
     def one_minibatch(carry, rows):
       trainable, opt_state, in_a_row = carry
       mb = jax.tree.map(lambda x: jnp.take(x, rows, axis=0), batch)
-      grads, sums = minibatch_grads(trainable, mb, state.kl_coef)
+      grads, sums = minibatch_grads(trainable, mb, state.kl_coef, state.base_params)
       trainable, opt_state, applied = apply_if_finite(trainable, opt_state, grads, sums["loss"],
                                                       optimizer)
       sums["grad_norm"] = _global_norm(grads)

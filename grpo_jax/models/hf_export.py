@@ -1,0 +1,127 @@
+"""Our params -> Hugging Face checkpoints: a full checkpoint (config.json, model.safetensors,
+tokenizer files) and, for LoRA, a PEFT adapter folder (adapter_config.json,
+adapter_model.safetensors) that `peft.PeftModel.from_pretrained(model, folder)` loads.
+
+Names and layouts are grpo_jax/models/hf.py's (kernels (in, out) here, (out, in) in torch).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import pathlib
+import shutil
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from safetensors.numpy import save_file
+
+from grpo_jax.models.config import ModelConfig
+from grpo_jax.models.decoder import unstack_layers
+from grpo_jax.models.hf import (ARCHITECTURE_FIELDS, EXPORT_DTYPES, TOKENIZER_FILES,
+                                hf_config_from_model_config, model_config_from_hf, param_layout,
+                                read_config, to_hf)
+from grpo_jax.models.lora import input_dims
+
+
+def export_hf_checkpoint(params, model_cfg: ModelConfig, out_dir, source_dir=None,
+                         model_type: str = "qwen2", dtype: str = "float32") -> pathlib.Path:
+  """Writes params as a Hugging Face checkpoint (config.json, model.safetensors, tokenizer).
+
+  config.json is source_dir's (with its dtype set to ``dtype``) when given, else generated for
+  model_type; tokenizer and generation files are copied from source_dir when it has them.
+  Returns out_dir.
+  """
+  if dtype not in EXPORT_DTYPES:
+    raise ValueError(f"dtype={dtype!r} is not supported for export; pass one of "
+                     f"{', '.join(EXPORT_DTYPES)}.")
+  if model_cfg.scan_layers:  # HF names one tensor per layer
+    params = unstack_layers(params, model_cfg.num_layers)
+    model_cfg = dataclasses.replace(model_cfg, scan_layers=False)
+  if source_dir is None:
+    hf_config = hf_config_from_model_config(model_cfg, model_type, dtype)
+  else:
+    hf_config = _source_config(pathlib.Path(source_dir), model_cfg, dtype)
+  tensors = _hf_tensors(params, model_cfg, np.dtype(jnp.dtype(dtype)))
+  out_dir = pathlib.Path(out_dir)
+  out_dir.mkdir(parents=True, exist_ok=True)
+  save_file(tensors, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
+  (out_dir / "config.json").write_text(json.dumps(hf_config, indent=2) + "\n")
+  if source_dir is not None:
+    _copy_tokenizer_files(pathlib.Path(source_dir), out_dir)
+  return out_dir
+
+
+def _source_config(source_dir: pathlib.Path, model_cfg: ModelConfig, dtype: str) -> dict:
+  """source_dir's config.json, checked against model_cfg, with its dtype set to dtype."""
+  hf_config = read_config(source_dir)
+  source_cfg = model_config_from_hf(hf_config)
+  for field in ARCHITECTURE_FIELDS:
+    ours, theirs = getattr(model_cfg, field), getattr(source_cfg, field)
+    if ours != theirs:
+      raise ValueError(f"model_cfg.{field}={ours!r} but {source_dir}/config.json implies "
+                       f"{theirs!r}; pass the source_dir the params were loaded from.")
+  hf_config = dict(hf_config)
+  for key in ("dtype", "torch_dtype"):
+    if key in hf_config:
+      hf_config[key] = dtype
+  hf_config.setdefault("dtype", dtype)
+  return hf_config
+
+
+def _hf_tensors(params, model_cfg: ModelConfig, dtype: np.dtype) -> dict:
+  """{HF name: contiguous torch-layout array in dtype}, checking params' structure."""
+  layout, treedef = param_layout(model_cfg)
+  if jax.tree.structure(params) != treedef:
+    raise ValueError("params do not have the structure of init_params(model_cfg, key); pass "
+                     "the ModelConfig the params were built or loaded with.")
+  tensors = {}
+  for (path, name, _, shape), leaf in zip(layout, jax.tree.leaves(params)):
+    array = np.asarray(jax.device_get(leaf))
+    if array.shape != shape:
+      raise ValueError(f"param {'/'.join(path)} has shape {array.shape} but model_cfg implies "
+                       f"{shape}; pass the ModelConfig the params were built or loaded with.")
+    tensors[name] = np.ascontiguousarray(to_hf(array, path).astype(dtype))
+  return tensors
+
+
+def _copy_tokenizer_files(source_dir: pathlib.Path, out_dir: pathlib.Path) -> None:
+  """Copies whichever tokenizer / generation files source_dir has."""
+  for name in TOKENIZER_FILES:
+    if (source_dir / name).is_file():
+      shutil.copyfile(source_dir / name, out_dir / name)
+
+
+def export_peft_adapter(adapters, model_cfg: ModelConfig, out_dir, *, rank: int, alpha: float,
+                        use_rslora: bool = False, base_model: str = "") -> pathlib.Path:
+  """Writes LoRA adapters in PEFT's format: adapter_model.safetensors with PEFT's names
+  (``base_model.model.model.layers.3.self_attn.q_proj.lora_A.weight`` (r, in) and ``lora_B``
+  (out, r), float32) and adapter_config.json (LORA, CAUSAL_LM, r, lora_alpha, targets).
+  Returns out_dir."""
+  if model_cfg.scan_layers:
+    adapters = unstack_layers(adapters, model_cfg.num_layers)
+  tensors, targets = {}, set()
+  for layer, modules in adapters.items():
+    index = int(layer.split("_")[1])
+    for parent, projections in modules.items():
+      for name, ad in projections.items():
+        targets.add(name)
+        a = np.asarray(jax.device_get(ad["lora_a"]), np.float32)
+        b = np.asarray(jax.device_get(ad["lora_b"]), np.float32)
+        k = input_dims(name)
+        prefix = f"base_model.model.model.layers.{index}.{parent}.{name}"
+        tensors[f"{prefix}.lora_A.weight"] = np.ascontiguousarray(
+            a.reshape(math.prod(a.shape[:k]), rank).T)
+        tensors[f"{prefix}.lora_B.weight"] = np.ascontiguousarray(b.reshape(rank, -1).T)
+  config = {
+      "peft_type": "LORA", "task_type": "CAUSAL_LM", "base_model_name_or_path": base_model,
+      "r": rank, "lora_alpha": alpha, "lora_dropout": 0.0, "use_rslora": use_rslora,
+      "target_modules": sorted(targets), "bias": "none", "fan_in_fan_out": False,
+      "init_lora_weights": True, "inference_mode": True, "modules_to_save": None}
+  out_dir = pathlib.Path(out_dir)
+  out_dir.mkdir(parents=True, exist_ok=True)
+  save_file(tensors, str(out_dir / "adapter_model.safetensors"), metadata={"format": "pt"})
+  (out_dir / "adapter_config.json").write_text(json.dumps(config, indent=2) + "\n")
+  return out_dir

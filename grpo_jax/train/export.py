@@ -1,0 +1,45 @@
+"""The end of a model.path run: the trained policy as a Hugging Face checkpoint and, under LoRA,
+its adapters in PEFT's format (grpo_jax/models/hf_export.py)."""
+
+from __future__ import annotations
+
+import os
+
+import jax
+
+from grpo_jax.models.config import ModelConfig
+from grpo_jax.models.lora import merge
+from grpo_jax.parallel import distributed
+from grpo_jax.parallel.distributed import to_host
+from grpo_jax.train.setup import uses_lora
+
+
+def export_policy(config, state, model_cfg: ModelConfig, workdir: str, log) -> None:
+  """train.export: the policy as a full HF checkpoint in workdir/hf_export (under LoRA the
+  adapters merged into the base); lora.export_adapter (LoRA only): the adapters in PEFT's
+  format in workdir/peft_adapter."""
+  lora = uses_lora(config) and config.lora.export_adapter
+  if not (config.train.export or lora):
+    return
+  # Collective: every process takes part.
+  host = to_host((state.params, state.base_params))
+  if not distributed.is_main_process():
+    return
+  from grpo_jax.models.hf_export import export_hf_checkpoint, export_peft_adapter  # noqa
+  params, base = host
+  if config.train.export:
+    out = os.path.join(workdir, "hf_export")
+    if base is None:
+      full = params
+    else:  # on the host's CPU: the accelerators still hold the state
+      with jax.default_device(jax.devices("cpu")[0]):
+        full = merge(base, params, model_cfg.lora_scale)
+    export_hf_checkpoint(full, model_cfg, out, source_dir=config.model.path)
+    log(f"exported the trained policy as a Hugging Face checkpoint: {out}"
+        + (" (LoRA adapters merged)" if base is not None else ""))
+  if lora:
+    out = os.path.join(workdir, "peft_adapter")
+    lo = config.lora
+    export_peft_adapter(params, model_cfg, out, rank=lo.rank, alpha=lo.alpha,
+                        use_rslora=lo.use_rslora, base_model=config.model.path)
+    log(f"exported the LoRA adapters in PEFT's format: {out}")
