@@ -250,3 +250,18 @@ def test_lora_run_on_a_mesh_equals_the_single_device_run(tmp_path):
     for key in ("loss", "kl", "grad_norm"):
       if key in a:
         assert b[key] == pytest.approx(a[key], rel=1e-4, abs=1e-5), (a["step"], key)
+
+
+def test_adapter_initialisation_does_not_depend_on_the_layout():
+  cfg = tiny_model_config(vocab_size=16)
+  base = init_params(cfg, jax.random.key(0))
+  per_layer = lora.init_adapters(base, lora.TARGETS, 4, jax.random.key(1))
+  stacked = lora.init_adapters(stack_layers(base, cfg.num_layers), lora.TARGETS, 4,
+                               jax.random.key(1))
+  jax.tree.map(np.testing.assert_array_equal, stacked, stack_layers(per_layer, cfg.num_layers))
+  only_v = lora.init_adapters(base, ("v_proj",), 4, jax.random.key(1))
+  np.testing.assert_array_equal(only_v["layers_1"]["self_attn"]["v_proj"]["lora_a"],
+                                per_layer["layers_1"]["self_attn"]["v_proj"]["lora_a"])
+  a = per_layer["layers_0"]["mlp"]["down_proj"]["lora_a"]  # fan_in = intermediate_size
+  assert float(jnp.abs(a).max()) <= 1 / np.sqrt(cfg.intermediate_size)
+  assert float(jnp.abs(a).max()) > 0.9 / np.sqrt(cfg.intermediate_size)

@@ -71,25 +71,30 @@ def parse_targets(targets: str) -> tuple:
 
 def init_adapters(base, targets, rank: int, key, dtype=jnp.float32):
   """Adapters (A uniform, B zero; see module docstring) for every `targets` projection of every
-  layer of `base` (stacked or per-layer params), in float32 by default."""
-  layer_keys = sorted(k for k in base if k == "layers" or k.startswith("layers_"))
-  out = {}
-  for i, layer in enumerate(layer_keys):
-    stacked = layer == "layers"
+  layer of `base` (stacked or per-layer params), in float32 by default. Layer l's A of
+  projection p is drawn from fold_in(fold_in(key, l), index of p in TARGETS), so the values do
+  not depend on the layout (model.scan_layers) nor on which other projections are targets."""
+  stacked = "layers" in base
+  num_layers = (jax.tree.leaves(base["layers"])[0].shape[0] if stacked else
+                sum(k.startswith("layers_") for k in base))
+
+  def one_layer(index, layer_params):
     entry = {}
-    for j, name in enumerate(targets):
-      kernel = base[layer][_PARENT[name]][name]["kernel"]
-      lead = kernel.shape[:1] if stacked else ()
-      shape = kernel.shape[len(lead):]
+    for name in targets:
+      shape = layer_params[_PARENT[name]][name]["kernel"].shape
       k_in = input_dims(name)
-      fan_in = math.prod(shape[:k_in])
-      bound = 1.0 / math.sqrt(fan_in)
-      a = jax.random.uniform(jax.random.fold_in(jax.random.fold_in(key, i), j),
-                             lead + shape[:k_in] + (rank,), dtype, -bound, bound)
-      b = jnp.zeros(lead + (rank,) + shape[k_in:], dtype)
+      bound = 1.0 / math.sqrt(math.prod(shape[:k_in]))
+      a = jax.random.uniform(jax.random.fold_in(jax.random.fold_in(key, index), TARGETS.index(name)),
+                             shape[:k_in] + (rank,), dtype, -bound, bound)
+      b = jnp.zeros((rank,) + shape[k_in:], dtype)
       entry.setdefault(_PARENT[name], {})[name] = {"lora_a": a, "lora_b": b}
-    out[layer] = entry
-  return out
+    return entry
+
+  if not stacked:
+    return {f"layers_{i}": one_layer(i, base[f"layers_{i}"]) for i in range(num_layers)}
+  first = jax.tree.map(lambda x: x[0], base["layers"])  # one layer's shapes
+  layers = [one_layer(i, first) for i in range(num_layers)]
+  return {"layers": jax.tree.map(lambda *xs: jnp.stack(xs), *layers)}
 
 
 def adapter_delta(x: jax.Array, adapter, scale: float, name: str, dtype) -> jax.Array:
