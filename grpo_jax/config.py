@@ -51,9 +51,21 @@ def rl_defaults(**overrides) -> ml_collections.ConfigDict:
       # mu = 1 and one minibatch: the update's own log-probs (stop-gradient) are the old ones,
       # no separate forward pass (see experience.reuses_current_logprobs); False: recompute.
       reuse_old_logprobs=True,
+      # GFPO (arXiv 2508.09726): keep the gfpo_keep = k of each prompt's G' =
+      # rollout.group_size samples with the best gfpo_metric ("length": shortest,
+      # "token_efficiency": highest reward / length); advantages over the kept k. 0 = off.
+      gfpo_keep=0, gfpo_metric="length",
+      # A separate critic's start: "policy" (a copy of the policy, verl) or "reward_model"
+      # (the backbone and score head of reward.models[0], OpenRLHF's default).
+      critic_init="policy",
   ))
   rl.update(overrides)
   return rl
+
+
+def update_group_size(config) -> int:
+  """Completions per prompt in the update: rollout.group_size, or GFPO's kept rl.gfpo_keep."""
+  return config.rl.get("gfpo_keep", 0) or config.rollout.group_size
 
 
 def _require(condition: bool, message: str):
@@ -85,10 +97,13 @@ def validate(config) -> None:
   _one_of(rl.kl_in, KL_PLACEMENTS, "rl.kl_in")
   _one_of(rl.value_head, VALUE_HEADS, "rl.value_head")
   task.check_config(config)
+  from grpo_jax.rewards.sources import uses_process_model  # noqa: PLC0415
+  provided = LOOP_PROVIDES + (("step_rewards",) if uses_process_model(config) else ())
   for need in estimator.needs:
-    _require(need in LOOP_PROVIDES or need in task.provides,
+    _require(need in provided or need in task.provides,
              f"rl.advantage={rl.advantage!r} needs {need}, which task {task.name!r} does not "
-             f"provide; pick another estimator.")
+             f"provide; pick another estimator (or, for step_rewards, set "
+             f"reward.process_model).")
   _require(r.num_prompts >= 1, f"rollout.num_prompts={r.num_prompts}; use at least 1.")
   _require(r.max_new_tokens >= 1, f"rollout.max_new_tokens={r.max_new_tokens}; use at least 1 "
            f"(the completion length limit).")
@@ -112,7 +127,8 @@ def validate(config) -> None:
   _require(not estimator.needs_critic or rl.value_head != "none",
            f"rl.advantage={rl.advantage!r} needs a critic, but rl.value_head='none'; set "
            f"rl.value_head to 'shared' or 'separate'.")
-  batch = r.num_prompts * r.group_size
+  _validate_rewards(config)
+  batch = r.num_prompts * update_group_size(config)
   _require(rl.num_minibatches >= 1 and batch % rl.num_minibatches == 0,
            f"the rollout batch of {batch} completions (rollout.num_prompts={r.num_prompts} x "
            f"rollout.group_size={r.group_size}) does not split into rl.num_minibatches="
@@ -221,6 +237,29 @@ def _validate_lora(config) -> None:
            f"reference is the base model with the adapters off; set rl.ref_update_every=0.")
 
 
+def _validate_rewards(config) -> None:
+  """GFPO's kept count, the critic's start, and the reward sources (grpo_jax/rewards/sources.py)."""
+  rl, r = config.rl, config.rollout
+  keep = rl.get("gfpo_keep", 0)
+  _require(isinstance(keep, int) and 0 <= keep <= r.group_size,
+           f"rl.gfpo_keep={keep!r}; use 0 (off) or the number of the rollout.group_size="
+           f"{r.group_size} samples of a prompt to keep (fewer than group_size).")
+  if keep:
+    from grpo_jax.rl.gfpo import GFPO_METRICS  # noqa: PLC0415
+    _one_of(rl.get("gfpo_metric", "length"), GFPO_METRICS, "rl.gfpo_metric")
+  init = rl.get("critic_init", "policy")
+  _one_of(init, ("policy", "reward_model"), "rl.critic_init")
+  if init == "reward_model":
+    _require(rl.value_head == "separate",
+             f"rl.critic_init='reward_model' builds a separate critic; set "
+             f"rl.value_head='separate' (now {rl.value_head!r}).")
+    _require(bool(config.get("reward") and config.reward.get("models")),
+             "rl.critic_init='reward_model' starts the critic from reward.models[0], but "
+             "reward.models is empty; add a reward model or set rl.critic_init='policy'.")
+  from grpo_jax.rewards.sources import check_reward_config  # noqa: PLC0415
+  check_reward_config(config)
+
+
 def _validate_devices(config) -> None:
   """The mesh sizes and the multi-host start-up mode."""
   for axis in ("data", "fsdp", "tensor"):
@@ -244,6 +283,12 @@ def _validate_fused(config, task) -> None:
   _require(hasattr(task.cls, "device_task"),
            f"train.fused_steps={k} needs a task whose data stream and reward are JAX functions, "
            f"but task {task.name!r} scores on the host; set train.fused_steps=0.")
+  reward = config.get("reward")
+  _require(not (reward and (reward.get("models") or reward.get("remote")
+                            or reward.get("rule_weight", 1.0) != 1.0)) and
+           not config.rl.get("gfpo_keep", 0),
+           f"train.fused_steps={k} needs the task's own reward alone (reward models, remote "
+           f"rewards, weights and GFPO run on the host); set train.fused_steps=0.")
   _require(not config.rl.dynamic_sampling,
            f"train.fused_steps={k} cannot resample (rl.dynamic_sampling draws a data-dependent "
            f"number of rounds); set rl.dynamic_sampling=False or train.fused_steps=0.")

@@ -55,15 +55,45 @@ def get_defaults() -> ml_collections.ConfigDict:
       use_chat_template=True,  # wrap the prompt in the tokenizer's chat template, if it has one
       max_prompt_tokens=512))  # prompts are left-padded / truncated to this many tokens
 
+  # The rewards (README "Learned and remote rewards"): the task's rule reward (weight
+  # rule_weight; 0 = off), outcome reward models and remote servers, combined by `combine`:
+  # "sum" (weighted sum, then the estimator normalises) or "normalise_then_sum" (GDPO: each
+  # reward normalised within its group first). Each is logged as reward/<name>_mean.
   c.reward = ml_collections.ConfigDict(dict(
       # "" = the task's own default reward (addition: exact_match, gsm8k: gsm8k_strict)
       name="",
-      format_score=0.0))  # gsm8k: the score of a well-formatted but wrong answer
+      format_score=0.0,  # gsm8k: the score of a well-formatted but wrong answer
+      rule_weight=1.0,
+      # [{path: a *ForSequenceClassification folder, weight: 1.0, name: "rm0", tokenizer:
+      #   "auto" | "policy" | "own", max_tokens: 1024}, ...]
+      models=[],
+      # [{url, weight: 1.0, name: "remote0", timeout_s: 30, max_retries: 3, backoff_s: 0.5,
+      #   max_concurrency: 4, batch_size: 64}, ...] (grpo_jax/rewards/remote.py's schema)
+      remote=[],
+      combine="sum",
+      # A process reward model (Math-Shepherd style; grpo_jax/rewards/process_reward_model.py)
+      # giving rl.advantage="process" its step rewards instead of the task: a causal LM folder
+      # sharing the policy's tokenizer; a step ends at each separator token (and at the last
+      # token with score_last), scored P(good) / (P(good) + P(bad)). path "" = off.
+      process_model=ml_collections.ConfigDict(dict(
+          path="", separator_id=-1, good_id=-1, bad_id=-1, max_steps=16, score_last=True))))
 
   # Supervised warm-up (off for real checkpoints: steps=0).
   c.warmup = ml_collections.ConfigDict(dict(
       steps=1000, batch_size=128, learning_rate=1e-3,
-      carry_drop_fraction=0.9))  # addition: share of targets shown with their carries dropped
+      carry_drop_fraction=0.9,  # addition: share of targets shown with their carries dropped
+      # a jsonl file of {prompt, response} to train on instead of the task's own warm-up data
+      # (grpo_jax/data/supervised.py); "" = the task's
+      data_path=""))
+
+  # Reward-model training (python -m grpo_jax.train_rm; grpo_jax/train/stages.py): Bradley-Terry
+  # on {prompt, chosen, rejected} jsonl pairs ("" = pairs made from the task: addition), with
+  # this config's optim section, train.checkpoint_every and train.keep_checkpoints.
+  c.rm = ml_collections.ConfigDict(dict(
+      train_path="", test_path="", train_pairs=20_000, test_pairs=500,
+      policy_fraction=0.5,  # made pairs: this share from the starting policy's wrong samples
+      steps=600, batch_size=64, margin=0.0, eval_every=100,
+      export=True))  # write workdir/hf_export (a *ForSequenceClassification folder)
 
   c.rollout = ml_collections.ConfigDict(dict(
       num_prompts=16,  # prompts per step

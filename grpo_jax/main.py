@@ -122,16 +122,9 @@ def main(argv):
   """Exit status: 0 done, 2 a bad config or input (one line, nothing written to the workdir),
   1 a run that cannot go on (too many skipped updates, a failing reward, a full disk), 143 / 130
   stopped by SIGTERM / SIGINT after checkpointing (run it again to resume)."""
-  if len(argv) > 1:
-    raise app.UsageError(f"Unexpected arguments: {' '.join(argv[1:])}")
-  from grpo_jax.host_allocator import tune_host_allocator
-  tune_host_allocator()  # before JAX starts its threads (see the module)
-  if not flags.FLAGS["verbosity"].present:
-    logging.set_verbosity(logging.WARNING)  # orbax logs every save at INFO
-  from grpo_jax.train import faults  # imported late so that --help stays fast
-  from grpo_jax.train.loop import train
-  check_flags()
-  try:
+
+  def run():
+    from grpo_jax.train.loop import train  # noqa: PLC0415
     seeds = None
     if _VMAP_SEEDS.value:
       try:
@@ -140,6 +133,23 @@ def main(argv):
         raise ConfigError(f"--vmap_seeds={','.join(_VMAP_SEEDS.value)} must be integers, e.g. "
                           f"--vmap_seeds=0,1,2.") from None
     train(_CONFIG.value, _WORKDIR.value, seeds=seeds, seed_axis=_SEED_AXIS.value)
+
+  run_command(argv, run)
+
+
+def run_command(argv, run) -> None:
+  """Runs run() (a stage reading --config and --workdir: the RL loop, grpo_jax.train_sft,
+  grpo_jax.train_rm) with the exit statuses of `main`."""
+  if len(argv) > 1:
+    raise app.UsageError(f"Unexpected arguments: {' '.join(argv[1:])}")
+  from grpo_jax.host_allocator import tune_host_allocator
+  tune_host_allocator()  # before JAX starts its threads (see the module)
+  if not flags.FLAGS["verbosity"].present:
+    logging.set_verbosity(logging.WARNING)  # orbax logs every save at INFO
+  from grpo_jax.train import faults  # imported late so that --help stays fast
+  check_flags()
+  try:
+    run()
   except ConfigError as e:
     _fail(e, 2)
   except faults.RunStopped as e:

@@ -13,6 +13,7 @@ Everything is a pure function of (config, seed, position): no files, no download
 from __future__ import annotations
 
 import dataclasses
+import os
 
 import jax
 import jax.numpy as jnp
@@ -131,9 +132,12 @@ class AdditionTask:
 
   @staticmethod
   def check_config(config) -> None:
-    if config.model.get("path", ""):
-      raise ConfigError(f"model.path={config.model.path!r} is set but task.name='addition' "
-                        f"brings its own character tokenizer; clear model.path or use "
+    path = config.model.get("path", "")
+    tokenizer_files = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "tokenizer.model")
+    if path and any(os.path.isfile(os.path.join(path, f)) for f in tokenizer_files):
+      raise ConfigError(f"model.path={path!r} has a tokenizer of its own but task.name="
+                        f"'addition' brings its own character tokenizer; use a checkpoint "
+                        f"written for this task (e.g. by python -m grpo_jax.train_sft), or "
                         f"task.name='gsm8k'.")
     get_reward(reward_name(config, "exact_match"), "tokens", "addition")
 
@@ -167,6 +171,15 @@ class AdditionTask:
     """Process rewards: step t is completion token t, right iff it equals target token t."""
     return tuple(np.asarray(x) for x in token_step_rewards(
         completion_tokens, completion_mask, *self._targets(batch, group_size)))
+
+  def supervised_example(self, prompt: str, response: str) -> tuple[list, list]:
+    """(prompt ids, response ids) of a text pair: "<bos>12+34=" and "64<eos>"."""
+    return self.tokenizer.encode(prompt, bos=True), self.tokenizer.encode(response, eos=True)
+
+  def labels(self, batch: PromptBatch) -> list[str]:
+    """The target answers as text (as the task writes them), for rewards reading text."""
+    return [self.tokenizer.decode(t[m].tolist()) for t, m in
+            zip(np.asarray(batch.target_tokens), np.asarray(batch.target_mask, bool))]
 
   def eval_scores(self, batch: PromptBatch, completion_tokens, completion_mask) -> dict:
     return {"eval_accuracy": np.asarray(self.reward.fn(

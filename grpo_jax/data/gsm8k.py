@@ -88,6 +88,9 @@ class GSM8KPrompts:
   prompt_tokens: np.ndarray  # (B, P) int32, left-padded
   prompt_mask: np.ndarray  # (B, P) bool
   gold: list  # normalised gold answers
+  # the user's message (question and instruction), for rewards that read text
+  # (grpo_jax/rewards/sources.py: remote servers, reward models with their own template)
+  user_text: list = dataclasses.field(default_factory=list)
 
 
 def _require(condition: bool, message: str) -> None:
@@ -159,8 +162,11 @@ class GSM8KTask:
                         f"data.max_prompt_tokens={max_prompt_tokens} ({len(train)} train and "
                         f"{len(test)} test records read); raise it.")
 
+  def user_content(self, question: str) -> str:
+    return f"{question} {self.instruction}".strip()
+
   def prompt_text(self, question: str) -> str:
-    content = f"{question} {self.instruction}".strip()
+    content = self.user_content(question)
     if self.use_chat_template and getattr(self.tokenizer, "chat_template", None):
       return self.tokenizer.apply_chat_template([{"role": "user", "content": content}],
                                                 tokenize=False, add_generation_prompt=True)
@@ -174,7 +180,7 @@ class GSM8KTask:
       if len(ids) > self.prompt_len:
         dropped += 1
         continue
-      kept.append((ids, record["gold"]))
+      kept.append((ids, record["gold"], self.user_content(record["question"])))
     return kept, dropped
 
   @property
@@ -187,8 +193,22 @@ class GSM8KTask:
     return self.eos_id if pad is None else pad
 
   def _batch(self, items):
-    tokens, mask = pad_rows([ids for ids, _ in items], self.prompt_len, self.pad_id, left=True)
-    return GSM8KPrompts(tokens, mask, [g for _, g in items])
+    tokens, mask = pad_rows([item[0] for item in items], self.prompt_len, self.pad_id, left=True)
+    return GSM8KPrompts(tokens, mask, [item[1] for item in items], [item[2] for item in items])
+
+  def supervised_example(self, prompt: str, response: str) -> tuple[list, list]:
+    """(prompt ids, response ids + <eos>): the prompt as a question is formatted (instruction,
+    chat template), the response as the assistant's text."""
+    ids = lambda text: self.tokenizer(text, add_special_tokens=False)["input_ids"]  # noqa: E731
+    return ids(self.prompt_text(prompt)), ids(response) + [self.eos_id]
+
+  def prompt_texts(self, batch: GSM8KPrompts) -> list[str]:
+    """The user's messages (without the policy's chat markup), for rewards reading text."""
+    return list(batch.user_text)
+
+  def labels(self, batch: GSM8KPrompts) -> list[str]:
+    """The gold answers, as remote rewards receive them."""
+    return list(batch.gold)
 
   def train_batch(self, position: int, count: int, seed: int) -> GSM8KPrompts:
     """Prompts [position, position + count) of a stream that reshuffles every epoch by

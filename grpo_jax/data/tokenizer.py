@@ -37,7 +37,7 @@ class CharTokenizer:
     for i in np.asarray(ids).tolist():
       if i == self.eos_id and stop_at_eos:
         break
-      if i >= len(self._specials):
+      if len(self._specials) <= i < self.vocab_size:  # (a model's ids past it: no text)
         out.append(self.alphabet[i - len(self._specials)])
     return "".join(out)
 

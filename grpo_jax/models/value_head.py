@@ -30,6 +30,25 @@ def init_value_params(kind: str, model_cfg: ModelConfig, policy_params, key):
   raise ValueError(f"value head kind {kind!r} is unknown; valid: none, shared, separate.")
 
 
+def critic_from_reward_model(rm_params, rm_cfg: ModelConfig, model_cfg: ModelConfig):
+  """A separate critic started from an outcome reward model (OpenRLHF's default): its backbone
+  and its first score column as the value head (bias 0). The reward model must have the
+  policy's architecture (the critic runs with the policy's ModelConfig)."""
+  from grpo_jax.errors import ConfigError  # noqa: PLC0415
+  fields = ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads",
+            "num_kv_heads", "head_dim", "qkv_bias", "qk_norm", "scan_layers")
+  differ = [f"{f}={getattr(rm_cfg, f)} (policy {getattr(model_cfg, f)})" for f in fields
+            if getattr(rm_cfg, f) != getattr(model_cfg, f)]
+  if differ:
+    raise ConfigError(f"rl.critic_init='reward_model' needs reward.models[0] of the policy's "
+                      f"architecture, but it has {', '.join(differ)}; use such a reward model "
+                      f"or rl.critic_init='policy'.")
+  # copies: the state is donated to the RL step, the reward model's own arrays must survive it
+  kernel = jnp.array(rm_params["score"]["kernel"][:, :1], jnp.float32, copy=True)
+  return {"head": {"kernel": kernel, "bias": jnp.zeros((1,), jnp.float32)},
+          "backbone": jax.tree.map(jnp.copy, rm_params["backbone"])}
+
+
 def apply_value_head(head, hidden):
   """(B, N, H) hidden states -> (B, N) float32 values."""
   return (hidden.astype(jnp.float32) @ head["kernel"] + head["bias"])[..., 0]
@@ -38,6 +57,6 @@ def apply_value_head(head, hidden):
 def separate_critic_values(value_params, model_cfg: ModelConfig, prompt_tokens, prompt_mask,
                            completion_tokens, completion_mask):
   """Values from the critic's own backbone."""
-  _, hidden = completion_logits(value_params["backbone"], model_cfg, prompt_tokens, prompt_mask,
-                                completion_tokens, completion_mask, return_hidden=True)
+  hidden = completion_logits(value_params["backbone"], model_cfg, prompt_tokens, prompt_mask,
+                            completion_tokens, completion_mask, project=False)
   return apply_value_head(value_params["head"], hidden)

@@ -19,7 +19,8 @@ import numpy as np
 from grpo_jax.parallel.distributed import to_host
 from grpo_jax.rollout.sampler import Rollout
 from grpo_jax.train.experience import RewardInputs
-from grpo_jax.train.faults import RewardError, guarded_score
+from grpo_jax.rewards.sources import RewardSources
+from grpo_jax.train.faults import RewardError
 
 
 @dataclasses.dataclass
@@ -33,6 +34,8 @@ class Collected:
   decoded_tokens: int = 0  # completion tokens sampled in every round (kept or not)
   slot_steps: int = 0  # decode slots x loop iterations of those rounds (DecodeStats)
   rollout_s: float = 0.0  # wall time of the sampler calls it took part in (shared by seeds)
+  # Each reward source's mean over the kept rows ({name: float}; reward/<name>_mean metrics).
+  reward_means: dict = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,22 +48,30 @@ class Samplers:
 
 
 def score_round(task, prompts, rollout: Rollout, greedy_rollout: Rollout | None,
-                group_size: int, on_reward_error: str, needs=()):
-  """One sampling round scored on the host: (rewards (B,), extras, completions scored 0).
-  extras holds what `needs` names: greedy_rewards (the greedy completion's reward of each
-  row's prompt) and step_rewards (the task's)."""
-  rewards, failed = guarded_score(task, prompts, rollout.completion_tokens,
-                                  rollout.completion_mask, group_size, on_reward_error)
+                group_size: int, on_reward_error: str, needs=(), sources=None):
+  """One sampling round scored on the host: (rewards (B,), extras, completions scored 0,
+  {reward source: (B,) its values}). extras holds what `needs` names: greedy_rewards (the
+  greedy completion's reward of each row's prompt) and step_rewards (the task's). `sources`
+  (grpo_jax/rewards/sources.py): the rewards and how they combine; None = the task's alone."""
+  sources = sources or RewardSources()
+  rewards, failed, components = sources.score(task, prompts, rollout.completion_tokens,
+                                              rollout.completion_mask, group_size,
+                                              on_reward_error)
   errors = int(failed.sum())
   extras = {}
   if "greedy_rewards" in needs:
-    greedy_rewards, bad = guarded_score(task, prompts, greedy_rollout.completion_tokens,
-                                        greedy_rollout.completion_mask, 1, on_reward_error)
+    greedy_rewards, bad, _ = sources.score(task, prompts, greedy_rollout.completion_tokens,
+                                           greedy_rollout.completion_mask, 1, on_reward_error)
     extras["greedy_rewards"] = np.repeat(greedy_rewards, group_size)
     errors += int(bad.sum())
   if "step_rewards" in needs:  # a completion scored 0 for a failing reward: its steps too
-    step_rewards, end_index, step_mask = task.step_rewards(
-        prompts, rollout.completion_tokens, rollout.completion_mask, group_size)
+    if sources.process_model is not None:  # a PRM's step scores (reward.process_model)
+      step_rewards, end_index, step_mask = sources.process_model.step_rewards(
+          prompts, np.asarray(rollout.completion_tokens), np.asarray(rollout.completion_mask),
+          group_size)
+    else:
+      step_rewards, end_index, step_mask = task.step_rewards(
+          prompts, rollout.completion_tokens, rollout.completion_mask, group_size)
     bad_steps = ~np.all(np.isfinite(np.asarray(step_rewards, np.float64)), axis=1) & ~failed
     if bad_steps.any():
       if on_reward_error == "raise":
@@ -72,19 +83,33 @@ def score_round(task, prompts, rollout: Rollout, greedy_rollout: Rollout | None,
       rewards = np.where(failed, 0.0, rewards).astype(np.float32)
     extras["step_rewards"] = (np.where(failed[:, None], 0.0, step_rewards).astype(np.float32),
                               end_index, step_mask)
-  return rewards, extras, errors
+  return rewards, extras, errors, components
 
 
 def _rows(tree, rows):
   return jax.tree.map(lambda x: np.asarray(x)[rows], tree)
 
 
+def gfpo_rows(rl, rewards, completion_mask, group_size: int) -> np.ndarray:
+  """The rows a step keeps: all of them, or with GFPO (rl.gfpo_keep = k > 0) the k of each
+  group of G' = group_size with the best rl.gfpo_metric (grpo_jax/rl/gfpo.py), in row order."""
+  keep = rl.get("gfpo_keep", 0)
+  if not keep:
+    return np.arange(len(rewards))
+  from grpo_jax.rl.gfpo import gfpo_keep_mask, gfpo_kept_rows  # noqa: PLC0415
+  lengths = np.asarray(completion_mask).sum(1).astype(np.int32)
+  mask = gfpo_keep_mask(rewards, lengths, group_size, keep, rl.get("gfpo_metric", "length"))
+  return np.asarray(gfpo_kept_rows(mask, group_size, keep))
+
+
 def collect(params, positions: list, keys: list, task, config, samplers: Samplers, axis,
-            needs=()) -> list[Collected]:
+            needs=(), sources=None) -> list[Collected]:
   """config.rollout.num_prompts groups of G completions for each seed of `axis` (see module
-  docstring); positions and keys are per seed (data positions, step keys)."""
+  docstring; with GFPO, the k kept of G' sampled); positions and keys are per seed (data
+  positions, step keys); `sources` the rewards (score_round)."""
   r_cfg, rl = config.rollout, config.rl
-  num_prompts, group = r_cfg.num_prompts, r_cfg.group_size
+  num_prompts, sampled = r_cfg.num_prompts, r_cfg.group_size
+  group = rl.get("gfpo_keep", 0) or sampled
   on_error = config.train.on_reward_error
   seeds = len(axis)
   kept, spare = [[] for _ in range(seeds)], [[] for _ in range(seeds)]
@@ -115,13 +140,15 @@ def collect(params, positions: list, keys: list, task, config, samplers: Sampler
       decoded[s] += int(np.asarray(rollouts[s].completion_mask).sum())
       slot_steps[s] += int(np.asarray(stats[s].slot_steps))
       rollout_s[s] += elapsed
-      rewards, extras, bad = score_round(task, prompts[s], rollouts[s], greedy[s], group,
-                                         on_error, needs)
+      rewards, extras, bad, parts = score_round(task, prompts[s], rollouts[s], greedy[s],
+                                                sampled, on_error, needs, sources)
       errors[s] += bad
       scored[s] += len(rewards) + (num_prompts if "greedy_rewards" in needs else 0)
+      kept_rows = gfpo_rows(rl, rewards, rollouts[s].completion_mask, sampled)
       for g in range(num_prompts):
-        rows = slice(g * group, (g + 1) * group)
-        item = (_rows(rollouts[s], rows), rewards[rows], _rows(extras, rows))
+        rows = kept_rows[g * group:(g + 1) * group]
+        item = (_rows(rollouts[s], rows), rewards[rows], _rows(extras, rows),
+                {n: v[rows] for n, v in parts.items()})
         spread = rewards[rows].max() > rewards[rows].min()
         (kept[s] if (spread or not rl.dynamic_sampling) else spare[s]).append(item)
       done[s] = (len(kept[s]) >= num_prompts or not rl.dynamic_sampling
@@ -139,4 +166,6 @@ def _assemble(kept, spare, num_prompts, consumed, rounds, errors) -> Collected:
   cat = lambda xs: jax.tree.map(lambda *a: np.concatenate(a, 0), *xs)  # noqa: E731
   inputs = RewardInputs(cat([c[1] for c in chosen]), cat([c[2] for c in chosen]),
                         np.int32(consumed))
-  return Collected(cat([c[0] for c in chosen]), inputs, rounds, filler, errors)
+  means = {n: float(np.mean(v)) for n, v in cat([c[3] for c in chosen]).items()}
+  return Collected(cat([c[0] for c in chosen]), inputs, rounds, filler, errors,
+                   reward_means=means)

@@ -23,11 +23,12 @@ import numpy as np
 
 from grpo_jax import config as config_lib
 from grpo_jax.models.config import ModelConfig
-from grpo_jax.models.value_head import init_value_params
+from grpo_jax.models.value_head import critic_from_reward_model, init_value_params
 from grpo_jax.parallel import distributed
 from grpo_jax.parallel.distributed import to_host
 from grpo_jax.parallel.mesh import (batch_axis_size, bytes_per_device, make_mesh, place_tree,
                                     shard_batch, split_heads_note, tree_shardings)
+from grpo_jax.rewards.sources import RewardSources, build_reward_sources
 from grpo_jax.rl.estimators import ESTIMATORS
 from grpo_jax.rollout.sampler import Sampling
 from grpo_jax.train.checkpoint import Checkpoints, step_of
@@ -35,7 +36,7 @@ from grpo_jax.train.collect import Samplers, collect
 from grpo_jax.train.evaluation import make_evaluator
 from grpo_jax.train.export import export_policy
 from grpo_jax.train.faults import (TerminationFlag, check_reward_error_fraction,
-                                    check_skips, check_state_finite)
+                                    check_skips, check_state_finite, reward_name)
 from grpo_jax.train.metrics import (MetricsWriter, keep_records_until, rollout_metrics,
                                     step_record, step_tokens)
 from grpo_jax.train.seed_axis import SeedAxis
@@ -61,17 +62,24 @@ class Run:
   workdirs: tuple  # per seed: where its records go
   mesh: object  # a jax Mesh, or None (stacked seeds run on one device)
   log: object
+  sources: RewardSources = RewardSources()  # the rewards and how they combine
 
   @property
   def needs(self) -> tuple:
     return ESTIMATORS.get(self.config.rl.advantage).needs
 
 
-def initial_state(config, model_cfg: ModelConfig, params, optimizer, base_key) -> TrainState:
-  """The state at step 0 from the starting policy (a frozen reference copy, a fresh critic);
-  under LoRA, fresh adapters on `params` as the frozen base (and reference)."""
-  value_params = init_value_params(config.rl.value_head, model_cfg, params,
-                                   jax.random.fold_in(base_key, 2))
+def initial_state(config, model_cfg: ModelConfig, params, optimizer, base_key,
+                  sources: RewardSources = RewardSources()) -> TrainState:
+  """The state at step 0 from the starting policy (a frozen reference copy, a fresh critic, or
+  with rl.critic_init='reward_model' one from sources' first reward model); under LoRA, fresh
+  adapters on `params` as the frozen base (and reference)."""
+  if config.rl.get("critic_init", "policy") == "reward_model":
+    rm = sources.models[0]
+    value_params = critic_from_reward_model(rm.params, rm.model_cfg, model_cfg)
+  else:
+    value_params = init_value_params(config.rl.value_head, model_cfg, params,
+                                     jax.random.fold_in(base_key, 2))
   key = jax.random.fold_in(base_key, 1)
   if uses_lora(config):
     adapters = initial_adapters(config, params, jax.random.fold_in(base_key, 4))
@@ -125,9 +133,10 @@ def _train(config, workdir: str, log, axis: SeedAxis, mesh, task, configs, base_
                                         f"program ({axis.mode})" if axis.stacked else ""))
   r_cfg, rl, t_cfg = config.rollout, config.rl, config.train
   optimizer = make_optimizer(config.optim, t_cfg.steps * rl.num_iterations * rl.num_minibatches)
-  spec = StepSpec(model_cfg, rl, optimizer, r_cfg.group_size, r_cfg.temperature,
-                  r_cfg.max_new_tokens)
-  run = Run(config, axis, task, spec, base_keys, workdirs, mesh, log)
+  spec = StepSpec(model_cfg, rl, optimizer, config_lib.update_group_size(config),
+                  r_cfg.temperature, r_cfg.max_new_tokens)
+  sources = build_reward_sources(config, task, mesh, reward_name(task))
+  run = Run(config, axis, task, spec, base_keys, workdirs, mesh, log, sources)
   # Named by the seeds: a later run of other seeds in the same workdir starts its own.
   directory = ("checkpoints" if not axis.stacked else
                f"checkpoints_seeds_{'_'.join(map(str, axis.seeds))}")
@@ -143,7 +152,7 @@ def _train(config, workdir: str, log, axis: SeedAxis, mesh, task, configs, base_
   try:
     with TerminationFlag() as sigterm:
       states = lambda p: axis.stack([  # noqa: E731
-          initial_state(config, model_cfg, q, optimizer, k)
+          initial_state(config, model_cfg, q, optimizer, k, run.sources)
           for q, k in zip(axis.unstack(p), base_keys)])
       state = ckpts.restore_latest(jax.eval_shape(states, params))
       resumed = state is not None
@@ -224,9 +233,11 @@ def _check_batches_fit_mesh(config, mesh) -> None:
   """Every batch must split evenly over the mesh's data x fsdp devices (checked up front)."""
   size = batch_axis_size(mesh)
   r, t = config.rollout, config.train
-  batch = r.num_prompts * r.group_size
+  batch = r.num_prompts * config_lib.update_group_size(config)
   for name, value in ((f"the rollout batch (rollout.num_prompts={r.num_prompts} x "
-                       f"rollout.group_size={r.group_size})", batch),
+                       f"rollout.group_size={r.group_size}"
+                       f"{', of which rl.gfpo_keep are kept' if config.rl.get('gfpo_keep') else ''})",
+                       batch),
                       ("a minibatch", batch // config.rl.num_minibatches),
                       ("a micro-batch", batch // config.rl.num_minibatches //
                        config.rl.num_micro_batches),
@@ -267,8 +278,8 @@ def make_host_advance(run: Run, state):
 
   def advance(state):
     positions = np.atleast_1d(to_host(state.data_position)).tolist()
-    collected = collect(policy_params(state), positions, axis.unstack(rollout_keys(state)), run.task,
-                        config, samplers, axis, run.needs)
+    collected = collect(policy_params(state), positions, axis.unstack(rollout_keys(state)),
+                        run.task, config, samplers, axis, run.needs, run.sources)
     for c in collected:  # before the update: a step mostly scored 0 must not train
       check_reward_error_fraction(c.reward_errors, c.scored,
                                   config.train.get("max_reward_error_fraction", 0.5),
@@ -281,11 +292,13 @@ def make_host_advance(run: Run, state):
     # Rollout tokens/s: every seed's sampled tokens over the sampler calls' wall time.
     rollout_speed = (sum(c.decoded_tokens for c in collected) /
                      max(collected[0].rollout_s, 1e-9))
+    per_reward = (lambda c: {} if run.sources.only_rule else  # noqa: E731
+                  {f"reward/{n}_mean": v for n, v in c.reward_means.items()})
     records = [step_record(m, rollout_metrics(c.inputs.rewards, c.rollout.completion_mask,
-                                              c.rollout.truncated, r_cfg.group_size),
+                                              c.rollout.truncated, run.spec.group_size),
                            config, c.sampling_rounds, c.groups_without_spread, c.reward_errors)
                | dict(decode_slot_utilisation=c.decoded_tokens / max(c.slot_steps, 1),
-                      rollout_tokens_per_s=rollout_speed)
+                      rollout_tokens_per_s=rollout_speed) | per_reward(c)
                for m, c in zip(axis.unstack(to_host(metrics)), collected)]
     return state, [records], [sum(step_tokens(c.rollout) for c in collected)]
 

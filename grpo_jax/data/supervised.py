@@ -1,0 +1,171 @@
+"""Data of the supervised stages: jsonl files of `{prompt, response}` (SFT) and of `{prompt,
+chosen, rejected}` (reward-model training, Bradley-Terry), tokenised by the task
+(`Task.supervised_example(prompt, response) -> (prompt ids, response ids)`: the task's own
+prompt format, the response ending with <eos>), and batches drawn in a per-epoch permutation of
+(seed, epoch) so that any position is reproducible (resume without replay).
+
+For the addition task, `addition_preference_pairs` writes such pairs without any file: the
+correct answer against a wrong one of the kinds a policy makes (carries dropped, one digit
+off, an answer cut short).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from typing import NamedTuple
+
+import numpy as np
+
+from grpo_jax.data.tokenizer import pad_rows
+from grpo_jax.errors import InputError
+
+
+@dataclasses.dataclass
+class SupervisedBatch:
+  prompt_tokens: np.ndarray  # (B, P) left-padded
+  prompt_mask: np.ndarray
+  target_tokens: np.ndarray  # (B, N) right-padded, ending with <eos>
+  target_mask: np.ndarray
+
+
+class PairBatch(NamedTuple):  # (a pytree: jitted steps take it whole)
+  prompt_tokens: np.ndarray  # (B, P) left-padded
+  prompt_mask: np.ndarray
+  chosen_tokens: np.ndarray  # (B, N) right-padded
+  chosen_mask: np.ndarray
+  rejected_tokens: np.ndarray  # (B, N)
+  rejected_mask: np.ndarray
+
+
+def read_jsonl(path: str, fields: tuple) -> list[dict]:
+  """The records of a jsonl file, each with string `fields`; an InputError names the line."""
+  if not os.path.isfile(path):
+    raise InputError(f"no file at {path}; give a jsonl file with one JSON object per line "
+                     f"holding {', '.join(fields)}.")
+  records = []
+  with open(path) as f:
+    for number, line in enumerate(f, 1):
+      if not line.strip():
+        continue
+      try:
+        record = json.loads(line)
+      except json.JSONDecodeError as e:
+        raise InputError(f"{path} line {number} is not JSON ({e.msg}); fix that line.") from None
+      missing = [k for k in fields
+                 if not isinstance(record, dict) or not isinstance(record.get(k), str)]
+      if missing:
+        raise InputError(f"{path} line {number} lacks the string field(s) {', '.join(missing)};"
+                         f" each line needs {', '.join(fields)}.")
+      records.append(record)
+  if not records:
+    raise InputError(f"{path} holds no records; each line needs {', '.join(fields)}.")
+  return records
+
+
+def write_jsonl(path: str, records: list[dict]) -> None:
+  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+  with open(path, "w") as f:
+    f.writelines(json.dumps(r) + "\n" for r in records)
+
+
+def epoch_positions(position: int, count: int, num: int, seed: int) -> np.ndarray:
+  """Indices [position, position + count) of a stream that walks epoch e of `num` records in the
+  order of a permutation seeded by (seed, e)."""
+  idx = []
+  while len(idx) < count:
+    epoch, offset = divmod(position + len(idx), num)
+    perm = np.random.default_rng([seed, epoch]).permutation(num)
+    idx.extend(perm[offset:offset + count - len(idx)].tolist())
+  return np.asarray(idx)
+
+
+class SupervisedData:
+  """{prompt, response} records tokenised by `task`: `warmup_batch(step, count, seed, _)` as the
+  warm-up asks of a task (grpo_jax/train/warmup.py)."""
+
+  def __init__(self, task, records: list[dict], max_new_tokens: int):
+    self.examples = [task.supervised_example(r["prompt"], r["response"]) for r in records]
+    self.prompt_len = max(len(p) for p, _ in self.examples)
+    self.max_new_tokens = max_new_tokens
+    self.pad_id = task.pad_id
+
+  def batch(self, rows) -> SupervisedBatch:
+    prompts = [self.examples[i][0] for i in rows]
+    targets = [self.examples[i][1][:self.max_new_tokens] for i in rows]
+    pt, pm = pad_rows(prompts, self.prompt_len, self.pad_id, left=True)
+    tt, tm = pad_rows(targets, self.max_new_tokens, self.pad_id, left=False)
+    return SupervisedBatch(pt, pm, tt, tm)
+
+  def warmup_batch(self, step: int, count: int, seed: int, carry_drop_fraction=None):
+    del carry_drop_fraction  # (the addition task's noise; a file has its own answers)
+    return self.batch(epoch_positions(step * count, count, len(self.examples), seed))
+
+
+class PairData:
+  """{prompt, chosen, rejected} records tokenised by `task`, as PairBatch rows."""
+
+  def __init__(self, task, records: list[dict], max_new_tokens: int):
+    self.pairs = [(task.supervised_example(r["prompt"], r["chosen"]),
+                   task.supervised_example(r["prompt"], r["rejected"])[1]) for r in records]
+    self.prompt_len = max(len(p) for (p, _), _ in self.pairs)
+    self.max_new_tokens = max_new_tokens
+    self.pad_id = task.pad_id
+
+  def __len__(self) -> int:
+    return len(self.pairs)
+
+  def batch(self, rows) -> PairBatch:
+    n, pad = self.max_new_tokens, self.pad_id
+    pt, pm = pad_rows([self.pairs[i][0][0] for i in rows], self.prompt_len, pad, left=True)
+    ct, cm = pad_rows([self.pairs[i][0][1][:n] for i in rows], n, pad, left=False)
+    rt, rm = pad_rows([self.pairs[i][1][:n] for i in rows], n, pad, left=False)
+    return PairBatch(pt, pm, ct, cm, rt, rm)
+
+  def stream_batch(self, position: int, count: int, seed: int) -> PairBatch:
+    return self.batch(epoch_positions(position, count, len(self.pairs), seed))
+
+
+def _wrong_answer(rng, a: int, b: int, digits: int) -> int:
+  """A wrong sum of a + b of the kinds a policy makes: carries dropped, one digit off, or a
+  random sum (each a third of the time, falling through when it happens to be right)."""
+  from grpo_jax.data.arithmetic import drop_carries  # noqa: PLC0415
+  right = a + b
+  kind = rng.integers(3)
+  if kind == 0:
+    wrong = int(drop_carries(np.array([a]), np.array([b]))[0])
+    if wrong != right:
+      return wrong
+  if kind <= 1:
+    place = 10 ** int(rng.integers(digits + 1))
+    digit = (right // place) % 10
+    wrong = right + (int(rng.integers(1, 10)) + digit) % 10 * place - digit * place
+    if wrong != right and wrong < 10 ** (digits + 1):
+      return wrong
+  while True:
+    wrong = int(rng.integers(2 * 10 ** digits - 1))
+    if wrong != right:
+      return wrong
+
+
+def addition_preference_pairs(task, split: str, count: int, seed: int) -> list[dict]:
+  """`count` {prompt, chosen, rejected} text records on the addition task's `split` ("train"
+  problems from the seed's training stream, "test" the held-out ones): chosen the right answer,
+  rejected a wrong one (`_wrong_answer`), one in 10 of them also cut short (no <eos> in the
+  text is impossible, so: its last digit dropped)."""
+  rng = np.random.default_rng([seed, 11, 0 if split == "train" else 1])
+  operands = (task.train_operands(0, count, seed + 2) if split == "train"
+              else task.test_pairs[np.arange(count) % len(task.test_pairs)])
+  d = task.num_digits if task.fixed_width else 0
+  records = []
+  for a, b in operands.tolist():
+    wrong = _wrong_answer(rng, a, b, task.num_digits)
+    answer = lambda s: f"{s:0{d + 1 if d else 0}d}"  # noqa: E731
+    show = (lambda t: t[::-1]) if task.reverse_answer else (lambda t: t)  # noqa: E731
+    rejected = show(answer(wrong))
+    if rng.random() < 0.1:
+      rejected = show(answer(a + b))[:-1]
+    records.append({"prompt": f"{a:0{d}d}+{b:0{d}d}=", "chosen": show(answer(a + b)),
+                    "rejected": rejected})
+  return records

@@ -1,0 +1,158 @@
+"""Outcome reward models: our decoder plus a score head, as transformers'
+`*ForSequenceClassification` (Llama, Qwen2, Qwen3, ... every registered family).
+
+Params are a plain pytree ``{"backbone": decoder params (no vocabulary head), "score":
+{"kernel": (H, num_labels)}}``. The score is read at the last real token of each row:
+
+    r(x) = h_L(x)[last] @ W_score        (no bias, as transformers' `score` Linear)
+
+where h_L is the final RMS-normed hidden state and `last` the rightmost position whose mask is
+1. transformers finds that position as the rightmost token != pad_token_id; the two agree
+unless a real token equals the pad id (then ours, which reads the mask, is the right one).
+
+Checkpoint names are transformers': ``model.embed_tokens.weight``, ``model.layers.N...``,
+``model.norm.weight``, ``score.weight`` (num_labels, H). A causal LM's folder also loads (its
+``lm_head`` is dropped, the score head starts at zero): the usual start of reward-model
+training from an SFT policy (OpenRLHF, TRL).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import pathlib
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from safetensors import SafetensorError
+from safetensors.numpy import save_file
+
+from grpo_jax.errors import InputError, first_line
+from grpo_jax.models.config import ModelConfig
+from grpo_jax.models.decoder import (decoder_apply, init_params, positions_from_mask,
+                                     stack_layers, unstack_layers)
+from grpo_jax.models.hf import (EXPORT_DTYPES, _open_safetensors, _read_tensors, _weight_map,
+                                hf_config_from_model_config, model_config_from_hf, param_layout,
+                                read_config, to_hf)
+
+
+def backbone_config(model_cfg: ModelConfig) -> ModelConfig:
+  """The decoder config of a reward model's backbone: no vocabulary head of its own (a
+  classification model has none), so the tie flag only says there is no lm_head param."""
+  return dataclasses.replace(model_cfg, tie_embeddings=True)
+
+
+def init_reward_model(model_cfg: ModelConfig, key, num_labels: int = 1, backbone=None):
+  """A reward model on `backbone` (e.g. an SFT policy's params; its lm_head is dropped) or on
+  random params of model_cfg; the score head starts at zero (every score 0)."""
+  if backbone is None:
+    backbone = init_params(backbone_config(model_cfg), key)
+  backbone = {k: v for k, v in backbone.items() if k != "lm_head"}
+  return {"backbone": backbone,
+          "score": {"kernel": jnp.zeros((model_cfg.hidden_size, num_labels), jnp.float32)}}
+
+
+def last_token_index(mask) -> jax.Array:
+  """(B,) the rightmost position where mask is true (0 for an all-false row)."""
+  mask = jnp.asarray(mask).astype(bool)
+  return jnp.argmax(jnp.where(mask, jnp.arange(mask.shape[1]), -1), axis=1)
+
+
+def reward_scores(params, model_cfg: ModelConfig, tokens, mask) -> jax.Array:
+  """(B, num_labels) float32 scores of padded rows `tokens` (B, T) with `mask` (B, T) (left,
+  right or both sides padded): the formula of the module docstring."""
+  mask = jnp.asarray(mask).astype(bool)
+  cfg = backbone_config(model_cfg)
+  hidden, _ = decoder_apply(cfg, params["backbone"], tokens, positions_from_mask(mask), mask,
+                            None, 0, project=False)
+  last = hidden[jnp.arange(hidden.shape[0]), last_token_index(mask)]
+  kernel = params["score"]["kernel"]
+  return jnp.dot(last.astype(cfg.dtype), kernel.astype(cfg.dtype)).astype(jnp.float32)
+
+
+def sequence_reward(params, model_cfg: ModelConfig, prompt_tokens, prompt_mask,
+                    completion_tokens, completion_mask) -> jax.Array:
+  """(B,) the first label's score of [prompt | completion] (same tokenizer as the policy)."""
+  tokens = jnp.concatenate([prompt_tokens, completion_tokens], axis=1)
+  mask = jnp.concatenate([prompt_mask, completion_mask], axis=1)
+  return reward_scores(params, model_cfg, tokens, mask)[:, 0]
+
+
+# ----------------------------------------------------------------------------- HF folders
+
+
+def _layout(model_cfg: ModelConfig):
+  """[(path, HF name, HF shape, our shape)] of the backbone, and its treedef."""
+  return param_layout(dataclasses.replace(backbone_config(model_cfg), scan_layers=False))
+
+
+def load_reward_model(path, param_dtype: str = "float32", compute_dtype: str = "float32",
+                      scan_layers: bool = False):
+  """(ModelConfig, params, num_labels) of a local `*ForSequenceClassification` folder (or of a
+  causal LM's: score head zero, num_labels 1)."""
+  path = pathlib.Path(path)
+  try:
+    hf_config = read_config(path)
+    model_cfg = model_config_from_hf(hf_config, param_dtype, compute_dtype)
+    weight_map = _weight_map(path)
+    layout, treedef = _layout(model_cfg)
+    missing = sorted({name for _, name, _, _ in layout} - set(weight_map))
+    if missing:
+      raise ValueError(f"the checkpoint lacks tensors {', '.join(missing[:3])} that its "
+                       f"config.json implies; check that config.json belongs to these weights")
+    arrays = _read_tensors(weight_map, layout, jnp.dtype(param_dtype))
+    backbone = jax.tree.unflatten(treedef, [arrays[name] for _, name, _, _ in layout])
+    if "score.weight" in weight_map:
+      with _open_safetensors(weight_map["score.weight"]) as f:
+        score = np.asarray(f.get_tensor("score.weight"), np.float32)
+      if score.ndim != 2 or score.shape[1] != model_cfg.hidden_size:
+        raise ValueError(f"score.weight has shape {score.shape}, not (num_labels, "
+                         f"hidden_size={model_cfg.hidden_size})")
+      kernel = jnp.asarray(score.T)
+    else:  # a causal LM: the start of reward-model training
+      kernel = jnp.zeros((model_cfg.hidden_size, 1), jnp.float32)
+  except InputError:
+    raise
+  except (OSError, ValueError, KeyError, SafetensorError) as e:
+    raise InputError(f"reward model {path}: {str(e).strip() or first_line(e)}") from None
+  if scan_layers:
+    backbone = stack_layers(backbone, model_cfg.num_layers)
+  model_cfg = dataclasses.replace(model_cfg, scan_layers=scan_layers)
+  return model_cfg, {"backbone": backbone, "score": {"kernel": kernel}}, int(kernel.shape[1])
+
+
+def export_reward_model(params, model_cfg: ModelConfig, out_dir, model_type: str = "qwen2",
+                        pad_token_id: int = 0, dtype: str = "float32",
+                        tokenizer_dir=None) -> pathlib.Path:
+  """Writes a `*ForSequenceClassification` folder that transformers loads with
+  AutoModelForSequenceClassification (and load_reward_model reads back)."""
+  if dtype not in EXPORT_DTYPES:
+    raise ValueError(f"dtype={dtype!r} is not supported for export; pass one of "
+                     f"{', '.join(EXPORT_DTYPES)}.")
+  backbone = params["backbone"]
+  if model_cfg.scan_layers:
+    backbone = unstack_layers(backbone, model_cfg.num_layers)
+  flat_cfg = dataclasses.replace(model_cfg, scan_layers=False)
+  layout, _ = _layout(flat_cfg)
+  leaves = jax.tree.leaves(backbone)
+  np_dtype = np.dtype(jnp.dtype(dtype))
+  tensors = {name: np.ascontiguousarray(to_hf(np.asarray(leaf, np.float32), path)).astype(
+      np_dtype) for (path, name, _, _), leaf in zip(layout, leaves)}
+  kernel = np.asarray(params["score"]["kernel"], np.float32)
+  tensors["score.weight"] = np.ascontiguousarray(kernel.T).astype(np_dtype)
+  hf_config = hf_config_from_model_config(flat_cfg, model_type, dtype)
+  family_arch = hf_config["architectures"][0]
+  hf_config["architectures"] = [family_arch.replace("ForCausalLM", "ForSequenceClassification")]
+  hf_config["num_labels"] = int(kernel.shape[1])
+  hf_config["id2label"] = {str(i): f"LABEL_{i}" for i in range(kernel.shape[1])}
+  hf_config["label2id"] = {f"LABEL_{i}": i for i in range(kernel.shape[1])}
+  hf_config["pad_token_id"] = int(pad_token_id)
+  out_dir = pathlib.Path(out_dir)
+  out_dir.mkdir(parents=True, exist_ok=True)
+  save_file(tensors, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
+  (out_dir / "config.json").write_text(json.dumps(hf_config, indent=2) + "\n")
+  if tokenizer_dir is not None:
+    from grpo_jax.models.hf_export import _copy_tokenizer_files  # noqa: PLC0415
+    _copy_tokenizer_files(pathlib.Path(tokenizer_dir), out_dir)
+  return out_dir

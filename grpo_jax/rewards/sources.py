@@ -1,0 +1,320 @@
+"""A step's rewards from several sources at once: the task's rule reward, learned outcome
+reward models (reward.models) and remote reward servers (reward.remote), combined with weights
+(grpo_jax/rewards/combine.py), each one kept for its own metric (`reward/<name>_mean`).
+
+    r_b = sum_k w_k c_{b,k}                                        reward.combine = "sum"
+    r_b = sum_k w_k (c_{b,k} - mean_g c_k) / (std_g c_k + eps)      "normalise_then_sum" (GDPO)
+
+Each source fails on its own: the rule reward through train/faults.guarded_score (per row),
+a reward model where its score is not finite, a remote server per chunk of rows (its error
+line names the URL and the reason). A row that fails in any source is scored 0 and counted
+(train.on_reward_error = "zero"), or the first failure stops the run with its message ("raise").
+
+A reward model reads the policy's tokens as they are when it shares the policy's tokenizer (its
+folder has no tokenizer files, or the same vocabulary: the fast path), else the decoded prompt
+and completion, re-tokenised with its own tokenizer and chat template.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import pathlib
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from grpo_jax.errors import ConfigError
+from grpo_jax.rewards.combine import COMBINE_MODES, combine_rewards
+from grpo_jax.train.faults import RewardError, guarded_score
+
+RULE = "rule"
+
+
+@dataclasses.dataclass(frozen=True)
+class RewardModelSource:
+  """A frozen outcome reward model: score(prompts, tokens, mask, group_size) -> (B,)."""
+  name: str
+  weight: float
+  model_cfg: Any
+  params: Any
+  score_tokens: Callable  # jitted (params, prompt_tokens, prompt_mask, tokens, mask) -> (B,)
+  tokenizer: Any = None  # its own tokenizer (re-tokenising path), or None (the policy's)
+  max_tokens: int = 1024  # re-tokenised rows are cut to this many tokens (from the left)
+
+  def score(self, task, prompts, tokens, mask, group_size: int) -> np.ndarray:
+    prompt_tokens = np.repeat(np.asarray(prompts.prompt_tokens), group_size, 0)
+    prompt_mask = np.repeat(np.asarray(prompts.prompt_mask), group_size, 0)
+    if self.tokenizer is None:
+      return np.asarray(self.score_tokens(self.params, prompt_tokens, prompt_mask, tokens, mask))
+    prompt_texts, completions, _ = row_texts(task, prompts, tokens, mask, group_size)
+    ids, ids_mask = retokenise(self.tokenizer, prompt_texts, completions, self.max_tokens)
+    empty = np.zeros((ids.shape[0], 0), np.int32)
+    return np.asarray(self.score_tokens(self.params, empty, empty.astype(bool), ids, ids_mask))
+
+
+@dataclasses.dataclass(frozen=True)
+class ProcessModelSource:
+  """A frozen process reward model (grpo_jax/rewards/process_reward_model.py) giving the
+  process estimator's step rewards instead of the task (reward.process_model)."""
+  params: Any
+  step_fn: Callable  # jitted (params, prompt_tokens, prompt_mask, tokens, mask) -> 3 arrays
+
+  def step_rewards(self, prompts, tokens, mask, group_size: int):
+    prompt_tokens = np.repeat(np.asarray(prompts.prompt_tokens), group_size, 0)
+    prompt_mask = np.repeat(np.asarray(prompts.prompt_mask), group_size, 0)
+    return tuple(np.asarray(x) for x in self.step_fn(self.params, prompt_tokens, prompt_mask,
+                                                     tokens, mask))
+
+
+@dataclasses.dataclass(frozen=True)
+class RemoteSource:
+  name: str
+  weight: float
+  config: Any  # grpo_jax.rewards.remote.RemoteRewardConfig
+
+
+@dataclasses.dataclass(frozen=True)
+class RewardSources:
+  """Every reward of a run and how they combine."""
+  rule_weight: float = 1.0
+  rule_name: str = RULE
+  models: tuple = ()
+  remote: tuple = ()
+  combine: str = "sum"
+  process_model: ProcessModelSource | None = None  # step rewards from a PRM, or the task's
+
+  @property
+  def only_rule(self) -> bool:
+    """The task's rule reward alone, unweighted: scored exactly as without this module."""
+    return not self.models and not self.remote and self.rule_weight == 1.0
+
+  @property
+  def names(self) -> tuple:
+    rule = (self.rule_name,) if self.rule_weight else ()
+    return rule + tuple(s.name for s in self.models) + tuple(s.name for s in self.remote)
+
+  def score(self, task, prompts, tokens, mask, group_size: int, on_error: str):
+    """(rewards (B,) float32, failed (B,) bool, {name: (B,) component}) of the completions."""
+    tokens, mask = np.asarray(tokens), np.asarray(mask).astype(bool)
+    if self.only_rule:
+      rewards, failed = guarded_score(task, prompts, tokens, mask, group_size, on_error)
+      return rewards, failed, {self.rule_name: rewards}
+    rows = tokens.shape[0]
+    components, weights, failed = {}, [], np.zeros(rows, bool)
+    if self.rule_weight:
+      values, bad = guarded_score(task, prompts, tokens, mask, group_size, on_error)
+      components[self.rule_name], failed = values, failed | bad
+      weights.append(self.rule_weight)
+    for source in self.models:
+      values = np.asarray(source.score(task, prompts, tokens, mask, group_size), np.float32)
+      bad = ~np.isfinite(values)
+      if bad.any() and on_error == "raise":
+        raise RewardError(f"reward model {source.name!r} gave a non-finite score "
+                          f"{values[bad][0]} (row {int(np.argmax(bad))}); check its weights, "
+                          f"or set train.on_reward_error='zero' to score such completions 0 "
+                          f"and count them.")
+      components[source.name], failed = np.where(bad, 0.0, values), failed | bad
+      weights.append(source.weight)
+    if self.remote:
+      from grpo_jax.rewards.remote import raise_first, score_remote  # noqa: PLC0415
+      prompt_texts, completions, labels = row_texts(task, prompts, tokens, mask, group_size)
+      queries = [p + c for p, c in zip(prompt_texts, completions)]
+      for source in self.remote:
+        result = score_remote(source.config, queries, prompt_texts, labels)
+        if on_error == "raise":
+          raise_first(result)
+        components[source.name] = np.where(result.failed, 0.0, result.rewards)
+        failed = failed | result.failed
+        weights.append(source.weight)
+    matrix = np.stack([components[n] for n in components], axis=1).astype(np.float32)
+    matrix = np.where(failed[:, None], 0.0, matrix)
+    rewards = np.asarray(combine_rewards(jnp.asarray(matrix), jnp.asarray(weights, jnp.float32),
+                                         group_size, self.combine), np.float32)
+    return np.where(failed, 0.0, rewards), failed, {n: matrix[:, i]
+                                                    for i, n in enumerate(components)}
+
+
+# ----------------------------------------------------------------------------- texts
+
+
+def _decode(tokenizer, ids) -> str:
+  try:
+    return tokenizer.decode(ids, skip_special_tokens=True)
+  except TypeError:  # grpo_jax's CharTokenizer (stops at <eos>)
+    return tokenizer.decode(ids)
+
+
+def row_texts(task, prompts, tokens, mask, group_size: int):
+  """Per completion row: (prompt text, completion text, label) as a remote server or another
+  tokenizer reads them. The prompt is the task's own text when it has one (`prompt_texts`),
+  else its tokens decoded; the label is the task's (`labels`: the gold answer), else ""."""
+  count = np.asarray(prompts.prompt_tokens).shape[0]
+  if hasattr(task, "prompt_texts"):
+    prompt_texts = list(task.prompt_texts(prompts))
+  else:
+    prompt_texts = [_decode(task.tokenizer, t[m].tolist()) for t, m in zip(
+        np.asarray(prompts.prompt_tokens), np.asarray(prompts.prompt_mask, bool))]
+  labels = list(task.labels(prompts)) if hasattr(task, "labels") else [""] * count
+  completions = [_decode(task.tokenizer, t[m].tolist()) for t, m in zip(tokens, mask)]
+  repeat = lambda xs: [x for x in xs for _ in range(group_size)]  # noqa: E731
+  return repeat(prompt_texts), completions, repeat(labels)
+
+
+def retokenise(tokenizer, prompts: list, completions: list, max_tokens: int):
+  """Rows [chat-templated user prompt + assistant completion] in `tokenizer`'s ids, right-padded
+  to a multiple of 64 (few compiled shapes): (ids (B, T) int32, mask (B, T) bool)."""
+  rows = []
+  for prompt, completion in zip(prompts, completions):
+    if getattr(tokenizer, "chat_template", None):
+      text = tokenizer.apply_chat_template(
+          [{"role": "user", "content": prompt}, {"role": "assistant", "content": completion}],
+          tokenize=False)
+    else:
+      text = prompt + completion
+    rows.append(tokenizer(text, add_special_tokens=False)["input_ids"][-max_tokens:])
+  width = max(64, -(-max(len(r) for r in rows) // 64) * 64)
+  ids = np.zeros((len(rows), width), np.int32)
+  ids_mask = np.zeros((len(rows), width), bool)
+  for i, r in enumerate(rows):
+    ids[i, :len(r)], ids_mask[i, :len(r)] = r, True
+  return ids, ids_mask
+
+
+# ----------------------------------------------------------------------------- building
+
+
+def _entries(section, key: str) -> list:
+  value = section.get(key, ()) if section is not None else ()
+  return [dict(v) for v in (value or ())]
+
+
+def check_reward_config(config) -> None:
+  """ConfigError sentences for reward.models / reward.remote / reward.combine, before compute."""
+  reward = config.get("reward")
+  if reward is None:
+    return
+  combine = reward.get("combine", "sum")
+  if combine not in COMBINE_MODES:
+    raise ConfigError(f"reward.combine={combine!r} is unknown; valid: {', '.join(COMBINE_MODES)}.")
+  rule_weight = float(reward.get("rule_weight", 1.0))
+  models, remote = _entries(reward, "models"), _entries(reward, "remote")
+  if rule_weight == 0 and not models and not remote:
+    raise ConfigError("reward.rule_weight=0 with no reward.models and no reward.remote leaves "
+                      "no reward; add a reward model or a remote reward, or set rule_weight > 0.")
+  for i, m in enumerate(models):
+    unknown = set(m) - {"path", "weight", "name", "tokenizer", "max_tokens"}
+    if unknown:
+      raise ConfigError(f"reward.models[{i}] has unknown field(s) {sorted(unknown)}; valid: "
+                        f"path, weight, name, tokenizer, max_tokens.")
+    if not m.get("path"):
+      raise ConfigError(f"reward.models[{i}] has no path; set it to a local "
+                        f"*ForSequenceClassification folder.")
+    if m.get("tokenizer", "auto") not in ("auto", "policy", "own"):
+      raise ConfigError(f"reward.models[{i}].tokenizer={m['tokenizer']!r}; use auto, policy or "
+                        f"own.")
+  for i, r in enumerate(remote):
+    from grpo_jax.rewards.remote import RemoteRewardConfig  # noqa: PLC0415
+    fields = {f.name for f in dataclasses.fields(RemoteRewardConfig)} | {"weight"}
+    unknown = set(r) - fields
+    if unknown:
+      raise ConfigError(f"reward.remote[{i}] has unknown field(s) {sorted(unknown)}; valid: "
+                        f"{', '.join(sorted(fields))}.")
+    _remote_config(r, i).check(f"reward.remote[{i}]")
+  if uses_process_model(config):
+    pm = reward.process_model
+    for field in ("separator_id", "good_id", "bad_id"):
+      if not (isinstance(pm[field], int) and pm[field] >= 0):
+        raise ConfigError(f"reward.process_model.{field}={pm[field]!r}; give the token id (of "
+                          f"the policy's tokenizer, which the PRM shares).")
+    if pm.max_steps < 1:
+      raise ConfigError(f"reward.process_model.max_steps={pm.max_steps}; use at least 1.")
+  names = [m.get("name") or f"rm{i}" for i, m in enumerate(models)] + [
+      r.get("name") or f"remote{i}" for i, r in enumerate(remote)]
+  if len(set(names)) != len(names):
+    raise ConfigError(f"reward names {names} repeat; give each reward.models / reward.remote "
+                      f"entry its own name.")
+
+
+def _remote_config(entry: dict, index: int):
+  from grpo_jax.rewards.remote import RemoteRewardConfig  # noqa: PLC0415
+  fields = {k: v for k, v in entry.items() if k != "weight"}
+  fields.setdefault("name", f"remote{index}")
+  if "headers" in fields:
+    fields["headers"] = tuple(tuple(h) for h in fields["headers"])
+  return RemoteRewardConfig(**fields)
+
+
+def _same_vocabulary(path: pathlib.Path, policy_tokenizer) -> bool:
+  """Whether the reward model's folder has no tokenizer (it reads the policy's ids) or one with
+  the policy's vocabulary."""
+  if not any((path / f).is_file() for f in ("tokenizer.json", "vocab.json", "tokenizer.model")):
+    return True
+  vocab = getattr(policy_tokenizer, "get_vocab", None)
+  if vocab is None:
+    return False
+  from transformers import AutoTokenizer  # noqa: PLC0415
+  return AutoTokenizer.from_pretrained(path).get_vocab() == vocab()
+
+
+def build_reward_sources(config, task, mesh=None, rule_name: str = RULE) -> RewardSources:
+  """The run's RewardSources: reward models loaded (frozen, on the mesh like the policy)."""
+  reward = config.get("reward")
+  if reward is None:
+    return RewardSources(rule_name=rule_name)
+  check_reward_config(config)
+  from grpo_jax.models.reward_model import load_reward_model, sequence_reward  # noqa: PLC0415
+  models = []
+  for i, m in enumerate(_entries(reward, "models")):
+    path = pathlib.Path(m["path"])
+    cfg, params, _ = load_reward_model(path, config.model.param_dtype,
+                                       config.model.compute_dtype,
+                                       bool(config.model.get("scan_layers", False)))
+    if mesh is not None:
+      from grpo_jax.parallel.mesh import place_tree  # noqa: PLC0415
+      params = place_tree(params, mesh)
+    mode = m.get("tokenizer", "auto")
+    own = mode == "own" or (mode == "auto" and not _same_vocabulary(path, task.tokenizer))
+    tokenizer = None
+    if own:
+      from transformers import AutoTokenizer  # noqa: PLC0415
+      tokenizer = AutoTokenizer.from_pretrained(path)
+    elif cfg.vocab_size < len(task.tokenizer):
+      raise ConfigError(f"reward.models[{i}] ({path}) has vocab_size={cfg.vocab_size} but reads "
+                        f"the policy's {len(task.tokenizer)}-token ids; set "
+                        f"reward.models[{i}].tokenizer='own' (its folder needs a tokenizer).")
+    score = jax.jit(lambda p, pt, pm, t, tm, cfg=cfg: sequence_reward(p, cfg, pt, pm, t, tm))
+    models.append(RewardModelSource(m.get("name") or f"rm{i}", float(m.get("weight", 1.0)), cfg,
+                                    params, score, tokenizer, int(m.get("max_tokens", 1024))))
+  remote = [RemoteSource(r.get("name") or f"remote{i}", float(r.get("weight", 1.0)),
+                         _remote_config(r, i)) for i, r in enumerate(_entries(reward, "remote"))]
+  return RewardSources(float(reward.get("rule_weight", 1.0)), rule_name, tuple(models),
+                       tuple(remote), reward.get("combine", "sum"),
+                       _process_model(config, mesh))
+
+
+def uses_process_model(config) -> bool:
+  reward = config.get("reward")
+  return bool(reward and reward.get("process_model") and reward.process_model.get("path"))
+
+
+def _process_model(config, mesh):
+  """reward.process_model's PRM (a causal LM folder sharing the policy's tokenizer), or None."""
+  if not uses_process_model(config):
+    return None
+  from grpo_jax.models.hf import load_hf_checkpoint  # noqa: PLC0415
+  from grpo_jax.rewards.process_reward_model import (prm_token_scores,  # noqa: PLC0415
+                                                     step_rewards_from_token_scores)
+  pm = config.reward.process_model
+  cfg, params = load_hf_checkpoint(pm.path, config.model.param_dtype, config.model.compute_dtype)
+  if mesh is not None:
+    from grpo_jax.parallel.mesh import place_tree  # noqa: PLC0415
+    params = place_tree(params, mesh)
+  ids = dict(separator_id=int(pm.separator_id), good_id=int(pm.good_id), bad_id=int(pm.bad_id))
+
+  def steps(p, pt, pm_, t, tm):
+    scores, ends = prm_token_scores(p, cfg, pt, pm_, t, tm, score_last=bool(pm.score_last),
+                                    **ids)
+    return step_rewards_from_token_scores(scores, ends, int(pm.max_steps))
+  return ProcessModelSource(params, jax.jit(steps))

@@ -1,0 +1,248 @@
+"""The supervised stages before RL (README "The SFT -> RM -> PPO pipeline"):
+
+  SFT   python -m grpo_jax.train_sft --config=... --workdir=W: the warm-up as a stage of its own
+        (the task's warm-up data, or a jsonl file of {prompt, response} with warmup.data_path;
+        loss on the response tokens only), held-out accuracy at the end, the policy exported
+        as a Hugging Face checkpoint to W/hf_export (the next stages' model.path).
+  RM    python -m grpo_jax.train_rm --config=... --workdir=W: an outcome reward model trained
+        on pairs {prompt, chosen, rejected} with the Bradley-Terry loss
+        (grpo_jax/rl/preference.py), started from model.path (the SFT policy, its lm_head
+        dropped, a zero score head) or random; pairwise accuracy on the held-out pairs; the
+        TrainState, checkpoints and exact resume of the RL loop; exported as a
+        *ForSequenceClassification folder to W/hf_export (reward.models' path in PPO).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from grpo_jax import config as config_lib
+from grpo_jax.data.supervised import (PairData, SupervisedData, addition_preference_pairs,
+                                      read_jsonl, write_jsonl)
+from grpo_jax.errors import ConfigError
+from grpo_jax.models.reward_model import (export_reward_model, init_reward_model,
+                                          sequence_reward)
+from grpo_jax.rl.preference import bradley_terry_loss, pair_accuracy
+from grpo_jax.train.checkpoint import Checkpoints, step_of
+from grpo_jax.train.evaluation import make_evaluator
+from grpo_jax.train.metrics import MetricsWriter, keep_records_until
+from grpo_jax.train.seed_axis import SeedAxis
+from grpo_jax.train.setup import build_model, build_task, check_task_fits_model, uses_checkpoint
+from grpo_jax.train.state import apply_if_finite, create_train_state, make_optimizer
+from grpo_jax.train.warmup import run_warmup
+from grpo_jax.train.workdir import WorkdirLock, check_workdir, write_config
+
+
+def export_model_type(config, model_cfg) -> str:
+  """The model_type an exported folder gets: model.path's, else the family of the features."""
+  if uses_checkpoint(config):
+    return json.loads((pathlib.Path(config.model.path) / "config.json").read_text())["model_type"]
+  return "qwen3" if model_cfg.qk_norm else ("qwen2" if model_cfg.qkv_bias else "llama")
+
+
+# ----------------------------------------------------------------------------- SFT
+
+
+def train_sft(config, workdir: str, log=print):
+  """The SFT stage (module docstring); returns the trained params."""
+  config_lib.validate(config)
+  check_workdir(workdir)
+  task = build_task(config, log)
+  key = jax.random.key(config.seed)
+  model_cfg, params = build_model(config, jax.random.fold_in(key, 0))
+  check_task_fits_model(config, model_cfg, task)
+  data_path = config.warmup.get("data_path", "")
+  source = task if not data_path else SupervisedData(
+      task, read_jsonl(data_path, ("prompt", "response")), config.rollout.max_new_tokens)
+  if config.warmup.steps <= 0:
+    raise ConfigError(f"warmup.steps={config.warmup.steps}: the SFT stage trains warmup.steps "
+                      f"steps; set it > 0.")
+  axis = SeedAxis((int(config.seed),))
+  with WorkdirLock(workdir):
+    write_config(config, workdir)
+    writer = MetricsWriter(workdir, config.warmup.steps, stream=None)
+    keep_records_until(writer.path, -1)  # a rerun starts the stage over (a pure function)
+    params = run_warmup(params, source, model_cfg, config.warmup, axis, log,
+                        record=lambda step, loss: writer.write(step, {"sft_loss": float(loss[0])}))
+    evaluate = make_evaluator(task, model_cfg, config.train, config.rollout,
+                              [jax.random.fold_in(key, 3)], axis)
+    evals = evaluate(params)[0]
+    writer.write(config.warmup.steps, evals)
+    writer.close()
+    log(f"sft: eval_accuracy {evals['eval_accuracy']:.3f} after {config.warmup.steps} steps")
+    from grpo_jax.models.hf_export import export_hf_checkpoint  # noqa: PLC0415
+    out = export_hf_checkpoint(params, model_cfg, os.path.join(workdir, "hf_export"),
+                               config.model.path or None, export_model_type(config, model_cfg))
+    log(f"sft: exported the policy to {out}")
+  return params
+
+
+# ----------------------------------------------------------------------------- reward model
+
+
+def rm_pairs(config, task, split: str, policy=None) -> list[dict]:
+  """rm.train_path / rm.test_path's pairs, or (empty path) pairs made from the task: with a
+  starting `policy` (model_cfg, params) a share rm.policy_fraction of them on-policy (the
+  right answer against the policy's own wrong samples, `policy_pairs`: the mistakes PPO will
+  meet), the rest synthetic (`addition_preference_pairs`)."""
+  path = config.rm.get(f"{split}_path", "")
+  if path:
+    return read_jsonl(path, ("prompt", "chosen", "rejected"))
+  if not hasattr(task, "train_operands"):
+    raise ConfigError(f"rm.{split}_path is empty and task {config.task.name!r} cannot make "
+                      f"preference pairs; give a jsonl file of {{prompt, chosen, rejected}}.")
+  count = config.rm.train_pairs if split == "train" else config.rm.test_pairs
+  on_policy = []
+  if policy is not None and config.rm.get("policy_fraction", 0.0) > 0:
+    on_policy = policy_pairs(config, task, split, *policy,
+                             int(count * config.rm.policy_fraction))
+  return on_policy + addition_preference_pairs(task, split, count - len(on_policy),
+                                               int(config.seed))
+
+
+def policy_pairs(config, task, split: str, model_cfg, params, count: int) -> list[dict]:
+  """Up to `count` pairs {prompt, chosen: the right answer, rejected: a wrong completion the
+  policy sampled} (at the rollout temperature, rollout.group_size samples per prompt, prompts
+  of `split` in stream order), a pure function of the seed."""
+  from grpo_jax.rollout.sampler import Sampling  # noqa: PLC0415
+  group = config.rollout.group_size
+  sample = jax.jit(Sampling.of(model_cfg, task, config.rollout).grouped(group))
+  key = jax.random.fold_in(jax.random.key(config.seed), 6 if split == "train" else 7)
+  decode = task.tokenizer.decode
+  pairs, position, batch = [], 0, 256
+  while len(pairs) < count:
+    if split == "train":
+      prompts = task.train_batch(position, batch, int(config.seed) + 3)
+    else:
+      rows = (position + np.arange(batch)) % len(task.test_pairs)
+      prompts = task.encode(task.test_pairs[rows])
+    rollout = sample(params, prompts.prompt_tokens, prompts.prompt_mask,
+                     jax.random.fold_in(key, position))
+    tokens, mask = np.asarray(rollout.completion_tokens), np.asarray(rollout.completion_mask)
+    right = task.score(prompts, tokens, mask, group)
+    for row in np.flatnonzero(right == 0):
+      p = row // group
+      text = lambda t, m: decode(t[m.astype(bool)])  # noqa: E731
+      pair = {"prompt": text(prompts.prompt_tokens[p], prompts.prompt_mask[p]),
+              "chosen": text(prompts.target_tokens[p], prompts.target_mask[p]),
+              "rejected": text(tokens[row], mask[row])}
+      if pair["rejected"] != pair["chosen"]:  # (ids past the alphabet decode to nothing)
+        pairs.append(pair)
+    position += batch
+    if position > 50 * max(count, 1):
+      break  # a policy that is (almost) always right: the synthetic pairs fill in
+  return pairs[:count]
+
+
+def make_rm_step(model_cfg, optimizer, margin: float):
+  """step(state, batch) -> (state, metrics): one AdamW step of the Bradley-Terry loss (not
+  applied when the loss or a gradient is not finite)."""
+
+  def rewards(params, b):
+    chosen = sequence_reward(params, model_cfg, b.prompt_tokens, b.prompt_mask, b.chosen_tokens,
+                             b.chosen_mask)
+    rejected = sequence_reward(params, model_cfg, b.prompt_tokens, b.prompt_mask,
+                               b.rejected_tokens, b.rejected_mask)
+    return chosen, rejected
+
+  def loss_fn(params, b):
+    chosen, rejected = rewards(params, b)
+    return bradley_terry_loss(chosen, rejected, margin), (chosen, rejected)
+
+  def step(state, b):
+    (loss, (chosen, rejected)), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params,
+                                                                                   b)
+    (params, _), opt_state, applied = apply_if_finite(
+        (state.params, None), state.opt_state, (grads, None), loss, optimizer)
+    state = state.replace(step=state.step + 1, params=params, opt_state=opt_state,
+                          data_position=state.data_position + b.prompt_tokens.shape[0],
+                          skipped_updates=state.skipped_updates + (~applied).astype(jnp.int32))
+    return state, dict(loss=loss, train_pair_accuracy=pair_accuracy(chosen, rejected),
+                       reward_margin=jnp.mean(chosen - rejected))
+
+  return step, jax.jit(rewards)
+
+
+def evaluate_pairs(rewards, params, data: PairData, batch_size: int) -> dict:
+  """Held-out pair accuracy and mean margin of `data` (every pair once)."""
+  chosen, rejected = [], []
+  for start in range(0, len(data), batch_size):
+    rows = np.arange(start, min(start + batch_size, len(data)))
+    rows = np.concatenate([rows, np.zeros(batch_size - len(rows), int)])  # one shape
+    c, r = rewards(params, data.batch(rows))
+    keep = min(batch_size, len(data) - start)
+    chosen.append(np.asarray(c)[:keep])
+    rejected.append(np.asarray(r)[:keep])
+  chosen, rejected = np.concatenate(chosen), np.concatenate(rejected)
+  return dict(pair_accuracy=float(np.mean(chosen > rejected)),
+              eval_reward_margin=float(np.mean(chosen - rejected)))
+
+
+def train_reward_model(config, workdir: str, log=print):
+  """The RM stage (module docstring); resumes from the newest checkpoint. Returns the state."""
+  config_lib.validate(config)
+  check_workdir(workdir)
+  rm = config.rm
+  for name in ("steps", "batch_size"):
+    if rm[name] < 1:
+      raise ConfigError(f"rm.{name}={rm[name]}; use at least 1.")
+  task = build_task(config, log)
+  key = jax.random.key(config.seed)
+  model_cfg, policy = build_model(config, jax.random.fold_in(key, 0))
+  n = config.rollout.max_new_tokens
+  train = PairData(task, rm_pairs(config, task, "train", (model_cfg, policy)), n)
+  test = PairData(task, rm_pairs(config, task, "test", (model_cfg, policy)), n)
+  params = init_reward_model(model_cfg, jax.random.fold_in(key, 5), backbone=policy)
+  del policy
+  optimizer = make_optimizer(config.optim, rm.steps)
+  fresh = lambda: create_train_state(params, optimizer, jax.random.fold_in(key, 1)).replace(  # noqa: E731
+      ref_params=None)
+  step_fn, rewards = make_rm_step(model_cfg, optimizer, float(rm.get("margin", 0.0)))
+  step_fn = jax.jit(step_fn, donate_argnums=0)
+  with WorkdirLock(workdir):
+    write_config(config, workdir)
+    ckpts = Checkpoints(os.path.join(workdir, "checkpoints"), config.train.keep_checkpoints, log)
+    try:
+      state = ckpts.restore_latest(jax.eval_shape(fresh))
+      writer = MetricsWriter(workdir, rm.steps, stream=None)
+      if state is None:
+        state = fresh()
+        keep_records_until(writer.path, -1)
+        writer.write(0, evaluate_pairs(rewards, state.params, test, rm.batch_size))
+      else:
+        keep_records_until(writer.path, step_of(state))
+        log(f"rm: resumed from checkpoint {ckpts.directory}/{step_of(state)}")
+      seed = int(config.seed)
+      while step_of(state) < rm.steps:
+        batch = train.stream_batch(int(state.data_position), rm.batch_size, seed)
+        state, metrics = step_fn(state, batch)
+        step = step_of(state)
+        record = {k: float(v) for k, v in metrics.items()}
+        if step % rm.eval_every == 0 or step == rm.steps:
+          record.update(evaluate_pairs(rewards, state.params, test, rm.batch_size))
+          log(f"rm step {step:>5}/{rm.steps} | loss {record['loss']:.4f} | held-out pair "
+              f"accuracy {record['pair_accuracy']:.3f}")
+        writer.write(step, record)
+        if (config.train.checkpoint_every and step % config.train.checkpoint_every == 0) or \
+            step == rm.steps:
+          ckpts.save(state)
+      writer.close()
+    finally:
+      ckpts.close()
+    if rm.get("export", True):
+      out = export_reward_model(state.params, model_cfg, os.path.join(workdir, "hf_export"),
+                                export_model_type(config, model_cfg), task.pad_id)
+      log(f"rm: exported the reward model to {out}")
+  return state
+
+
+def write_pairs(config, task, out_dir: str) -> None:
+  """The task's generated pairs as jsonl files (train.jsonl, test.jsonl) in out_dir."""
+  for split in ("train", "test"):
+    write_jsonl(os.path.join(out_dir, f"{split}.jsonl"), rm_pairs(config, task, split))

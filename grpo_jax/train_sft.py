@@ -1,0 +1,19 @@
+"""The SFT stage: python -m grpo_jax.train_sft --config=configs/<name>.py --workdir=DIR
+(grpo_jax/train/stages.py; the flags and exit statuses of grpo_jax.main)."""
+
+from __future__ import annotations
+
+from absl import app
+
+from grpo_jax.main import _CONFIG, _WORKDIR, parse_flags, run_command
+
+
+def main(argv):
+  def run():
+    from grpo_jax.train.stages import train_sft  # noqa: PLC0415
+    train_sft(_CONFIG.value, _WORKDIR.value)
+  run_command(argv, run)
+
+
+if __name__ == "__main__":
+  app.run(main, flags_parser=parse_flags)
