@@ -140,3 +140,17 @@ def test_bad_inputs_raise_one_sentence():
   with pytest.raises(ValueError, match="use B >= 2"):
     batch_normalise(np.ones(1, np.float32))
   np.testing.assert_allclose(combine_rewards(c, weights, 1, "sum"), c @ weights, rtol=1e-5)
+
+
+def test_gdpo_is_normalise_then_sum_with_the_grpo_batch_std_estimator():
+  """README's claim: rl.advantage='grpo_batch_std' on the normalise-then-sum reward is GDPO's
+  batch normalisation (the normalised sum has group mean 0)."""
+  from grpo_jax.rl.advantages import grpo_batch_std_advantages
+  rng = np.random.default_rng(3)
+  components = jnp.asarray(rng.integers(0, 3, (24, 3)).astype(np.float32))
+  weights = jnp.asarray([1.0, 0.5, 2.0])
+  combined = combine_rewards(components, weights, 4, "normalise_then_sum")
+  mask = jnp.ones((24, 5), bool)
+  ours = grpo_batch_std_advantages(combined, 4, mask, 1e-6)[:, 0]
+  np.testing.assert_allclose(np.asarray(ours), np.asarray(batch_normalise(combined, 1e-6)),
+                             atol=1e-5)

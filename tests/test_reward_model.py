@@ -110,3 +110,41 @@ def test_a_causal_lm_folder_starts_a_reward_model_at_zero(tmp_path):
   np.testing.assert_array_equal(np.asarray(sequence_reward(params, cfg, *p, *c)), [0.0])
   fresh = init_reward_model(cfg, jax.random.key(0))
   assert fresh["score"]["kernel"].shape == (cfg.hidden_size, 1)
+
+
+def test_a_reward_model_with_its_own_tokenizer_reads_re_tokenised_text(tmp_path):
+  """The policy's ids (the addition task's characters) are decoded, wrapped in the RM's chat
+  template and re-tokenised with its tokenizer: the score is transformers' on that text."""
+  from configs import grpo_tiny
+  from grpo_jax.rewards.sources import build_reward_sources
+  from grpo_jax.train.setup import build_task
+  from tests.hf_fixtures import save_tiny_tokenizer
+  tokenizer = save_tiny_tokenizer(tmp_path)
+  torch.manual_seed(0)
+  config = transformers.Qwen2Config(
+      vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+      num_attention_heads=4, num_key_value_heads=2, pad_token_id=tokenizer.pad_token_id,
+      num_labels=1)
+  model = transformers.Qwen2ForSequenceClassification(config).float().eval()
+  with torch.no_grad():
+    model.score.weight.normal_(0.0, 0.5)
+  model.save_pretrained(tmp_path)
+  run = grpo_tiny.get_config()
+  run.reward.models = [dict(path=str(tmp_path), name="rm")]
+  task = build_task(run)
+  sources = build_reward_sources(run, task)
+  assert sources.models[0].tokenizer is not None  # another vocabulary: the re-tokenising path
+  prompts = task.train_batch(0, 3, 0)
+  tokens, mask = prompts.target_tokens[[0, 0, 1, 1, 2, 2]], prompts.target_mask[[0, 0, 1, 1, 2, 2]]
+  _, _, parts = sources.score(task, prompts, tokens, mask, 2, "raise")
+  tokenizer = transformers.AutoTokenizer.from_pretrained(tmp_path)  # the folder's, as users have it
+  expected = []
+  for row in range(6):
+    p = row // 2
+    text = tokenizer.apply_chat_template(
+        [{"role": "user", "content": task.tokenizer.decode(prompts.prompt_tokens[p])},
+         {"role": "assistant", "content": task.tokenizer.decode(tokens[row])}], tokenize=False)
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    with torch.no_grad():
+      expected.append(float(model(input_ids=torch.tensor([ids])).logits[0, 0]))
+  np.testing.assert_allclose(parts["rm"], expected, atol=1e-4)
