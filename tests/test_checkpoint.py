@@ -244,7 +244,7 @@ def test_failing_reward_stops_the_run_or_scores_zero(mode):
   # with the rewards from collect's score_round when the estimator needs them.
   rollout = Rollout(np.repeat(prompts.prompt_tokens, 3, 0), np.repeat(prompts.prompt_mask, 3, 0),
                     tokens, mask, np.zeros(mask.shape, np.float32), np.zeros(len(tokens), bool))
-  rewards, extras, errors = score_round(flaky, prompts, rollout, None, 3, mode,
+  rewards, extras, errors, _ = score_round(flaky, prompts, rollout, None, 3, mode,
                                         needs=("step_rewards",))
   np.testing.assert_array_equal(rewards, [1, 0, 0, 0, 0, 0])
   steps = extras["step_rewards"]

@@ -150,7 +150,7 @@ def test_non_finite_step_rewards_stop_the_run_or_score_zero(mode):
     with pytest.raises(RewardError, match="step rewards are not finite for 1 completion"):
       score_round(_NanSteps(task), prompts, rollout, None, 2, mode, needs=("step_rewards",))
     return
-  rewards, extras, errors = score_round(_NanSteps(task), prompts, rollout, None, 2, mode,
+  rewards, extras, errors, _ = score_round(_NanSteps(task), prompts, rollout, None, 2, mode,
                                         needs=("step_rewards",))
   np.testing.assert_array_equal(rewards, [1, 1, 0, 1])  # every answer right, row 2 zeroed
   assert errors == 1 and np.all(extras["step_rewards"][0][2] == 0)

@@ -232,3 +232,14 @@ def test_process_reward_model_gives_the_process_estimator_its_step_rewards(tmp_p
     np.testing.assert_array_equal(ends[row][step_mask[row]], expect)
     assert np.all((rewards[row][step_mask[row]] > 0) & (rewards[row][step_mask[row]] < 1))
   train(config, str(tmp_path / "run"), log=lambda *a: None)
+
+
+def test_a_missing_reward_model_is_one_sentence_before_the_workdir_is_touched(tmp_path):
+  from grpo_jax.errors import InputError
+  from grpo_jax.train.loop import train
+  config = _config(**{"warmup.steps": 1})
+  config.reward.models = [dict(path=str(tmp_path / "no_rm"))]
+  with pytest.raises(InputError) as error:
+    train(config, str(tmp_path / "run"), log=lambda *a: None)
+  assert "no_rm" in str(error.value) and "\n" not in str(error.value)
+  assert not (tmp_path / "run").exists()

@@ -117,13 +117,15 @@ def train(config, workdir: str, log=print, seeds=None, seed_axis: str = "vmap") 
   model_cfg, params = built[0][0], axis.stack([p for _, p in built])
   del built
   check_task_fits_model(config, model_cfg, task)
+  sources = build_reward_sources(config, task, mesh, reward_name(task))  # reward models read
   # Process 0 writes for everyone, so it alone holds the workdir's lock (one run per workdir).
   with (WorkdirLock(workdir) if distributed.is_main_process() else contextlib.nullcontext()):
-    return _train(config, workdir, log, axis, mesh, task, configs, base_keys, model_cfg, params)
+    return _train(config, workdir, log, axis, mesh, task, configs, base_keys, model_cfg, params,
+                  sources)
 
 
 def _train(config, workdir: str, log, axis: SeedAxis, mesh, task, configs, base_keys,
-           model_cfg, params) -> TrainState:
+           model_cfg, params, sources: RewardSources) -> TrainState:
   """`train` once the inputs are checked, the devices are up and the workdir is this run's."""
   workdirs = (workdir,) if not axis.stacked else tuple(seed_workdir(workdir, s)
                                                        for s in axis.seeds)
@@ -135,7 +137,6 @@ def _train(config, workdir: str, log, axis: SeedAxis, mesh, task, configs, base_
   optimizer = make_optimizer(config.optim, t_cfg.steps * rl.num_iterations * rl.num_minibatches)
   spec = StepSpec(model_cfg, rl, optimizer, config_lib.update_group_size(config),
                   r_cfg.temperature, r_cfg.max_new_tokens)
-  sources = build_reward_sources(config, task, mesh, reward_name(task))
   run = Run(config, axis, task, spec, base_keys, workdirs, mesh, log, sources)
   # Named by the seeds: a later run of other seeds in the same workdir starts its own.
   directory = ("checkpoints" if not axis.stacked else
