@@ -20,11 +20,13 @@ TARGET = 7
 
 def build(model: str, group_size: int, num_prompts: int, prompt_len: int, new_tokens: int,
           kl_coef: float = 0.04, learning_rate: float = 1e-6, dtype: str = "float32",
-          reuse_old_logprobs: bool = True, donate: bool = False):
+          reuse_old_logprobs: bool = True, donate: bool = False,
+          shared_prompt_forward: bool = False):
   """(run_step, info): run_step() does one GRPO step, blocks until it is done and returns the
   seconds of its parts (rollout, prepare, update); info["last"] holds its state and batch
   (with donate=True the update donates the state, as a run's step does, and info["last"] holds
-  no state: its buffers are reused)."""
+  no state: its buffers are reused). shared_prompt_forward: rl.shared_prompt_forward (each
+  prompt runs once for its G completions in the reference and update passes)."""
   import jax
   import ml_collections
   import numpy as np
@@ -39,7 +41,8 @@ def build(model: str, group_size: int, num_prompts: int, prompt_len: int, new_to
   cfg, params = load_hf_checkpoint(common.checkpoint(model), dtype, dtype)
   rl = rl_defaults(advantage="grpo", kl_coef=kl_coef, loss_aggregation="token-mean",
                    num_iterations=1, num_minibatches=1,
-                   reuse_old_logprobs=reuse_old_logprobs)
+                   reuse_old_logprobs=reuse_old_logprobs,
+                   shared_prompt_forward=shared_prompt_forward)
   optim = ml_collections.ConfigDict(dict(learning_rate=learning_rate, warmup_steps=0,
                                          weight_decay=0.0, b1=0.9, b2=0.999, max_grad_norm=1.0))
   optimizer = make_optimizer(optim, 1000)
@@ -48,8 +51,8 @@ def build(model: str, group_size: int, num_prompts: int, prompt_len: int, new_to
                              temperature=1.0, eos_id=-1, pad_id=common.PAD_ID,
                              group_size=group_size)  # each prompt prefilled once
   prepare = jax.jit(make_prepare_batch(cfg, rl, group_size, 1.0, new_tokens))
-  update = (jax.jit(make_update(cfg, rl, optimizer, 1.0), donate_argnums=0) if donate
-            else make_update_step(cfg, rl, optimizer, 1.0))
+  update = (jax.jit(make_update(cfg, rl, optimizer, 1.0, group_size), donate_argnums=0)
+            if donate else make_update_step(cfg, rl, optimizer, 1.0, group_size))
   tokens, mask = common.random_prompts(num_prompts, prompt_len)
   times = {}
 

@@ -7,8 +7,10 @@ What it measures, for each `--what`:
            log-probs: GRPO with KL in the loss, beta = 0.001), advantages, and the update with
            rl.num_micro_batches = --micro-batches; AdamW with the GSM8K recipe's optim section
            (configs/grpo_gsm8k.py). rl is `rl_defaults(num_micro_batches=K, kl_coef=0.001,
-           num_minibatches=--minibatches)`
+           num_minibatches=--minibatches, shared_prompt_forward=--shared-prompt-forward)`
            (one minibatch, so the old log-probs are the update's own: no extra forward pass).
+           --shared-prompt-forward: each prompt runs once for its G completions in the
+           reference and update passes (rl.shared_prompt_forward).
   sampler  `grpo_jax.rollout.sampler.generate` (prefill + the decode while_loops), temperature
            1, on rows / G prompts with G samples each (prefix sharing), decode segments of
            --decode-block steps.
@@ -140,6 +142,8 @@ def parse_args(argv=None):
   p.add_argument("--lora-rank", type=int, default=0,
                  help="LoRA rank (all-linear) for update/sampler; state: default 16")
   p.add_argument("--base-dtype", default="float32", help="LoRA's frozen base: float32|bfloat16")
+  p.add_argument("--shared-prompt-forward", action="store_true",
+                 help="update: each prompt runs once for its G rows (rl.shared_prompt_forward)")
   p.add_argument("--no-prefix-sharing", action="store_true",
                  help="sampler/prefill: feed every prompt G times (the sampler before #13)")
   args = p.parse_args(argv)
@@ -151,6 +155,10 @@ def parse_args(argv=None):
     args.group_size = min(args.rows, 4)
   if args.rows % args.group_size:
     p.error(f"--rows {args.rows} is not a multiple of --group-size {args.group_size}")
+  if (args.shared_prompt_forward and "update" in args.what
+      and (args.rows // (args.micro_batches * args.minibatches)) % args.group_size):
+    p.error(f"--shared-prompt-forward: a micro-batch of --rows / (--minibatches x "
+            f"--micro-batches) rows must hold whole groups of --group-size {args.group_size}")
   if "update" in args.what and args.rows % (args.micro_batches * args.minibatches):
     p.error(f"--rows {args.rows} is not a multiple of --minibatches x --micro-batches "
             f"({args.minibatches} x {args.micro_batches})")
@@ -291,7 +299,8 @@ def run(args) -> list:
       continue
     if what == "update":
       rl = rl_defaults(num_micro_batches=args.micro_batches, kl_coef=0.001,
-                       num_minibatches=args.minibatches)
+                       num_minibatches=args.minibatches,
+                       shared_prompt_forward=args.shared_prompt_forward)
       optimizer = make_optimizer(optim_section(), 100)
       run_cfg = types.SimpleNamespace(rl=rl)
       if args.lora_rank:

@@ -40,7 +40,8 @@ def ours(args) -> dict:
   run_step, _ = grpo_step.build(args.model, args.group_size, args.num_prompts, args.prompt_len,
                                 args.new_tokens, kl_coef=args.beta,
                                 reuse_old_logprobs=not args.recompute_old_logprobs,
-                                donate=True)  # the state held once, as in a run
+                                donate=True,  # the state held once, as in a run
+                                shared_prompt_forward=args.shared_prompt_forward)
   run_step()  # compiles
   steps, parts = [], []
   for _ in range(args.steps):
@@ -118,6 +119,9 @@ def main():
   parser.add_argument("--recompute-old-logprobs", action="store_true",
                       help="ours: a separate old-log-prob forward pass "
                       "(rl.reuse_old_logprobs=False)")
+  parser.add_argument("--shared-prompt-forward", action="store_true",
+                      help="ours: each prompt runs once for its G completions in the reference "
+                      "and update passes (rl.shared_prompt_forward)")
   parser.add_argument("--side", choices=["ours", "trl"], help=argparse.SUPPRESS)
   parser.add_argument("--model", help=argparse.SUPPRESS)
   args = parser.parse_args()
@@ -132,7 +136,8 @@ def main():
                  str(args.num_prompts), "--prompt-len", str(args.prompt_len), "--new-tokens",
                  str(args.new_tokens), "--beta", str(args.beta), "--steps", str(args.steps),
                  "--torch-threads", str(args.torch_threads)] + (
-                     ["--recompute-old-logprobs"] if args.recompute_old_logprobs else [])
+                     ["--recompute-old-logprobs"] if args.recompute_old_logprobs else []) + (
+                     ["--shared-prompt-forward"] if args.shared_prompt_forward else [])
     pairs = common.alternate(
         args.rounds, lambda: common.run_side(__file__, ["--side", "ours", *side_args]),
         lambda: common.run_side(__file__, ["--side", "trl", *side_args],
@@ -156,7 +161,9 @@ def main():
   print(f"G={args.group_size}, {args.num_prompts} prompts/step ({args.group_size * args.num_prompts}"
         f" completions), prompt {args.prompt_len} tokens, {args.new_tokens} new tokens, "
         f"beta={args.beta}, mu=1, old log-probs "
-        f"{'recomputed' if args.recompute_old_logprobs else 'reused'} by ours; median s/step of {args.steps} steps after the first, best of "
+        f"{'recomputed' if args.recompute_old_logprobs else 'reused'} by ours, prompts "
+        f"{'shared' if args.shared_prompt_forward else 'per row'} in ours' forward passes; "
+        f"median s/step of {args.steps} steps after the first, best of "
         f"{args.rounds} rounds")
   print(common.table(["model", "params", "ours s/step", "ours rollout / prepare / update s",
                       "TRL s/step", "TRL / ours", "each round: ours vs TRL s/step",

@@ -51,6 +51,11 @@ def rl_defaults(**overrides) -> ml_collections.ConfigDict:
       # mu = 1 and one minibatch: the update's own log-probs (stop-gradient) are the old ones,
       # no separate forward pass (see experience.reuses_current_logprobs); False: recompute.
       reuse_old_logprobs=True,
+      # Each prompt runs once through the teacher-forced passes (reference, old log-probs, the
+      # update), its KV shared by its G completions: the prompt's FLOPs / G. Minibatches are
+      # then whole groups. False: every row runs its own copy of the prompt (the same values
+      # up to rounding).
+      shared_prompt_forward=False,
       # GFPO (arXiv 2508.09726): keep the gfpo_keep = k of each prompt's G' =
       # rollout.group_size samples with the best gfpo_metric ("length": shortest,
       # "token_efficiency": highest reward / length); advantages over the kept k. 0 = off.
@@ -137,6 +142,13 @@ def validate(config) -> None:
   _require(rl.num_micro_batches >= 1 and minibatch % rl.num_micro_batches == 0,
            f"a minibatch of {minibatch} completions does not split into rl.num_micro_batches="
            f"{rl.num_micro_batches} equal micro-batches; pick a divisor of {minibatch}.")
+  if rl.get("shared_prompt_forward", False):
+    micro = minibatch // max(rl.num_micro_batches, 1)
+    _require(micro % update_group_size(config) == 0,
+             f"rl.shared_prompt_forward runs each prompt once for its "
+             f"{update_group_size(config)} completions, but a micro-batch holds {micro} "
+             f"completions; pick rl.num_minibatches x rl.num_micro_batches so that a micro-batch "
+             f"holds whole groups, or set rl.shared_prompt_forward=False.")
   _require(rl.num_iterations >= 1, f"rl.num_iterations={rl.num_iterations}; use at least 1.")
   _require(r.temperature >= 0, f"rollout.temperature={r.temperature}; use >= 0 (0 = greedy).")
   _require(0 < r.top_p <= 1, f"rollout.top_p={r.top_p}; use a value in (0, 1].")

@@ -200,17 +200,21 @@ class Decoder(nn.Module):
   @nn.compact
   def __call__(self, tokens, positions, kv_mask, cache: Optional[Cache] = None, offset=0,
                return_hidden: bool = False, logits_window: Optional[tuple] = None,
-               project: bool = True, adapters=None):
+               project: bool = True, adapters=None, differentiated: Optional[bool] = None):
     """project=False returns (normed hidden states of the window, cache) without the
     vocabulary projection (chunked scoring projects them itself, grpo_jax/models/scoring.py).
-    adapters: LoRA adapters (grpo_jax/models/lora.py) added to the projections, or None."""
+    adapters: LoRA adapters (grpo_jax/models/lora.py) added to the projections, or None.
+    differentiated: whether a backward pass goes through this one, so that the layers are
+    rematerialised by model.remat; default: without a cache only (the sampler's passes with a
+    cache are not differentiated; shared-prompt scoring's are)."""
     cfg = self.cfg
     embed = nn.Embed(cfg.vocab_size, cfg.hidden_size, dtype=cfg.dtype,
                      param_dtype=cfg.param_dtype, embedding_init=_init, name="embed_tokens")
     x = constrain(embed(tokens), ("batch", None, None))  # activations: rows over data x fsdp
     mask = attention_mask(kv_mask, tokens.shape[1], offset)
     layer_cls = DecoderLayer
-    if cache is None and REMAT_POLICIES[cfg.remat] is not None:  # no backward pass with a cache
+    differentiated = cache is None if differentiated is None else differentiated
+    if differentiated and REMAT_POLICIES[cfg.remat] is not None:
       layer_cls = nn.remat(DecoderLayer, policy=REMAT_POLICIES[cfg.remat],
                            prevent_cse=not cfg.scan_layers)
     if cfg.scan_layers:  # params and cache stacked on a leading layer axis

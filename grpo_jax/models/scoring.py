@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 
 from grpo_jax.models.config import ModelConfig
-from grpo_jax.models.decoder import decoder_apply, positions_from_mask
+from grpo_jax.models.decoder import decoder_apply, init_cache, positions_from_mask
 from grpo_jax.models.lora import base_params
 
 
@@ -31,6 +31,40 @@ def completion_logits(params, model_cfg: ModelConfig, prompt_tokens, prompt_mask
   if not project:
     return out[0]
   return (out[0], out[2]) if return_hidden else out[0]
+
+
+def shared_prompt_hidden(params, model_cfg: ModelConfig, prompt_tokens, prompt_mask,
+                         completion_tokens, completion_mask, group: int):
+  """completion_logits(..., project=False), the normed hidden states (B, N, H) predicting each
+  completion token, for rows that come in runs of `group` consecutive rows with the same
+  prompt (a GRPO batch: each prompt's G samples side by side): each prompt runs through the
+  decoder once, not G times.
+
+  Pass 1 runs the B/G distinct prompts into a KV cache and keeps the last prompt position's
+  hidden state (it predicts completion token 0); the cache is repeated G times; pass 2 runs
+  completion tokens 0..N-2 against it (they predict tokens 1..N-1). Both passes are
+  differentiated (rematerialised by model.remat): the gradients of a prompt's G rows meet in
+  its one pass. The same values as the per-row forward up to rounding; the prompt's share of
+  the forward and backward FLOPs is divided by G."""
+  batch, prompt_len = prompt_tokens.shape
+  num_new = completion_tokens.shape[1]
+  kv_mask = jnp.concatenate([prompt_mask, completion_mask], axis=1).astype(bool)
+  firsts = prompt_mask[::group].astype(bool)
+  cache = init_cache(model_cfg, batch // group, prompt_len + num_new - 1)
+  last, cache = decoder_apply(model_cfg, params, prompt_tokens[::group],
+                              positions_from_mask(firsts), firsts, cache, 0,
+                              logits_window=(prompt_len - 1, 1), project=False,
+                              differentiated=True)
+  last = jnp.repeat(last, group, axis=0)  # (B, 1, H)
+  if num_new == 1:
+    return last
+  rows_axis = 1 if model_cfg.scan_layers else 0  # the cache is (layers, B, ...) when scanned
+  cache = jax.tree.map(lambda c: jnp.repeat(c, group, axis=rows_axis), cache)
+  positions = positions_from_mask(kv_mask)[:, prompt_len:prompt_len + num_new - 1]
+  hidden, _ = decoder_apply(model_cfg, params, completion_tokens[:, :num_new - 1], positions,
+                            kv_mask[:, :prompt_len + num_new - 1], cache, prompt_len,
+                            project=False, differentiated=True)
+  return jnp.concatenate([last, hidden], axis=1)
 
 
 def vocab_logits(params, model_cfg: ModelConfig, hidden):
@@ -67,15 +101,22 @@ def chunked_logprobs_and_entropy(params, model_cfg: ModelConfig, hidden, tokens,
 
 
 def completion_scores(params, model_cfg: ModelConfig, seqs, temperature: float = 1.0,
-                      return_hidden: bool = False):
+                      return_hidden: bool = False, prompt_group: int = 1):
   """(log-probs, entropies, hidden or None) of a batch's completion tokens (seqs has
   prompt_tokens, prompt_mask, completion_tokens, completion_mask), unmasked. With
   model_cfg.logits_chunk = C > 0 the vocabulary is reached C positions at a time
-  (chunked_logprobs_and_entropy); else in one (B, N, V) piece."""
+  (chunked_logprobs_and_entropy); else in one (B, N, V) piece. prompt_group = G > 1: the rows
+  come in runs of G with the same prompt, and each prompt is run once (shared_prompt_hidden)."""
   args = (params, model_cfg, seqs.prompt_tokens, seqs.prompt_mask, seqs.completion_tokens,
           seqs.completion_mask)
+  if prompt_group > 1 and not model_cfg.logits_chunk:
+    hidden = shared_prompt_hidden(*args, prompt_group)
+    logp, entropy = token_logprobs_and_entropy(vocab_logits(params, model_cfg, hidden),
+                                               seqs.completion_tokens, temperature)
+    return logp, entropy, hidden if return_hidden else None
   if model_cfg.logits_chunk:
-    hidden = completion_logits(*args, project=False)
+    hidden = (shared_prompt_hidden(*args, prompt_group) if prompt_group > 1
+              else completion_logits(*args, project=False))
     logp, entropy = chunked_logprobs_and_entropy(params, model_cfg, hidden,
                                                  seqs.completion_tokens, temperature,
                                                  model_cfg.logits_chunk)

@@ -22,7 +22,7 @@ from grpo_jax.rl.kl import kl_penalty
 from grpo_jax.rl.losses import truncated_is_weights
 from grpo_jax.rl.shaping import overlong_penalty
 from grpo_jax.rollout.sampler import Rollout
-from grpo_jax.train.forward import policy_and_values
+from grpo_jax.train.forward import policy_and_values, prompt_group
 from grpo_jax.train.state import policy_params, reference_params
 
 
@@ -93,6 +93,7 @@ def make_prepare_batch(model_cfg: ModelConfig, rl, group_size: int, temperature:
 
   reuse = reuses_current_logprobs(rl)
   critic = rl.value_head != "none"
+  group = prompt_group(rl, group_size)
 
   def prepare(state, rollout: Rollout, inputs: RewardInputs):
     mask = rollout.completion_mask.astype(bool)
@@ -105,13 +106,14 @@ def make_prepare_batch(model_cfg: ModelConfig, rl, group_size: int, temperature:
             r.completion_tokens, r.completion_mask.astype(bool)), rollout, passes), 0.0)
     else:
       old_logp, _, old_values = in_row_chunks(lambda r: policy_and_values(
-          policy_params(state), state.value_params, r, model_cfg, rl.value_head, temperature),
-          rollout, passes)
+          policy_params(state), state.value_params, r, model_cfg, rl.value_head, temperature,
+          group), rollout, passes)
       old_logp = jax.lax.stop_gradient(old_logp)
     ref_logp = None
     if rl.kl_coef > 0:
       ref_logp, _, _ = in_row_chunks(lambda r: policy_and_values(
-          reference_params(state), None, r, model_cfg, "none", temperature), rollout, passes)
+          reference_params(state), None, r, model_cfg, "none", temperature, group), rollout,
+          passes)
     rewards = inputs.rewards.astype(jnp.float32)
     if rl.overlong_buffer > 0:
       rewards = rewards + overlong_penalty(jnp.sum(mask, axis=1), max_new_tokens,

@@ -10,16 +10,24 @@ from grpo_jax.models.scoring import completion_scores
 from grpo_jax.models.value_head import apply_value_head, separate_critic_values
 
 
+def prompt_group(rl, group_size: int) -> int:
+  """The run of consecutive rows that share a prompt in the forward passes: the update's group
+  size with rl.shared_prompt_forward (each prompt run once, grpo_jax/models/scoring.py's
+  shared_prompt_hidden), else 1 (every row runs its own prompt)."""
+  return group_size if rl.get("shared_prompt_forward", False) else 1
+
+
 def policy_and_values(params, value_params, seqs, model_cfg: ModelConfig, value_head: str,
-                      temperature: float):
-  """seqs has prompt_tokens, prompt_mask, completion_tokens, completion_mask.
+                      temperature: float, group: int = 1):
+  """seqs has prompt_tokens, prompt_mask, completion_tokens, completion_mask; group > 1: its
+  rows come in runs of `group` with one prompt (see prompt_group).
 
   Returns (logprobs, entropy, values), each (B, N) and 0 where the completion is masked;
   values is None without a critic.
   """
   shared = value_head == "shared"
   logp, entropy, hidden = completion_scores(params, model_cfg, seqs, temperature,
-                                            return_hidden=shared)
+                                            return_hidden=shared, prompt_group=group)
   mask = seqs.completion_mask.astype(bool)
   values = None
   if shared:

@@ -45,7 +45,8 @@ def make_rl_step(spec: StepSpec):
   """rl_step(state, rollout, reward_inputs) -> (state, metrics), pure and un-jitted."""
   prepare = make_prepare_batch(spec.model_cfg, spec.rl, spec.group_size, spec.temperature,
                                spec.max_new_tokens)
-  update = make_update(spec.model_cfg, spec.rl, spec.optimizer, spec.temperature)
+  update = make_update(spec.model_cfg, spec.rl, spec.optimizer, spec.temperature,
+                       spec.group_size)
 
   def rl_step(state: TrainState, rollout: Rollout, reward_inputs: RewardInputs):
     batch, prep_metrics = prepare(state, rollout, reward_inputs)

@@ -26,7 +26,7 @@ from grpo_jax.rl.aggregation import aggregate, loss_normalizer, masked_sum
 from grpo_jax.rl.kl import kl_penalty
 from grpo_jax.rl.losses import POLICY_LOSSES, entropy_bonus, truncated_is_weights, value_loss
 from grpo_jax.train.experience import Batch, reuses_current_logprobs
-from grpo_jax.train.forward import policy_and_values
+from grpo_jax.train.forward import policy_and_values, prompt_group
 from grpo_jax.train.state import TrainState, apply_if_finite, step_key
 
 # Metrics summed over micro-batches, then divided by the token count (`tokens`).
@@ -37,15 +37,16 @@ _COMPLETION_SUMS = ("rollout_kl", "sampler_logprob_gap")
 
 
 def loss_and_sums(trainable, mb: Batch, normalizer, kl_coef, *, model_cfg: ModelConfig, rl,
-                  temperature: float, base=None):
+                  temperature: float, base=None, group: int = 1):
   """The loss of (part of) a minibatch, normalised by `normalizer` (the whole minibatch's), and
   metric numerators, so that both add up exactly over micro-batches. Under LoRA `base` is the
-  frozen base (not differentiated) and trainable's policy part the adapters."""
+  frozen base (not differentiated) and trainable's policy part the adapters. group: see
+  forward.prompt_group."""
   params, value_params = trainable
   if base is not None:
     params = LoraParams(base, params)
   logp, entropy, values = policy_and_values(params, value_params, mb, model_cfg, rl.value_head,
-                                            temperature)
+                                            temperature, group)
   mask, mode = mb.loss_mask.astype(bool), rl.loss_aggregation
   old_logp, is_weights = mb.old_logprobs, mb.is_weights
   reuse = reuses_current_logprobs(rl)
@@ -87,10 +88,33 @@ def loss_and_sums(trainable, mb: Batch, normalizer, kl_coef, *, model_cfg: Model
   return loss, sums
 
 
-def make_update(model_cfg: ModelConfig, rl, optimizer, temperature: float):
+def minibatch_order(key, batch_size: int, passes: int, num_minibatches: int, group: int = 1):
+  """The rows of each minibatch, (passes x num_minibatches, rows per minibatch) int32: every
+  pass a fresh permutation (key folded with the pass) cut into equal minibatches; with
+  group > 1 a permutation of whole groups of `group` consecutive rows, kept in their order.
+  One pass in one minibatch keeps the batch's order."""
+  if passes * num_minibatches == 1:
+    return jnp.arange(batch_size)[None]
+
+  def one_pass(e):
+    k = jax.random.fold_in(key, e)
+    if group == 1:
+      return jax.random.permutation(k, batch_size)
+    groups = jax.random.permutation(k, batch_size // group)
+    return (group * groups[:, None] + jnp.arange(group)).reshape(-1)
+  order = jnp.concatenate([one_pass(e) for e in range(passes)])
+  return order.reshape(passes * num_minibatches, batch_size // num_minibatches)
+
+
+def make_update(model_cfg: ModelConfig, rl, optimizer, temperature: float,
+                group_size: int = 1):
   """update(state, batch) -> (state, metrics) for a config (the rl section is read at trace
-  time): a pure function that the RL step (grpo_jax/train/step.py) jits with the rest."""
+  time): a pure function that the RL step (grpo_jax/train/step.py) jits with the rest.
+  group_size: the batch's completions per prompt (consecutive rows). With
+  rl.shared_prompt_forward the minibatches are drawn as whole groups, so that each prompt's
+  rows stay side by side and run their prompt once."""
   mu, num_mb, num_micro = rl.num_iterations, rl.num_minibatches, rl.num_micro_batches
+  group = prompt_group(rl, group_size)
   grad_fn = jax.value_and_grad(loss_and_sums, has_aux=True)
 
   def minibatch_grads(trainable, mb: Batch, kl_coef, base):
@@ -100,7 +124,7 @@ def make_update(model_cfg: ModelConfig, rl, optimizer, temperature: float):
 
     def grad_of(part):
       return grad_fn(trainable, part, normalizer, kl_coef, model_cfg=model_cfg, rl=rl,
-                     temperature=temperature, base=base)
+                     temperature=temperature, base=base, group=group)
 
     def one(acc, part):
       (_, sums), grads = grad_of(part)
@@ -115,12 +139,7 @@ def make_update(model_cfg: ModelConfig, rl, optimizer, temperature: float):
   def update_step(state: TrainState, batch: Batch):
     batch_size = batch.completion_tokens.shape[0]
     key = step_key(state, 1)
-    if mu * num_mb > 1:
-      order = jnp.concatenate([jax.random.permutation(jax.random.fold_in(key, e), batch_size)
-                               for e in range(mu)])
-    else:
-      order = jnp.arange(batch_size)
-    minibatch_rows = order.reshape(mu * num_mb, batch_size // num_mb)
+    minibatch_rows = minibatch_order(key, batch_size, mu, num_mb, group)
 
     def one_minibatch(carry, rows):
       trainable, opt_state, in_a_row = carry
@@ -158,9 +177,10 @@ def make_update(model_cfg: ModelConfig, rl, optimizer, temperature: float):
   return update_step
 
 
-def make_update_step(model_cfg: ModelConfig, rl, optimizer, temperature: float):
+def make_update_step(model_cfg: ModelConfig, rl, optimizer, temperature: float,
+                     group_size: int = 1):
   """The update alone, jitted: for tests of its parts (a run jits the whole RL step)."""
-  return jax.jit(make_update(model_cfg, rl, optimizer, temperature))
+  return jax.jit(make_update(model_cfg, rl, optimizer, temperature, group_size))
 
 
 def _global_norm(tree):
