@@ -109,22 +109,21 @@ def completion_scores(params, model_cfg: ModelConfig, seqs, temperature: float =
   come in runs of G with the same prompt, and each prompt is run once (shared_prompt_hidden)."""
   args = (params, model_cfg, seqs.prompt_tokens, seqs.prompt_mask, seqs.completion_tokens,
           seqs.completion_mask)
-  if prompt_group > 1 and not model_cfg.logits_chunk:
-    hidden = shared_prompt_hidden(*args, prompt_group)
-    logp, entropy = token_logprobs_and_entropy(vocab_logits(params, model_cfg, hidden),
-                                               seqs.completion_tokens, temperature)
-    return logp, entropy, hidden if return_hidden else None
+  if prompt_group == 1 and not model_cfg.logits_chunk:  # the decoder projects its window
+    out = completion_logits(*args, return_hidden=return_hidden)
+    logits, hidden = out if return_hidden else (out, None)
+    logp, entropy = token_logprobs_and_entropy(logits, seqs.completion_tokens, temperature)
+    return logp, entropy, hidden
+  hidden = (shared_prompt_hidden(*args, prompt_group) if prompt_group > 1
+            else completion_logits(*args, project=False))
   if model_cfg.logits_chunk:
-    hidden = (shared_prompt_hidden(*args, prompt_group) if prompt_group > 1
-              else completion_logits(*args, project=False))
     logp, entropy = chunked_logprobs_and_entropy(params, model_cfg, hidden,
                                                  seqs.completion_tokens, temperature,
                                                  model_cfg.logits_chunk)
-    return logp, entropy, hidden if return_hidden else None
-  out = completion_logits(*args, return_hidden=return_hidden)
-  logits, hidden = out if return_hidden else (out, None)
-  logp, entropy = token_logprobs_and_entropy(logits, seqs.completion_tokens, temperature)
-  return logp, entropy, hidden
+  else:
+    logp, entropy = token_logprobs_and_entropy(vocab_logits(params, model_cfg, hidden),
+                                               seqs.completion_tokens, temperature)
+  return logp, entropy, hidden if return_hidden else None
 
 
 def token_logprobs_and_entropy(logits, tokens, temperature: float = 1.0):
