@@ -2,6 +2,9 @@
 fix. `grpo_jax.main` (and `grpo_jax.eval`) print it as one line and exit with status 2, before
 any compute and before anything is written to the workdir."""
 
+import os
+import sys
+
 
 class ConfigError(ValueError):
   """A config value that cannot work; the message says which and how to fix it."""
@@ -17,3 +20,38 @@ def first_line(error: BaseException, limit: int = 300) -> str:
   lines = str(error).strip().splitlines()
   text = lines[0][:limit] if lines else ""
   return f"{type(error).__name__}: {text}" if text else type(error).__name__
+
+
+# A command-line run that stops on a failed save ends with its own one sentence, but orbax's
+# failed write threads go on printing (tracebacks of a closed event loop, "coroutine was never
+# awaited" warnings) before and after it, until the process exits. The command line turns
+# muting on (mute_after_a_failed_save); the save's failure then points file descriptor 2 and
+# sys.stderr at /dev/null and keeps the real stderr for that sentence (last_word_stream).
+# In-process use (a library call, a test) leaves it off: stderr is restored as usual.
+_AFTER_FAILED_SAVE = {"mute": False, "stream": None}
+
+
+def mute_after_a_failed_save() -> None:
+  """Called by the command line: after a failed save, only the run's closing sentence is
+  written to stderr."""
+  _AFTER_FAILED_SAVE["mute"] = True
+
+
+def silence_stderr_for_good(real_stderr_fd: int) -> bool:
+  """After a failed save: when the command line asked for it, fd 2 and sys.stderr go to
+  /dev/null for the rest of the process and `real_stderr_fd` (a dup of the real stderr, now
+  owned here) is kept for the closing sentence; returns whether it did."""
+  if not _AFTER_FAILED_SAVE["mute"]:
+    return False
+  _AFTER_FAILED_SAVE["stream"] = os.fdopen(real_stderr_fd, "w")
+  null = os.open(os.devnull, os.O_WRONLY)
+  os.dup2(null, 2)
+  os.close(null)
+  sys.stderr = open(os.devnull, "w")  # noqa: SIM115  (for the rest of the process)
+  return True
+
+
+def last_word_stream():
+  """Where the run's closing sentence goes: the real stderr, also once a failed save has
+  silenced fd 2 and sys.stderr."""
+  return _AFTER_FAILED_SAVE["stream"] or sys.stderr

@@ -10,7 +10,7 @@ from absl import app, flags, logging
 from ml_collections import config_flags
 
 from grpo_jax.config import ConfigError
-from grpo_jax.errors import first_line
+from grpo_jax.errors import first_line, last_word_stream, mute_after_a_failed_save
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Path to an ml_collections config.",
                                           lock_config=True)
@@ -79,7 +79,7 @@ def parse_flags(argv: list[str]) -> list[str]:
 
 
 def _fail(message: str, code: int):
-  print(f"error: {' '.join(str(message).splitlines())}", file=sys.stderr, flush=True)
+  print(f"error: {' '.join(str(message).splitlines())}", file=last_word_stream(), flush=True)
   sys.exit(code)
 
 
@@ -144,6 +144,7 @@ def run_command(argv, run) -> None:
     raise app.UsageError(f"Unexpected arguments: {' '.join(argv[1:])}")
   from grpo_jax.host_allocator import tune_host_allocator
   tune_host_allocator()  # before JAX starts its threads (see the module)
+  mute_after_a_failed_save()  # the run's own sentence is the whole error (grpo_jax/errors.py)
   if not flags.FLAGS["verbosity"].present:
     logging.set_verbosity(logging.WARNING)  # orbax logs every save at INFO
   from grpo_jax.train import faults  # imported late so that --help stays fast

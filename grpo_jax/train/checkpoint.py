@@ -25,6 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 
+from grpo_jax.errors import silence_stderr_for_good
 from grpo_jax.train.faults import RunStopped
 from grpo_jax.train.state import TrainState
 
@@ -99,7 +100,8 @@ def verify_checksums(step_dir: str) -> None:
 def _stderr_held():
   """Holds what is written to file descriptor 2 in memory while orbax saves, and writes it out
   afterwards only if the save succeeded. A failed save (a full disk above all) makes orbax's
-  threads print hundreds of tracebacks; the run's own one-sentence error replaces them."""
+  threads print hundreds of tracebacks; the run's own one-sentence error replaces them (and on
+  the command line, whatever they print later: grpo_jax.errors.silence_stderr_for_good)."""
   sys.stderr.flush()
   saved = os.dup(2)
   held = (os.memfd_create("grpo_jax_save_stderr") if hasattr(os, "memfd_create") else
@@ -113,12 +115,13 @@ def _stderr_held():
     raise
   finally:
     sys.stderr.flush()
-    os.dup2(saved, 2)
-    os.close(saved)
-    if not failed:
-      os.lseek(held, 0, os.SEEK_SET)
-      while chunk := os.read(held, 1 << 16):
-        os.write(2, chunk)
+    if not (failed and silence_stderr_for_good(saved)):  # else fd 2 stays silent, saved kept
+      os.dup2(saved, 2)
+      os.close(saved)
+      if not failed:
+        os.lseek(held, 0, os.SEEK_SET)
+        while chunk := os.read(held, 1 << 16):
+          os.write(2, chunk)
     os.close(held)
 
 
