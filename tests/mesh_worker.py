@@ -34,17 +34,18 @@ def mesh_of(shape, devices):
                    devices)
 
 
-def run_on(mesh, batch_inputs, micro=1, scan=False):
+def run_on(mesh, batch_inputs, micro=1, scan=False, shared=False):
   with jax.set_mesh(mesh):
-    return _run_on(mesh, batch_inputs, micro, scan)
+    return _run_on(mesh, batch_inputs, micro, scan, shared)
 
 
-def _run_on(mesh, batch_inputs, micro, scan):
+def _run_on(mesh, batch_inputs, micro, scan, shared):
   cfg = dataclasses.replace(CFG, scan_layers=scan)
   params = perturbed_params(CFG)
   if scan:
     params = stack_layers(params, CFG.num_layers)
-  rl = rl_defaults(num_minibatches=2, num_micro_batches=micro, kl_coef=0.05)
+  rl = rl_defaults(num_minibatches=2, num_micro_batches=micro, kl_coef=0.05,
+                   shared_prompt_forward=shared)
   optimizer = make_optimizer(OPTIM, 10)
   state = create_train_state(params, optimizer, jax.random.key(1), None, rl.kl_coef)
   state = jax.device_put(state, tree_shardings(state, mesh))
@@ -53,7 +54,7 @@ def _run_on(mesh, batch_inputs, micro, scan):
   greedy = generate(state.params, prompts, mask, jax.random.key(0), temperature=0.0, **kw)
   sampled = generate(state.params, prompts, mask, jax.random.key(3), temperature=1.0, **kw)
   prepare = jax.jit(make_prepare_batch(cfg, rl, 4, 1.0, 6))
-  update = make_update_step(cfg, rl, optimizer, 1.0)
+  update = make_update_step(cfg, rl, optimizer, 1.0, group_size=4)
   rollout, inputs = shard_batch(batch_inputs, mesh)
   for _ in range(2):
     batch, _ = prepare(state, rollout, inputs)
@@ -80,12 +81,18 @@ def main():
   inputs = RewardInputs(jnp.asarray(rewards), {}, jnp.int32(0))
   batch_inputs = (jax.device_get(r), jax.device_get(inputs))
   ref = run_on(single, batch_inputs)
+  # Each prompt once for its 4 rows (rl.shared_prompt_forward, scanned): its minibatches are
+  # whole groups, so its reference is its own single-device run.
+  ref_shared = run_on(single, batch_inputs, scan=True, shared=True)
   out = {}
   for shape in MESHES:
     mesh = mesh_of(shape, devices)
     got = run_on(mesh, batch_inputs)
     accum = run_on(mesh, batch_inputs, micro=4)
     scanned = run_on(mesh, batch_inputs, scan=True)
+    # (2, 2, 2): rows over data x fsdp (a minibatch's 2 prompt rows unevenly over 4 devices)
+    # and heads over tensor.
+    shared = run_on(mesh, batch_inputs, scan=True, shared=True) if shape == (2, 2, 2) else None
     diff = lambda a, b: max(float(np.max(np.abs(x - y)))  # noqa: E731
                             for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
     out[str(shape)] = dict(
@@ -98,7 +105,10 @@ def main():
         scanned_tokens_equal=bool(np.array_equal(scanned[0], ref[0])
                                   and np.array_equal(scanned[1], ref[1])),
         scanned_params_max_diff=diff(scanned[2], ref[2]), scanned_loss=scanned[3],
-        scanned_cache_shard=scanned[4])
+        scanned_cache_shard=scanned[4],
+        **({} if shared is None else dict(
+            shared_params_max_diff=diff(shared[2], ref_shared[2]), shared_loss=shared[3],
+            shared_ref_loss=ref_shared[3])))
   print(json.dumps(out))
 
 

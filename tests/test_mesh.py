@@ -42,6 +42,9 @@ def test_sharded_run_equals_single_device(mesh_results, shape):
   assert r["scanned_params_max_diff"] <= 1e-5
   assert r["scanned_loss"] == pytest.approx(r["ref_loss"], abs=1e-5)
   assert r["scanned_cache_shard"] == r["cache_shard"]
+  if shape == "(2, 2, 2)":  # each prompt run once for its rows (rl.shared_prompt_forward)
+    assert r["shared_params_max_diff"] <= 1e-5
+    assert r["shared_loss"] == pytest.approx(r["shared_ref_loss"], abs=1e-5)
   # KV cache (B=16, kv_heads=2, S=3+6, D=8): rows over data x fsdp, kv heads over tensor when
   # it divides 2 (tensor=4 does not: replicated).
   assert r["cache_shard"] == CACHE_SHARD[shape]

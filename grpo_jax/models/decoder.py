@@ -157,20 +157,44 @@ class MLP(nn.Module):
 
 
 class DecoderLayer(nn.Module):
+  """One pre-norm block: x + attn(norm(x)), then + mlp(norm(.)).
+
+  group = G > 0 (shared-prompt scoring, models/scoring.shared_prompt_hidden): x, positions and
+  mask are (prompt, completion) pairs and layer_cache is None. The B/G distinct prompts run
+  first, writing their keys and values into a fresh per-layer cache; the cache is repeated G
+  times and the B completion rows run against it at slot P (offset is unused). Both streams go
+  through this layer's weights in one scan step, so the scan and its rematerialisation hold one
+  stacked copy of the layer gradients, not one per pass. Returns ((prompt, completion), None)."""
   cfg: ModelConfig
+  group: int = 0
 
   @nn.compact
   def __call__(self, x, positions, mask, layer_cache, offset, adapters=None):
     cfg = self.cfg
     adapters = adapters or {}
-    h, layer_cache = Attention(cfg, name="self_attn")(
-        RMSNorm(cfg.rms_norm_eps, cfg.param_dtype, name="input_layernorm")(x),
-        positions, mask, layer_cache, offset, adapters.get("self_attn"))
-    x = constrain(x + h, ("batch", None, None))
-    x = x + MLP(cfg, name="mlp")(
-        RMSNorm(cfg.rms_norm_eps, cfg.param_dtype, name="post_attention_layernorm")(x),
-        adapters.get("mlp"))
-    return constrain(x, ("batch", None, None)), layer_cache
+    attn = Attention(cfg, name="self_attn")
+    mlp = MLP(cfg, name="mlp")
+    attn_norm = RMSNorm(cfg.rms_norm_eps, cfg.param_dtype, name="input_layernorm")
+    mlp_norm = RMSNorm(cfg.rms_norm_eps, cfg.param_dtype, name="post_attention_layernorm")
+
+    def block(x, positions, mask, layer_cache, offset):
+      h, layer_cache = attn(attn_norm(x), positions, mask, layer_cache, offset,
+                            adapters.get("self_attn"))
+      x = constrain(x + h, ("batch", None, None))
+      x = x + mlp(mlp_norm(x), adapters.get("mlp"))
+      return constrain(x, ("batch", None, None)), layer_cache
+
+    if not self.group:
+      return block(x, positions, mask, layer_cache, offset)
+    (prompt_x, completion_x), (prompt_pos, completion_pos), (prompt_mask, completion_mask) = (
+        x, positions, mask)
+    num_prompts, prompt_len = prompt_x.shape[:2]
+    shape = (num_prompts, cfg.num_kv_heads, completion_mask.shape[-1], cfg.head_dim)
+    cache = {"k": jnp.zeros(shape, cfg.dtype), "v": jnp.zeros(shape, cfg.dtype)}
+    prompt_x, cache = block(prompt_x, prompt_pos, prompt_mask, cache, 0)
+    cache = jax.tree.map(lambda c: jnp.repeat(c, self.group, axis=0), cache)
+    completion_x, _ = block(completion_x, completion_pos, completion_mask, cache, prompt_len)
+    return (prompt_x, completion_x), None
 
 
 def write_cache(cache: jax.Array, x: jax.Array, offset) -> jax.Array:
@@ -200,18 +224,32 @@ class Decoder(nn.Module):
   @nn.compact
   def __call__(self, tokens, positions, kv_mask, cache: Optional[Cache] = None, offset=0,
                return_hidden: bool = False, logits_window: Optional[tuple] = None,
-               project: bool = True, adapters=None, differentiated: Optional[bool] = None):
+               project: bool = True, adapters=None, differentiated: Optional[bool] = None,
+               prompt_group: int = 0):
     """project=False returns (normed hidden states of the window, cache) without the
     vocabulary projection (chunked scoring projects them itself, grpo_jax/models/scoring.py).
     adapters: LoRA adapters (grpo_jax/models/lora.py) added to the projections, or None.
     differentiated: whether a backward pass goes through this one, so that the layers are
     rematerialised by model.remat; default: without a cache only (the sampler's passes with a
-    cache are not differentiated; shared-prompt scoring's are)."""
+    cache are not differentiated).
+    prompt_group = G > 0: shared-prompt scoring (models/scoring.shared_prompt_hidden). tokens,
+    positions and kv_mask are (prompt, completion) pairs: (B/G, P) distinct prompts and (B, T)
+    completion inputs, kv_mask (B/G, P) and (B, P + T); cache is None. Returns (the normed
+    hidden states (B, 1 + T, H): each prompt's last position repeated G times, then the
+    completion's, None); see DecoderLayer."""
     cfg = self.cfg
     embed = nn.Embed(cfg.vocab_size, cfg.hidden_size, dtype=cfg.dtype,
                      param_dtype=cfg.param_dtype, embedding_init=_init, name="embed_tokens")
-    x = constrain(embed(tokens), ("batch", None, None))  # activations: rows over data x fsdp
-    mask = attention_mask(kv_mask, tokens.shape[1], offset)
+    # activations: rows over data x fsdp
+    embedded = lambda t: constrain(embed(t), ("batch", None, None))  # noqa: E731
+    if prompt_group:
+      prompt_len = tokens[0].shape[1]
+      x = tuple(embedded(t) for t in tokens)
+      mask = (attention_mask(kv_mask[0], prompt_len, 0),
+              attention_mask(kv_mask[1], tokens[1].shape[1], prompt_len))
+    else:
+      x = embedded(tokens)
+      mask = attention_mask(kv_mask, tokens.shape[1], offset)
     layer_cls = DecoderLayer
     differentiated = cache is None if differentiated is None else differentiated
     if differentiated and REMAT_POLICIES[cfg.remat] is not None:
@@ -222,17 +260,21 @@ class Decoder(nn.Module):
                         in_axes=(nn.broadcast, nn.broadcast, 0, nn.broadcast, 0),
                         length=cfg.num_layers)
       layer_adapters = None if adapters is None else adapters["layers"]
-      x, new_cache = scanned(cfg, name="layers")(x, positions, mask, cache, offset,
-                                                 layer_adapters)
+      x, new_cache = scanned(cfg, prompt_group, name="layers")(x, positions, mask, cache,
+                                                               offset, layer_adapters)
     else:
       new_cache = []
       for i in range(cfg.num_layers):
         layer_cache = None if cache is None else cache[i]
         layer_adapters = None if adapters is None else adapters[f"layers_{i}"]
-        x, layer_cache = layer_cls(cfg, name=f"layers_{i}")(x, positions, mask, layer_cache,
-                                                            offset, layer_adapters)
+        x, layer_cache = layer_cls(cfg, prompt_group, name=f"layers_{i}")(
+            x, positions, mask, layer_cache, offset, layer_adapters)
         new_cache.append(layer_cache)
       new_cache = tuple(new_cache)
+    if prompt_group:
+      norm = RMSNorm(cfg.rms_norm_eps, cfg.param_dtype, name="norm")
+      last = jnp.repeat(norm(x[0][:, -1:]), prompt_group, axis=0)
+      return jnp.concatenate([last, norm(x[1])], axis=1), None
     if logits_window is not None:
       start, length = logits_window
       x = x[:, start:start + length]

@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 
 from grpo_jax.models.config import ModelConfig
-from grpo_jax.models.decoder import decoder_apply, init_cache, positions_from_mask
+from grpo_jax.models.decoder import decoder_apply, positions_from_mask
 from grpo_jax.models.lora import base_params
 
 
@@ -40,31 +40,29 @@ def shared_prompt_hidden(params, model_cfg: ModelConfig, prompt_tokens, prompt_m
   prompt (a GRPO batch: each prompt's G samples side by side): each prompt runs through the
   decoder once, not G times.
 
-  Pass 1 runs the B/G distinct prompts into a KV cache and keeps the last prompt position's
-  hidden state (it predicts completion token 0); the cache is repeated G times; pass 2 runs
-  completion tokens 0..N-2 against it (they predict tokens 1..N-1). Both passes are
-  differentiated (rematerialised by model.remat): the gradients of a prompt's G rows meet in
-  its one pass. The same values as the per-row forward up to rounding; the prompt's share of
-  the forward and backward FLOPs is divided by G."""
-  batch, prompt_len = prompt_tokens.shape
+  In every layer the B/G distinct prompts run first and write their keys and values into a
+  cache; the cache is repeated G times and completion tokens 0..N-2 run against it (they
+  predict tokens 1..N-1; the last prompt position predicts token 0). Both streams share one
+  layer step (Decoder's prompt_group, DecoderLayer), differentiated and rematerialised by
+  model.remat: the gradients of a prompt's G rows meet in its one pass. The same values as the
+  per-row forward up to rounding; the prompt's share of the forward and backward FLOPs is
+  divided by G."""
+  prompt_len = prompt_tokens.shape[1]
   num_new = completion_tokens.shape[1]
-  kv_mask = jnp.concatenate([prompt_mask, completion_mask], axis=1).astype(bool)
   firsts = prompt_mask[::group].astype(bool)
-  cache = init_cache(model_cfg, batch // group, prompt_len + num_new - 1)
-  last, cache = decoder_apply(model_cfg, params, prompt_tokens[::group],
-                              positions_from_mask(firsts), firsts, cache, 0,
-                              logits_window=(prompt_len - 1, 1), project=False,
-                              differentiated=True)
-  last = jnp.repeat(last, group, axis=0)  # (B, 1, H)
-  if num_new == 1:
-    return last
-  rows_axis = 1 if model_cfg.scan_layers else 0  # the cache is (layers, B, ...) when scanned
-  cache = jax.tree.map(lambda c: jnp.repeat(c, group, axis=rows_axis), cache)
-  positions = positions_from_mask(kv_mask)[:, prompt_len:prompt_len + num_new - 1]
-  hidden, _ = decoder_apply(model_cfg, params, completion_tokens[:, :num_new - 1], positions,
-                            kv_mask[:, :prompt_len + num_new - 1], cache, prompt_len,
-                            project=False, differentiated=True)
-  return jnp.concatenate([last, hidden], axis=1)
+  if num_new == 1:  # the prompt's last position predicts the only token
+    last, _ = decoder_apply(model_cfg, params, prompt_tokens[::group],
+                            positions_from_mask(firsts), firsts,
+                            logits_window=(prompt_len - 1, 1), project=False)
+    return jnp.repeat(last, group, axis=0)
+  kv_mask = jnp.concatenate([prompt_mask, completion_mask[:, :num_new - 1]],
+                            axis=1).astype(bool)
+  positions = positions_from_mask(kv_mask)[:, prompt_len:]
+  hidden, _ = decoder_apply(model_cfg, params,
+                            (prompt_tokens[::group], completion_tokens[:, :num_new - 1]),
+                            (positions_from_mask(firsts), positions), (firsts, kv_mask),
+                            project=False, prompt_group=group)
+  return hidden
 
 
 def vocab_logits(params, model_cfg: ModelConfig, hidden):
