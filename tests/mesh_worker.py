@@ -88,7 +88,8 @@ def main():
   for shape in MESHES:
     mesh = mesh_of(shape, devices)
     got = run_on(mesh, batch_inputs)
-    accum = run_on(mesh, batch_inputs, micro=4)
+    # Micro-batching is mesh-independent arithmetic: checked on the two mixed meshes (CI time).
+    accum = run_on(mesh, batch_inputs, micro=4) if shape in ((2, 2, 2), (1, 2, 4)) else None
     scanned = run_on(mesh, batch_inputs, scan=True)
     # (2, 2, 2): rows over data x fsdp (a minibatch's 2 prompt rows unevenly over 4 devices)
     # and heads over tensor.
@@ -99,7 +100,7 @@ def main():
         greedy_equal=bool(np.array_equal(got[0], ref[0])),
         sampled_equal=bool(np.array_equal(got[1], ref[1])),
         params_max_diff=diff(got[2], ref[2]),
-        accum_params_max_diff=diff(accum[2], got[2]),
+        **({} if accum is None else dict(accum_params_max_diff=diff(accum[2], got[2]))),
         params_moved=diff(got[2], jax.device_get(perturbed_params(CFG))),
         loss=got[3], ref_loss=ref[3], cache_shard=got[4],
         scanned_tokens_equal=bool(np.array_equal(scanned[0], ref[0])

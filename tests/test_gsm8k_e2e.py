@@ -9,6 +9,7 @@ import sys
 import pytest
 
 from tests.hf_fixtures import save_tiny_qwen2
+from tests.tiny_runs import cache_env
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SMALL = ["--config.rollout.num_prompts=2", "--config.rollout.group_size=2",
@@ -20,9 +21,9 @@ SMALL = ["--config.rollout.num_prompts=2", "--config.rollout.group_size=2",
          "--config.rollout.decode_slots=3"]  # the slot-refill engine for the 4 rollout rows
 
 
-def _run(module, *args):
+def _run(module, *args, env=None):
   out = subprocess.run([sys.executable, "-m", module, "--config=configs/grpo_gsm8k.py", *args],
-                       cwd=ROOT, capture_output=True, text=True, timeout=600)
+                       cwd=ROOT, capture_output=True, text=True, timeout=600, env=env)
   assert out.returncode == 0, out.stderr[-3000:]
   return out
 
@@ -31,8 +32,9 @@ def _run(module, *args):
 def test_gsm8k_recipe_trains_evaluates_and_exports(tmp_path):
   ckpt = save_tiny_qwen2(str(tmp_path / "ckpt"))
   work = tmp_path / "run"
+  env = cache_env(tmp_path / "jax_cache")  # the evaluation reruns the run's eval programs
   out = _run("grpo_jax.main", f"--workdir={work}", f"--config.model.path={ckpt}",
-             "--config.train.steps=2", *SMALL)
+             "--config.train.steps=2", *SMALL, env=env)
   records = [json.loads(line) for line in (work / "metrics.jsonl").read_text().splitlines()]
   assert [r["step"] for r in records] == [0, 1, 2]
   for r in records:
@@ -47,7 +49,7 @@ def test_gsm8k_recipe_trains_evaluates_and_exports(tmp_path):
   model = AutoModelForCausalLM.from_pretrained(export)
   assert model.config.model_type == "qwen2"
   ev = _run("grpo_jax.eval", f"--workdir={tmp_path / 'eval'}", f"--config.model.path={export}",
-            *SMALL)
+            *SMALL, env=env)
   result = json.loads((tmp_path / "eval" / "eval.json").read_text())
   assert set(result) == {"eval_accuracy", "eval_accuracy_flexible", "eval_pass_at_2"}
   # The exported policy is the trained one: the standalone greedy figures equal the run's last.

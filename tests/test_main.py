@@ -8,6 +8,7 @@ import sys
 import pytest
 
 from grpo_jax.train.metrics import TIMING_KEYS
+from tests.tiny_runs import cache_env
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SMALL = ["--config.warmup.steps=30", "--config.train.steps=4", "--config.train.eval_every=2",
@@ -21,9 +22,11 @@ REQUIRED = {"step", "reward_mean", "kl", "clip_frac", "entropy", "response_len",
 
 
 def _run(workdir, *extra):
+  # The runs share one persistent compilation cache (the same programs: compiled once).
+  env = cache_env(os.path.join(os.path.dirname(workdir), "jax_cache"))
   out = subprocess.run([sys.executable, "-m", "grpo_jax.main", "--config=configs/grpo_tiny.py",
                         f"--workdir={workdir}", *SMALL, *extra], cwd=ROOT, capture_output=True,
-                       text=True, timeout=600)
+                       text=True, timeout=600, env=env)
   assert out.returncode == 0, out.stderr[-3000:]
   with open(os.path.join(workdir, "metrics.jsonl")) as f:
     return [json.loads(line) for line in f], out.stdout

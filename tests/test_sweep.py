@@ -13,6 +13,7 @@ import pytest
 from grpo_jax.sweep.report import write_report
 from grpo_jax.sweep.runner import pending_jobs
 from grpo_jax.sweep.spec import SweepError, load_sweep
+from tests.tiny_runs import cache_env
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -115,9 +116,9 @@ def test_report_numbers_equal_numpy(tmp_path):
   assert f"| advantage=x | 3 | {mean:.3f} ± {std:.3f} |" in table
 
 
-def _sweep_cli(*args):
+def _sweep_cli(*args, env=None):
   return subprocess.run([sys.executable, "launch/sweep.py", *args], cwd=ROOT,
-                        capture_output=True, text=True, timeout=900)
+                        capture_output=True, text=True, timeout=900, env=env)
 
 
 @pytest.mark.slow
@@ -128,7 +129,8 @@ def test_sweep_runs_reports_and_skips_finished_runs(tmp_path):
   path = _sweep_file(tmp_path, base_config="configs/grpo_tiny.py", overrides=small,
                      grid={"rl.advantage": ["grpo", "rloo"]}, seeds=[0, 1], seed_axis="vmap")
   out = tmp_path / "out"
-  first = _sweep_cli(f"--sweep={path}", f"--workdir={out}", "--parallel=2")
+  env = cache_env(tmp_path / "jax_cache")  # the third call reruns a program of the first
+  first = _sweep_cli(f"--sweep={path}", f"--workdir={out}", "--parallel=2", env=env)
   assert first.returncode == 0, first.stdout + first.stderr
   assert "0 finished run(s) skipped, 4 to run in 2 process(es)" in first.stdout
   for arm in ("advantage=grpo", "advantage=rloo"):
@@ -157,7 +159,7 @@ def test_sweep_runs_reports_and_skips_finished_runs(tmp_path):
       f"python -m grpo_jax.main --config=configs/grpo_tiny.py "
       f"--workdir={out / 'advantage=rloo'} --vmap_seeds=1 --seed_axis=vmap "
       + " ".join(f"--config.{k}={v}" for k, v in small.items()) + " --config.rl.advantage=rloo"]
-  third = _sweep_cli(f"--sweep={path}", f"--workdir={out}")
+  third = _sweep_cli(f"--sweep={path}", f"--workdir={out}", env=env)
   assert "3 finished run(s) skipped, 1 to run in 1 process(es)" in third.stdout, third.stdout
   assert os.path.getmtime(out / "advantage=grpo" / "seed_0" / "DONE.json") == stamp
   redone = [json.loads(line) for line in
