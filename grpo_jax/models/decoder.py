@@ -224,14 +224,12 @@ class Decoder(nn.Module):
   @nn.compact
   def __call__(self, tokens, positions, kv_mask, cache: Optional[Cache] = None, offset=0,
                return_hidden: bool = False, logits_window: Optional[tuple] = None,
-               project: bool = True, adapters=None, differentiated: Optional[bool] = None,
-               prompt_group: int = 0):
+               project: bool = True, adapters=None, prompt_group: int = 0):
     """project=False returns (normed hidden states of the window, cache) without the
     vocabulary projection (chunked scoring projects them itself, grpo_jax/models/scoring.py).
     adapters: LoRA adapters (grpo_jax/models/lora.py) added to the projections, or None.
-    differentiated: whether a backward pass goes through this one, so that the layers are
-    rematerialised by model.remat; default: without a cache only (the sampler's passes with a
-    cache are not differentiated).
+    The layers are rematerialised by model.remat in the passes without a cache (the
+    differentiated ones; the sampler's passes with a cache are not).
     prompt_group = G > 0: shared-prompt scoring (models/scoring.shared_prompt_hidden). tokens,
     positions and kv_mask are (prompt, completion) pairs: (B/G, P) distinct prompts and (B, T)
     completion inputs, kv_mask (B/G, P) and (B, P + T); cache is None. Returns (the normed
@@ -251,8 +249,7 @@ class Decoder(nn.Module):
       x = embedded(tokens)
       mask = attention_mask(kv_mask, tokens.shape[1], offset)
     layer_cls = DecoderLayer
-    differentiated = cache is None if differentiated is None else differentiated
-    if differentiated and REMAT_POLICIES[cfg.remat] is not None:
+    if cache is None and REMAT_POLICIES[cfg.remat] is not None:
       layer_cls = nn.remat(DecoderLayer, policy=REMAT_POLICIES[cfg.remat],
                            prevent_cse=not cfg.scan_layers)
     if cfg.scan_layers:  # params and cache stacked on a leading layer axis
