@@ -34,12 +34,14 @@ def mesh_of(shape, devices):
                    devices)
 
 
-def run_on(mesh, batch_inputs, micro=1, scan=False, shared=False):
+def run_on(mesh, batch_inputs, micro=1, scan=False, shared=False, sample=True):
+  """sample=False: only the updates (the runs whose tokens and cache are not compared; CI
+  time)."""
   with jax.set_mesh(mesh):
-    return _run_on(mesh, batch_inputs, micro, scan, shared)
+    return _run_on(mesh, batch_inputs, micro, scan, shared, sample)
 
 
-def _run_on(mesh, batch_inputs, micro, scan, shared):
+def _run_on(mesh, batch_inputs, micro, scan, shared, sample):
   cfg = dataclasses.replace(CFG, scan_layers=scan)
   params = perturbed_params(CFG)
   if scan:
@@ -51,23 +53,26 @@ def _run_on(mesh, batch_inputs, micro, scan, shared):
   state = jax.device_put(state, tree_shardings(state, mesh))
   prompts, mask = shard_batch((PROMPTS, PROMPTS != 0), mesh)
   kw = dict(model_cfg=cfg, max_new_tokens=6, eos_id=2, pad_id=0, mesh=mesh)
-  greedy = generate(state.params, prompts, mask, jax.random.key(0), temperature=0.0, **kw)
-  sampled = generate(state.params, prompts, mask, jax.random.key(3), temperature=1.0, **kw)
+  greedy = sampled = cache_shard = None
+  if sample:
+    greedy = generate(state.params, prompts, mask, jax.random.key(0), temperature=0.0, **kw)
+    sampled = generate(state.params, prompts, mask, jax.random.key(3), temperature=1.0, **kw)
   prepare = jax.jit(make_prepare_batch(cfg, rl, 4, 1.0, 6))
   update = make_update_step(cfg, rl, optimizer, 1.0, group_size=4)
   rollout, inputs = shard_batch(batch_inputs, mesh)
   for _ in range(2):
     batch, _ = prepare(state, rollout, inputs)
     state, metrics = update(state, batch)
-  # The KV cache (B, kv_heads, S, head_dim) the sampler's prefill leaves: its shard shape.
-  fill = functools.partial(prefill, model_cfg=cfg, max_new_tokens=6, mesh=mesh)
-  _, cache, _ = jax.jit(fill)(state.params, prompts, mask)
-  k = cache["k"] if scan else cache[0]["k"]  # scanned: (layers, B, kv_heads, S, head_dim)
-  cache_shard = list(k.sharding.shard_shape(k.shape))[1 if scan else 0:]
+  if sample:
+    # The KV cache (B, kv_heads, S, head_dim) the sampler's prefill leaves: its shard shape.
+    fill = functools.partial(prefill, model_cfg=cfg, max_new_tokens=6, mesh=mesh)
+    _, cache, _ = jax.jit(fill)(state.params, prompts, mask)
+    k = cache["k"] if scan else cache[0]["k"]  # scanned: (layers, B, kv_heads, S, head_dim)
+    cache_shard = list(k.sharding.shard_shape(k.shape))[1 if scan else 0:]
+    greedy, sampled = (np.asarray(r.completion_tokens) for r in (greedy, sampled))
   params = jax.device_get(state.params)
-  return (np.asarray(greedy.completion_tokens), np.asarray(sampled.completion_tokens),
-          unstack_layers(params, CFG.num_layers) if scan else params, float(metrics["loss"]),
-          cache_shard)
+  return (greedy, sampled, unstack_layers(params, CFG.num_layers) if scan else params,
+          float(metrics["loss"]), cache_shard)
 
 
 def main():
@@ -83,17 +88,19 @@ def main():
   ref = run_on(single, batch_inputs)
   # Each prompt once for its 4 rows (rl.shared_prompt_forward, scanned): its minibatches are
   # whole groups, so its reference is its own single-device run.
-  ref_shared = run_on(single, batch_inputs, scan=True, shared=True)
+  ref_shared = run_on(single, batch_inputs, scan=True, shared=True, sample=False)
   out = {}
   for shape in MESHES:
     mesh = mesh_of(shape, devices)
     got = run_on(mesh, batch_inputs)
     # Micro-batching is mesh-independent arithmetic: checked on the two mixed meshes (CI time).
-    accum = run_on(mesh, batch_inputs, micro=4) if shape in ((2, 2, 2), (1, 2, 4)) else None
+    accum = (run_on(mesh, batch_inputs, micro=4, sample=False)
+             if shape in ((2, 2, 2), (1, 2, 4)) else None)
     scanned = run_on(mesh, batch_inputs, scan=True)
     # (2, 2, 2): rows over data x fsdp (a minibatch's 2 prompt rows unevenly over 4 devices)
     # and heads over tensor.
-    shared = run_on(mesh, batch_inputs, scan=True, shared=True) if shape == (2, 2, 2) else None
+    shared = (run_on(mesh, batch_inputs, scan=True, shared=True, sample=False)
+              if shape == (2, 2, 2) else None)
     diff = lambda a, b: max(float(np.max(np.abs(x - y)))  # noqa: E731
                             for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
     out[str(shape)] = dict(
