@@ -10,7 +10,9 @@ Prefix sharing: each prompt is prefilled once and its cache rows, last-position 
 masks are repeated for its G samples (`group_size`), so prefill FLOPs scale with prompts, not
 rows. Decode reads only what exists: the decode steps run in segments of `decode_block` steps,
 and a segment's attention reads the first P + (its last step + 1) cache slots, not all P + N.
-Neither changes a drawn token (tests/test_sampler_prefix.py).
+Neither changes a drawn token (tests/test_sampler_prefix.py). The KV cache is made inside the
+one jitted call and carried through the loops, never an argument or a result, so XLA updates it
+in place: there is no second copy to donate away (the cache's donation, in this form).
 
 Tokens do not depend on scheduling: token t of row r (r = prompt x G + sample, the row's index
 in the call's Rollout) is drawn with the uniform `token_uniforms(key, r, t)`, never with one
