@@ -10,6 +10,7 @@ both (`token_uniforms`), so they agree exactly.
 """
 
 import dataclasses
+import functools
 import json
 import os
 import subprocess
@@ -50,10 +51,16 @@ def _settings(cfg, **policy):
 
 def _refill(cfg, params, slots, limits=None, **policy):
   """The slot engine itself (also for slots = rows, which `sample` would run statically)."""
-  fn = jax.jit(lambda p, t, m, k, lim: generate_refill(
-      p, t, m, k, row_limits_or_max(lim, ROWS, NEW), mesh=None, decode_slots=slots,
-      **{"top_k": 0, "top_p": 1.0, **_settings(cfg, **policy)}))
-  return fn(params, PROMPTS, PROMPT_MASK, jax.random.key(7), limits)
+  limits = row_limits_or_max(limits, ROWS, NEW)  # one compiled engine for both limit cases
+  return _refill_fn(cfg, slots, tuple(sorted(policy.items())))(
+      params, PROMPTS, PROMPT_MASK, jax.random.key(7), limits)
+
+
+@functools.lru_cache(maxsize=None)
+def _refill_fn(cfg, slots, policy):
+  return jax.jit(lambda p, t, m, k, lim: generate_refill(
+      p, t, m, k, lim, mesh=None, decode_slots=slots,
+      **{"top_k": 0, "top_p": 1.0, **_settings(cfg, **dict(policy))}))
 
 
 def simulated_slot_steps(lengths, slots: int) -> int:
