@@ -114,8 +114,8 @@ def validate(config) -> None:
            f"(the completion length limit).")
   _require(tr.eval_pass_k >= 0, f"train.eval_pass_k={tr.eval_pass_k}; use 0 (off) or a number "
            f"of samples per prompt >= 1.")
-  for field in ("param_dtype", "compute_dtype"):
-    _one_of(config.model[field], MODEL_DTYPES, f"model.{field}")
+  _one_of(config.model.param_dtype, MODEL_DTYPES, "model.param_dtype")
+  _one_of(config.model.compute_dtype, MODEL_DTYPES + ("auto",), "model.compute_dtype")
   _require(r.group_size >= 1, f"rollout.group_size={r.group_size}; use at least 1.")
   if estimator.groups:
     _require(r.group_size >= 2,

@@ -44,7 +44,9 @@ def get_defaults() -> ml_collections.ConfigDict:
       num_digits=2,  # addition: operands in [0, 10^num_digits)
       test_size=500,  # addition: held-out unordered pairs
       fixed_width=True,  # addition: zero-padded operands and sum, every digit at a fixed place
-      reverse_answer=True))  # addition: the sum least-significant digit first
+      reverse_answer=True,  # addition: the sum least-significant digit first
+      max_operand=100,  # chat_arithmetic: operands in [0, max_operand)
+      operations="+"))  # chat_arithmetic: any of "+", "-", "*"
 
   # Data of file-backed tasks (gsm8k).
   c.data = ml_collections.ConfigDict(dict(
@@ -53,7 +55,12 @@ def get_defaults() -> ml_collections.ConfigDict:
       tfds_dir="",  # tensorflow-datasets data_dir; "" = its default
       instruction=VERL_INSTRUCTION,  # appended to the question, after a space
       use_chat_template=True,  # wrap the prompt in the tokenizer's chat template, if it has one
-      max_prompt_tokens=512))  # prompts are left-padded / truncated to this many tokens
+      max_prompt_tokens=512,  # the longest prompt a file-backed task keeps
+      # Each batch of prompts is cut to its longest prompt rounded up to a multiple of this
+      # many tokens (left padding removed), so a step computes no padding beyond it and a run
+      # compiles at most max_prompt_tokens / prompt_bucket prompt shapes; 0 = every batch
+      # padded to max_prompt_tokens.
+      prompt_bucket=32))
 
   # The rewards (README "Learned and remote rewards"): the task's rule reward (weight
   # rule_weight; 0 = off), outcome reward models and remote servers, combined by `combine`:
@@ -133,6 +140,9 @@ def get_defaults() -> ml_collections.ConfigDict:
       eval_every=30,  # evaluate every N steps
       eval_size=500, eval_batch_size=250,  # test problems per evaluation, and per batch
       eval_pass_k=0,  # k > 0: also pass@k over k samples per prompt
+      # Sample completions as text in workdir/samples.jsonl (a few printed): num_samples
+      # training and evaluation samples every samples_every steps (0 = at every evaluation).
+      num_samples=4, samples_every=0,
       export=False,  # write the policy as a HF checkpoint to workdir/hf_export (model.path runs)
       checkpoint_every=50,  # also at step 0, at the end and on SIGTERM; 0 = only those last two
       keep_checkpoints=3,  # the newest K (a damaged newest one falls back to the one before)

@@ -84,14 +84,20 @@ def _fail(message: str, code: int):
 
 
 def check_flags() -> None:
-  """Exits with one line (status 2) when the config file could not be loaded or --workdir is
-  missing; shared by grpo_jax.eval."""
+  """Exits with one line (status 2) when the config file could not be loaded, --workdir is
+  missing or a Hub id in model.path cannot be fetched (grpo_jax/models/hub.py); shared by
+  grpo_jax.eval."""
   try:  # config_flags defers a config file's load error to the first use of the config
     _CONFIG.value.get("seed")
   except Exception as e:  # noqa: BLE001
     _fail(explain_parse_error(sys.argv, e), 2)
   if _WORKDIR.value is None:
     _fail("--workdir is required: the folder for the run's outputs, e.g. --workdir=/tmp/run.", 2)
+  from grpo_jax.models.hub import resolve_config_model_path  # noqa: PLC0415
+  try:  # a Hub id in model.path becomes its local snapshot, before the config is validated
+    resolve_config_model_path(_CONFIG.value)
+  except ConfigError as e:
+    _fail(e, 2)
 
 
 def cli(argv: list[str], entry=None) -> int:

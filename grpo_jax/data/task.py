@@ -107,3 +107,27 @@ def reward_name(config, default: str) -> str:
   reward = config.get("reward")
   name = reward.get("name", "") if reward is not None else ""
   return name or default
+
+
+def bucketed_width(prompt_mask, bucket: int) -> int:
+  """The width a batch of left-padded prompts is cut to: its longest prompt rounded up to a
+  multiple of `bucket`, never wider than the batch is (bucket 0: the batch's width). So a run
+  sees at most ceil(max_prompt_tokens / bucket) widths, one compiled shape each."""
+  mask = np.asarray(prompt_mask)
+  width = mask.shape[-1]
+  if bucket <= 0:
+    return width
+  longest = int(mask.reshape(-1, width).sum(-1).max(initial=0))
+  return min(width, max(bucket, -(-longest // bucket) * bucket))
+
+
+def cut_prompts(batch, width: int):
+  """A task's prompt batch with prompt_tokens / prompt_mask cut to their last `width` columns
+  (left padding removed; every real token is kept, checked)."""
+  mask = np.asarray(batch.prompt_mask)
+  if width >= mask.shape[-1]:
+    return batch
+  if mask[..., :mask.shape[-1] - width].any():
+    raise ValueError(f"cutting prompts to {width} columns would drop prompt tokens.")
+  return dataclasses.replace(batch, prompt_tokens=np.asarray(batch.prompt_tokens)[..., -width:],
+                             prompt_mask=mask[..., -width:])

@@ -7,6 +7,15 @@ import dataclasses
 import jax.numpy as jnp
 
 
+def platform_compute_dtype(platform: str | None = None) -> str:
+  """model.compute_dtype="auto": float32 on CPU, bfloat16 on GPU and TPU. Measured
+  (benchmarks/RESULTS.md "A real pretrained model"): on a 2-core AVX-512 CPU XLA's bfloat16
+  matmuls are slower than float32 ones (SmolLM2-135M's GRPO step 72-73 s against 67-69 s),
+  while GPUs and TPUs run bfloat16 at several times their float32 rate."""
+  import jax  # noqa: PLC0415
+  return "float32" if (platform or jax.default_backend()) == "cpu" else "bfloat16"
+
+
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
   """Hyper-parameters of a Llama/Qwen-family decoder (names follow HF's config.json)."""
@@ -40,6 +49,8 @@ class ModelConfig:
   lora_scale: float = 0.0
 
   def __post_init__(self):
+    if self.compute_dtype == "auto":  # resolved once, here: every ModelConfig holds a dtype
+      object.__setattr__(self, "compute_dtype", platform_compute_dtype())
     for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads",
                  "num_kv_heads", "head_dim"):
       if not (isinstance(getattr(self, name), int) and getattr(self, name) >= 1):

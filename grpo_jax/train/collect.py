@@ -16,6 +16,7 @@ import time
 import jax
 import numpy as np
 
+from grpo_jax.data.task import bucketed_width, cut_prompts
 from grpo_jax.parallel.distributed import to_host
 from grpo_jax.rollout.sampler import Rollout
 from grpo_jax.train.experience import RewardInputs
@@ -36,6 +37,8 @@ class Collected:
   rollout_s: float = 0.0  # wall time of the sampler calls it took part in (shared by seeds)
   # Each reward source's mean over the kept rows ({name: float}; reward/<name>_mean metrics).
   reward_means: dict = dataclasses.field(default_factory=dict)
+  # Per kept group: (the task's prompt batch it was drawn in, its row there), for samples.
+  group_prompts: list = dataclasses.field(default_factory=list)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -111,6 +114,7 @@ def collect(params, positions: list, keys: list, task, config, samplers: Sampler
   num_prompts, sampled = r_cfg.num_prompts, r_cfg.group_size
   group = rl.get("gfpo_keep", 0) or sampled
   on_error = config.train.on_reward_error
+  bucket = config.data.prompt_bucket
   seeds = len(axis)
   kept, spare = [[] for _ in range(seeds)], [[] for _ in range(seeds)]
   position, rounds, errors = list(positions), [0] * seeds, [0] * seeds
@@ -121,17 +125,20 @@ def collect(params, positions: list, keys: list, task, config, samplers: Sampler
       if not done[s]:
         prompts[s] = task.train_batch(position[s], num_prompts, axis.seeds[s])
     round_keys = axis.stack([jax.random.fold_in(k, rounds[s]) for s, k in enumerate(keys)])
+    # Left padding cut to the longest prompt of the round, bucketed (data.prompt_bucket).
+    width = max(bucketed_width(p.prompt_mask, bucket) for p in prompts)
+    cut = [cut_prompts(p, width) for p in prompts]
     start = time.perf_counter()
     rollouts, stats = to_host(samplers.sample(
-        params, axis.stack([p.prompt_tokens for p in prompts]),
-        axis.stack([p.prompt_mask for p in prompts]), round_keys))
+        params, axis.stack([p.prompt_tokens for p in cut]),
+        axis.stack([p.prompt_mask for p in cut]), round_keys))
     elapsed = time.perf_counter() - start
     rollouts, stats = axis.unstack(rollouts), axis.unstack(stats)
     greedy = [None] * seeds
     if "greedy_rewards" in needs:
       greedy = axis.unstack(to_host(samplers.greedy(
-          params, axis.stack([p.prompt_tokens for p in prompts]),
-          axis.stack([p.prompt_mask for p in prompts]))))
+          params, axis.stack([p.prompt_tokens for p in cut]),
+          axis.stack([p.prompt_mask for p in cut]))))
     for s in range(seeds):
       if done[s]:
         continue
@@ -148,7 +155,7 @@ def collect(params, positions: list, keys: list, task, config, samplers: Sampler
       for g in range(num_prompts):
         rows = kept_rows[g * group:(g + 1) * group]
         item = (_rows(rollouts[s], rows), rewards[rows], _rows(extras, rows),
-                {n: v[rows] for n, v in parts.items()})
+                {n: v[rows] for n, v in parts.items()}, (prompts[s], g))
         spread = rewards[rows].max() > rewards[rows].min()
         (kept[s] if (spread or not rl.dynamic_sampling) else spare[s]).append(item)
       done[s] = (len(kept[s]) >= num_prompts or not rl.dynamic_sampling
@@ -160,12 +167,25 @@ def collect(params, positions: list, keys: list, task, config, samplers: Sampler
       rollout_s=rollout_s[s]) for s in range(seeds)]
 
 
+def _left_pad_prompts(rollout: Rollout, width: int) -> Rollout:
+  """The rollout's prompts left-padded (mask False) to `width` columns: rounds of dynamic
+  sampling may have cut their prompts to different widths."""
+  extra = width - rollout.prompt_tokens.shape[-1]
+  if extra == 0:
+    return rollout
+  pad = lambda x: np.pad(np.asarray(x), ((0, 0), (extra, 0)))  # noqa: E731  (id 0, mask False)
+  return rollout._replace(prompt_tokens=pad(rollout.prompt_tokens),
+                          prompt_mask=pad(rollout.prompt_mask))
+
+
 def _assemble(kept, spare, num_prompts, consumed, rounds, errors) -> Collected:
   filler = max(num_prompts - len(kept), 0)
   chosen = kept[:num_prompts] + spare[:filler]
+  width = max(c[0].prompt_tokens.shape[-1] for c in chosen)
+  chosen = [(_left_pad_prompts(c[0], width),) + tuple(c[1:]) for c in chosen]
   cat = lambda xs: jax.tree.map(lambda *a: np.concatenate(a, 0), *xs)  # noqa: E731
   inputs = RewardInputs(cat([c[1] for c in chosen]), cat([c[2] for c in chosen]),
                         np.int32(consumed))
   means = {n: float(np.mean(v)) for n, v in cat([c[3] for c in chosen]).items()}
   return Collected(cat([c[0] for c in chosen]), inputs, rounds, filler, errors,
-                   reward_means=means)
+                   reward_means=means, group_prompts=[c[4] for c in chosen])

@@ -7,6 +7,7 @@ import dataclasses
 import jax
 import numpy as np
 
+from grpo_jax.data.task import bucketed_width
 from grpo_jax.models.config import ModelConfig
 from grpo_jax.parallel.distributed import to_host
 from grpo_jax.parallel.mesh import shard_batch
@@ -14,7 +15,7 @@ from grpo_jax.rollout.sampler import Sampling
 
 
 def make_evaluator(task, model_cfg: ModelConfig, train_cfg, rollout_cfg, eval_keys: list,
-                   axis, mesh=None):
+                   axis, mesh=None, prompt_bucket: int = 0):
   """evaluate(params) -> one metrics dict per seed of `axis` (a SeedAxis; params as it holds
   them): greedy accuracy on the first train.eval_size held-out prompts (the task's scores),
   and with train.eval_pass_k = k > 0 also pass@k, the fraction of prompts for which at least
@@ -29,7 +30,7 @@ def make_evaluator(task, model_cfg: ModelConfig, train_cfg, rollout_cfg, eval_ke
   sampled = axis.compile(lambda p, t, m, k: grouped(p, *place(t, m), k),
                          in_axes=(0, None, None, 0))
 
-  def evaluate(params) -> list[dict]:
+  def evaluate(params, samples_out=None) -> list[dict]:
     def generate_fn(prompts, prompt_mask, chunk_start, is_sampled):
       if is_sampled:
         keys = axis.stack([jax.random.fold_in(k, chunk_start) for k in eval_keys])
@@ -38,26 +39,30 @@ def make_evaluator(task, model_cfg: ModelConfig, train_cfg, rollout_cfg, eval_ke
         r = greedy(params, prompts, prompt_mask)
       r = to_host(r)
       return r if axis.stacked else jax.tree.map(lambda x: np.asarray(x)[None], r)
-    return evaluate_models(generate_fn, len(axis), task, train_cfg)
+    return evaluate_models(generate_fn, len(axis), task, train_cfg, prompt_bucket, samples_out)
 
   return evaluate
 
 
 def evaluate(params, task, model_cfg: ModelConfig, train_cfg, rollout_cfg=None,
-             key=None, mesh=None) -> dict:
+             key=None, mesh=None, prompt_bucket: int = 0) -> dict:
   """make_evaluator's metrics of one policy (params of a single run)."""
   from grpo_jax.train.seed_axis import SeedAxis  # noqa: PLC0415
   return make_evaluator(task, model_cfg, train_cfg, rollout_cfg, [key], SeedAxis((0,)),
-                        mesh)(params)[0]
+                        mesh, prompt_bucket)(params)[0]
 
 
-def evaluate_models(generate_fn, num_models: int, task, train_cfg) -> list[dict]:
+def evaluate_models(generate_fn, num_models: int, task, train_cfg,
+                    prompt_bucket: int = 0, samples_out=None) -> list[dict]:
   """`evaluate` for `num_models` policies at once (e.g. seeds stacked on a vmapped axis).
 
   generate_fn(prompt_tokens, prompt_mask, chunk_start, sampled) returns the host `Rollout` of
   every model, each array with a leading model axis: greedy completions, or (sampled=True)
   pass@k samples, k rows per prompt (each prompt prefilled once), drawn with each model's own
-  evaluation key folded with chunk_start.
+  evaluation key folded with chunk_start. Each chunk's prompts are cut to its longest prompt,
+  rounded up to a multiple of prompt_bucket (0: not cut). With a list `samples_out`, each
+  model's first train.num_samples greedy completions are appended to it as sample records
+  (grpo_jax/train/samples.py; step -1, for the caller to set), one list per model.
   """
   batch = task.test_batch(train_cfg.eval_size)
   size, chunk = train_cfg.eval_size, train_cfg.eval_batch_size
@@ -68,6 +73,8 @@ def evaluate_models(generate_fn, num_models: int, task, train_cfg) -> list[dict]
     rows = np.minimum(np.arange(start, start + chunk), size - 1)
     keep = min(chunk, size - start)
     prompts, prompt_mask = batch.prompt_tokens[rows], batch.prompt_mask[rows]
+    width = bucketed_width(prompt_mask, prompt_bucket)  # left padding cut (data.prompt_bucket)
+    prompts, prompt_mask = prompts[:, -width:], prompt_mask[:, -width:]
     r = generate_fn(prompts, prompt_mask, start, False)
     tokens.append(np.asarray(r.completion_tokens)[:, :keep])
     masks.append(np.asarray(r.completion_mask)[:, :keep])
@@ -84,6 +91,15 @@ def evaluate_models(generate_fn, num_models: int, task, train_cfg) -> list[dict]
     if pass_k:
       scores[f"eval_pass_at_{pass_k}"] = np.concatenate([p[m] for p in passed])
     results.append({name: float(np.mean(values)) for name, values in scores.items()})
+  if samples_out is not None:
+    from grpo_jax.train.samples import describe  # noqa: PLC0415  (it imports this module)
+    count = min(train_cfg.get("num_samples", 4), size)
+    for m in range(num_models):
+      tokens_m = np.concatenate([t[m] for t in tokens])[:count]
+      mask_m = np.concatenate([k[m] for k in masks])[:count]
+      rewards = task.score(take_rows(batch, list(range(count))), tokens_m, mask_m, 1)
+      samples_out.append(describe(task, batch, range(count), tokens_m, mask_m, rewards, "eval",
+                                  -1))
   return results
 
 

@@ -39,6 +39,7 @@ from grpo_jax.train.faults import (TerminationFlag, check_reward_error_fraction,
                                     check_skips, check_state_finite, reward_name)
 from grpo_jax.train.metrics import (MetricsWriter, keep_records_until, rollout_metrics,
                                     step_record, step_tokens)
+from grpo_jax.train.samples import SamplesWriter, format_samples, train_samples
 from grpo_jax.train.seed_axis import SeedAxis
 from grpo_jax.train.setup import (build_model, build_task, check_task_fits_model,
                                    initial_adapters, uses_checkpoint, uses_lora)
@@ -161,6 +162,8 @@ def _train(config, workdir: str, log, axis: SeedAxis, mesh, task, configs, base_
         record_start(wd, step_of(state) if resumed else None, changed)
         dropped = keep_records_until(os.path.join(wd, "metrics.jsonl"),
                                      step_of(state) if resumed else -1)
+        if os.path.exists(os.path.join(wd, "samples.jsonl")):
+          keep_records_until(os.path.join(wd, "samples.jsonl"), step_of(state) if resumed else -1)
       if resumed and uses_lora(config):  # the frozen base is not in the checkpoint
         origin = "model.path" if uses_checkpoint(config) else "the seed"
         log(f"resumed from checkpoint {ckpts.directory}/{step_of(state)} (LoRA adapters; the "
@@ -262,8 +265,16 @@ def _state_jit_options(state, run: Run) -> dict:
   return options
 
 
-def make_host_advance(run: Run, state):
-  """advance(state) -> (state, [per-seed records of the step], [its tokens]): the host path."""
+def samples_due(t_cfg, step: int) -> bool:
+  """Whether step writes sample completions: every train.samples_every steps (0: at every
+  evaluation) and at the last step."""
+  every = t_cfg.get("samples_every", 0) or t_cfg.eval_every
+  return t_cfg.get("num_samples", 4) > 0 and (step % every == 0 or step == t_cfg.steps)
+
+
+def make_host_advance(run: Run, state, samples_out=None):
+  """advance(state) -> (state, [per-seed records of the step], [its tokens]): the host path.
+  On a step `samples_due`, the first seed's training samples are appended to samples_out."""
   config, axis, mesh = run.config, run.axis, run.mesh
   r_cfg = config.rollout
   sampling = Sampling.of(run.spec.model_cfg, run.task, r_cfg, mesh)
@@ -279,8 +290,13 @@ def make_host_advance(run: Run, state):
 
   def advance(state):
     positions = np.atleast_1d(to_host(state.data_position)).tolist()
+    started = time.perf_counter()
     collected = collect(policy_params(state), positions, axis.unstack(rollout_keys(state)),
                         run.task, config, samplers, axis, run.needs, run.sources)
+    step = step_of(state) + 1
+    if samples_out is not None and samples_due(config.train, step):
+      samples_out.extend(train_samples(run.task, collected[0], run.spec.group_size, step,
+                                       config.train.get("num_samples", 4)))
     for c in collected:  # before the update: a step mostly scored 0 must not train
       check_reward_error_fraction(c.reward_errors, c.scored,
                                   config.train.get("max_reward_error_fraction", 0.5),
@@ -289,7 +305,12 @@ def make_host_advance(run: Run, state):
         [c.inputs for c in collected])
     if mesh is not None:
       rollout, inputs = shard_batch((rollout, inputs), mesh)
+    collected_at = time.perf_counter()
     state, metrics = rl_step(state, rollout, inputs)
+    metrics = to_host(metrics)  # waits for the step
+    timings = dict(time_rollout_s=collected[0].rollout_s,
+                   time_reward_s=collected_at - started - collected[0].rollout_s,
+                   time_update_s=time.perf_counter() - collected_at)
     # Rollout tokens/s: every seed's sampled tokens over the sampler calls' wall time.
     rollout_speed = (sum(c.decoded_tokens for c in collected) /
                      max(collected[0].rollout_s, 1e-9))
@@ -299,8 +320,8 @@ def make_host_advance(run: Run, state):
                                               c.rollout.truncated, run.spec.group_size),
                            config, c.sampling_rounds, c.groups_without_spread, c.reward_errors)
                | dict(decode_slot_utilisation=c.decoded_tokens / max(c.slot_steps, 1),
-                      rollout_tokens_per_s=rollout_speed) | per_reward(c)
-               for m, c in zip(axis.unstack(to_host(metrics)), collected)]
+                      rollout_tokens_per_s=rollout_speed) | per_reward(c) | timings
+               for m, c in zip(axis.unstack(metrics), collected)]
     return state, [records], [sum(step_tokens(c.rollout) for c in collected)]
 
   return advance
@@ -310,20 +331,34 @@ def _run(run: Run, state, resumed: bool, ckpts, sigterm) -> TrainState:
   """The RL steps from the state's step to config.train.steps (see `train`)."""
   config, axis, log = run.config, run.axis, run.log
   r_cfg, t_cfg = config.rollout, config.train
+  pending = []  # sample records of the step being run (grpo_jax/train/samples.py)
   if t_cfg.get("fused_steps", 0):
     from grpo_jax.train.fused import make_fused_advance  # noqa: PLC0415
     advance = make_fused_advance(run, state, _state_jit_options(state, run))
   else:
-    advance = make_host_advance(run, state)
+    advance = make_host_advance(run, state, pending)
   run_eval = make_evaluator(run.task, run.spec.model_cfg, t_cfg, r_cfg,
-                            [jax.random.fold_in(k, 3) for k in run.base_keys], axis, run.mesh)
+                            [jax.random.fold_in(k, 3) for k in run.base_keys], axis, run.mesh,
+                            config.data.prompt_bucket)
   enabled = distributed.is_main_process()
   writers = [MetricsWriter(wd, t_cfg.steps, stream=None if axis.stacked else sys.stdout,
                            enabled=enabled, wandb_run=start_wandb(c, wd) if enabled else None)
              for wd, c in zip(run.workdirs, [_with_seed(run.config, s) for s in axis.seeds])]
+  samplers = [SamplesWriter(wd, enabled, w) for wd, w in zip(run.workdirs, writers)]
+
+  def evaluate(step):
+    per_model = []
+    evals = run_eval(policy_params(state), per_model)
+    for sink, samples in zip(samplers, per_model):
+      sink.write([dict(s, step=step) for s in samples])
+    if not axis.stacked:
+      for line in format_samples([dict(s, step=step) for s in per_model[0]]):
+        log(line)
+    return evals
+
   try:
     if not resumed:
-      evals = run_eval(policy_params(state))
+      evals = evaluate(0)
       for writer, m in zip(writers, evals):
         writer.write(0, m)
       log(f"step    0/{t_cfg.steps} | eval_acc {_join(m['eval_accuracy'] for m in evals)}")
@@ -341,8 +376,14 @@ def _run(run: Run, state, resumed: bool, ckpts, sigterm) -> TrainState:
       for i, per_seed in enumerate(records):
         check_state_finite(per_seed, step - len(records) + 1 + i,
                            lambda: (ckpts.steps() or [None])[-1])
+      if pending:
+        samplers[0].write(pending)
+        if not axis.stacked:
+          for line in format_samples(pending):
+            log(line)
+        pending.clear()
       if step % t_cfg.eval_every == 0 or step == t_cfg.steps:
-        for record, m in zip(records[-1], run_eval(policy_params(state))):
+        for record, m in zip(records[-1], evaluate(step)):
           record.update(m)
       now = time.perf_counter()
       per_step = (now - t0) / len(records)

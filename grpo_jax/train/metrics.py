@@ -13,7 +13,8 @@ from typing import Mapping
 import numpy as np
 
 # Wall-clock fields: the only metrics that differ between two runs of the same config.
-TIMING_KEYS = ("tokens_per_s", "step_time_s", "elapsed_s", "rollout_tokens_per_s")
+TIMING_KEYS = ("tokens_per_s", "step_time_s", "elapsed_s", "rollout_tokens_per_s",
+               "time_rollout_s", "time_reward_s", "time_update_s")
 
 
 def to_python(metrics: Mapping) -> dict:
@@ -113,6 +114,15 @@ class MetricsWriter:
         self._tb.add_scalar(k, v, int(step))
     if self._wandb is not None:
       self._wandb.log(scalars, step=int(step))
+
+  def write_text(self, step: int, tag: str, text: str) -> None:
+    """Text (e.g. sample completions) to TensorBoard and W&B, when they are on."""
+    if not self.enabled:
+      return
+    if self._tb is not None:
+      self._tb.add_text(tag, text, int(step))
+    if self._wandb is not None:
+      self._wandb.log({tag: text}, step=int(step))
 
   def progress(self, step: int, m: Mapping, seconds_per_step: float) -> None:
     if not self.enabled:

@@ -1,0 +1,194 @@
+"""Arithmetic questions put to a real chat model, answered with just the number: the real-model
+recipe's task (configs/grpo_smollm2.py; README "A real pretrained model").
+
+A prompt is the tokenizer's chat template around one user message, "What is 47 + 51? " followed
+by `data.instruction` (the recipe: "Answer with a single number."). Operands are integers in
+[0, task.max_operand); `task.operations` picks among "+", "-" (a >= b, so answers are never
+negative) and "*". The held-out split is `task.test_size` problems drawn once with a fixed seed
+(never trained on); the training stream is the rest, reshuffled every epoch by (seed, epoch).
+Everything is a pure function of the config, the seed and the stream position: no files.
+
+Why this task (README): SmolLM2-135M-Instruct computes such sums right about a quarter of the
+time but never in the requested format (greedy: "47 + 51 = 108"), so held-out exact match starts
+at 0 and RL has both a format and a correctness to move; answers are a few tokens, so a GRPO
+step fits a 2-core CPU. Scoring is on the decoded text (rewards/number_answer.py): held-out
+accuracy is exact match of the answer (the completion's last integer equals the gold one);
+format compliance (the bare number and nothing else) and strict accuracy (both) are reported
+beside it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import operator
+import os
+
+import numpy as np
+
+from grpo_jax.data.task import register_task, reward_name
+from grpo_jax.data.tokenizer import pad_rows
+from grpo_jax.errors import ConfigError
+from grpo_jax.rewards.number_answer import answer_scores
+from grpo_jax.rewards.registry import get_reward
+
+_SPLIT_SEED = 4321  # fixed: the held-out split must not move with the experiment's seed
+OPERATIONS = {"+": operator.add, "-": operator.sub, "*": operator.mul}
+DEFAULT_REWARD = "number_shaped"
+
+
+@dataclasses.dataclass
+class ChatArithmeticPrompts:
+  prompt_tokens: np.ndarray  # (B, P) int32, left-padded
+  prompt_mask: np.ndarray  # (B, P) bool
+  gold: list  # the answers, as decimal strings
+  user_text: list  # the user's message (question and instruction), for rewards reading text
+
+
+def all_problems(max_operand: int, operations: str) -> list[tuple[int, str, int]]:
+  """Every (a, op, b) with operands in [0, max_operand), a >= b for "-", in a fixed order."""
+  problems = []
+  for op in operations:
+    for a in range(max_operand):
+      for b in range(max_operand):
+        if op != "-" or a >= b:
+          problems.append((a, op, b))
+  return problems
+
+
+def _require(condition: bool, message: str) -> None:
+  if not condition:
+    raise ConfigError(message)
+
+
+@register_task("chat_arithmetic")
+class ChatArithmeticTask:
+  """Procedural arithmetic in a Hugging Face chat model's template, scored on decoded text
+  ("text" rewards, number_shaped by default; held-out exact match, correctness and format)."""
+
+  @staticmethod
+  def check_config(config) -> None:
+    task, path = config.task, config.model.get("path", "")
+    _require(bool(path) and os.path.isdir(path), f"task.name='chat_arithmetic' needs model.path, "
+             f"a Hugging Face checkpoint folder with a tokenizer, but model.path={path!r} is not "
+             f"a folder; fetch the real model with python -m grpo_jax.fetch_model "
+             f"smollm2-135m-instruct (its default folder is the recipe's model.path), or pass "
+             f"--config.model.path=<a checkpoint folder>.")
+    ops = task.get("operations", "+")
+    _require(bool(ops) and all(o in OPERATIONS for o in ops) and len(set(ops)) == len(ops),
+             f"task.operations={ops!r}; use one or more of {''.join(OPERATIONS)}, each once "
+             f"(e.g. '+-').")
+    top = task.get("max_operand", 100)
+    _require(isinstance(top, int) and top >= 2, f"task.max_operand={top!r}; use an integer "
+             f">= 2 (operands are drawn from [0, max_operand)).")
+    total = len(all_problems(top, ops))
+    _require(0 < task.test_size < total, f"task.test_size={task.test_size} must be in (0, "
+             f"{total}) for task.max_operand={top} and task.operations={ops!r}; lower it.")
+    _require(config.warmup.steps == 0, f"warmup.steps={config.warmup.steps}: the supervised "
+             f"warm-up is for the synthetic task only; set warmup.steps=0 for a real checkpoint.")
+    get_reward(reward_name(config, DEFAULT_REWARD), "text", "chat_arithmetic")
+
+  @classmethod
+  def from_config(cls, config, log=print) -> "ChatArithmeticTask":
+    from grpo_jax.data.tokenizer import load_hf_tokenizer  # noqa: PLC0415  transformers
+    t = config.task
+    return cls(load_hf_tokenizer(config.model.path), t.get("max_operand", 100),
+               t.get("operations", "+"), t.test_size, config.data.instruction,
+               config.data.use_chat_template, config.data.max_prompt_tokens,
+               config.rollout.max_new_tokens, reward_name(config, DEFAULT_REWARD),
+               config.reward.get("format_score", 0.0))
+
+  def __init__(self, tokenizer, max_operand: int, operations: str, test_size: int,
+               instruction: str, use_chat_template: bool, max_prompt_tokens: int,
+               max_new_tokens: int, reward: str = DEFAULT_REWARD, format_score: float = 0.0):
+    self.tokenizer = tokenizer
+    self.instruction = instruction
+    self.use_chat_template = use_chat_template
+    self.prompt_len = max_prompt_tokens
+    self.max_new_tokens = max_new_tokens
+    self.reward_fn = get_reward(reward, "text", "chat_arithmetic").fn
+    self.format_score = format_score
+    problems = all_problems(max_operand, operations)
+    order = np.random.default_rng(_SPLIT_SEED).permutation(len(problems))
+    self.test = [self._encode(problems[i]) for i in order[:test_size]]
+    self.train = [problems[i] for i in order[test_size:]]  # encoded when drawn
+    longest = max(len(item[0]) for item in self.test)
+    if longest > self.prompt_len:
+      raise ConfigError(f"a chat_arithmetic prompt takes {longest} tokens, more than "
+                        f"data.max_prompt_tokens={self.prompt_len}; raise it.")
+
+  def user_content(self, a: int, op: str, b: int) -> str:
+    return f"What is {a} {op} {b}? {self.instruction}".strip()
+
+  def prompt_text(self, user: str) -> str:
+    if self.use_chat_template and getattr(self.tokenizer, "chat_template", None):
+      return self.tokenizer.apply_chat_template([{"role": "user", "content": user}],
+                                                tokenize=False, add_generation_prompt=True)
+    return f"Question: {user}\nAnswer:"
+
+  def _encode(self, problem) -> tuple[list, str, str]:
+    a, op, b = problem
+    user = self.user_content(a, op, b)
+    ids = self.tokenizer(self.prompt_text(user), add_special_tokens=False)["input_ids"]
+    return ids, str(OPERATIONS[op](a, b)), user
+
+  @property
+  def eos_id(self) -> int:
+    return self.tokenizer.eos_token_id
+
+  @property
+  def pad_id(self) -> int:
+    pad = self.tokenizer.pad_token_id
+    return self.eos_id if pad is None else pad
+
+  def _batch(self, items) -> ChatArithmeticPrompts:
+    tokens, mask = pad_rows([item[0] for item in items], self.prompt_len, self.pad_id, left=True)
+    return ChatArithmeticPrompts(tokens, mask, [item[1] for item in items],
+                                 [item[2] for item in items])
+
+  def train_batch(self, position: int, count: int, seed: int) -> ChatArithmeticPrompts:
+    """Prompts [position, position + count) of a stream reshuffled every epoch by (seed,
+    epoch): any position is reproducible without replay."""
+    num = len(self.train)
+    items = []
+    while len(items) < count:
+      epoch, offset = divmod(position + len(items), num)
+      perm = np.random.default_rng([seed, epoch]).permutation(num)
+      items.extend(self._encode(self.train[i])
+                   for i in perm[offset:offset + count - len(items)])
+    return self._batch(items)
+
+  def test_batch(self, size: int) -> ChatArithmeticPrompts:
+    if size > len(self.test):
+      raise ConfigError(f"train.eval_size={size} exceeds the {len(self.test)} held-out "
+                        f"problems (task.test_size); lower train.eval_size or raise "
+                        f"task.test_size.")
+    return self._batch(self.test[:size])
+
+  def prompt_texts(self, batch: ChatArithmeticPrompts) -> list[str]:
+    return list(batch.user_text)
+
+  def labels(self, batch: ChatArithmeticPrompts) -> list[str]:
+    return list(batch.gold)
+
+  def decode(self, completion_tokens, completion_mask) -> list[str]:
+    tokens, mask = np.asarray(completion_tokens), np.asarray(completion_mask)
+    return [self.tokenizer.decode(t[m].tolist(), skip_special_tokens=True)
+            for t, m in zip(tokens, mask)]
+
+  def score(self, batch: ChatArithmeticPrompts, completion_tokens, completion_mask,
+            group_size: int) -> np.ndarray:
+    """(B * G,) float32 rewards of the configured text reward."""
+    texts = self.decode(completion_tokens, completion_mask)
+    golds = np.repeat(np.asarray(batch.gold, dtype=object), group_size)
+    return np.array([self.reward_fn(t, g, self.format_score) for t, g in zip(texts, golds)],
+                    np.float32)
+
+  def eval_scores(self, batch: ChatArithmeticPrompts, completion_tokens, completion_mask) -> dict:
+    """Per prompt (answer_scores): eval_accuracy, the answer (the completion's last integer)
+    matches the gold exactly; eval_format, the completion is the bare number asked for;
+    eval_strict, both."""
+    texts = self.decode(completion_tokens, completion_mask)
+    scores = [answer_scores(t, g) for t, g in zip(texts, batch.gold)]
+    return {"eval_accuracy": np.array([s.correct for s in scores], np.float32),
+            "eval_format": np.array([s.format for s in scores], np.float32),
+            "eval_strict": np.array([s.exact for s in scores], np.float32)}

@@ -1,0 +1,85 @@
+"""Seeing the model: sample completions as text, written to workdir/samples.jsonl.
+
+Each line is {"step", "split" ("train" or "eval"), "prompt", "completion", "reward",
+"correct"}: training samples are the first completions of a step's first prompts with their
+rewards; evaluation samples are the greedy completions of the first held-out prompts with the
+task's reward and its eval_accuracy score as "correct". Training writes them every
+train.samples_every steps (and at every evaluation), prints a few, and logs them to TensorBoard
+and W&B as text when those are on; `python -m grpo_jax.eval` writes them beside eval.json.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+
+from grpo_jax.train.evaluation import take_rows
+
+
+def prompt_texts(task, batch) -> list[str]:
+  """The user's text of each prompt (the task's prompt_texts), or the decoded prompt tokens."""
+  if hasattr(task, "prompt_texts"):
+    return list(task.prompt_texts(batch))
+  tokens, mask = np.asarray(batch.prompt_tokens), np.asarray(batch.prompt_mask)
+  return [task.tokenizer.decode(t[m].tolist()) for t, m in zip(tokens, mask)]
+
+
+def completion_texts(task, tokens, mask) -> list[str]:
+  if hasattr(task, "decode"):
+    return list(task.decode(tokens, mask))
+  tokens, mask = np.asarray(tokens), np.asarray(mask)
+  return [task.tokenizer.decode(t[m].tolist()) for t, m in zip(tokens, mask)]
+
+
+def describe(task, batch, rows, completion_tokens, completion_mask, rewards, split: str,
+             step: int) -> list[dict]:
+  """Sample records of completions (one per prompt row of `batch` in `rows`): text, reward
+  and the task's eval_accuracy score of that completion as "correct"."""
+  prompts = take_rows(batch, list(rows))
+  tokens, mask = np.asarray(completion_tokens), np.asarray(completion_mask)
+  correct = task.eval_scores(prompts, tokens, mask)["eval_accuracy"]
+  return [dict(step=int(step), split=split, prompt=p, completion=c, reward=float(r),
+               correct=float(k))
+          for p, c, r, k in zip(prompt_texts(task, prompts), completion_texts(task, tokens, mask),
+                                np.asarray(rewards), correct)]
+
+
+def train_samples(task, collected, group_size: int, step: int, count: int) -> list[dict]:
+  """The first completion of each of a step's first `count` groups (a `Collected`)."""
+  out = []
+  tokens, mask = collected.rollout.completion_tokens, collected.rollout.completion_mask
+  for g, (batch, row) in enumerate(collected.group_prompts[:count]):
+    r = slice(g * group_size, g * group_size + 1)
+    out += describe(task, batch, [row], np.asarray(tokens)[r], np.asarray(mask)[r],
+                    np.asarray(collected.inputs.rewards)[r], "train", step)
+  return out
+
+
+def format_samples(samples: list[dict], limit: int = 2, width: int = 100) -> list[str]:
+  """A few console lines: the prompt's end, the completion and its reward."""
+  def short(text):
+    text = " ".join(text.split())
+    return text if len(text) <= width else "..." + text[-width + 3:]
+  return [f"  [{s['split']}] {short(s['prompt'])!r} -> {short(s['completion'])!r} "
+          f"(reward {s['reward']:.2f}, correct {s['correct']:.0f})" for s in samples[:limit]]
+
+
+class SamplesWriter:
+  """Appends sample records to workdir/samples.jsonl (and TensorBoard / W&B text)."""
+
+  def __init__(self, workdir: str, enabled: bool = True, metrics_writer=None):
+    self.path = os.path.join(workdir, "samples.jsonl")
+    self.enabled = enabled
+    self._metrics = metrics_writer
+
+  def write(self, samples: list[dict]) -> None:
+    if not self.enabled or not samples:
+      return
+    with open(self.path, "a") as f:
+      f.writelines(json.dumps(s) + "\n" for s in samples)
+    if self._metrics is not None:
+      self._metrics.write_text(samples[0]["step"], f"samples/{samples[0]['split']}",
+                               "\n\n".join(f"{s['prompt']}\n-> {s['completion']} (reward "
+                                           f"{s['reward']:.2f})" for s in samples))
