@@ -159,7 +159,9 @@ def main():
                    f"{n / y['seconds']:,.0f}", f"{y['seconds'] / x['seconds']:.2f}x",
                    f"{agree:.3f}"])
   print(f"ours: {settings['ours']}; HF: {settings['hf']}")
-  print(f"prompt {args.prompt_len} tokens, {args.new_tokens} new tokens, greedy, best of "
+  prompt = (f"prompt {args.prompt_len} tokens" if any(m in common.SHAPES for m in models)
+            else "chat prompts")
+  print(f"{prompt}, {args.new_tokens} new tokens, greedy, best of "
         f"{args.repeats} calls x {args.rounds} rounds; tokens/s = batch x new tokens / wall time of the whole generate call")
   for note in notes:
     print(note)

@@ -34,11 +34,13 @@ from its metrics.jsonl; TRL's is GRPOTrainer.train() with its generation and rew
 Per side: seconds per step (median over the steps after the first, which compiles / warms up;
 the first reported apart), split into rollout (ours: the sampler; TRL: `_generate`, tokenizing,
 sampling and decoding), reward (ours: decoding and scoring; TRL: `_calculate_rewards`) and
-update (the rest: log-probs, loss, backward, optimizer), the process's peak RSS (ours: the
-training process, as a child), and held-out accuracy on train.eval_size prompts, greedy, 16
-new tokens, at step 0 and at the end: ours from its own evaluation, TRL's with transformers
-generate (left padding, our prompt ids) scored by the task's eval_scores (exact match,
-correctness, format). torch: --torch-threads threads, OMP_WAIT_POLICY=PASSIVE (vs_trl.py).
+update (the rest: reference / old log-probs where needed, loss, backward, optimizer); the
+process's peak RSS (ours: the training process, as a child); held-out accuracy on
+train.eval_size prompts, greedy, the rollout's new tokens, at step 0 and at the end: ours from
+its own evaluation, TRL's with transformers generate (left padding, our prompt ids) scored by
+the task's own eval_scores, the keys ours reports (chat_arithmetic: eval_accuracy,
+eval_format, eval_strict). torch: --torch-threads threads, OMP_WAIT_POLICY=PASSIVE (as in
+vs_trl.py).
 
     python benchmarks/vs_trl_real.py                       # 10 steps, 200 held-out prompts
     python benchmarks/vs_trl_real.py --recipe gsm8k        # 2 steps of the GSM8K row
@@ -81,6 +83,8 @@ def overrides(args) -> dict:
                 "train.eval_batch_size": 1})
   else:
     out.update({"train.eval_size": args.eval_size, "train.eval_batch_size": args.eval_size})
+  if args.new_tokens:
+    out["rollout.max_new_tokens"] = args.new_tokens
   return out
 
 
@@ -150,8 +154,8 @@ def hf_greedy_eval(model, task, size: int, new_tokens: int, batch_size: int) -> 
   eos = completions == task.eos_id
   first = np.where(eos.any(1), eos.argmax(1), new_tokens)
   completion_mask = np.arange(new_tokens)[None, :] <= first[:, None]
-  scores = task.eval_scores(batch, completions, completion_mask)
-  return {k: float(np.mean(v)) for k, v in scores.items()}
+  per_prompt = task.eval_scores(batch, completions, completion_mask)
+  return {k: float(np.mean(v)) for k, v in per_prompt.items()}
 
 
 def timed(fn, sink: list):
@@ -247,12 +251,15 @@ def trl(args, spec: dict) -> dict:
               settings=f"trl {trl_lib.__version__}, {settings}")
 
 
-def scores(evals: dict) -> str:
-  """exact / correct / format, or '-'."""
-  if not evals:
-    return "-"
-  return " / ".join(f"{evals[k]:.3f}" for k in ("eval_accuracy", "eval_correct", "eval_format")
-                    if k in evals)
+def score_keys(*evals: dict) -> list:
+  """The evaluation keys to show: eval_accuracy first, then the task's others."""
+  keys = {k for e in evals for k in e}
+  return sorted(keys, key=lambda k: (k != "eval_accuracy", k))
+
+
+def scores(evals: dict, keys: list) -> str:
+  """The values of `keys` joined by ' / ', or '-'."""
+  return " / ".join(f"{evals.get(k, float('nan')):.3f}" for k in keys) if evals else "-"
 
 
 def default_model_path() -> str | None:
@@ -266,6 +273,8 @@ def main():
   parser.add_argument("--recipe", choices=sorted(RECIPES), default="chat_arithmetic")
   parser.add_argument("--steps", type=int, help="RL steps (default 10; gsm8k: 2)")
   parser.add_argument("--model-path", help=f"a HF folder (default: the fetched {MODEL})")
+  parser.add_argument("--new-tokens", type=int,
+                      help="new tokens per completion (default: the recipe's, 16 / 512)")
   parser.add_argument("--eval-size", type=int, default=200,
                       help="held-out prompts evaluated at step 0 and at the end")
   parser.add_argument("--gsm8k-path", default=os.path.join(ROOT, "..", "shared", "data", "gsm8k"))
@@ -316,13 +325,16 @@ def main():
         f"{rl.num_minibatches} minibatch(es), {args.steps} steps; s/step = median of steps "
         f"2..{args.steps} (rollout + reward + update; evaluations excluded); TRL tokenizes the "
         f"prompts as ours: {b['same_prompt_ids']}")
+  keys = score_keys(a["eval_start"], b["eval_start"])
+  names = " / ".join(k.removeprefix("eval_") for k in keys) or "accuracy"
   mean = lambda xs: sum(xs) / len(xs) if xs else float("nan")  # noqa: E731
   rows = [[name, f"{s['s_per_step']:.2f}", f"{s['first_step_s']:.1f}", f"{s['rollout_s']:.2f}",
            f"{s['reward_s']:.3f}", f"{s['update_s']:.2f}", s["peak_rss_gib"],
-           scores(s["eval_start"]), scores(s["eval_end"]), f"{mean(s['reward_means']):.3f}"]
+           scores(s["eval_start"], keys), scores(s["eval_end"], keys),
+           f"{mean(s['reward_means']):.3f}"]
           for name, s in (("ours", a), ("TRL", b))]
   print(common.table(["", "s/step", "first step s", "rollout s", "reward s", "update s",
-                      "peak RSS GiB", "held-out exact / correct / format, step 0",
+                      "peak RSS GiB", f"held-out {names}, step 0",
                       f"... after {args.steps} steps", "mean train reward"], rows))
   print(json.dumps(dict(
       recipe=args.recipe, steps=args.steps, ours_s_per_step=round(a["s_per_step"], 3),

@@ -2,13 +2,15 @@
 [--config.model.path=CKPT] [--config.train.eval_pass_k=K]
 
 Evaluates the policy at config.model.path (for example a run's `hf_export/`) on the task's
-held-out split, prints the figures and writes DIR/eval.json.
+held-out split, prints its progress and the figures, and writes DIR/eval.json and
+DIR/samples.jsonl (the first train.num_samples prompts' greedy completions, scored).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import time
 
 import jax
 from absl import app, flags
@@ -22,6 +24,7 @@ def main(argv):
   from grpo_jax.host_allocator import tune_host_allocator
   tune_host_allocator()  # before JAX starts its threads (see the module)
   from grpo_jax.train.evaluation import evaluate
+  from grpo_jax.train.samples import format_samples
   from grpo_jax.train.setup import build_model, build_task, check_task_fits_model
   from grpo_jax.train.workdir import check_workdir
   check_flags()
@@ -35,11 +38,20 @@ def main(argv):
     check_task_fits_model(config, model_cfg, task)
   except config_lib.ConfigError as e:
     _fail(e, 2)
+  samples = []
+  start = time.perf_counter()
   metrics = evaluate(params, task, model_cfg, config.train, config.rollout,
-                     jax.random.fold_in(key, 3))
+                     jax.random.fold_in(key, 3), prompt_bucket=config.data.prompt_bucket,
+                     samples_out=samples, progress=lambda done, total: print(
+                         f"eval: {done}/{total} prompts, {time.perf_counter() - start:.0f} s",
+                         flush=True))
   os.makedirs(_WORKDIR.value, exist_ok=True)
   with open(os.path.join(_WORKDIR.value, "eval.json"), "w") as f:
     json.dump(metrics, f, indent=2)
+  with open(os.path.join(_WORKDIR.value, "samples.jsonl"), "w") as f:
+    f.writelines(json.dumps(dict(s, step=0)) + "\n" for s in samples[0])
+  for line in format_samples(samples[0], limit=len(samples[0])):
+    print(line)
   for name, value in metrics.items():
     print(f"{name}: {value:.4f}")
 

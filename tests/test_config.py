@@ -59,7 +59,7 @@ def test_config_error_from_main_is_one_line(tmp_path):
     ("rollout", "max_new_tokens", 0, "rollout.max_new_tokens=0; use at least 1"),
     ("train", "eval_pass_k", -2, "train.eval_pass_k=-2; use 0 (off)"),
     ("model", "compute_dtype", "float8", "model.compute_dtype='float8' is unknown; valid: "
-                                         "bfloat16, float16, float32."),
+                                         "bfloat16, float16, float32, auto."),
     ("rollout", "decode_slots", -2, "rollout.decode_slots=-2; use a whole number of decode "
                                     "slots >= 0"),
 ])

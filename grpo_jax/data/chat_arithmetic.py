@@ -25,8 +25,8 @@ import os
 
 import numpy as np
 
+from grpo_jax.data.chat import ChatTextTask, epoch_stream
 from grpo_jax.data.task import register_task, reward_name
-from grpo_jax.data.tokenizer import pad_rows
 from grpo_jax.errors import ConfigError
 from grpo_jax.rewards.number_answer import answer_scores
 from grpo_jax.rewards.registry import get_reward
@@ -61,7 +61,7 @@ def _require(condition: bool, message: str) -> None:
 
 
 @register_task("chat_arithmetic")
-class ChatArithmeticTask:
+class ChatArithmeticTask(ChatTextTask):
   """Procedural arithmetic in a Hugging Face chat model's template, scored on decoded text
   ("text" rewards, number_shaped by default; held-out exact match, correctness and format)."""
 
@@ -97,6 +97,8 @@ class ChatArithmeticTask:
                config.rollout.max_new_tokens, reward_name(config, DEFAULT_REWARD),
                config.reward.get("format_score", 0.0))
 
+  batch_class = ChatArithmeticPrompts
+
   def __init__(self, tokenizer, max_operand: int, operations: str, test_size: int,
                instruction: str, use_chat_template: bool, max_prompt_tokens: int,
                max_new_tokens: int, reward: str = DEFAULT_REWARD, format_score: float = 0.0):
@@ -119,43 +121,17 @@ class ChatArithmeticTask:
   def user_content(self, a: int, op: str, b: int) -> str:
     return f"What is {a} {op} {b}? {self.instruction}".strip()
 
-  def prompt_text(self, user: str) -> str:
-    if self.use_chat_template and getattr(self.tokenizer, "chat_template", None):
-      return self.tokenizer.apply_chat_template([{"role": "user", "content": user}],
-                                                tokenize=False, add_generation_prompt=True)
-    return f"Question: {user}\nAnswer:"
-
   def _encode(self, problem) -> tuple[list, str, str]:
     a, op, b = problem
     user = self.user_content(a, op, b)
-    ids = self.tokenizer(self.prompt_text(user), add_special_tokens=False)["input_ids"]
+    ids = self.tokenizer(self.chat_prompt(user), add_special_tokens=False)["input_ids"]
     return ids, str(OPERATIONS[op](a, b)), user
-
-  @property
-  def eos_id(self) -> int:
-    return self.tokenizer.eos_token_id
-
-  @property
-  def pad_id(self) -> int:
-    pad = self.tokenizer.pad_token_id
-    return self.eos_id if pad is None else pad
-
-  def _batch(self, items) -> ChatArithmeticPrompts:
-    tokens, mask = pad_rows([item[0] for item in items], self.prompt_len, self.pad_id, left=True)
-    return ChatArithmeticPrompts(tokens, mask, [item[1] for item in items],
-                                 [item[2] for item in items])
 
   def train_batch(self, position: int, count: int, seed: int) -> ChatArithmeticPrompts:
     """Prompts [position, position + count) of a stream reshuffled every epoch by (seed,
     epoch): any position is reproducible without replay."""
-    num = len(self.train)
-    items = []
-    while len(items) < count:
-      epoch, offset = divmod(position + len(items), num)
-      perm = np.random.default_rng([seed, epoch]).permutation(num)
-      items.extend(self._encode(self.train[i])
-                   for i in perm[offset:offset + count - len(items)])
-    return self._batch(items)
+    return self._batch([self._encode(self.train[i])
+                        for i in epoch_stream(len(self.train), position, count, seed)])
 
   def test_batch(self, size: int) -> ChatArithmeticPrompts:
     if size > len(self.test):
@@ -163,17 +139,6 @@ class ChatArithmeticTask:
                         f"problems (task.test_size); lower train.eval_size or raise "
                         f"task.test_size.")
     return self._batch(self.test[:size])
-
-  def prompt_texts(self, batch: ChatArithmeticPrompts) -> list[str]:
-    return list(batch.user_text)
-
-  def labels(self, batch: ChatArithmeticPrompts) -> list[str]:
-    return list(batch.gold)
-
-  def decode(self, completion_tokens, completion_mask) -> list[str]:
-    tokens, mask = np.asarray(completion_tokens), np.asarray(completion_mask)
-    return [self.tokenizer.decode(t[m].tolist(), skip_special_tokens=True)
-            for t, m in zip(tokens, mask)]
 
   def score(self, batch: ChatArithmeticPrompts, completion_tokens, completion_mask,
             group_size: int) -> np.ndarray:

@@ -14,8 +14,8 @@ import os
 
 import numpy as np
 
+from grpo_jax.data.chat import ChatTextTask, epoch_stream
 from grpo_jax.data.task import register_task, reward_name
-from grpo_jax.data.tokenizer import pad_rows
 from grpo_jax.errors import ConfigError, InputError, first_line
 from grpo_jax.rewards.gsm8k import flexible_reward, gold_answer, strict_reward
 from grpo_jax.rewards.registry import get_reward
@@ -99,7 +99,7 @@ def _require(condition: bool, message: str) -> None:
 
 
 @register_task("gsm8k")
-class GSM8KTask:
+class GSM8KTask(ChatTextTask):
   """Prompts, gold answers and scoring for GSM8K with a Hugging Face tokenizer; "text" rewards
   (grpo_jax.rewards.registry), gsm8k_strict by default."""
 
@@ -135,6 +135,8 @@ class GSM8KTask:
                load_hf_tokenizer(config.model.path), config.data.max_prompt_tokens,
                config.rollout.max_new_tokens, log, config.reward.get("format_score", 0.0))
 
+  batch_class = GSM8KPrompts
+
   def __init__(self, data_cfg, reward: str, tokenizer, max_prompt_tokens: int,
                max_new_tokens: int, log=print, format_score: float = 0.0):
     self.tokenizer = tokenizer
@@ -166,11 +168,7 @@ class GSM8KTask:
     return f"{question} {self.instruction}".strip()
 
   def prompt_text(self, question: str) -> str:
-    content = self.user_content(question)
-    if self.use_chat_template and getattr(self.tokenizer, "chat_template", None):
-      return self.tokenizer.apply_chat_template([{"role": "user", "content": content}],
-                                                tokenize=False, add_generation_prompt=True)
-    return f"Question: {content}\nAnswer:"
+    return self.chat_prompt(self.user_content(question))
 
   def _encode_all(self, records):
     kept, dropped = [], 0
@@ -183,54 +181,23 @@ class GSM8KTask:
       kept.append((ids, record["gold"], self.user_content(record["question"])))
     return kept, dropped
 
-  @property
-  def eos_id(self) -> int:
-    return self.tokenizer.eos_token_id
-
-  @property
-  def pad_id(self) -> int:
-    pad = self.tokenizer.pad_token_id
-    return self.eos_id if pad is None else pad
-
-  def _batch(self, items):
-    tokens, mask = pad_rows([item[0] for item in items], self.prompt_len, self.pad_id, left=True)
-    return GSM8KPrompts(tokens, mask, [item[1] for item in items], [item[2] for item in items])
-
   def supervised_example(self, prompt: str, response: str) -> tuple[list, list]:
     """(prompt ids, response ids + <eos>): the prompt as a question is formatted (instruction,
     chat template), the response as the assistant's text."""
     ids = lambda text: self.tokenizer(text, add_special_tokens=False)["input_ids"]  # noqa: E731
     return ids(self.prompt_text(prompt)), ids(response) + [self.eos_id]
 
-  def prompt_texts(self, batch: GSM8KPrompts) -> list[str]:
-    """The user's messages (without the policy's chat markup), for rewards reading text."""
-    return list(batch.user_text)
-
-  def labels(self, batch: GSM8KPrompts) -> list[str]:
-    """The gold answers, as remote rewards receive them."""
-    return list(batch.gold)
-
   def train_batch(self, position: int, count: int, seed: int) -> GSM8KPrompts:
     """Prompts [position, position + count) of a stream that reshuffles every epoch by
     (seed, epoch), so any position is reproducible without replay."""
-    num = len(self.train)
-    items = []
-    while len(items) < count:
-      epoch, offset = divmod(position + len(items), num)
-      perm = np.random.default_rng([seed, epoch]).permutation(num)
-      items.extend(self.train[i] for i in perm[offset:offset + count - len(items)])
-    return self._batch(items)
+    return self._batch([self.train[i]
+                        for i in epoch_stream(len(self.train), position, count, seed)])
 
   def test_batch(self, size: int) -> GSM8KPrompts:
     if size > len(self.test):
       raise ConfigError(f"train.eval_size={size} exceeds the {len(self.test)} GSM8K test "
                         f"prompts that fit data.max_prompt_tokens; lower train.eval_size.")
     return self._batch(self.test[:size])
-
-  def decode(self, completion_tokens, completion_mask) -> list[str]:
-    tokens, mask = np.asarray(completion_tokens), np.asarray(completion_mask)
-    return [self.tokenizer.decode(t[m].tolist(), skip_special_tokens=True)
-            for t, m in zip(tokens, mask)]
 
   def score(self, batch: GSM8KPrompts, completion_tokens, completion_mask, group_size: int):
     """Rewards (B * G,) float32 of the configured reward function; no step rewards."""

@@ -30,7 +30,7 @@ def make_evaluator(task, model_cfg: ModelConfig, train_cfg, rollout_cfg, eval_ke
   sampled = axis.compile(lambda p, t, m, k: grouped(p, *place(t, m), k),
                          in_axes=(0, None, None, 0))
 
-  def evaluate(params, samples_out=None) -> list[dict]:
+  def evaluate(params, samples_out=None, progress=None) -> list[dict]:
     def generate_fn(prompts, prompt_mask, chunk_start, is_sampled):
       if is_sampled:
         keys = axis.stack([jax.random.fold_in(k, chunk_start) for k in eval_keys])
@@ -39,21 +39,24 @@ def make_evaluator(task, model_cfg: ModelConfig, train_cfg, rollout_cfg, eval_ke
         r = greedy(params, prompts, prompt_mask)
       r = to_host(r)
       return r if axis.stacked else jax.tree.map(lambda x: np.asarray(x)[None], r)
-    return evaluate_models(generate_fn, len(axis), task, train_cfg, prompt_bucket, samples_out)
+    return evaluate_models(generate_fn, len(axis), task, train_cfg, prompt_bucket, samples_out,
+                           progress)
 
   return evaluate
 
 
 def evaluate(params, task, model_cfg: ModelConfig, train_cfg, rollout_cfg=None,
-             key=None, mesh=None, prompt_bucket: int = 0) -> dict:
-  """make_evaluator's metrics of one policy (params of a single run)."""
+             key=None, mesh=None, prompt_bucket: int = 0, samples_out=None,
+             progress=None) -> dict:
+  """make_evaluator's metrics of one policy (params of a single run); sample records appended
+  to samples_out, progress(done, total) after each chunk of prompts."""
   from grpo_jax.train.seed_axis import SeedAxis  # noqa: PLC0415
   return make_evaluator(task, model_cfg, train_cfg, rollout_cfg, [key], SeedAxis((0,)),
-                        mesh, prompt_bucket)(params)[0]
+                        mesh, prompt_bucket)(params, samples_out, progress)[0]
 
 
 def evaluate_models(generate_fn, num_models: int, task, train_cfg,
-                    prompt_bucket: int = 0, samples_out=None) -> list[dict]:
+                    prompt_bucket: int = 0, samples_out=None, progress=None) -> list[dict]:
   """`evaluate` for `num_models` policies at once (e.g. seeds stacked on a vmapped axis).
 
   generate_fn(prompt_tokens, prompt_mask, chunk_start, sampled) returns the host `Rollout` of
@@ -84,6 +87,8 @@ def evaluate_models(generate_fn, num_models: int, task, train_cfg,
       passed.append(np.stack([
           (task.score(chunk_rows, s.completion_tokens[m], s.completion_mask[m], pass_k)
            .reshape(chunk, pass_k) >= 1.0).any(1)[:keep] for m in range(num_models)]))
+    if progress is not None:
+      progress(start + keep, size)
   results = []
   for m in range(num_models):
     scores = task.eval_scores(batch, np.concatenate([t[m] for t in tokens]),

@@ -320,7 +320,9 @@ def make_host_advance(run: Run, state, samples_out=None):
                                               c.rollout.truncated, run.spec.group_size),
                            config, c.sampling_rounds, c.groups_without_spread, c.reward_errors)
                | dict(decode_slot_utilisation=c.decoded_tokens / max(c.slot_steps, 1),
-                      rollout_tokens_per_s=rollout_speed) | per_reward(c) | timings
+                      rollout_tokens_per_s=rollout_speed,
+                      prompt_width=int(np.shape(c.rollout.prompt_tokens)[-1]))
+               | per_reward(c) | timings
                for m, c in zip(axis.unstack(metrics), collected)]
     return state, [records], [sum(step_tokens(c.rollout) for c in collected)]
 
