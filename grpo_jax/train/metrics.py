@@ -91,6 +91,7 @@ class MetricsWriter:
     self.stream = stream
     self.enabled = enabled  # only process 0 of a multi-host run writes
     self._wandb = wandb_run
+    self._wandb_text = {}  # write_text's texts, logged with the step's next record
     self._tb = None
     if not enabled:
       return
@@ -113,16 +114,18 @@ class MetricsWriter:
       for k, v in scalars.items():
         self._tb.add_scalar(k, v, int(step))
     if self._wandb is not None:
-      self._wandb.log(scalars, step=int(step))
+      self._wandb.log({**scalars, **self._wandb_text}, step=int(step))
+      self._wandb_text = {}
 
   def write_text(self, step: int, tag: str, text: str) -> None:
-    """Text (e.g. sample completions) to TensorBoard and W&B, when they are on."""
+    """Text (e.g. sample completions) to TensorBoard now and to W&B with the step's next
+    record (one W&B log call per step)."""
     if not self.enabled:
       return
     if self._tb is not None:
       self._tb.add_text(tag, text, int(step))
     if self._wandb is not None:
-      self._wandb.log({tag: text}, step=int(step))
+      self._wandb_text[tag] = text
 
   def progress(self, step: int, m: Mapping, seconds_per_step: float) -> None:
     if not self.enabled:
