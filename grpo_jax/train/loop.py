@@ -39,7 +39,7 @@ from grpo_jax.train.faults import (TerminationFlag, check_reward_error_fraction,
                                     check_skips, check_state_finite, reward_name)
 from grpo_jax.train.metrics import (MetricsWriter, keep_records_until, rollout_metrics,
                                     step_record, step_tokens)
-from grpo_jax.train.samples import SamplesWriter, format_samples, train_samples
+from grpo_jax.train.samples import SamplesWriter, format_samples, samples_due, train_samples
 from grpo_jax.train.seed_axis import SeedAxis
 from grpo_jax.train.setup import (build_model, build_task, check_task_fits_model,
                                    initial_adapters, uses_checkpoint, uses_lora)
@@ -263,13 +263,6 @@ def _state_jit_options(state, run: Run) -> dict:
   if run.mesh is not None:
     options["out_shardings"] = (tree_shardings(state, run.mesh), None)
   return options
-
-
-def samples_due(t_cfg, step: int) -> bool:
-  """Whether step writes sample completions: every train.samples_every steps (0: at every
-  evaluation) and at the last step."""
-  every = t_cfg.get("samples_every", 0) or t_cfg.eval_every
-  return t_cfg.get("num_samples", 4) > 0 and (step % every == 0 or step == t_cfg.steps)
 
 
 def make_host_advance(run: Run, state, samples_out=None):

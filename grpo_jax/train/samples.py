@@ -10,6 +10,7 @@ and W&B as text when those are on; `python -m grpo_jax.eval` writes them beside 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 
@@ -46,15 +47,35 @@ def describe(task, batch, rows, completion_tokens, completion_mask, rewards, spl
                                 np.asarray(rewards), correct)]
 
 
+def samples_due(t_cfg, step: int) -> bool:
+  """Whether step writes sample completions: every train.samples_every steps (0: at every
+  evaluation) and at the last step."""
+  every = t_cfg.get("samples_every", 0) or t_cfg.eval_every
+  return t_cfg.get("num_samples", 4) > 0 and (step % every == 0 or step == t_cfg.steps)
+
+
 def train_samples(task, collected, group_size: int, step: int, count: int) -> list[dict]:
-  """The first completion of each of a step's first `count` groups (a `Collected`)."""
-  out = []
-  tokens, mask = collected.rollout.completion_tokens, collected.rollout.completion_mask
-  for g, (batch, row) in enumerate(collected.group_prompts[:count]):
-    r = slice(g * group_size, g * group_size + 1)
-    out += describe(task, batch, [row], np.asarray(tokens)[r], np.asarray(mask)[r],
-                    np.asarray(collected.inputs.rewards)[r], "train", step)
-  return out
+  """The first completion of each of a step's first `count` groups (a `Collected`), scored in
+  one call of the task (the same shapes as the evaluation's samples: nothing new to compile)."""
+  groups = collected.group_prompts[:count]
+  if not groups:
+    return []
+  batch = concat_batches([take_rows(b, [row]) for b, row in groups])
+  first = np.arange(len(groups)) * group_size
+  return describe(task, batch, range(len(groups)),
+                  np.asarray(collected.rollout.completion_tokens)[first],
+                  np.asarray(collected.rollout.completion_mask)[first],
+                  np.asarray(collected.inputs.rewards)[first], "train", step)
+
+
+def concat_batches(batches):
+  """Prompt batches of one task (dataclasses of arrays and lists) as one, rows in order."""
+  first = batches[0]
+  return dataclasses.replace(first, **{
+      f.name: (np.concatenate([getattr(b, f.name) for b in batches])
+               if isinstance(getattr(first, f.name), np.ndarray)
+               else [x for b in batches for x in getattr(b, f.name)])
+      for f in dataclasses.fields(first)})
 
 
 def format_samples(samples: list[dict], limit: int = 2, width: int = 100) -> list[str]:
