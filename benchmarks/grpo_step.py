@@ -31,7 +31,7 @@ def build(model: str, group_size: int, num_prompts: int, prompt_len: int, new_to
   import ml_collections
   import numpy as np
 
-  from grpo_jax.config import rl_defaults
+  from grpo_jax.defaults import rl_defaults
   from grpo_jax.models.hf import load_hf_checkpoint
   from grpo_jax.rollout.sampler import generate
   from grpo_jax.train.experience import RewardInputs, make_prepare_batch

@@ -41,7 +41,7 @@ def main(argv=None):
 
   from benchmarks import common
   from benchmarks.scale import shape_table
-  from grpo_jax.config import rl_defaults
+  from grpo_jax.defaults import rl_defaults
   from grpo_jax.models import lora
   from grpo_jax.models.config import ModelConfig
   from grpo_jax.models.decoder import init_params

@@ -5,6 +5,8 @@ compiled HLO; layer indices folded, so the 4 layers' q_proj are one row).
     python benchmarks/profile_ops.py --what generate --batch 32            # greedy
     python benchmarks/profile_ops.py --what generate --batch 32 --temperature 1
     python benchmarks/profile_ops.py --what update                         # G=8 x 4 prompts
+    python benchmarks/profile_ops.py --checkpoint ~/.cache/grpo_jax/models/smollm2-135m-instruct \
+        --batch 64 --new-tokens 64     # a real model's folder (fetch_model) instead of --model
 
 Times are summed over threads (two ops running side by side both count), so the column can
 add up to more than the wall time printed above it. The trace (Perfetto JSON) stays under
@@ -56,6 +58,7 @@ def main():
   parser = argparse.ArgumentParser()
   parser.add_argument("--what", choices=["generate", "update"], default="generate")
   parser.add_argument("--model", default="qwen2-4L-256", choices=list(common.SHAPES))
+  parser.add_argument("--checkpoint", help="generate: a HF folder (overrides --model)")
   parser.add_argument("--batch", type=int, default=32, help="generate: rows")
   parser.add_argument("--prompt-len", type=int, default=32)
   parser.add_argument("--new-tokens", type=int, default=64)
@@ -68,13 +71,14 @@ def main():
   if args.what == "generate":
     from grpo_jax.models.hf import load_hf_checkpoint
     from grpo_jax.rollout.sampler import generate
-    cfg, params = load_hf_checkpoint(common.checkpoint(args.model))
+    cfg, params = load_hf_checkpoint(args.checkpoint or common.checkpoint(args.model))
     tokens, mask = common.random_prompts(args.batch, args.prompt_len)
     kw = dict(model_cfg=cfg, max_new_tokens=args.new_tokens, temperature=args.temperature,
               eos_id=-1, pad_id=common.PAD_ID)
     call = (params, tokens, mask, jax.random.key(0))
-    hlo = generate.lower(*call, **kw).compile().as_text()
-    fn = lambda: jax.block_until_ready(generate(*call, **kw))  # noqa: E731
+    sampler = jax.jit(lambda *a: generate(*a, **kw))  # the one jitted sampler call inside
+    hlo = sampler.lower(*call).compile().as_text()
+    fn = lambda: jax.block_until_ready(sampler(*call))  # noqa: E731
     what = (f"generate: batch {args.batch}, prompt {args.prompt_len}, {args.new_tokens} new "
             f"tokens, temperature {args.temperature}")
   else:
@@ -97,7 +101,7 @@ def main():
   rows = sorted(by_source.items(), key=lambda kv: -kv[1][0])[:args.top]
   total = sum(ms for ms, _, _ in ops)
   print(common.header())
-  print(f"{args.model}, {what}; {malloc}; traced wall {wall * 1e3:.1f} ms, ops summed "
+  print(f"{args.checkpoint or args.model}, {what}; {malloc}; traced wall {wall * 1e3:.1f} ms, ops summed "
         f"{total:.1f} ms")
   print(common.table(["ms (summed)", "share", "calls", "from (JAX op_name)"],
                      [[f"{ms:.1f}", f"{ms / total:.1%}", n, src[:110]]

@@ -40,7 +40,8 @@ def measure(params, cfg, batch: int, prompt_len: int, new_tokens: int, temperatu
             repeats: int, group_size: int = 1, decode_block: int = 0) -> dict:
   import jax
   import numpy as np
-  from grpo_jax.rollout.sampler import generate, prefill
+  from grpo_jax.rollout.prefill import prefill
+  from grpo_jax.rollout.sampler import generate
   rng = np.random.default_rng(0)
   tokens = rng.integers(3, cfg.vocab_size, size=(batch // group_size, prompt_len),
                         dtype=np.int32)

@@ -14,7 +14,7 @@ What it measures, for each `--what`:
   sampler  `grpo_jax.rollout.sampler.generate` (prefill + the decode while_loops), temperature
            1, on rows / G prompts with G samples each (prefix sharing), decode segments of
            --decode-block steps.
-  prefill  `grpo_jax.rollout.sampler.prefill` of rows / G prompts, each computed once and its
+  prefill  `grpo_jax.rollout.prefill.prefill` of rows / G prompts, each computed once and its
            cache rows repeated G times (FLOPs scale with prompts, not rows). --no-prefix-sharing
            feeds every prompt G times instead (rows prompts, group size 1), as before.
   state    no compile: the train state's bytes (per device with --mesh) for full fine-tuning
@@ -82,7 +82,7 @@ if ROOT not in sys.path:
   sys.path.insert(0, ROOT)
 
 from benchmarks.state_bytes import (GIB, abstract_state, measure_state,  # noqa: E402
-                                    per_device_gib, tree_gib)
+                                    optim_section, per_device_gib, tree_gib)
 
 # Hugging Face config.json values of the released checkpoints (Qwen/Qwen2.5-*).
 QWEN25 = {
@@ -194,12 +194,6 @@ def model_config(args):
   return cfg
 
 
-def optim_section():
-  """The GSM8K recipe's optim section."""
-  from configs import grpo_gsm8k
-  return grpo_gsm8k.get_config().optim
-
-
 def cost_flops(compiled) -> float:
   """cost_analysis()'s flops: a dict in recent jax, a list of dicts (one per module) before."""
   cost = compiled.cost_analysis()
@@ -249,8 +243,9 @@ def run(args) -> list:
   import jax.numpy as jnp
 
   from benchmarks import common
-  from grpo_jax.config import rl_defaults
+  from grpo_jax.defaults import rl_defaults
   from grpo_jax.models.decoder import init_params
+  from grpo_jax.rollout import prefill as prefill_lib
   from grpo_jax.rollout import sampler
   from grpo_jax.train.experience import RewardInputs
   from grpo_jax.train.loop import initial_state
@@ -345,7 +340,7 @@ def run(args) -> list:
             decode_block=args.decode_block)
         m = measure(fn, (p_abs, tok, msk, k_abs))
       else:
-        fn = lambda p, t, m: sampler.prefill(  # noqa: E731
+        fn = lambda p, t, m: prefill_lib.prefill(  # noqa: E731
             p, t, m, model_cfg=cfg, max_new_tokens=new, mesh=mesh, group_size=group)
         m = measure(fn, (p_abs, tok, msk))
     result = dict(what=what, **base, **m, **extra)

@@ -53,7 +53,6 @@ def state_bytes(state, mesh) -> dict:
 
 def measure_state(args, cfg, params, key, mesh, base: dict) -> dict:
   """scale.py --what state: prints a line and a JSON line, returns the JSON's dict."""
-  from benchmarks.scale import optim_section
   from grpo_jax.train.state import make_optimizer
   optimizer = make_optimizer(optim_section(), 100)
   rank = args.lora_rank or 16
@@ -68,3 +67,9 @@ def measure_state(args, cfg, params, key, mesh, base: dict) -> dict:
         f"{result['lora_over_full']}", flush=True)
   print(json.dumps(result), flush=True)
   return result
+
+
+def optim_section():
+  """The GSM8K recipe's optim section."""
+  from configs import grpo_gsm8k
+  return grpo_gsm8k.get_config().optim

@@ -44,6 +44,7 @@ vs_trl.py).
 
     python benchmarks/vs_trl_real.py                       # 10 steps, 200 held-out prompts
     python benchmarks/vs_trl_real.py --recipe gsm8k        # 2 steps of the GSM8K row
+    python benchmarks/vs_trl_real.py --seed 1              # another seed (data order, sampling)
 
 A table and one JSON line end the output.
 """
@@ -85,6 +86,8 @@ def overrides(args) -> dict:
     out.update({"train.eval_size": args.eval_size, "train.eval_batch_size": args.eval_size})
   if args.new_tokens:
     out["rollout.max_new_tokens"] = args.new_tokens
+  if args.seed is not None:  # the config seed: data order and sampling on both sides
+    out["seed"] = args.seed
   return out
 
 
@@ -277,6 +280,7 @@ def main():
                       help="new tokens per completion (default: the recipe's, 16 / 512)")
   parser.add_argument("--eval-size", type=int, default=200,
                       help="held-out prompts evaluated at step 0 and at the end")
+  parser.add_argument("--seed", type=int, help="config seed (default: the recipe's)")
   parser.add_argument("--gsm8k-path", default=os.path.join(ROOT, "..", "shared", "data", "gsm8k"))
   parser.add_argument("--torch-threads", type=int, default=os.cpu_count())
   parser.add_argument("--omp-wait-policy", default="PASSIVE")

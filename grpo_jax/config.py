@@ -1,11 +1,9 @@
-"""Config defaults for the RL section, and the checks run on a resolved config before any
-compute. Each failure is one sentence naming the value and the fix."""
+"""The checks run on a resolved config before any compute; the defaults live in
+grpo_jax/defaults.py. Each failure is one sentence naming the value and the fix."""
 
 from __future__ import annotations
 
 import math
-
-import ml_collections
 
 from grpo_jax.errors import ConfigError
 from grpo_jax.rl.aggregation import LOSS_AGGREGATIONS
@@ -16,56 +14,6 @@ REWARD_ERROR_MODES = ("raise", "zero")  # train.on_reward_error
 MODEL_DTYPES = ("bfloat16", "float16", "float32")  # model.param_dtype, model.compute_dtype
 # Estimator inputs the host loop produces for any task (the others come from the task).
 LOOP_PROVIDES = ("greedy_rewards",)
-
-
-def rl_defaults(**overrides) -> ml_collections.ConfigDict:
-  """Every field of `config.rl`, with GRPO defaults (sources in README's RL section)."""
-  rl = ml_collections.ConfigDict(dict(
-      advantage="grpo",  # a registered estimator (grpo_jax/rl/estimators.py)
-      advantage_eps=1e-6,  # group-std epsilon (verl 1e-6; TRL 1e-4)
-      gamma=1.0, lam=1.0,  # discount and GAE lambda (verl: 1.0, 1.0)
-      whiten_advantages=False,  # GAE: whiten advantages over the batch
-      loss="ppo_clip",  # a registered policy loss (grpo_jax/rl/losses.py): ppo_clip, gspo
-      clip_eps_low=0.2, clip_eps_high=0.2,  # DAPO clip-higher: clip_eps_high=0.28
-      dual_clip_c=0.0,  # dual clip constant c > 1 for A < 0 (verl 3.0); 0 = off
-      log_ratio_clamp=20.0,  # log-ratio clamped to +-this before exp
-      tis_cap=0.0,  # truncated importance sampling cap (e.g. 2.0); 0 = off
-      entropy_coef=0.0,
-      loss_aggregation="token-mean",  # one of LOSS_AGGREGATIONS
-      kl_coef=0.04,  # beta; 0 = no KL (and no reference forward pass)
-      kl_estimator="k3", kl_clamp=20.0,  # |logp - ref| clamp (verl: 20); 0 = off
-      kl_in="loss",  # "loss" (GRPO) or "reward" (PPO / InstructGPT per-token penalty)
-      adaptive_kl=False, kl_target=0.1, kl_horizon=10_000.0,
-      ref_update_every=0,  # refresh the reference every N steps; 0 = frozen
-      ref_mix=1.0,  # ref <- mix * policy + (1 - mix) * ref at a refresh
-      value_head="none",  # "shared" (head on the policy) or "separate" (own critic model)
-      value_coef=0.5, value_clip_eps=0.5,  # verl cliprange_value 0.5
-      dynamic_sampling=False,  # DAPO: drop groups whose rewards are all equal, resample
-      max_extra_rollouts=4,  # at most this many extra sampling rounds per step
-      overlong_buffer=0,  # DAPO soft overlong punishment: buffer length in tokens; 0 = off
-      overlong_penalty=1.0,  # ... and its maximum penalty
-      mask_truncated=False,  # completions without <eos> contribute no loss
-      num_iterations=1,  # mu: passes over each rollout batch
-      num_minibatches=1,  # optimizer steps per pass
-      num_micro_batches=1,  # gradient accumulation inside a minibatch (exact)
-      # mu = 1 and one minibatch: the update's own log-probs (stop-gradient) are the old ones,
-      # no separate forward pass (see experience.reuses_current_logprobs); False: recompute.
-      reuse_old_logprobs=True,
-      # Each prompt runs once through the teacher-forced passes (reference, old log-probs, the
-      # update), its KV shared by its G completions: the prompt's FLOPs / G. Minibatches are
-      # then whole groups. False: every row runs its own copy of the prompt (the same values
-      # up to rounding).
-      shared_prompt_forward=False,
-      # GFPO (arXiv 2508.09726): keep the gfpo_keep = k of each prompt's G' =
-      # rollout.group_size samples with the best gfpo_metric ("length": shortest,
-      # "token_efficiency": highest reward / length); advantages over the kept k. 0 = off.
-      gfpo_keep=0, gfpo_metric="length",
-      # A separate critic's start: "policy" (a copy of the policy, verl) or "reward_model"
-      # (the backbone and score head of reward.models[0], OpenRLHF's default).
-      critic_init="policy",
-  ))
-  rl.update(overrides)
-  return rl
 
 
 def update_group_size(config) -> int:
@@ -190,7 +138,6 @@ def validate(config) -> None:
   _require(0 <= limit <= 1, f"train.max_reward_error_fraction={limit}; use a fraction in "
            f"[0, 1] (0 stops at any failed reward, 1 never stops).")
   _validate_fused(config, task)
-  from grpo_jax.train.wandb_logging import check_wandb_config  # noqa: PLC0415
   check_wandb_config(tr)
   w = config.warmup
   _require(w.steps >= 0, f"warmup.steps={w.steps}; use 0 (no warm-up) or a number of steps.")
@@ -309,3 +256,20 @@ def _validate_fused(config, task) -> None:
     _require(value % k == 0, f"{name}={value} is not a multiple of train.fused_steps={k}: "
              f"evaluations, checkpoints and the end fall between fused calls; make it one.")
 
+
+WANDB_MODES = ("online", "offline", "disabled")  # train.wandb_mode
+
+
+def check_wandb_config(train_cfg) -> None:
+  """ConfigError when W&B logging is asked for but cannot work, before any compute."""
+  project = train_cfg.get("wandb_project", "")
+  if not project:
+    return
+  mode = train_cfg.get("wandb_mode", "online")
+  if mode not in WANDB_MODES:
+    raise ConfigError(f"train.wandb_mode={mode!r} is unknown; valid: {', '.join(WANDB_MODES)}.")
+  try:
+    import wandb  # noqa: F401,PLC0415
+  except ImportError:
+    raise ConfigError(f"train.wandb_project={project!r} needs the wandb package: pip install -e "
+                      f"'.[wandb]' (or set train.wandb_project='').") from None

@@ -2,7 +2,7 @@
 
 Recipes in configs/ start from `get_defaults()` (or from another recipe) and set only what
 differs. The generic sections are those of configs/grpo_tiny.py (a run that needs no download),
-`data` is configs/grpo_gsm8k.py's (without its path), `rl` is grpo_jax.config.rl_defaults().
+`data` is configs/grpo_gsm8k.py's (without its path), `rl` is rl_defaults() below.
 Print everything with
 
     python -c "from grpo_jax.defaults import get_defaults; print(get_defaults())"
@@ -12,8 +12,57 @@ from __future__ import annotations
 
 import ml_collections
 
-from grpo_jax.config import rl_defaults
 from grpo_jax.data.gsm8k import VERL_INSTRUCTION
+
+
+def rl_defaults(**overrides) -> ml_collections.ConfigDict:
+  """Every field of `config.rl`, with GRPO defaults (sources in README's RL section)."""
+  rl = ml_collections.ConfigDict(dict(
+      advantage="grpo",  # a registered estimator (grpo_jax/rl/estimators.py)
+      advantage_eps=1e-6,  # group-std epsilon (verl 1e-6; TRL 1e-4)
+      gamma=1.0, lam=1.0,  # discount and GAE lambda (verl: 1.0, 1.0)
+      whiten_advantages=False,  # GAE: whiten advantages over the batch
+      loss="ppo_clip",  # a registered policy loss (grpo_jax/rl/losses.py): ppo_clip, gspo
+      clip_eps_low=0.2, clip_eps_high=0.2,  # DAPO clip-higher: clip_eps_high=0.28
+      dual_clip_c=0.0,  # dual clip constant c > 1 for A < 0 (verl 3.0); 0 = off
+      log_ratio_clamp=20.0,  # log-ratio clamped to +-this before exp
+      tis_cap=0.0,  # truncated importance sampling cap (e.g. 2.0); 0 = off
+      entropy_coef=0.0,
+      loss_aggregation="token-mean",  # one of LOSS_AGGREGATIONS
+      kl_coef=0.04,  # beta; 0 = no KL (and no reference forward pass)
+      kl_estimator="k3", kl_clamp=20.0,  # |logp - ref| clamp (verl: 20); 0 = off
+      kl_in="loss",  # "loss" (GRPO) or "reward" (PPO / InstructGPT per-token penalty)
+      adaptive_kl=False, kl_target=0.1, kl_horizon=10_000.0,
+      ref_update_every=0,  # refresh the reference every N steps; 0 = frozen
+      ref_mix=1.0,  # ref <- mix * policy + (1 - mix) * ref at a refresh
+      value_head="none",  # "shared" (head on the policy) or "separate" (own critic model)
+      value_coef=0.5, value_clip_eps=0.5,  # verl cliprange_value 0.5
+      dynamic_sampling=False,  # DAPO: drop groups whose rewards are all equal, resample
+      max_extra_rollouts=4,  # at most this many extra sampling rounds per step
+      overlong_buffer=0,  # DAPO soft overlong punishment: buffer length in tokens; 0 = off
+      overlong_penalty=1.0,  # ... and its maximum penalty
+      mask_truncated=False,  # completions without <eos> contribute no loss
+      num_iterations=1,  # mu: passes over each rollout batch
+      num_minibatches=1,  # optimizer steps per pass
+      num_micro_batches=1,  # gradient accumulation inside a minibatch (exact)
+      # mu = 1 and one minibatch: the update's own log-probs (stop-gradient) are the old ones,
+      # no separate forward pass (see experience.reuses_current_logprobs); False: recompute.
+      reuse_old_logprobs=True,
+      # Each prompt runs once through the teacher-forced passes (reference, old log-probs, the
+      # update), its KV shared by its G completions: the prompt's FLOPs / G. Minibatches are
+      # then whole groups. False: every row runs its own copy of the prompt (the same values
+      # up to rounding).
+      shared_prompt_forward=False,
+      # GFPO (arXiv 2508.09726): keep the gfpo_keep = k of each prompt's G' =
+      # rollout.group_size samples with the best gfpo_metric ("length": shortest,
+      # "token_efficiency": highest reward / length); advantages over the kept k. 0 = off.
+      gfpo_keep=0, gfpo_metric="length",
+      # A separate critic's start: "policy" (a copy of the policy, verl) or "reward_model"
+      # (the backbone and score head of reward.models[0], OpenRLHF's default).
+      critic_init="policy",
+  ))
+  rl.update(overrides)
+  return rl
 
 
 def get_defaults() -> ml_collections.ConfigDict:
@@ -127,7 +176,7 @@ def get_defaults() -> ml_collections.ConfigDict:
       rank=0, alpha=32.0, dropout=0.0, targets="all-linear", use_rslora=False,
       export_adapter=True))
 
-  # Every field and its source: grpo_jax/config.py's rl_defaults.
+  # Every field and its source: rl_defaults above.
   c.rl = rl_defaults()
 
   # AdamW after a linear learning-rate warm-up, with global-norm gradient clipping.
@@ -153,6 +202,9 @@ def get_defaults() -> ml_collections.ConfigDict:
       # K > 0: K RL iterations per host call in one jitted lax.scan; needs a task whose reward
       # is a JAX function
       fused_steps=0,
+      # Where experience comes from (grpo_jax/train/experience_source.py): "host", "fused" or
+      # a registered source; "" = "fused" when fused_steps > 0, else "host".
+      experience_source="",
       # Resuming a workdir under a config that differs from its config.json (beyond run
       # length and bookkeeping, workdir.FREE_TO_CHANGE) is refused unless this is True; every
       # start's changes are recorded in run_info.json.

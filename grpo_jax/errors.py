@@ -15,6 +15,25 @@ class InputError(ConfigError):
   cannot be used; the message names it and says how to fix it."""
 
 
+class RunStopped(RuntimeError):
+  """The run cannot go on; the message says why and what to do."""
+
+
+class RewardError(RunStopped):
+  """A reward function raised or returned a non-finite value."""
+
+
+def cli_status(action) -> int:
+  """A small command's exit status: runs action() and returns 0, or prints its InputError as
+  one line on stderr and returns 2."""
+  try:
+    action()
+  except InputError as e:
+    print(f"error: {' '.join(str(e).splitlines())}", file=sys.stderr)
+    return 2
+  return 0
+
+
 def first_line(error: BaseException, limit: int = 300) -> str:
   """`Type: first line of the message`, for wrapping a library's error into one sentence."""
   lines = str(error).strip().splitlines()

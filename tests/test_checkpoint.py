@@ -16,9 +16,11 @@ import optax
 import pytest
 
 from configs import grpo_tiny
-from grpo_jax.config import ConfigError, rl_defaults, validate
+from grpo_jax.config import ConfigError, validate
+from grpo_jax.defaults import rl_defaults
 from grpo_jax.data.arithmetic import AdditionTask
-from grpo_jax.rollout.sampler import Rollout
+from grpo_jax.rollout.types import Rollout
+from grpo_jax.rewards import guard
 from grpo_jax.train import faults, update as update_lib
 from grpo_jax.train.checkpoint import Checkpoints
 from grpo_jax.train.collect import Samplers, collect, score_round
@@ -230,14 +232,14 @@ def test_failing_reward_stops_the_run_or_scores_zero(mode):
     with pytest.raises(faults.RewardError, match=r"^the reward function raised "
                        r"ZeroDivisionError: reward bug for the prompt '07\+68=' and the "
                        r"completion '11';.*on_reward_error='zero'") as info:
-      faults.guarded_score(flaky, prompts, tokens, mask, 3, mode)
+      guard.guarded_score(flaky, prompts, tokens, mask, 3, mode)
     assert isinstance(info.value.__cause__, ZeroDivisionError)
     flaky.raise_text = None
     with pytest.raises(faults.RewardError, match=r"returned nan .* prompt '12\+30=' and the "
                        r"completion '240'"):
-      faults.guarded_score(flaky, prompts, tokens, mask, 3, mode)
+      guard.guarded_score(flaky, prompts, tokens, mask, 3, mode)
     return
-  rewards, failed = faults.guarded_score(flaky, prompts, tokens, mask, 3, mode)
+  rewards, failed = guard.guarded_score(flaky, prompts, tokens, mask, 3, mode)
   np.testing.assert_array_equal(rewards, [1, 0, 0, 0, 0, 0])  # rows 1 and 5 scored 0
   np.testing.assert_array_equal(failed, [False, True, False, False, False, True])
   # The step rewards (process supervision) of the completions scored 0 are 0 too: they come

@@ -8,13 +8,13 @@ import numpy as np
 import pytest
 
 import grpo_jax.builtins  # noqa: F401  every built-in estimator registered
-from grpo_jax.config import rl_defaults
+from grpo_jax.defaults import rl_defaults
 from grpo_jax.data.arithmetic import AdditionTask
 from grpo_jax.rewards.exact_match import token_step_rewards
 from grpo_jax.rl import advantages as adv_lib
 from grpo_jax.rl.estimators import ESTIMATORS, estimate_advantages
 from grpo_jax.rl.shaping import overlong_penalty
-from grpo_jax.rollout.sampler import DecodeStats, Rollout
+from grpo_jax.rollout.types import DecodeStats, Rollout
 from grpo_jax.train.collect import Samplers, collect
 from grpo_jax.train.seed_axis import SeedAxis
 
@@ -137,7 +137,7 @@ class _NanSteps:
 @pytest.mark.parametrize("mode", ["raise", "zero"])
 def test_non_finite_step_rewards_stop_the_run_or_score_zero(mode):
   from grpo_jax.train.collect import score_round  # noqa: PLC0415
-  from grpo_jax.train.faults import RewardError  # noqa: PLC0415
+  from grpo_jax.errors import RewardError  # noqa: PLC0415
   task = AdditionTask(2, 100, 4, True, True)
   prompts = task.encode(np.array([[7, 68], [12, 30]]))
   answer = lambda g: np.repeat(task.encode(np.array([g]))  # noqa: E731

@@ -10,8 +10,9 @@ import types
 import numpy as np
 import pytest
 
-from grpo_jax.config import rl_defaults
+from grpo_jax.defaults import rl_defaults
 from grpo_jax.data.arithmetic import AdditionTask
+from grpo_jax.rewards import guard
 from grpo_jax.train import faults
 from grpo_jax.train import update as update_lib
 from grpo_jax.train.state import make_optimizer
@@ -44,7 +45,7 @@ def test_a_reward_of_the_wrong_shape_names_the_function(mode, value, got):
   tokens = np.full((6, 4), 5, np.int32)
   mask = np.ones((6, 4), bool)
   with pytest.raises(faults.RewardError) as err:
-    faults.guarded_score(_Shaped(task, value), prompts, tokens, mask, 3, mode)
+    guard.guarded_score(_Shaped(task, value), prompts, tokens, mask, 3, mode)
   assert str(err.value) == (f"the reward function 'exact_match' returned {got} for 6 "
                             f"completions; it must return one finite number per completion, "
                             f"shape (6,).")

@@ -11,14 +11,15 @@ from grpo_jax.config import ConfigError, validate
 from grpo_jax.rl.estimators import ESTIMATORS
 from grpo_jax.train.collect import Samplers, collect
 from grpo_jax.train.fused import make_device_experience, make_fused_iteration
-from grpo_jax.train.loop import Run, initial_state, train
+from grpo_jax.train.experience_source import Run
+from grpo_jax.train.loop import initial_state, train
 from grpo_jax.train.metrics import TIMING_KEYS
 from grpo_jax.train.seed_axis import SeedAxis
 from grpo_jax.train.setup import build_model, build_task
 from grpo_jax.train.state import make_optimizer, step_key
 from grpo_jax.train.step import StepSpec, make_rl_step
 from grpo_jax.rollout.sampler import generate, sample
-from tests.conftest import small_tiny_config
+from tests.fixtures import small_tiny_config
 
 quiet = lambda *a, **k: None  # noqa: E731
 

@@ -7,13 +7,13 @@ import jax
 import ml_collections
 import numpy as np
 
-from grpo_jax.config import rl_defaults
+from grpo_jax.defaults import rl_defaults
 from grpo_jax.models.decoder import init_params
 from grpo_jax.rollout.sampler import generate
 from grpo_jax.train.experience import RewardInputs
 from grpo_jax.train.state import create_train_state, make_optimizer, step_key
 from grpo_jax.train.step import StepSpec, make_rl_step
-from tests.conftest import tiny_model_config
+from tests.fixtures import tiny_model_config
 
 TARGET = 7  # reward: the fraction of generated tokens that are TARGET
 

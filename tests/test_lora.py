@@ -14,7 +14,8 @@ import torch
 import transformers
 
 from configs import grpo_tiny_lora
-from grpo_jax.config import ConfigError, rl_defaults, validate
+from grpo_jax.config import ConfigError, validate
+from grpo_jax.defaults import rl_defaults
 from grpo_jax.models import hf, hf_export, lora
 from grpo_jax.models.decoder import decoder_apply, init_params, positions_from_mask, stack_layers
 from grpo_jax.rollout.sampler import generate
@@ -22,7 +23,7 @@ from grpo_jax.train.experience import RewardInputs
 from grpo_jax.train.state import (create_train_state, make_optimizer, policy_params,
                                   reference_params)
 from grpo_jax.train.step import StepSpec, make_rl_step
-from tests.conftest import tiny_model_config
+from tests.fixtures import tiny_model_config
 from tests.test_hf import MASK, TOKENS, assert_logits_close, save, tiny_hf_model, torch_logits
 
 

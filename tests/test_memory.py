@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from grpo_jax.models.scoring import completion_scores
-from tests.conftest import perturbed_params, tiny_model_config
+from tests.fixtures import perturbed_params, tiny_model_config
 
 CFG = tiny_model_config(vocab_size=37)
 
@@ -90,7 +90,7 @@ def test_chunked_scoring_removes_the_vocabulary_from_the_scratch_slope():
 def test_preparation_in_row_chunks_equals_one_pass():
   """With model.logits_chunk > 0 preparation's forward passes take the update's micro-batches
   of rows at a time: the same old / reference log-probs and values as one pass."""
-  from grpo_jax.config import rl_defaults  # noqa: PLC0415
+  from grpo_jax.defaults import rl_defaults  # noqa: PLC0415
   from grpo_jax.models.value_head import init_value_params  # noqa: PLC0415
   from grpo_jax.rollout.sampler import generate  # noqa: PLC0415
   from grpo_jax.train.experience import RewardInputs, make_prepare_batch  # noqa: PLC0415

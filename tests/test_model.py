@@ -5,7 +5,7 @@ import pytest
 
 from grpo_jax.models.decoder import Decoder, init_cache, positions_from_mask
 from tests import numpy_reference
-from tests.conftest import perturbed_params, tiny_model_config
+from tests.fixtures import perturbed_params, tiny_model_config
 
 TOKENS = np.array([[0, 0, 3, 7, 9, 4, 11], [5, 6, 7, 8, 9, 10, 12]], np.int32)
 MASK = TOKENS != 0

@@ -22,8 +22,9 @@ import pytest
 
 from grpo_jax.models.decoder import stack_layers
 from grpo_jax.rollout.refill import generate_refill, shrink_phases
-from grpo_jax.rollout.sampler import row_limits_or_max, sample
-from tests.conftest import perturbed_params
+from grpo_jax.rollout.sampler import sample
+from grpo_jax.rollout.types import row_limits_or_max
+from tests.fixtures import perturbed_params
 from tests.test_sampler_prefix import _assert_same  # tokens, masks exact; log-probs 1e-5
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

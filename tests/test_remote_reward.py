@@ -16,7 +16,7 @@ import pytest
 from grpo_jax.errors import ConfigError
 from grpo_jax.rewards.remote import (RemoteRewardConfig, backoff_delay, raise_first,
                                      score_remote)
-from grpo_jax.train.faults import RewardError
+from grpo_jax.errors import RewardError
 
 
 def _reward(query: str, label) -> float:

@@ -18,7 +18,7 @@ from grpo_jax.models.reward_model import (export_reward_model, init_reward_model
                                           load_reward_model, sequence_reward)
 from grpo_jax.models.value_head import critic_from_reward_model
 from grpo_jax.rewards.sources import build_reward_sources
-from grpo_jax.train.faults import RewardError
+from grpo_jax.errors import RewardError
 from grpo_jax.train.setup import build_model, build_task
 from tests.test_remote_reward import _Box
 
@@ -218,7 +218,7 @@ def test_process_reward_model_gives_the_process_estimator_its_step_rewards(tmp_p
   sources = build_reward_sources(config, task, rule_name="exact_match")
   prompts = task.train_batch(0, 4, 0)
   tokens, mask = _rollout(task, prompts, 4)
-  from grpo_jax.rollout.sampler import Rollout
+  from grpo_jax.rollout.types import Rollout
   rollout = Rollout(np.repeat(prompts.prompt_tokens, 4, 0), np.repeat(prompts.prompt_mask, 4, 0),
                     tokens, mask, np.zeros(tokens.shape, np.float32), np.zeros(16, bool))
   _, extras, _, _ = score_round(task, prompts, rollout, None, 4, "raise", ("step_rewards",),

@@ -8,7 +8,7 @@ from grpo_jax.models.scoring import completion_logprobs
 from grpo_jax.rollout.sampler import generate
 from grpo_jax.rollout.sampling import (choose_tokens, first_argmax, inverse_cdf_sample,
                                        top_k_filter, top_p_filter)
-from tests.conftest import perturbed_params
+from tests.fixtures import perturbed_params
 
 EOS, PAD = 2, 0
 PROMPTS = np.array([[0, 0, 3, 7, 9], [5, 6, 7, 8, 9], [0, 0, 0, 1, 4]], np.int32)

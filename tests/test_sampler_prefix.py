@@ -10,8 +10,9 @@ import jax
 import numpy as np
 import pytest
 
-from grpo_jax.rollout.sampler import decode_segments, generate
-from tests.conftest import perturbed_params
+from grpo_jax.rollout.sampler import generate
+from grpo_jax.rollout.static import decode_segments
+from tests.fixtures import perturbed_params
 
 EOS, PAD = 2, 0
 PROMPTS = np.array([[0, 0, 3, 7, 9], [5, 6, 7, 8, 9], [0, 0, 0, 1, 4]], np.int32)

@@ -11,7 +11,7 @@ import numpy as np
 import optax
 import pytest
 
-from grpo_jax.config import rl_defaults
+from grpo_jax.defaults import rl_defaults
 
 from grpo_jax.models.decoder import Decoder, positions_from_mask, stack_layers, unstack_layers
 from grpo_jax.models.hf import load_hf_checkpoint
@@ -23,7 +23,7 @@ from grpo_jax.train.experience import RewardInputs
 from grpo_jax.train.loop import train
 from grpo_jax.train.state import create_train_state
 from grpo_jax.train.step import StepSpec, make_rl_step
-from tests.conftest import perturbed_params, small_tiny_config, tiny_model_config
+from tests.fixtures import perturbed_params, small_tiny_config, tiny_model_config
 from tests.test_memory import _seqs
 
 CFG = tiny_model_config(vocab_size=37, num_layers=3)
@@ -140,7 +140,7 @@ def test_no_head_is_split_on_a_1_1_4_mesh_with_2_kv_heads():
 import json, jax, ml_collections
 from grpo_jax.models.decoder import init_params
 from grpo_jax.parallel.mesh import make_mesh, place_tree
-from tests.conftest import tiny_model_config
+from tests.fixtures import tiny_model_config
 cfg = tiny_model_config(num_heads=4, num_kv_heads=2, head_dim=8)
 mesh = make_mesh(ml_collections.ConfigDict(dict(data=1, fsdp=1, tensor=4)))
 att = place_tree(init_params(cfg, jax.random.key(0)), mesh)["layers_0"]["self_attn"]

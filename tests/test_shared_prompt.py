@@ -13,7 +13,8 @@ import numpy as np
 import optax
 import pytest
 
-from grpo_jax.config import ConfigError, rl_defaults, validate
+from grpo_jax.config import ConfigError, validate
+from grpo_jax.defaults import rl_defaults
 from grpo_jax.models.decoder import stack_layers
 from grpo_jax.models.scoring import completion_scores
 from grpo_jax.rollout.sampler import generate
@@ -21,7 +22,7 @@ from grpo_jax.train.experience import RewardInputs, make_prepare_batch
 from grpo_jax.train.loop import train
 from grpo_jax.train.state import create_train_state, end_of_step
 from grpo_jax.train.update import make_update_step, minibatch_order
-from tests.conftest import perturbed_params, small_tiny_config, tiny_model_config
+from tests.fixtures import perturbed_params, small_tiny_config, tiny_model_config
 
 G = 3
 PROMPTS = np.array([[0, 0, 3, 7, 9], [5, 6, 7, 8, 9], [0, 0, 0, 1, 4]], np.int32)

@@ -8,7 +8,7 @@ import ml_collections
 import optax
 import pytest
 
-from grpo_jax.config import rl_defaults
+from grpo_jax.defaults import rl_defaults
 from grpo_jax.models.value_head import init_value_params
 from grpo_jax.rl.aggregation import LOSS_AGGREGATIONS
 from grpo_jax.rollout.sampler import generate
@@ -16,7 +16,7 @@ from grpo_jax.train.experience import (RewardInputs, make_prepare_batch,
                                        reuses_current_logprobs)
 from grpo_jax.train.state import create_train_state, end_of_step, make_optimizer
 from grpo_jax.train.update import make_update_step
-from tests.conftest import perturbed_params, tiny_model_config
+from tests.fixtures import perturbed_params, tiny_model_config
 
 CFG = tiny_model_config(vocab_size=16)
 OPTIM = ml_collections.ConfigDict(dict(learning_rate=1e-2, warmup_steps=1, weight_decay=0.0,

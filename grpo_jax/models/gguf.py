@@ -29,7 +29,7 @@ import sys
 
 import numpy as np
 
-from grpo_jax.errors import InputError, first_line
+from grpo_jax.errors import InputError, cli_status, first_line
 
 DTYPES = ("float32", "bfloat16", "float16")
 SHARD_BYTES = 4 << 30  # one model.safetensors up to 4 GiB, shards of at most this beyond
@@ -324,13 +324,7 @@ def main(argv=None) -> int:
   parser.add_argument("--dtype", choices=DTYPES, default="float32",
                       help="the weights' dtype in model.safetensors (default float32)")
   args = parser.parse_args(argv)
-  try:
-    out = import_gguf(args.gguf_file, args.out, args.dtype)
-  except InputError as e:
-    print(f"error: {' '.join(str(e).splitlines())}", file=sys.stderr)
-    return 2
-  print(out)
-  return 0
+  return cli_status(lambda: print(import_gguf(args.gguf_file, args.out, args.dtype)))
 
 
 if __name__ == "__main__":

@@ -51,7 +51,7 @@ from typing import NamedTuple
 import numpy as np
 
 from grpo_jax.errors import ConfigError, first_line
-from grpo_jax.train.faults import RewardError
+from grpo_jax.errors import RewardError
 
 MAX_BACKOFF_S = 8.0
 FLOAT32_MAX = float(np.finfo(np.float32).max)

@@ -5,7 +5,7 @@ reward models (reward.models) and remote reward servers (reward.remote), combine
     r_b = sum_k w_k c_{b,k}                                        reward.combine = "sum"
     r_b = sum_k w_k (c_{b,k} - mean_g c_k) / (std_g c_k + eps)      "normalise_then_sum" (GDPO)
 
-Each source fails on its own: the rule reward through train/faults.guarded_score (per row),
+Each source fails on its own: the rule reward through rewards/guard.guarded_score (per row),
 a reward model where its score is not finite, a remote server per chunk of rows (its error
 line names the URL and the reason). A row that fails in any source is scored 0 and counted
 (train.on_reward_error = "zero"), or the first failure stops the run with its message ("raise").
@@ -27,7 +27,8 @@ import numpy as np
 
 from grpo_jax.errors import ConfigError
 from grpo_jax.rewards.combine import COMBINE_MODES, combine_rewards
-from grpo_jax.train.faults import RewardError, guarded_score
+from grpo_jax.errors import RewardError
+from grpo_jax.rewards.guard import guarded_score
 
 RULE = "rule"
 

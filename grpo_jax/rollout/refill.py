@@ -41,8 +41,8 @@ import jax.numpy as jnp
 
 from grpo_jax.models.config import ModelConfig
 from grpo_jax.models.decoder import decoder_apply, init_cache, positions_from_mask
-from grpo_jax.rollout.sampler import (DecodeStats, Rollout, constrain_cache, finish,
-                                      repeat_rows)
+from grpo_jax.rollout.prefill import constrain_cache, repeat_rows
+from grpo_jax.rollout.types import DecodeStats, Rollout, finish
 from grpo_jax.rollout.sampling import choose_tokens, token_uniforms
 
 

@@ -18,10 +18,10 @@ import numpy as np
 
 from grpo_jax.data.task import bucketed_width, cut_prompts
 from grpo_jax.parallel.distributed import to_host
-from grpo_jax.rollout.sampler import Rollout
+from grpo_jax.rollout.types import Rollout
 from grpo_jax.train.experience import RewardInputs
 from grpo_jax.rewards.sources import RewardSources
-from grpo_jax.train.faults import RewardError
+from grpo_jax.errors import RewardError
 
 
 @dataclasses.dataclass

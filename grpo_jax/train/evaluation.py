@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
-
 import jax
 import numpy as np
 
@@ -11,7 +9,9 @@ from grpo_jax.data.task import bucketed_width
 from grpo_jax.models.config import ModelConfig
 from grpo_jax.parallel.distributed import to_host
 from grpo_jax.parallel.mesh import shard_batch
+from grpo_jax.prompt_batch import take_rows
 from grpo_jax.rollout.sampler import Sampling
+from grpo_jax.train.samples import describe
 
 
 def make_evaluator(task, model_cfg: ModelConfig, train_cfg, rollout_cfg, eval_keys: list,
@@ -97,7 +97,6 @@ def evaluate_models(generate_fn, num_models: int, task, train_cfg,
       scores[f"eval_pass_at_{pass_k}"] = np.concatenate([p[m] for p in passed])
     results.append({name: float(np.mean(values)) for name, values in scores.items()})
   if samples_out is not None:
-    from grpo_jax.train.samples import describe  # noqa: PLC0415  (it imports this module)
     count = min(train_cfg.get("num_samples", 4), size)
     for m in range(num_models):
       tokens_m = np.concatenate([t[m] for t in tokens])[:count]
@@ -106,11 +105,3 @@ def evaluate_models(generate_fn, num_models: int, task, train_cfg,
       samples_out.append(describe(task, batch, range(count), tokens_m, mask_m, rewards, "eval",
                                   -1))
   return results
-
-
-def take_rows(batch, rows):
-  """The rows of a task's prompt batch (a dataclass of arrays and lists)."""
-  return dataclasses.replace(batch, **{
-      f.name: (getattr(batch, f.name)[rows] if isinstance(getattr(batch, f.name), np.ndarray)
-               else [getattr(batch, f.name)[i] for i in rows])
-      for f in dataclasses.fields(batch)})

@@ -21,7 +21,7 @@ from grpo_jax.rl.estimators import estimate_advantages
 from grpo_jax.rl.kl import kl_penalty
 from grpo_jax.rl.losses import truncated_is_weights
 from grpo_jax.rl.shaping import overlong_penalty
-from grpo_jax.rollout.sampler import Rollout
+from grpo_jax.rollout.types import Rollout
 from grpo_jax.train.forward import policy_and_values, prompt_group
 from grpo_jax.train.state import policy_params, reference_params
 

@@ -19,6 +19,7 @@ import numpy as np
 from grpo_jax.parallel.distributed import to_host
 from grpo_jax.rollout.sampler import Sampling
 from grpo_jax.train.experience import RewardInputs
+from grpo_jax.train.experience_source import register_experience_source, state_jit_options
 from grpo_jax.train.metrics import rollout_metrics, step_record
 from grpo_jax.train.state import policy_params, step_key
 from grpo_jax.train.step import make_rl_step
@@ -74,8 +75,10 @@ def make_fused_iteration(run, device_task):
   return iteration
 
 
-def make_fused_advance(run, state, jit_options: dict):
-  """advance(state) -> (state, records of K steps (each per seed), tokens of each step)."""
+@register_experience_source("fused")
+def make_fused_advance(run, state, samples_out=None):
+  """advance(state) -> (state, records of K steps (each per seed), tokens of each step): the
+  experience source "fused" (on-policy). samples_out: unused (no text on the devices)."""
   config, axis = run.config, run.axis
   k = config.train.fused_steps
   device_task = run.task.device_task()
@@ -88,7 +91,7 @@ def make_fused_advance(run, state, jit_options: dict):
   def k_steps(state, table):
     return jax.lax.scan(lambda s, _: iteration(s, table), state, None, length=k)
 
-  fused = axis.compile(k_steps, **jit_options)
+  fused = axis.compile(k_steps, **state_jit_options(state, run))
 
   def advance(state):
     state, metrics = fused(state, tables)

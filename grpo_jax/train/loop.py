@@ -1,22 +1,18 @@
 """The host loop, the only one: set-up, warm-up, then RL steps with metrics records, held-out
-evaluation, checkpoints and SIGTERM, for one seed or S seeds (a `SeedAxis`), on the host path
-or fused.
+evaluation, checkpoints and SIGTERM, for one seed or S seeds (a `SeedAxis`), whatever the
+experience source.
 
-Each call of `advance` moves the run forward on the devices and returns its records:
-  host path   prompts and rewards on the host (grpo_jax/train/collect.py), then the one jitted
-              RL step (grpo_jax/train/step.py), state donated: one step;
-  fused       prompts, sampling, reward and RL step in one jitted lax.scan
-              (grpo_jax/train/fused.py): train.fused_steps steps.
-Everything else here is the same for both, and for any number of seeds.
+Each call of the source's `advance` (grpo_jax/train/experience_source.py: "host", one step
+with prompts and rewards on the host; "fused", train.fused_steps steps in one lax.scan; or a
+registered one) moves the run forward on the devices and returns its records. Everything else
+here is the same for every source, and for any number of seeds.
 """
 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import os
 import sys
-import time
 
 import jax
 import numpy as np
@@ -27,47 +23,29 @@ from grpo_jax.models.value_head import critic_from_reward_model, init_value_para
 from grpo_jax.parallel import distributed
 from grpo_jax.parallel.distributed import to_host
 from grpo_jax.parallel.mesh import (batch_axis_size, bytes_per_device, make_mesh, place_tree,
-                                    shard_batch, split_heads_note, tree_shardings)
+                                    split_heads_note)
+from grpo_jax.rewards.guard import reward_name
 from grpo_jax.rewards.sources import RewardSources, build_reward_sources
 from grpo_jax.rl.estimators import ESTIMATORS
-from grpo_jax.rollout.sampler import Sampling
+from grpo_jax.train import fused, host_source  # noqa: F401  (register the built-in sources)
 from grpo_jax.train.checkpoint import Checkpoints, step_of
-from grpo_jax.train.collect import Samplers, collect
 from grpo_jax.train.evaluation import make_evaluator
+from grpo_jax.train.experience_source import (EXPERIENCE_SOURCES, Run, for_source,
+                                              source_name)
 from grpo_jax.train.export import export_policy
-from grpo_jax.train.faults import (TerminationFlag, check_reward_error_fraction,
-                                    check_skips, check_state_finite, reward_name)
-from grpo_jax.train.metrics import (MetricsWriter, keep_records_until, rollout_metrics,
-                                    step_record, step_tokens)
-from grpo_jax.train.samples import SamplesWriter, format_samples, samples_due, train_samples
+from grpo_jax.train.faults import TerminationFlag, check_skips, check_state_finite
+from grpo_jax.train.metrics import MetricsWriter, keep_records_until
+from grpo_jax.train.runner import Schedule, run_steps
+from grpo_jax.train.samples import SamplesWriter, format_samples
 from grpo_jax.train.seed_axis import SeedAxis
 from grpo_jax.train.setup import (build_model, build_task, check_task_fits_model,
                                    initial_adapters, uses_checkpoint, uses_lora)
-from grpo_jax.train.state import (TrainState, create_train_state, make_optimizer, policy_params,
-                                  step_key)
-from grpo_jax.train.step import StepSpec, make_rl_step
+from grpo_jax.train.state import TrainState, create_train_state, make_optimizer, policy_params
+from grpo_jax.train.step import StepSpec
 from grpo_jax.train.wandb_logging import start_wandb
 from grpo_jax.train.warmup import run_warmup
 from grpo_jax.train.workdir import (WorkdirLock, check_resume_config, check_workdir,
                                      config_changes, record_start, write_config)
-
-
-@dataclasses.dataclass(frozen=True)
-class Run:
-  """What the loop needs besides the state: built once by `train`."""
-  config: object
-  axis: SeedAxis
-  task: object
-  spec: StepSpec
-  base_keys: tuple  # per seed: jax.random.key(seed)
-  workdirs: tuple  # per seed: where its records go
-  mesh: object  # a jax Mesh, or None (stacked seeds run on one device)
-  log: object
-  sources: RewardSources = RewardSources()  # the rewards and how they combine
-
-  @property
-  def needs(self) -> tuple:
-    return ESTIMATORS.get(self.config.rl.advantage).needs
 
 
 def initial_state(config, model_cfg: ModelConfig, params, optimizer, base_key,
@@ -104,6 +82,7 @@ def train(config, workdir: str, log=print, seeds=None, seed_axis: str = "vmap") 
   faults.RunStopped (RewardError included) when the run cannot go on.
   """
   config_lib.validate(config)
+  _check_source(config.train)
   check_workdir(workdir)
   axis = (SeedAxis((int(config.seed),)) if seeds is None else
           SeedAxis(tuple(int(s) for s in seeds), seed_axis))
@@ -134,7 +113,8 @@ def _train(config, workdir: str, log, axis: SeedAxis, mesh, task, configs, base_
   count = sum(x.size for x in jax.tree.leaves(params)) // len(axis)
   log(f"model: {count:,} parameters" + (f", {len(axis)} seeds {list(axis.seeds)} in one "
                                         f"program ({axis.mode})" if axis.stacked else ""))
-  r_cfg, rl, t_cfg = config.rollout, config.rl, config.train
+  r_cfg, t_cfg = config.rollout, config.train
+  rl = for_source(config.rl, t_cfg)  # no reuse of old log-probs for an off-policy source
   optimizer = make_optimizer(config.optim, t_cfg.steps * rl.num_iterations * rl.num_minibatches)
   spec = StepSpec(model_cfg, rl, optimizer, config_lib.update_group_size(config),
                   r_cfg.temperature, r_cfg.max_new_tokens)
@@ -224,6 +204,16 @@ def _start_devices(config, axis: SeedAxis):
   return mesh
 
 
+def _check_source(t_cfg) -> None:
+  """The experience source is registered, and train.fused_steps runs only on "fused"."""
+  name = source_name(t_cfg)
+  EXPERIENCE_SOURCES.get(name)  # one sentence listing the valid names when unknown
+  if t_cfg.get("fused_steps", 0) and name != "fused":
+    raise config_lib.ConfigError(
+        f"train.fused_steps={t_cfg.fused_steps} runs on the fused experience source but "
+        f"train.experience_source={name!r}; set one of them to its default.")
+
+
 def _with_seed(config, seed: int):
   if seed == config.seed:
     return config
@@ -257,81 +247,12 @@ def _check_batches_fit_mesh(config, mesh) -> None:
         f"devices.")
 
 
-def _state_jit_options(state, run: Run) -> dict:
-  """Donate the state; on a mesh, keep its layout (so the next step compiles nothing new)."""
-  options = dict(donate_argnums=0)
-  if run.mesh is not None:
-    options["out_shardings"] = (tree_shardings(state, run.mesh), None)
-  return options
-
-
-def make_host_advance(run: Run, state, samples_out=None):
-  """advance(state) -> (state, [per-seed records of the step], [its tokens]): the host path.
-  On a step `samples_due`, the first seed's training samples are appended to samples_out."""
-  config, axis, mesh = run.config, run.axis, run.mesh
-  r_cfg = config.rollout
-  sampling = Sampling.of(run.spec.model_cfg, run.task, r_cfg, mesh)
-  place = ((lambda *xs: shard_batch(xs, mesh, replicate_indivisible=True))
-           if mesh is not None else (lambda *xs: xs))
-  grouped = sampling.grouped(r_cfg.group_size)
-  samplers = Samplers(
-      sample=axis.compile(lambda p, t, m, k: grouped.with_stats(p, *place(t, m), k)),
-      greedy=axis.compile(lambda p, t, m: sampling.greedy()(p, *place(t, m),
-                                                            jax.random.key(0))))
-  rollout_keys = axis.compile(lambda s: step_key(s, 0))
-  rl_step = axis.compile(make_rl_step(run.spec), **_state_jit_options(state, run))
-
-  def advance(state):
-    positions = np.atleast_1d(to_host(state.data_position)).tolist()
-    started = time.perf_counter()
-    collected = collect(policy_params(state), positions, axis.unstack(rollout_keys(state)),
-                        run.task, config, samplers, axis, run.needs, run.sources)
-    step = step_of(state) + 1
-    if samples_out is not None and samples_due(config.train, step):
-      samples_out.extend(train_samples(run.task, collected[0], run.spec.group_size, step,
-                                       config.train.get("num_samples", 4)))
-    for c in collected:  # before the update: a step mostly scored 0 must not train
-      check_reward_error_fraction(c.reward_errors, c.scored,
-                                  config.train.get("max_reward_error_fraction", 0.5),
-                                  step_of(state) + 1)
-    rollout, inputs = axis.stack([c.rollout for c in collected]), axis.stack(
-        [c.inputs for c in collected])
-    if mesh is not None:
-      rollout, inputs = shard_batch((rollout, inputs), mesh)
-    collected_at = time.perf_counter()
-    state, metrics = rl_step(state, rollout, inputs)
-    metrics = to_host(metrics)  # waits for the step
-    timings = dict(time_rollout_s=collected[0].rollout_s,
-                   time_reward_s=collected_at - started - collected[0].rollout_s,
-                   time_update_s=time.perf_counter() - collected_at)
-    # Rollout tokens/s: every seed's sampled tokens over the sampler calls' wall time.
-    rollout_speed = (sum(c.decoded_tokens for c in collected) /
-                     max(collected[0].rollout_s, 1e-9))
-    per_reward = (lambda c: {} if run.sources.only_rule else  # noqa: E731
-                  {f"reward/{n}_mean": v for n, v in c.reward_means.items()})
-    records = [step_record(m, rollout_metrics(c.inputs.rewards, c.rollout.completion_mask,
-                                              c.rollout.truncated, run.spec.group_size),
-                           config, c.sampling_rounds, c.groups_without_spread, c.reward_errors)
-               | dict(decode_slot_utilisation=c.decoded_tokens / max(c.slot_steps, 1),
-                      rollout_tokens_per_s=rollout_speed,
-                      prompt_width=int(np.shape(c.rollout.prompt_tokens)[-1]))
-               | per_reward(c) | timings
-               for m, c in zip(axis.unstack(metrics), collected)]
-    return state, [records], [sum(step_tokens(c.rollout) for c in collected)]
-
-  return advance
-
-
 def _run(run: Run, state, resumed: bool, ckpts, sigterm) -> TrainState:
   """The RL steps from the state's step to config.train.steps (see `train`)."""
   config, axis, log = run.config, run.axis, run.log
   r_cfg, t_cfg = config.rollout, config.train
   pending = []  # sample records of the step being run (grpo_jax/train/samples.py)
-  if t_cfg.get("fused_steps", 0):
-    from grpo_jax.train.fused import make_fused_advance  # noqa: PLC0415
-    advance = make_fused_advance(run, state, _state_jit_options(state, run))
-  else:
-    advance = make_host_advance(run, state, pending)
+  advance = EXPERIENCE_SOURCES.get(source_name(t_cfg)).make(run, state, pending)
   run_eval = make_evaluator(run.task, run.spec.model_cfg, t_cfg, r_cfg,
                             [jax.random.fold_in(k, 3) for k in run.base_keys], axis, run.mesh,
                             config.data.prompt_bucket)
@@ -341,7 +262,7 @@ def _run(run: Run, state, resumed: bool, ckpts, sigterm) -> TrainState:
              for wd, c in zip(run.workdirs, [_with_seed(run.config, s) for s in axis.seeds])]
   samplers = [SamplesWriter(wd, enabled, w) for wd, w in zip(run.workdirs, writers)]
 
-  def evaluate(step):
+  def evaluate(state, step):
     per_model = []
     evals = run_eval(policy_params(state), per_model)
     for sink, samples in zip(samplers, per_model):
@@ -351,52 +272,43 @@ def _run(run: Run, state, resumed: bool, ckpts, sigterm) -> TrainState:
         log(line)
     return evals
 
-  try:
-    if not resumed:
-      evals = evaluate(0)
-      for writer, m in zip(writers, evals):
+  def check(state, records):
+    step = step_of(state)
+    for i, per_seed in enumerate(records):
+      check_state_finite(per_seed, step - len(records) + 1 + i,
+                         lambda: (ckpts.steps() or [None])[-1])
+    if pending:
+      samplers[0].write(pending)
+      if not axis.stacked:
+        for line in format_samples(pending):
+          log(line)
+      pending.clear()
+
+  def write(state, first, records, tokens, seconds, clock):
+    if clock is None:  # step 0: the evaluation
+      for writer, m in zip(writers, records[0]):
         writer.write(0, m)
-      log(f"step    0/{t_cfg.steps} | eval_acc {_join(m['eval_accuracy'] for m in evals)}")
-      if t_cfg.checkpoint_every:
-        ckpts.save(state)
-    first, start = step_of(state), time.perf_counter()
-    while step_of(state) < t_cfg.steps:
-      if sigterm.requested:
-        ckpts.save(state)
-        raise sigterm.stop(f"saved checkpoint {ckpts.directory}/{step_of(state)}; run the "
-                           f"same command again to resume from it.")
-      t0 = time.perf_counter()
-      state, records, tokens = advance(state)
-      step = step_of(state)
-      for i, per_seed in enumerate(records):
-        check_state_finite(per_seed, step - len(records) + 1 + i,
-                           lambda: (ckpts.steps() or [None])[-1])
-      if pending:
-        samplers[0].write(pending)
-        if not axis.stacked:
-          for line in format_samples(pending):
-            log(line)
-        pending.clear()
-      if step % t_cfg.eval_every == 0 or step == t_cfg.steps:
-        for record, m in zip(records[-1], evaluate(step)):
-          record.update(m)
-      now = time.perf_counter()
-      per_step = (now - t0) / len(records)
-      for i, (per_seed, step_tokens_) in enumerate(zip(records, tokens)):
-        at = step - len(records) + 1 + i
-        for writer, record in zip(writers, per_seed):
-          record.update(step_time_s=per_step, tokens_per_s=step_tokens_ / per_step,
-                        elapsed_s=now - start)
-          writer.write(at, record)
-        if axis.stacked:
-          log(_seeds_line(at, t_cfg.steps, per_seed, step_tokens_ / per_step,
-                          (now - start) / (step - first)))
-        else:
-          writers[0].progress(at, per_seed[0], (now - start) / (step - first))
-      check_skips(int(np.max(np.asarray(to_host(state.consecutive_skips)))),
-                  t_cfg.max_consecutive_skips, step)
-      if (t_cfg.checkpoint_every and step % t_cfg.checkpoint_every == 0) or step == t_cfg.steps:
-        ckpts.save(state)
+      log(f"step    0/{t_cfg.steps} | eval_acc {_join(m['eval_accuracy'] for m in records[0])}")
+      return
+    per_step = seconds / len(records)
+    for i, (per_seed, step_tokens_) in enumerate(zip(records, tokens)):
+      at = first + i
+      for writer, record in zip(writers, per_seed):
+        record.update(step_time_s=per_step, tokens_per_s=step_tokens_ / per_step,
+                      elapsed_s=clock.elapsed_s)
+        writer.write(at, record)
+      if axis.stacked:
+        log(_seeds_line(at, t_cfg.steps, per_seed, step_tokens_ / per_step,
+                        clock.elapsed_s / clock.steps_done))
+      else:
+        writers[0].progress(at, per_seed[0], clock.elapsed_s / clock.steps_done)
+    check_skips(int(np.max(np.asarray(to_host(state.consecutive_skips)))),
+                t_cfg.max_consecutive_skips, first + len(records) - 1)
+
+  try:
+    state = run_steps(state, advance, evaluate, write, check=check,
+                      schedule=Schedule(t_cfg.steps, t_cfg.eval_every, t_cfg.checkpoint_every),
+                      ckpts=ckpts, sigterm=sigterm, resumed=resumed)
   finally:
     for writer in writers:
       writer.close()

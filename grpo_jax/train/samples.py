@@ -10,13 +10,12 @@ and W&B as text when those are on; `python -m grpo_jax.eval` writes them beside 
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 
 import numpy as np
 
-from grpo_jax.train.evaluation import take_rows
+from grpo_jax.prompt_batch import concat_batches, take_rows
 
 
 def prompt_texts(task, batch) -> list[str]:
@@ -66,16 +65,6 @@ def train_samples(task, collected, group_size: int, step: int, count: int) -> li
                   np.asarray(collected.rollout.completion_tokens)[first],
                   np.asarray(collected.rollout.completion_mask)[first],
                   np.asarray(collected.inputs.rewards)[first], "train", step)
-
-
-def concat_batches(batches):
-  """Prompt batches of one task (dataclasses of arrays and lists) as one, rows in order."""
-  first = batches[0]
-  return dataclasses.replace(first, **{
-      f.name: (np.concatenate([getattr(b, f.name) for b in batches])
-               if isinstance(getattr(first, f.name), np.ndarray)
-               else [x for b in batches for x in getattr(b, f.name)])
-      for f in dataclasses.fields(first)})
 
 
 def format_samples(samples: list[dict], limit: int = 2, width: int = 100) -> list[str]:

@@ -31,7 +31,9 @@ from grpo_jax.models.reward_model import (export_reward_model, init_reward_model
 from grpo_jax.rl.preference import bradley_terry_loss, pair_accuracy
 from grpo_jax.train.checkpoint import Checkpoints, step_of
 from grpo_jax.train.evaluation import make_evaluator
+from grpo_jax.train.faults import TerminationFlag
 from grpo_jax.train.metrics import MetricsWriter, keep_records_until
+from grpo_jax.train.runner import Schedule, run_steps
 from grpo_jax.train.seed_axis import SeedAxis
 from grpo_jax.train.setup import build_model, build_task, check_task_fits_model, uses_checkpoint
 from grpo_jax.train.state import apply_if_finite, create_train_state, make_optimizer
@@ -205,33 +207,38 @@ def train_reward_model(config, workdir: str, log=print):
       ref_params=None)
   step_fn, rewards = make_rm_step(model_cfg, optimizer, float(rm.get("margin", 0.0)))
   step_fn = jax.jit(step_fn, donate_argnums=0)
-  with WorkdirLock(workdir):
+  seed = int(config.seed)
+
+  def advance(state):
+    batch = train.stream_batch(int(state.data_position), rm.batch_size, seed)
+    state, metrics = step_fn(state, batch)
+    return state, [[{k: float(v) for k, v in metrics.items()}]], None
+
+  def write(state, first, records, tokens, seconds, clock):
+    record = records[-1][0]
+    if clock is not None and "pair_accuracy" in record:
+      log(f"rm step {first:>5}/{rm.steps} | loss {record['loss']:.4f} | held-out pair "
+          f"accuracy {record['pair_accuracy']:.3f}")
+    writer.write(first, record)
+
+  with WorkdirLock(workdir), TerminationFlag() as sigterm:
     write_config(config, workdir)
     ckpts = Checkpoints(os.path.join(workdir, "checkpoints"), config.train.keep_checkpoints, log)
     try:
       state = ckpts.restore_latest(jax.eval_shape(fresh))
       writer = MetricsWriter(workdir, rm.steps, stream=None)
-      if state is None:
-        state = fresh()
-        keep_records_until(writer.path, -1)
-        writer.write(0, evaluate_pairs(rewards, state.params, test, rm.batch_size))
-      else:
+      resumed = state is not None
+      if resumed:
         keep_records_until(writer.path, step_of(state))
         log(f"rm: resumed from checkpoint {ckpts.directory}/{step_of(state)}")
-      seed = int(config.seed)
-      while step_of(state) < rm.steps:
-        batch = train.stream_batch(int(state.data_position), rm.batch_size, seed)
-        state, metrics = step_fn(state, batch)
-        step = step_of(state)
-        record = {k: float(v) for k, v in metrics.items()}
-        if step % rm.eval_every == 0 or step == rm.steps:
-          record.update(evaluate_pairs(rewards, state.params, test, rm.batch_size))
-          log(f"rm step {step:>5}/{rm.steps} | loss {record['loss']:.4f} | held-out pair "
-              f"accuracy {record['pair_accuracy']:.3f}")
-        writer.write(step, record)
-        if (config.train.checkpoint_every and step % config.train.checkpoint_every == 0) or \
-            step == rm.steps:
-          ckpts.save(state)
+      else:
+        state = fresh()
+        keep_records_until(writer.path, -1)
+      state = run_steps(
+          state, advance, lambda state, step: [evaluate_pairs(rewards, state.params, test,
+                                                              rm.batch_size)],
+          write, schedule=Schedule(rm.steps, rm.eval_every, config.train.checkpoint_every),
+          ckpts=ckpts, sigterm=sigterm, resumed=resumed)
       writer.close()
     finally:
       ckpts.close()

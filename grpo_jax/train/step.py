@@ -24,7 +24,7 @@ import dataclasses
 from typing import Any
 
 from grpo_jax.models.config import ModelConfig
-from grpo_jax.rollout.sampler import Rollout
+from grpo_jax.rollout.types import Rollout
 from grpo_jax.train.experience import RewardInputs, make_prepare_batch
 from grpo_jax.train.state import TrainState, end_of_step
 from grpo_jax.train.update import make_update

@@ -1,11 +1,13 @@
 """The policy (and critic) update, the second part of the RL step (grpo_jax/train/step.py): a
 pure `update(state, batch) -> (state, metrics)` (make_update; make_update_step jits it alone).
 
+Each minibatch's loss is the model's forward (log-probs, entropy, values), then the objective
+of grpo_jax/rl/objective.py on those arrays:
+
     per-token loss = pg_t * w_t  [+ beta * KL_t if KL is in the loss]  [- c_H * H_t]
     loss           = agg(per-token loss)  [+ c_V * agg(value loss)]
 
-pg is the PPO-clip (asymmetric, optional dual clip) or GSPO term, w the truncated importance
-weight (1 when off). Each step makes mu = rl.num_iterations passes over the batch in
+Each step makes mu = rl.num_iterations passes over the batch in
 rl.num_minibatches shuffled minibatches, one optimizer step per minibatch; a minibatch may be
 split into rl.num_micro_batches whose gradients are summed, exactly equal to the whole
 minibatch's because each micro-batch is normalised by the minibatch's denominator.
@@ -19,35 +21,37 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import optax
 
 from grpo_jax.models.config import ModelConfig
 from grpo_jax.models.lora import LoraParams
-from grpo_jax.rl.aggregation import aggregate, loss_normalizer, masked_sum
+from grpo_jax.rl.aggregation import loss_normalizer, masked_sum
 from grpo_jax.rl.kl import kl_penalty
-from grpo_jax.rl.losses import POLICY_LOSSES, entropy_bonus, truncated_is_weights, value_loss
+from grpo_jax.rl.losses import truncated_is_weights
+from grpo_jax.rl.objective import TOKEN_SUMS, make_objective
 from grpo_jax.train.experience import Batch, reuses_current_logprobs
 from grpo_jax.train.forward import policy_and_values, prompt_group
 from grpo_jax.train.state import TrainState, apply_if_finite, step_key
 
-# Metrics summed over micro-batches, then divided by the token count (`tokens`).
-_TOKEN_SUMS = ("kl", "clip_frac", "dual_clip_frac", "entropy", "ratio", "value_clip_frac")
+# Metrics summed over micro-batches, then divided by the token count (`tokens`): the
+# objective's (rl/objective.py TOKEN_SUMS).
 # ... and divided by the completion-token count (`completion_tokens`; see
 # reuses_current_logprobs).
 _COMPLETION_SUMS = ("rollout_kl", "sampler_logprob_gap")
 
 
 def loss_and_sums(trainable, mb: Batch, normalizer, kl_coef, *, model_cfg: ModelConfig, rl,
-                  temperature: float, base=None, group: int = 1):
+                  temperature: float, base=None, group: int = 1, objective=None):
   """The loss of (part of) a minibatch, normalised by `normalizer` (the whole minibatch's), and
-  metric numerators, so that both add up exactly over micro-batches. Under LoRA `base` is the
-  frozen base (not differentiated) and trainable's policy part the adapters. group: see
-  forward.prompt_group."""
+  metric numerators, so that both add up exactly over micro-batches: the model's forward, then
+  the objective of grpo_jax/rl/objective.py on its arrays. Under LoRA `base` is the frozen base
+  (not differentiated) and trainable's policy part the adapters. group: see
+  forward.prompt_group. objective: make_objective(rl), made here when not given."""
   params, value_params = trainable
   if base is not None:
     params = LoraParams(base, params)
   logp, entropy, values = policy_and_values(params, value_params, mb, model_cfg, rl.value_head,
                                             temperature, group)
-  mask, mode = mb.loss_mask.astype(bool), rl.loss_aggregation
   old_logp, is_weights = mb.old_logprobs, mb.is_weights
   reuse = reuses_current_logprobs(rl)
   if reuse:  # see reuses_current_logprobs: what preparation would have computed, exactly
@@ -55,36 +59,18 @@ def loss_and_sums(trainable, mb: Batch, normalizer, kl_coef, *, model_cfg: Model
     completion = mb.completion_mask.astype(bool)
     if rl.tis_cap > 0:
       is_weights = truncated_is_weights(old_logp, mb.sampler_logprobs, completion, rl.tis_cap)
-  # Without a reference (rl.kl_coef == 0) the KL metric is measured against the old policy.
-  ref_logp = old_logp if mb.ref_logprobs is None else mb.ref_logprobs
-  pg, pm = POLICY_LOSSES.get(rl.loss)(logp, old_logp, mb.advantages, mask, rl)
-  pm.setdefault("dual_clipped", jnp.zeros_like(mask))
-  if rl.tis_cap > 0:
-    pg = pg * is_weights
-  kl = kl_penalty(logp, ref_logp, mask, rl.kl_estimator, rl.kl_clamp or None)
-  per_token = pg
-  if rl.kl_in == "loss" and rl.kl_coef > 0:
-    per_token = per_token + kl_coef * kl
-  if rl.entropy_coef:
-    per_token = per_token + entropy_bonus(entropy, mask, rl.entropy_coef)
-  loss = aggregate(per_token, mask, mode, normalizer)
-  sums = dict(pg_loss=aggregate(pg, mask, mode, normalizer), kl=masked_sum(kl, mask),
-              clip_frac=masked_sum(pm["clipped"], mask),
-              dual_clip_frac=masked_sum(pm["dual_clipped"], mask),
-              entropy=masked_sum(entropy, mask), ratio=masked_sum(pm["ratio"], mask),
-              tokens=jnp.sum(mask).astype(jnp.float32))
-  if values is not None:
-    vl, vm = value_loss(values, mb.old_values, mb.returns, mask, rl.value_clip_eps)
-    v_agg = aggregate(vl, mask, mode, normalizer)
-    loss = loss + rl.value_coef * v_agg
-    sums.update(value_loss=v_agg, value_clip_frac=masked_sum(vm["clipped"], mask))
+  objective = objective or make_objective(rl)
+  loss, sums = objective(logp, old_logp, mb.advantages, mb.loss_mask, entropy, kl_coef=kl_coef,
+                         ref_logp=mb.ref_logprobs, is_weights=is_weights, values=values,
+                         old_values=mb.old_values, returns=mb.returns, normalizer=normalizer)
   if reuse:  # the rollout metrics preparation reports otherwise, over the completion tokens
+    # Without a reference (rl.kl_coef == 0) the KL metric is measured against the old policy.
+    ref_logp = old_logp if mb.ref_logprobs is None else mb.ref_logprobs
     rollout_kl = kl_penalty(old_logp, ref_logp, completion, rl.kl_estimator, rl.kl_clamp or None)
     sums.update(rollout_kl=masked_sum(rollout_kl, completion),
                 sampler_logprob_gap=masked_sum(jnp.abs(old_logp - mb.sampler_logprobs),
                                                completion),
                 completion_tokens=jnp.sum(completion).astype(jnp.float32))
-  sums["loss"] = loss
   return loss, sums
 
 
@@ -116,6 +102,7 @@ def make_update(model_cfg: ModelConfig, rl, optimizer, temperature: float,
   mu, num_mb, num_micro = rl.num_iterations, rl.num_minibatches, rl.num_micro_batches
   group = prompt_group(rl, group_size)
   grad_fn = jax.value_and_grad(loss_and_sums, has_aux=True)
+  objective = make_objective(rl)
 
   def minibatch_grads(trainable, mb: Batch, kl_coef, base):
     """Summed gradients of the minibatch's micro-batches (== the minibatch's gradient)."""
@@ -124,7 +111,7 @@ def make_update(model_cfg: ModelConfig, rl, optimizer, temperature: float,
 
     def grad_of(part):
       return grad_fn(trainable, part, normalizer, kl_coef, model_cfg=model_cfg, rl=rl,
-                     temperature=temperature, base=base, group=group)
+                     temperature=temperature, base=base, group=group, objective=objective)
 
     def one(acc, part):
       (_, sums), grads = grad_of(part)
@@ -147,7 +134,7 @@ def make_update(model_cfg: ModelConfig, rl, optimizer, temperature: float,
       grads, sums = minibatch_grads(trainable, mb, state.kl_coef, state.base_params)
       trainable, opt_state, applied = apply_if_finite(trainable, opt_state, grads, sums["loss"],
                                                       optimizer)
-      sums["grad_norm"] = _global_norm(grads)
+      sums["grad_norm"] = optax.global_norm(grads)
       sums["skipped"] = 1 - applied.astype(jnp.int32)
       in_a_row = jnp.where(applied, 0, in_a_row + 1)
       return (trainable, opt_state, in_a_row), sums
@@ -156,7 +143,7 @@ def make_update(model_cfg: ModelConfig, rl, optimizer, temperature: float,
         one_minibatch, ((state.params, state.value_params), state.opt_state,
                         state.consecutive_skips), minibatch_rows)
     tokens = jnp.maximum(jnp.sum(per_mb["tokens"]), 1.0)
-    metrics = {k: (jnp.sum(v) / tokens if k in _TOKEN_SUMS else jnp.mean(v))
+    metrics = {k: (jnp.sum(v) / tokens if k in TOKEN_SUMS else jnp.mean(v))
                for k, v in per_mb.items()
                if k not in ("tokens", "skipped", "completion_tokens") + _COMPLETION_SUMS}
     if "completion_tokens" in per_mb:
@@ -182,6 +169,3 @@ def make_update_step(model_cfg: ModelConfig, rl, optimizer, temperature: float,
   """The update alone, jitted: for tests of its parts (a run jits the whole RL step)."""
   return jax.jit(make_update(model_cfg, rl, optimizer, temperature, group_size))
 
-
-def _global_norm(tree):
-  return jnp.sqrt(sum(jnp.sum(jnp.square(x)) for x in jax.tree.leaves(tree)))

@@ -8,25 +8,6 @@ from __future__ import annotations
 import os
 import uuid
 
-from grpo_jax.errors import ConfigError
-
-WANDB_MODES = ("online", "offline", "disabled")  # train.wandb_mode
-
-
-def check_wandb_config(train_cfg) -> None:
-  """ConfigError when W&B logging is asked for but cannot work, before any compute."""
-  project = train_cfg.get("wandb_project", "")
-  if not project:
-    return
-  mode = train_cfg.get("wandb_mode", "online")
-  if mode not in WANDB_MODES:
-    raise ConfigError(f"train.wandb_mode={mode!r} is unknown; valid: {', '.join(WANDB_MODES)}.")
-  try:
-    import wandb  # noqa: F401,PLC0415
-  except ImportError:
-    raise ConfigError(f"train.wandb_project={project!r} needs the wandb package: pip install -e "
-                      f"'.[wandb]' (or set train.wandb_project='').") from None
-
 
 def start_wandb(config, workdir: str):
   """The W&B run of `workdir` (a new one, or the one its wandb_run_id names), or None when

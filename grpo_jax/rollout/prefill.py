@@ -1,0 +1,55 @@
+"""The prefill both engines start from: one forward pass over the left-padded prompts into the
+KV cache, each prompt once, its cache rows repeated for its G samples (prefix sharing), and the
+cache's layout on a mesh."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import NamedSharding
+
+from grpo_jax.models.config import ModelConfig
+from grpo_jax.models.decoder import decoder_apply, init_cache, positions_from_mask
+
+
+def constrain_cache(cache, mesh):
+  """KV cache (B, kv_heads, S, head_dim): rows over the batch axes (data x fsdp) and kv heads
+  over `tensor` (each only when it divides)."""
+  if mesh is None:
+    return cache
+  from grpo_jax.parallel.mesh import spec_for  # the one place that knows the mesh rules
+  def place(x):
+    axes = ("batch", "kv_heads", None, None)
+    spec = spec_for((None,) * (x.ndim - 4) + axes, x.shape, mesh)  # (layers,) when scanned
+    return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, spec))
+  return jax.tree.map(place, cache)
+
+
+def repeat_rows(tree, group_size: int, axis: int = 0):
+  """Each row of every array repeated group_size times along `axis` (groups contiguous)."""
+  if group_size == 1:
+    return tree
+  return jax.tree.map(lambda x: jnp.repeat(x, group_size, axis=axis), tree)
+
+
+def prefill(params, prompt_tokens, prompt_mask, *, model_cfg: ModelConfig,
+            max_new_tokens: int, mesh=None, group_size: int = 1):
+  """One forward pass over the left-padded prompts (B / G, P) into a cache of P + N slots for
+  their B = prompts x G sample rows.
+
+  Returns (logits of the last prompt position (B, V), cache, kv_mask (B, P + N)); only the last
+  position is projected onto the vocabulary. Each prompt is computed once; its cache rows,
+  logits and mask are then repeated G = group_size times (prefix sharing). With a `mesh`, the
+  cache is laid out by the mesh rules (`constrain_cache`).
+  """
+  prompts, prompt_len = prompt_tokens.shape
+  prompt_mask = prompt_mask.astype(bool)
+  cache = init_cache(model_cfg, prompts, prompt_len + max_new_tokens)
+  logits, cache = decoder_apply(
+      model_cfg, params, prompt_tokens, positions_from_mask(prompt_mask), prompt_mask,
+      cache, 0, logits_window=(prompt_len - 1, 1))
+  layer_axis = 1 if model_cfg.scan_layers else 0  # stacked caches: (layers, rows, ...)
+  cache = constrain_cache(repeat_rows(cache, group_size, layer_axis), mesh)
+  kv_mask = jnp.concatenate([repeat_rows(prompt_mask, group_size),
+                             jnp.zeros((prompts * group_size, max_new_tokens), bool)], axis=1)
+  return repeat_rows(logits[:, 0], group_size), cache, kv_mask

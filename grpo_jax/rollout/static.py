@@ -1,0 +1,92 @@
+"""The static engine: all B rows decode together until every row has ended (see
+rollout/sampler.py for what both engines promise)."""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+
+from grpo_jax.models.config import ModelConfig
+from grpo_jax.models.decoder import decoder_apply
+from grpo_jax.rollout.prefill import constrain_cache, prefill, repeat_rows
+from grpo_jax.rollout.sampling import choose_tokens, token_uniforms
+from grpo_jax.rollout.types import DecodeStats, Rollout, finish
+
+
+def decode_segments(max_new_tokens: int, decode_block: int) -> list:
+  """The decode loop's segment ends: decode steps 0 .. N - 2 (token t + 1 is chosen after the
+  forward of token t) in segments of `decode_block` steps; a segment ending at step e reads
+  cache slots [0, P + e). decode_block <= 0: one segment (every step reads all P + N slots)."""
+  last = max_new_tokens - 1
+  if decode_block <= 0 or last <= 0:
+    return [max(last, 0)]
+  return [min(end, last) for end in range(decode_block, last + decode_block, decode_block)]
+
+
+def generate_static(params, prompt_tokens, prompt_mask, key, row_limits, *,
+                    model_cfg: ModelConfig, max_new_tokens: int, temperature: float,
+                    top_k: int, top_p: float, eos_id: int, pad_id: int, mesh, group_size: int,
+                    decode_block: int) -> tuple[Rollout, DecodeStats]:
+  """The static engine: all B rows decode together until every row has ended (EOS or its
+  limit). The loop carries the chosen token, not the (B, V) logits, and runs the decode
+  forwards in segments of `decode_block` steps that read only the filled cache
+  (`decode_segments`); the last token is recorded after them. With a `mesh`, the KV cache is
+  laid out by the mesh rules (rows over data/fsdp, kv heads over tensor); params and prompts
+  carry their own shardings in.
+  """
+  prompt_len = prompt_tokens.shape[1]
+  prompt_mask = prompt_mask.astype(bool)
+  logits, cache, kv_mask = prefill(params, prompt_tokens, prompt_mask, model_cfg=model_cfg,
+                                   max_new_tokens=max_new_tokens, mesh=mesh,
+                                   group_size=group_size)
+  prompt_tokens, prompt_mask = repeat_rows((prompt_tokens, prompt_mask), group_size)
+  batch = prompt_tokens.shape[0]
+  row_ids = jnp.arange(batch, dtype=jnp.int32)
+  next_position = jnp.sum(prompt_mask, axis=1).astype(jnp.int32)  # (B,)
+  choose = lambda lg, step: choose_tokens(  # noqa: E731
+      lg, token_uniforms(key, row_ids, step), temperature, top_k, top_p)
+
+  def record(step, token, logp, done, kv_mask, outs):
+    """Writes token `step` of the live rows (pad elsewhere); returns the updated state."""
+    tokens_out, logp_out, mask_out = outs
+    live = ~done
+    token = jnp.where(live, token, pad_id)
+    outs = (tokens_out.at[:, step].set(token),
+            logp_out.at[:, step].set(jnp.where(live, logp, 0.0)),
+            mask_out.at[:, step].set(live))
+    kv_mask = kv_mask.at[:, prompt_len + step].set(live)
+    return token, done | (token == eos_id) | (step + 1 >= row_limits), kv_mask, outs
+
+  def cond(end, carry):
+    step, _, _, _, done, *_ = carry
+    return (step < end) & ~jnp.all(done)
+
+  def body(end, carry):
+    step, token, logp, cache, done, kv_mask, outs = carry
+    token, done, kv_mask, outs = record(step, token, logp, done, kv_mask, outs)
+    # Slots >= P + end are empty in this segment: the decoder reads the first kv_len of them.
+    kv_len = prompt_len + end
+    logits, cache = decoder_apply(model_cfg, params, token[:, None],
+                                (next_position + step)[:, None], kv_mask[:, :kv_len], cache,
+                                prompt_len + step)
+    cache = constrain_cache(cache, mesh)
+    token, logp = choose(logits[:, 0], step + 1)
+    return (step + 1, token, logp, cache, done, kv_mask, outs)
+
+  token, logp = choose(logits, 0)
+  outs = (jnp.full((batch, max_new_tokens), pad_id, jnp.int32),
+          jnp.zeros((batch, max_new_tokens), jnp.float32),
+          jnp.zeros((batch, max_new_tokens), bool))
+  carry = (jnp.int32(0), token, logp, cache, jnp.zeros((batch,), bool), kv_mask, outs)
+  for end in decode_segments(max_new_tokens, decode_block):
+    carry = jax.lax.while_loop(functools.partial(cond, end), functools.partial(body, end),
+                               carry)
+  step, token, logp, _, done, kv_mask, outs = carry
+  # The loop stops at step N - 1 or once every row is done; recording at `step` is then either
+  # the last token or a no-op (all rows done: pad, mask False).
+  _, _, _, (tokens_out, logp_out, mask_out) = record(step, token, logp, done, kv_mask, outs)
+  rollout = finish(prompt_tokens, prompt_mask, tokens_out, mask_out, logp_out, eos_id)
+  slot_steps = batch * jnp.max(jnp.sum(mask_out, axis=1)).astype(jnp.int32)
+  return rollout, DecodeStats(slot_steps)

@@ -1,0 +1,40 @@
+"""What the sampler returns, shared by its engines (rollout/static.py, rollout/refill.py) and
+by everything that consumes rollouts: `Rollout`, `DecodeStats`, and the helpers that build
+them."""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+
+class Rollout(NamedTuple):
+  """Completions of B = prompts x G rows (groups contiguous)."""
+  prompt_tokens: jax.Array  # (B, P) int32, left-padded
+  prompt_mask: jax.Array  # (B, P) bool
+  completion_tokens: jax.Array  # (B, N) int32, pad after EOS
+  completion_mask: jax.Array  # (B, N) bool, True up to and including EOS
+  logprobs: jax.Array  # (B, N) float32, log pi_sample(token), 0 where masked
+  truncated: jax.Array  # (B,) bool, hit N tokens without EOS
+
+
+class DecodeStats(NamedTuple):
+  """How much decode work a sampler call spent: slot_steps = decode slots x loop iterations
+  (an iteration records at most one token per slot), so useful tokens / slot_steps is the
+  decode-slot utilisation."""
+  slot_steps: jax.Array  # () int32
+
+
+def row_limits_or_max(row_limits, rows: int, max_new_tokens: int) -> jax.Array:
+  """(rows,) int32 per-row completion limits in [1, N] (N for every row when None)."""
+  if row_limits is None:
+    return jnp.full((rows,), max_new_tokens, jnp.int32)
+  return jnp.clip(jnp.asarray(row_limits, jnp.int32), 1, max_new_tokens)
+
+
+def finish(prompt_tokens, prompt_mask, tokens_out, mask_out, logp_out, eos_id: int) -> Rollout:
+  """The Rollout of the recorded tokens: truncated = the row ended without emitting EOS."""
+  ended_by_eos = jnp.any((tokens_out == eos_id) & mask_out, axis=1)
+  return Rollout(prompt_tokens, prompt_mask, tokens_out, mask_out, logp_out, ~ended_by_eos)

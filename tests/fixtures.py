@@ -1,0 +1,42 @@
+"""Helpers the tests share by import (conftest.py keeps the pytest fixtures): a tiny model
+config, params with every weight perturbed, and configs/grpo_tiny.py shrunk to seconds."""
+
+import jax
+
+from grpo_jax.models.config import ModelConfig
+from grpo_jax.models.decoder import init_params
+
+
+def tiny_model_config(**overrides) -> ModelConfig:
+  base = dict(vocab_size=19, hidden_size=32, intermediate_size=48, num_layers=2, num_heads=4,
+              num_kv_heads=2, head_dim=8)
+  base.update(overrides)
+  return ModelConfig(**base)
+
+
+def perturbed_params(cfg, seed=0):
+  """Random params with non-trivial norm weights and biases, so every parameter matters."""
+  params = init_params(cfg, jax.random.key(seed))
+  leaves, treedef = jax.tree.flatten(params)
+  keys = jax.random.split(jax.random.key(seed + 100), len(leaves))
+  leaves = [x + 0.3 * jax.random.normal(k, x.shape) for x, k in zip(leaves, keys)]
+  return jax.tree.unflatten(treedef, leaves)
+
+
+def small_tiny_config(steps: int = 4, eval_every: int = 2, num_minibatches: int = 2):
+  """configs/grpo_tiny.py shrunk to seconds: 5 warm-up steps, 4 prompts x 4 completions, a
+  20-problem evaluation, and a first optimizer step of lr 0 followed by full-rate ones (two
+  minibatches), so that every step really moves the params."""
+  from configs import grpo_tiny  # noqa: PLC0415
+  c = grpo_tiny.get_config()
+  c.warmup.steps = 5
+  c.warmup.batch_size = 32
+  c.train.steps = steps
+  c.train.eval_every = eval_every
+  c.train.eval_size = 20
+  c.train.eval_batch_size = 10
+  c.rollout.num_prompts = 4
+  c.rollout.group_size = 4
+  c.rl.num_minibatches = num_minibatches
+  c.optim.warmup_steps = 1
+  return c
