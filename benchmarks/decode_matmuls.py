@@ -55,7 +55,7 @@ def main():
     xla_s = torch_s = flops = 0.0
     for n_in, n_out, count in step_shapes(cfg):
       x = rng.standard_normal((batch, n_in), np.float32)
-      w = rng.standard_normal((count, n_in, n_out), np.float32) / np.sqrt(n_in)
+      w = (rng.standard_normal((count, n_in, n_out)) / np.sqrt(n_in)).astype(np.float32)
       xj, wj = jnp.asarray(x), jnp.asarray(w)
       # The `count` matmuls of a shape in one program (a scan over stacked weights, as the
       # scanned layers run): no dispatch per matmul.

@@ -21,7 +21,8 @@ the dataloader's prompts tokenized by its own call.
 
 Row "gsm8k" (--recipe gsm8k): configs/grpo_gsm8k.py scaled down to 4 prompts x G = 4, one
 minibatch and one micro-batch (the recipe's 4 x 4 split is for 128 prompts), compute in
-float32 (the recipe's bfloat16 is for accelerators), with GSM8K's own lengths (512 prompt
+float32 (the recipe's bfloat16 is for accelerators), prompts padded to one width of 192 tokens
+(data.prompt_bucket 192: nothing compiles after the first step), with GSM8K's own lengths (512 prompt
 tokens at most, 512 new tokens), temperature 1, lr 1e-6 after 10 warm-up steps, weight decay
 0.01 (TRL's AdamW skips biases and norm weights; ours decays every weight), k3 KL in the loss
 with beta 0.001 (a reference model on both sides) and the gsm8k_strict reward. Data:
@@ -43,7 +44,7 @@ eval_format, eval_strict). torch: --torch-threads threads, OMP_WAIT_POLICY=PASSI
 vs_trl.py).
 
     python benchmarks/vs_trl_real.py                       # 10 steps, 200 held-out prompts
-    python benchmarks/vs_trl_real.py --recipe gsm8k        # 2 steps of the GSM8K row
+    python benchmarks/vs_trl_real.py --recipe gsm8k        # 3 steps of the GSM8K row
     python benchmarks/vs_trl_real.py --seed 1              # another seed (data order, sampling)
 
 A table and one JSON line end the output.
@@ -68,7 +69,7 @@ ROOT = common.ROOT
 MODEL = "smollm2-135m-instruct"
 RECIPES = {  # recipe -> (config file, default steps)
     "chat_arithmetic": ("configs/grpo_smollm2.py", 10),
-    "gsm8k": ("configs/grpo_gsm8k.py", 2),
+    "gsm8k": ("configs/grpo_gsm8k.py", 3),
 }
 
 
@@ -81,7 +82,11 @@ def overrides(args) -> dict:
     out.update({"data.path": os.path.abspath(args.gsm8k_path), "rollout.num_prompts": 4,
                 "rollout.group_size": 4, "rl.num_minibatches": 1, "rl.num_micro_batches": 1,
                 "model.compute_dtype": "float32", "train.eval_size": 1,
-                "train.eval_batch_size": 1})
+                "train.eval_batch_size": 1,
+                # One compiled prompt width (GSM8K prompts in SmolLM2's chat template are
+                # 70-189 tokens), so that the steps after the first compile nothing; TRL pads
+                # each batch to its longest prompt.
+                "data.prompt_bucket": 192})
   else:
     out.update({"train.eval_size": args.eval_size, "train.eval_batch_size": args.eval_size})
   if args.new_tokens:
@@ -132,6 +137,7 @@ def ours(args, spec: dict) -> dict:
               eval_start=pick(evals[0]) if evals else {},
               eval_end=pick(evals[-1]) if len(evals) > 1 else {},
               reward_means=[r.get("reward_mean") for r in steps],
+              mean_lengths=[r.get("response_len") for r in steps],
               settings=f"jax {version('jax')}, python -m grpo_jax.main")
 
 
@@ -250,6 +256,8 @@ def trl(args, spec: dict) -> dict:
                                                   zip(totals, rollout, scoring)]),
               peak_rss_gib=peak_rss_gib(), eval_start=eval_start, eval_end=eval_end,
               reward_means=[h["reward"] for h in trainer.state.log_history if "reward" in h],
+              mean_lengths=[h["completions/mean_length"] for h in trainer.state.log_history
+                            if "completions/mean_length" in h],
               same_prompt_ids=theirs == mine,
               settings=f"trl {trl_lib.__version__}, {settings}")
 
@@ -274,7 +282,7 @@ def default_model_path() -> str | None:
 def main():
   parser = argparse.ArgumentParser()
   parser.add_argument("--recipe", choices=sorted(RECIPES), default="chat_arithmetic")
-  parser.add_argument("--steps", type=int, help="RL steps (default 10; gsm8k: 2)")
+  parser.add_argument("--steps", type=int, help="RL steps (default 10; gsm8k: 3)")
   parser.add_argument("--model-path", help=f"a HF folder (default: the fetched {MODEL})")
   parser.add_argument("--new-tokens", type=int,
                       help="new tokens per completion (default: the recipe's, 16 / 512)")
@@ -352,7 +360,8 @@ def main():
       trl_eval_accuracy=b["eval_end"].get("eval_accuracy"),
       ours_eval_start=a["eval_start"] or None, trl_eval_start=b["eval_start"] or None,
       ours_eval_end=a["eval_end"] or None, trl_eval_end=b["eval_end"] or None,
-      ours_reward_means=a["reward_means"], trl_reward_means=b["reward_means"])))
+      ours_reward_means=a["reward_means"], trl_reward_means=b["reward_means"],
+      ours_mean_lengths=a["mean_lengths"], trl_mean_lengths=b["mean_lengths"])))
 
 
 if __name__ == "__main__":
