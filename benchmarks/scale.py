@@ -305,7 +305,7 @@ def run(args) -> list:
                                params, key)
       rollout = sampler.Rollout(
           prompts[0], prompts[1], sds((rows, new), jnp.int32), sds((rows, new), jnp.bool_),
-          sds((rows, new), jnp.float32), sds((rows,), jnp.bool_))
+          sds((rows, new), jnp.float32), sds((rows,), jnp.bool_), sds((rows, new), jnp.bool_))
       inputs = RewardInputs(sds((rows,), jnp.float32), {}, sds((), jnp.int32))
       step = make_rl_step(StepSpec(cfg, rl, optimizer, args.group_size, temperature=1.0,
                                    max_new_tokens=new))

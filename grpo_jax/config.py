@@ -12,8 +12,6 @@ KL_PLACEMENTS = ("loss", "reward")
 VALUE_HEADS = ("none", "shared", "separate")
 REWARD_ERROR_MODES = ("raise", "zero")  # train.on_reward_error
 MODEL_DTYPES = ("bfloat16", "float16", "float32")  # model.param_dtype, model.compute_dtype
-# Estimator inputs the host loop produces for any task (the others come from the task).
-LOOP_PROVIDES = ("greedy_rewards",)
 
 
 def update_group_size(config) -> int:
@@ -50,13 +48,10 @@ def validate(config) -> None:
   _one_of(rl.kl_in, KL_PLACEMENTS, "rl.kl_in")
   _one_of(rl.value_head, VALUE_HEADS, "rl.value_head")
   task.check_config(config)
-  from grpo_jax.rewards.sources import uses_process_model  # noqa: PLC0415
-  provided = LOOP_PROVIDES + (("step_rewards",) if uses_process_model(config) else ())
-  for need in estimator.needs:
-    _require(need in provided or need in task.provides,
-             f"rl.advantage={rl.advantage!r} needs {need}, which task {task.name!r} does not "
-             f"provide; pick another estimator (or, for step_rewards, set "
-             f"reward.process_model).")
+  from grpo_jax.rewards.estimator_inputs import check_inputs  # noqa: PLC0415
+  why = check_inputs(estimator.needs, config, task, rl.advantage,
+                     device=bool(tr.get("fused_steps", 0)))
+  _require(why is None, why)
   _require(r.num_prompts >= 1, f"rollout.num_prompts={r.num_prompts}; use at least 1.")
   _require(r.max_new_tokens >= 1, f"rollout.max_new_tokens={r.max_new_tokens}; use at least 1 "
            f"(the completion length limit).")

@@ -245,8 +245,9 @@ def test_failing_reward_stops_the_run_or_scores_zero(mode):
   # The step rewards (process supervision) of the completions scored 0 are 0 too: they come
   # with the rewards from collect's score_round when the estimator needs them.
   rollout = Rollout(np.repeat(prompts.prompt_tokens, 3, 0), np.repeat(prompts.prompt_mask, 3, 0),
-                    tokens, mask, np.zeros(mask.shape, np.float32), np.zeros(len(tokens), bool))
-  rewards, extras, errors, _ = score_round(flaky, prompts, rollout, None, 3, mode,
+                    tokens, mask, np.zeros(mask.shape, np.float32), np.zeros(len(tokens), bool),
+                    mask)
+  rewards, extras, errors, _, _ = score_round(flaky, prompts, rollout, None, 3, mode,
                                         needs=("step_rewards",))
   np.testing.assert_array_equal(rewards, [1, 0, 0, 0, 0, 0])
   steps = extras["step_rewards"]

@@ -93,7 +93,7 @@ class _ScriptedSampler:
     tokens = np.stack([r[0] for r in rows])
     mask = np.stack([r[1] for r in rows])
     return (Rollout(prompt_tokens, prompt_mask, tokens, mask, np.zeros(mask.shape, np.float32),
-                    np.zeros(len(rows), bool)), DecodeStats(np.int32(mask.size)))
+                    np.zeros(len(rows), bool), mask), DecodeStats(np.int32(mask.size)))
 
 
 @pytest.mark.parametrize("max_extra", [4, 1])
@@ -145,12 +145,13 @@ def test_non_finite_step_rewards_stop_the_run_or_score_zero(mode):
   tokens = np.concatenate([answer([7, 68]), answer([12, 30])])
   mask = tokens != task.pad_id
   rollout = Rollout(np.repeat(prompts.prompt_tokens, 2, 0), np.repeat(prompts.prompt_mask, 2, 0),
-                    tokens, mask, np.zeros(mask.shape, np.float32), np.zeros(4, bool))
+                    tokens, mask, np.zeros(mask.shape, np.float32), np.zeros(4, bool),
+                    mask)
   if mode == "raise":
     with pytest.raises(RewardError, match="step rewards are not finite for 1 completion"):
       score_round(_NanSteps(task), prompts, rollout, None, 2, mode, needs=("step_rewards",))
     return
-  rewards, extras, errors, _ = score_round(_NanSteps(task), prompts, rollout, None, 2, mode,
+  rewards, extras, errors, _, _ = score_round(_NanSteps(task), prompts, rollout, None, 2, mode,
                                         needs=("step_rewards",))
   np.testing.assert_array_equal(rewards, [1, 1, 0, 1])  # every answer right, row 2 zeroed
   assert errors == 1 and np.all(extras["step_rewards"][0][2] == 0)

@@ -2,6 +2,7 @@
 are registered in this test file (and, for the command line, in a plugin file named by
 config.imports), then a run of two steps uses them."""
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -116,3 +117,65 @@ def test_a_plugin_file_on_the_command_line(tmp_path):
   assert missing.stderr.strip().splitlines() == [
       "error: imports: module 'no_such_module_xyz' cannot be imported (No module named "
       "'no_such_module_xyz'); give an importable module name or a path to a .py file."]
+
+
+@pytest.fixture
+def length_input():
+  """An estimator that needs a new per-row input, "completion_length", and its provider (host
+  and device forms): the whole extension, here in one file (must-show 2a of issue 30)."""
+  from grpo_jax.rewards.estimator_inputs import INPUTS, Provided, register_input
+  lengths_seen.clear()
+
+  @register_input("completion_length",
+                  device=lambda r: jnp.sum(r.mask, axis=1).astype(jnp.float32))
+  def completion_length(r):
+    return Provided(np.asarray(r.rollout.completion_mask).sum(1).astype(np.float32))
+
+  @register_estimator("length_penalised", groups=True, needs=("completion_length",))
+  def length_penalised(x):
+    seq = x.sequence_rewards() - 0.01 * x.extras["completion_length"]
+    mean = jnp.repeat(seq.reshape(-1, x.group_size).mean(axis=1), x.group_size)
+    jax.debug.callback(lambda n, m: lengths_seen.append((np.asarray(n), np.asarray(m))),
+                       x.extras["completion_length"], x.mask)
+    return broadcast_to_tokens(seq - mean, x.mask), None
+
+  yield
+  ESTIMATORS.unregister("length_penalised")
+  INPUTS.unregister("completion_length")
+
+
+lengths_seen = []  # (the provided input, the completion mask) per step
+
+
+@pytest.mark.parametrize("fused_steps", [0, 1])
+def test_an_estimator_with_a_new_input_runs_on_both_sources(tmp_path, length_input,
+                                                            fused_steps):
+  """The provider's input reaches the estimator row-aligned with the rollout, made on the host
+  (host source) or on the devices (fused source)."""
+  config = _config()
+  config.rl.advantage = "length_penalised"
+  config.train.fused_steps = fused_steps
+  train(config, str(tmp_path), log=lambda *_: None)
+  assert len(lengths_seen) == 2
+  for lengths, mask in lengths_seen:
+    np.testing.assert_array_equal(lengths, mask.sum(1))
+    assert lengths.shape == (16,) and lengths.max() > 0
+
+
+def test_an_input_no_provider_makes_is_refused(length_input):
+  from grpo_jax.rewards.estimator_inputs import INPUTS
+  config = _config()
+  config.rl.advantage = "length_penalised"
+  validate(config)
+  provider = INPUTS.get("completion_length")
+  INPUTS.register("completion_length", dataclasses.replace(provider, device=None),
+                  replace=True)
+  config.train.fused_steps = 1
+  with pytest.raises(ConfigError, match="^rl.advantage='length_penalised' needs "
+                                        "completion_length, which has no device form; the "
+                                        r"fused experience source cannot make it \(use the "
+                                        r"host source\).$"):
+    validate(config)
+  INPUTS.unregister("completion_length")
+  with pytest.raises(ConfigError, match="needs completion_length, which no provider makes"):
+    validate(config)

@@ -220,8 +220,8 @@ def test_process_reward_model_gives_the_process_estimator_its_step_rewards(tmp_p
   tokens, mask = _rollout(task, prompts, 4)
   from grpo_jax.rollout.types import Rollout
   rollout = Rollout(np.repeat(prompts.prompt_tokens, 4, 0), np.repeat(prompts.prompt_mask, 4, 0),
-                    tokens, mask, np.zeros(tokens.shape, np.float32), np.zeros(16, bool))
-  _, extras, _, _ = score_round(task, prompts, rollout, None, 4, "raise", ("step_rewards",),
+                    tokens, mask, np.zeros(tokens.shape, np.float32), np.zeros(16, bool), mask)
+  _, extras, _, _, _ = score_round(task, prompts, rollout, None, 4, "raise", ("step_rewards",),
                                 sources)
   rewards, ends, step_mask = extras["step_rewards"]
   for row in range(16):

@@ -71,10 +71,35 @@ def sft_root(tmp_path_factory):
 
 def test_sft_stage_writes_losses_accuracy_and_an_export(sft_root):
   records = _records(sft_root / "sft")
-  losses = [r["sft_loss"] for r in records if "sft_loss" in r]
-  assert len(losses) == 5 and losses[-1] < losses[0]
-  assert "eval_accuracy" in records[-1]
+  assert [r["step"] for r in records] == list(range(61))
+  losses = [r["sft_loss"] for r in records[1:]]
+  assert np.mean(losses[-10:]) < np.mean(losses[:10])
+  assert "eval_accuracy" in records[0] and "eval_accuracy" in records[-1]
+  assert records[-1]["eval_accuracy"] > records[0]["eval_accuracy"]
   assert (sft_root / "sft" / "hf_export" / "model.safetensors").is_file()
+
+
+def test_sft_stage_resumes_exactly(sft_root, tmp_path):
+  """SFT on the loop skeleton: a run stopped after its step-20 checkpoint and run again with
+  the same command ends where the straight run ends (params and every record)."""
+  import shutil
+  from grpo_jax.train.stages import train_sft
+  config = _small(rlhf_tiny_sft.get_config(), **{
+      "warmup.steps": 40, "warmup.batch_size": 32,
+      "warmup.data_path": str(sft_root / "sft.jsonl"), "train.eval_size": 20,
+      "train.eval_batch_size": 20, "train.checkpoint_every": 10, "train.keep_checkpoints": 5})
+  quiet = lambda *a: None  # noqa: E731
+  straight = train_sft(config, str(tmp_path / "straight"), log=quiet)
+  shutil.copytree(tmp_path / "straight", tmp_path / "split")
+  for step in ("30", "40"):  # as if stopped after the checkpoint of step 20
+    shutil.rmtree(tmp_path / "split" / "checkpoints" / step)
+  shutil.rmtree(tmp_path / "split" / "hf_export")
+  lines = []
+  resumed = train_sft(config, str(tmp_path / "split"), log=lines.append)
+  assert any("resumed from checkpoint" in line and line.endswith("/20") for line in lines)
+  jax.tree.map(np.testing.assert_array_equal, straight, resumed)
+  a, b = _records(tmp_path / "straight"), _records(tmp_path / "split")
+  assert [r["step"] for r in b] == list(range(41)) and a == b
 
 
 def _rm_config(root, steps):

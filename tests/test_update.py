@@ -199,3 +199,26 @@ def test_old_logprobs_are_recomputed_where_they_differ_or_are_needed_early(overr
   assert np.any(np.asarray(batch.old_logprobs))
   # kl_in == "reward" with kl_coef == 0 needs no KL before the update: reused again.
   assert reuses_current_logprobs(rl_defaults(kl_in="reward", kl_coef=0.0))
+
+
+def test_the_loss_mask_is_the_action_mask():
+  """Tokens a source marks as not the policy's (Rollout.action_mask False: a tool's output in a
+  multi-turn episode) carry no loss, while still conditioning the rest: the batch's loss mask
+  is the action mask (less truncated rows under rl.mask_truncated)."""
+  rl = rl_defaults(mask_truncated=True)
+  params = perturbed_params(CFG, 0)
+  state = create_train_state(params, make_optimizer(OPTIM, 10), jax.random.key(1), None,
+                             rl.kl_coef)
+  rollout = generate(params, PROMPTS, PROMPTS != 0, jax.random.key(0), model_cfg=CFG,
+                     max_new_tokens=5, temperature=1.0, eos_id=2, pad_id=0)
+  inserted = np.zeros(rollout.completion_mask.shape, bool)
+  inserted[:, 1:3] = True  # "tool output" at completion positions 1-2 of every row
+  rollout = rollout._replace(action_mask=rollout.completion_mask & ~inserted)
+  inputs = RewardInputs(jnp.linspace(0, 1, len(PROMPTS), dtype=jnp.float32), {}, jnp.int32(0))
+  batch, _ = jax.jit(make_prepare_batch(CFG, rl, 4, 1.0, 5))(state, rollout, inputs)
+  want = (np.asarray(rollout.completion_mask) & ~inserted
+          & ~np.asarray(rollout.truncated)[:, None])
+  np.testing.assert_array_equal(np.asarray(batch.loss_mask), want)
+  np.testing.assert_array_equal(np.asarray(batch.completion_mask),
+                                np.asarray(rollout.completion_mask))
+  assert want.sum() > 0 and (np.asarray(rollout.completion_mask) & inserted).sum() > 0

@@ -8,11 +8,12 @@ from `EstimatorInputs` to (advantages (B, N), returns (B, N) or None).
       return broadcast_to_tokens(seq - base, x.mask), None
 
 `groups=True`: the estimator compares the G completions of a prompt (config validation then
-requires G >= 2). `needs`: estimator-specific inputs the host must produce for it, found in
-`x.extras` under the same names; only an estimator that needs one makes anyone produce it:
+requires G >= 2). `needs`: the names of per-row inputs it reads from `x.extras`, each made by a
+registered provider (grpo_jax/rewards/estimator_inputs.py; a new input is a new provider) and
+only when an estimator needs it. Built in:
   "greedy_rewards"  (B,)   reward of the greedy completion of each row's prompt (ReMax)
   "step_rewards"    (rewards (B, K), end_index (B, K) int, mask (B, K) bool): process rewards
-                           from the task (`Task.step_rewards`)
+                           from the task (`Task.step_rewards`) or reward.process_model
 `needs_critic=True`: the estimator reads `x.values` (the critic at rollout time).
 Returns None: the value targets, if a critic is on, are the Monte-Carlo returns.
 The maths lives in grpo_jax.rl.advantages / token_advantages; this file only wires names.
@@ -29,10 +30,6 @@ import jax.numpy as jnp
 from grpo_jax.registry import Registry
 from grpo_jax.rl import advantages as adv_lib
 from grpo_jax.rl import token_advantages as tok_adv
-
-# The inputs the host side can be asked to produce (see the module docstring).
-EXTRA_INPUTS = ("greedy_rewards", "step_rewards")
-
 
 class EstimatorInputs(NamedTuple):
   token_rewards: jax.Array  # (B, N) outcome reward on the last token, minus any in-reward KL
@@ -60,11 +57,8 @@ ESTIMATORS = Registry("rl.advantage")
 
 def register_estimator(name: str, *, groups: bool = False, needs=(), needs_critic=False,
                        replace: bool = False):
-  """Decorator: registers fn(EstimatorInputs) -> (advantages, returns or None) as `name`."""
-  unknown = set(needs) - set(EXTRA_INPUTS)
-  if unknown:
-    raise ValueError(f"estimator {name!r} needs {sorted(unknown)}; the host can produce "
-                     f"{', '.join(EXTRA_INPUTS)}.")
+  """Decorator: registers fn(EstimatorInputs) -> (advantages, returns or None) as `name`;
+  `needs` names registered estimator inputs (checked when a config selects it)."""
 
   def add(fn):
     ESTIMATORS.register(name, Estimator(fn, groups, tuple(needs), needs_critic), replace=replace)

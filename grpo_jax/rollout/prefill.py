@@ -20,7 +20,7 @@ def constrain_cache(cache, mesh):
   from grpo_jax.parallel.mesh import spec_for  # the one place that knows the mesh rules
   def place(x):
     axes = ("batch", "kv_heads", None, None)
-    spec = spec_for((None,) * (x.ndim - 4) + axes, x.shape, mesh)  # (layers,) when scanned
+    spec = spec_for(axes, x.shape, mesh)
     return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, spec))
   return jax.tree.map(place, cache)
 
@@ -48,8 +48,7 @@ def prefill(params, prompt_tokens, prompt_mask, *, model_cfg: ModelConfig,
   logits, cache = decoder_apply(
       model_cfg, params, prompt_tokens, positions_from_mask(prompt_mask), prompt_mask,
       cache, 0, logits_window=(prompt_len - 1, 1))
-  layer_axis = 1 if model_cfg.scan_layers else 0  # stacked caches: (layers, rows, ...)
-  cache = constrain_cache(repeat_rows(cache, group_size, layer_axis), mesh)
+  cache = constrain_cache(repeat_rows(cache, group_size), mesh)
   kv_mask = jnp.concatenate([repeat_rows(prompt_mask, group_size),
                              jnp.zeros((prompts * group_size, max_new_tokens), bool)], axis=1)
   return repeat_rows(logits[:, 0], group_size), cache, kv_mask

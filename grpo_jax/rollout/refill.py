@@ -46,16 +46,16 @@ from grpo_jax.rollout.types import DecodeStats, Rollout, finish
 from grpo_jax.rollout.sampling import choose_tokens, token_uniforms
 
 
-def _copy_prompts(slot_cache, prompt_cache, prompt_of_slot, assign, row_axis: int):
+def _copy_prompts(slot_cache, prompt_cache, prompt_of_slot, assign):
   """Slot cache with the prompt cache rows prompt_of_slot[s] in slots [0, P) of every slot s
   where assign[s]; the other slots unchanged."""
   def copy(slot, prompt):
-    prompt_len = prompt.shape[row_axis + 2]
-    gathered = jnp.take(prompt, prompt_of_slot, axis=row_axis)
-    head = jax.lax.slice_in_dim(slot, 0, prompt_len, axis=row_axis + 2)
-    select = assign.reshape((1,) * row_axis + (-1, 1, 1, 1))
+    prompt_len = prompt.shape[2]
+    gathered = jnp.take(prompt, prompt_of_slot, axis=0)
+    head = jax.lax.slice_in_dim(slot, 0, prompt_len, axis=2)
+    select = assign.reshape((-1, 1, 1, 1))
     return jax.lax.dynamic_update_slice_in_dim(slot, jnp.where(select, gathered, head), 0,
-                                               axis=row_axis + 2)
+                                               axis=2)
   return jax.tree.map(copy, slot_cache, prompt_cache)
 
 
@@ -84,11 +84,11 @@ class _Slots(NamedTuple):
   outs: tuple  # (tokens (B, N) int32, logprobs (B, N) float32, mask (B, N) bool)
 
 
-def _compact(state: _Slots, slots: int, row_axis: int, mesh) -> _Slots:
+def _compact(state: _Slots, slots: int, mesh) -> _Slots:
   """The busy slots moved to the first of `slots` slots (all busy ones fit), the rest dropped."""
   keep = jnp.argsort((state.row < 0).astype(jnp.int32), stable=True)[:slots]
-  take = lambda x, axis=0: jnp.take(x, keep, axis=axis)  # noqa: E731
-  cache = constrain_cache(jax.tree.map(lambda x: take(x, row_axis), state.cache), mesh)
+  take = lambda x: jnp.take(x, keep, axis=0)  # noqa: E731
+  cache = constrain_cache(jax.tree.map(take, state.cache), mesh)
   return state._replace(row=take(state.row), t=take(state.t), position=take(state.position),
                         token=take(state.token), logp=take(state.logp), cache=cache,
                         kv_mask=take(state.kv_mask))
@@ -103,7 +103,6 @@ def generate_refill(params, prompt_tokens, prompt_mask, key, row_limits, *,
   new, group = max_new_tokens, group_size
   rows = num_prompts * group
   prompt_mask = prompt_mask.astype(bool)
-  row_axis = 1 if model_cfg.scan_layers else 0  # stacked caches: (layers, rows, ...)
   apply = lambda *a, **k: decoder_apply(model_cfg, params, *a, **k)  # noqa: E731
   choose = lambda logits, row, t: choose_tokens(  # noqa: E731
       logits, token_uniforms(key, row, t), temperature, top_k, top_p)
@@ -123,7 +122,7 @@ def generate_refill(params, prompt_tokens, prompt_mask, key, row_limits, *,
     assign = free & (candidate < rows)
     new_row = jnp.minimum(candidate, rows - 1)
     prompt = new_row // group
-    cache = constrain_cache(_copy_prompts(state.cache, prompt_cache, prompt, assign, row_axis),
+    cache = constrain_cache(_copy_prompts(state.cache, prompt_cache, prompt, assign),
                             mesh)
     fresh_mask = jnp.concatenate([prompt_mask[prompt], jnp.zeros((slots, new), bool)], axis=1)
     first, first_logp = choose(first_logits[prompt], new_row, 0)
@@ -171,7 +170,7 @@ def generate_refill(params, prompt_tokens, prompt_mask, key, row_limits, *,
        jnp.zeros((rows, new), bool)))
   for i, slots in enumerate(phases):
     if i:
-      state = _compact(state, slots, row_axis, mesh)
+      state = _compact(state, slots, mesh)
     # A phase ends when every row is done, or (not the last) when no row is pending and the
     # busy slots fit in the next phase's.
     fits = phases[i + 1] if i + 1 < len(phases) else 0

@@ -18,6 +18,10 @@ class Rollout(NamedTuple):
   completion_mask: jax.Array  # (B, N) bool, True up to and including EOS
   logprobs: jax.Array  # (B, N) float32, log pi_sample(token), 0 where masked
   truncated: jax.Array  # (B,) bool, hit N tokens without EOS
+  # (B, N) bool: the completion tokens the policy chose, the ones that carry loss. The
+  # sampler's rows: completion_mask. A multi-turn source sets the tokens it inserted (tool
+  # output, an environment's turns) False: they condition the policy but are not its actions.
+  action_mask: jax.Array
 
 
 class DecodeStats(NamedTuple):
@@ -35,6 +39,8 @@ def row_limits_or_max(row_limits, rows: int, max_new_tokens: int) -> jax.Array:
 
 
 def finish(prompt_tokens, prompt_mask, tokens_out, mask_out, logp_out, eos_id: int) -> Rollout:
-  """The Rollout of the recorded tokens: truncated = the row ended without emitting EOS."""
+  """The Rollout of the recorded tokens: truncated = the row ended without emitting EOS; every
+  recorded token is the policy's (action_mask = the completion mask)."""
   ended_by_eos = jnp.any((tokens_out == eos_id) & mask_out, axis=1)
-  return Rollout(prompt_tokens, prompt_mask, tokens_out, mask_out, logp_out, ~ended_by_eos)
+  return Rollout(prompt_tokens, prompt_mask, tokens_out, mask_out, logp_out, ~ended_by_eos,
+                 mask_out)

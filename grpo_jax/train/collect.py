@@ -18,10 +18,10 @@ import numpy as np
 
 from grpo_jax.data.task import bucketed_width, cut_prompts
 from grpo_jax.parallel.distributed import to_host
+from grpo_jax.rewards.estimator_inputs import HostRound, provide_host, uses_greedy
 from grpo_jax.rollout.types import Rollout
 from grpo_jax.train.experience import RewardInputs
 from grpo_jax.rewards.sources import RewardSources
-from grpo_jax.errors import RewardError
 
 
 @dataclasses.dataclass
@@ -53,40 +53,19 @@ class Samplers:
 def score_round(task, prompts, rollout: Rollout, greedy_rollout: Rollout | None,
                 group_size: int, on_reward_error: str, needs=(), sources=None):
   """One sampling round scored on the host: (rewards (B,), extras, completions scored 0,
-  {reward source: (B,) its values}). extras holds what `needs` names: greedy_rewards (the
-  greedy completion's reward of each row's prompt) and step_rewards (the task's). `sources`
-  (grpo_jax/rewards/sources.py): the rewards and how they combine; None = the task's alone."""
+  {reward source: (B,) its values}, completions scored besides the round's). extras holds the
+  estimator inputs `needs` names, each from its provider (grpo_jax/rewards/estimator_inputs.py).
+  `sources` (grpo_jax/rewards/sources.py): the rewards and how they combine; None = the task's
+  alone."""
   sources = sources or RewardSources()
   rewards, failed, components = sources.score(task, prompts, rollout.completion_tokens,
                                               rollout.completion_mask, group_size,
                                               on_reward_error)
   errors = int(failed.sum())
-  extras = {}
-  if "greedy_rewards" in needs:
-    greedy_rewards, bad, _ = sources.score(task, prompts, greedy_rollout.completion_tokens,
-                                           greedy_rollout.completion_mask, 1, on_reward_error)
-    extras["greedy_rewards"] = np.repeat(greedy_rewards, group_size)
-    errors += int(bad.sum())
-  if "step_rewards" in needs:  # a completion scored 0 for a failing reward: its steps too
-    if sources.process_model is not None:  # a PRM's step scores (reward.process_model)
-      step_rewards, end_index, step_mask = sources.process_model.step_rewards(
-          prompts, np.asarray(rollout.completion_tokens), np.asarray(rollout.completion_mask),
-          group_size)
-    else:
-      step_rewards, end_index, step_mask = task.step_rewards(
-          prompts, rollout.completion_tokens, rollout.completion_mask, group_size)
-    bad_steps = ~np.all(np.isfinite(np.asarray(step_rewards, np.float64)), axis=1) & ~failed
-    if bad_steps.any():
-      if on_reward_error == "raise":
-        raise RewardError(f"the task's step rewards are not finite for {int(bad_steps.sum())} "
-                          f"completion(s) (e.g. row {int(np.argmax(bad_steps))}); fix "
-                          f"step_rewards, or set train.on_reward_error='zero' to score such "
-                          f"completions 0 and count them.")
-      failed, errors = failed | bad_steps, errors + int(bad_steps.sum())
-      rewards = np.where(failed, 0.0, rewards).astype(np.float32)
-    extras["step_rewards"] = (np.where(failed[:, None], 0.0, step_rewards).astype(np.float32),
-                              end_index, step_mask)
-  return rewards, extras, errors, components
+  extras, rewards, failed, more_errors, scored = provide_host(needs, HostRound(
+      task, prompts, rollout, group_size, on_reward_error, sources, rewards, failed,
+      greedy_rollout))
+  return rewards, extras, errors + more_errors, components, scored
 
 
 def _rows(tree, rows):
@@ -135,7 +114,7 @@ def collect(params, positions: list, keys: list, task, config, samplers: Sampler
     elapsed = time.perf_counter() - start
     rollouts, stats = axis.unstack(rollouts), axis.unstack(stats)
     greedy = [None] * seeds
-    if "greedy_rewards" in needs:
+    if uses_greedy(needs):
       greedy = axis.unstack(to_host(samplers.greedy(
           params, axis.stack([p.prompt_tokens for p in cut]),
           axis.stack([p.prompt_mask for p in cut]))))
@@ -147,10 +126,10 @@ def collect(params, positions: list, keys: list, task, config, samplers: Sampler
       decoded[s] += int(np.asarray(rollouts[s].completion_mask).sum())
       slot_steps[s] += int(np.asarray(stats[s].slot_steps))
       rollout_s[s] += elapsed
-      rewards, extras, bad, parts = score_round(task, prompts[s], rollouts[s], greedy[s],
-                                                sampled, on_error, needs, sources)
+      rewards, extras, bad, parts, extra_scored = score_round(
+          task, prompts[s], rollouts[s], greedy[s], sampled, on_error, needs, sources)
       errors[s] += bad
-      scored[s] += len(rewards) + (num_prompts if "greedy_rewards" in needs else 0)
+      scored[s] += len(rewards) + extra_scored
       kept_rows = gfpo_rows(rl, rewards, rollouts[s].completion_mask, sampled)
       for g in range(num_prompts):
         rows = kept_rows[g * group:(g + 1) * group]

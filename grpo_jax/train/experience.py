@@ -126,7 +126,10 @@ def make_prepare_batch(model_cfg: ModelConfig, rl, group_size: int, temperature:
         token_rewards = token_rewards - state.kl_coef * kl
     advantages, returns = estimate_advantages(rl, group_size, token_rewards, mask, old_values,
                                               inputs.extras)
-    loss_mask = mask & ~rollout.truncated[:, None] if rl.mask_truncated else mask
+    # The loss is taken on the policy's own tokens (Rollout.action_mask), less truncated rows
+    # under rl.mask_truncated.
+    actions = rollout.action_mask.astype(bool) & mask
+    loss_mask = actions & ~rollout.truncated[:, None] if rl.mask_truncated else actions
     is_weights = None
     if rl.tis_cap > 0 and not reuse:
       is_weights = truncated_is_weights(old_logp, rollout.logprobs, mask, rl.tis_cap)

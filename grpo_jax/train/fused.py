@@ -17,6 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from grpo_jax.parallel.distributed import to_host
+from grpo_jax.rewards.estimator_inputs import DeviceRound, provide_device
 from grpo_jax.rollout.sampler import Sampling
 from grpo_jax.train.experience import RewardInputs
 from grpo_jax.train.experience_source import register_experience_source, state_jit_options
@@ -37,19 +38,14 @@ def make_device_experience(run, device_task):
 
   def experience(state, table):
     prompts = device_task.prompts(table, state.data_position, num_prompts)
-    rows = lambda x: jnp.repeat(x, group, axis=0)  # noqa: E731
     rollout, stats = grouped.with_stats(policy_params(state), prompts.prompt_tokens,
                                         prompts.prompt_mask,
                                         jax.random.fold_in(step_key(state, 0), 0))
     tokens, mask = rollout.completion_tokens, rollout.completion_mask
-    extras = {}
-    if "greedy_rewards" in needs:
-      best = sampling.greedy()(policy_params(state), prompts.prompt_tokens, prompts.prompt_mask,
-                               jax.random.key(0))
-      extras["greedy_rewards"] = rows(device_task.rewards(
-          prompts, best.completion_tokens, best.completion_mask, 1))
-    if "step_rewards" in needs:
-      extras["step_rewards"] = device_task.step_rewards(prompts, tokens, mask, group)
+    greedy = lambda: sampling.greedy()(policy_params(state), prompts.prompt_tokens,  # noqa
+                                       prompts.prompt_mask, jax.random.key(0))
+    extras = provide_device(needs, DeviceRound(device_task, prompts, tokens, mask, group,
+                                               greedy))
     rewards = device_task.rewards(prompts, tokens, mask, group)
     return rollout, RewardInputs(rewards, extras, jnp.int32(num_prompts)), stats
 

@@ -24,6 +24,7 @@ from grpo_jax.parallel import distributed
 from grpo_jax.parallel.distributed import to_host
 from grpo_jax.parallel.mesh import (batch_axis_size, bytes_per_device, make_mesh, place_tree,
                                     split_heads_note)
+from grpo_jax.rewards.estimator_inputs import uses_greedy
 from grpo_jax.rewards.guard import reward_name
 from grpo_jax.rewards.sources import RewardSources, build_reward_sources
 from grpo_jax.rl.estimators import ESTIMATORS
@@ -240,7 +241,7 @@ def _check_batches_fit_mesh(config, mesh) -> None:
       raise config_lib.ConfigError(
           f"{name} = {value} does not split over the {size} devices of the mesh's data x fsdp "
           f"axes ({mesh.shape['data']} x {mesh.shape['fsdp']}); make it a multiple of {size}.")
-  if "greedy_rewards" in ESTIMATORS.get(config.rl.advantage).needs and r.num_prompts % size:
+  if uses_greedy(ESTIMATORS.get(config.rl.advantage).needs) and r.num_prompts % size:
     raise config_lib.ConfigError(
         f"rl.advantage={config.rl.advantage!r} decodes one greedy row per prompt: "
         f"rollout.num_prompts={r.num_prompts} must be a multiple of the {size} data x fsdp "

@@ -2,8 +2,9 @@
 
   SFT   python -m grpo_jax.train_sft --config=... --workdir=W: the warm-up as a stage of its own
         (the task's warm-up data, or a jsonl file of {prompt, response} with warmup.data_path;
-        loss on the response tokens only), held-out accuracy at the end, the policy exported
-        as a Hugging Face checkpoint to W/hf_export (the next stages' model.path).
+        loss on the response tokens only), held-out accuracy at step 0 and at the end, the
+        checkpoints and exact resume of the RL loop, the policy exported as a Hugging Face
+        checkpoint to W/hf_export (the next stages' model.path).
   RM    python -m grpo_jax.train_rm --config=... --workdir=W: an outcome reward model trained
         on pairs {prompt, chosen, rejected} with the Bradley-Terry loss
         (grpo_jax/rl/preference.py), started from model.path (the SFT policy, its lm_head
@@ -14,6 +15,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import pathlib
@@ -37,7 +39,7 @@ from grpo_jax.train.runner import Schedule, run_steps
 from grpo_jax.train.seed_axis import SeedAxis
 from grpo_jax.train.setup import build_model, build_task, check_task_fits_model, uses_checkpoint
 from grpo_jax.train.state import apply_if_finite, create_train_state, make_optimizer
-from grpo_jax.train.warmup import run_warmup
+from grpo_jax.train.warmup import make_warmup_step, warmup_log_due
 from grpo_jax.train.workdir import WorkdirLock, check_workdir, write_config
 
 
@@ -52,9 +54,16 @@ def export_model_type(config, model_cfg) -> str:
 
 
 def train_sft(config, workdir: str, log=print):
-  """The SFT stage (module docstring); returns the trained params."""
+  """The SFT stage (module docstring) on the loop skeleton (train/runner.py): held-out accuracy
+  at step 0 and at the end, the loss at every step, checkpoints every
+  train.checkpoint_every steps, SIGTERM / SIGINT save and stop, and a rerun resumes from the
+  newest checkpoint exactly. Returns the trained params."""
   config_lib.validate(config)
   check_workdir(workdir)
+  steps = config.warmup.steps
+  if steps <= 0:
+    raise ConfigError(f"warmup.steps={steps}: the SFT stage trains warmup.steps steps; set it "
+                      f"> 0.")
   task = build_task(config, log)
   key = jax.random.key(config.seed)
   model_cfg, params = build_model(config, jax.random.fold_in(key, 0))
@@ -62,27 +71,59 @@ def train_sft(config, workdir: str, log=print):
   data_path = config.warmup.get("data_path", "")
   source = task if not data_path else SupervisedData(
       task, read_jsonl(data_path, ("prompt", "response")), config.rollout.max_new_tokens)
-  if config.warmup.steps <= 0:
-    raise ConfigError(f"warmup.steps={config.warmup.steps}: the SFT stage trains warmup.steps "
-                      f"steps; set it > 0.")
-  axis = SeedAxis((int(config.seed),))
-  with WorkdirLock(workdir):
+  optimizer, sft_step = make_warmup_step(model_cfg, config.warmup)
+  fresh = lambda: create_train_state(params, optimizer, jax.random.fold_in(key, 1)).replace(  # noqa: E731
+      ref_params=None, opt_state=optimizer.init(params))
+
+  @functools.partial(jax.jit, donate_argnums=0)
+  def step_fn(state, batch):
+    new_params, opt_state, loss = sft_step(state.params, state.opt_state, *batch)
+    return state.replace(params=new_params, opt_state=opt_state, step=state.step + 1), loss
+
+  seed, warm = int(config.seed), config.warmup
+  fields = ("prompt_tokens", "prompt_mask", "target_tokens", "target_mask")
+
+  def advance(state):
+    batch = source.warmup_batch(int(state.step), warm.batch_size, seed, warm.carry_drop_fraction)
+    state, loss = step_fn(state, tuple(getattr(batch, f) for f in fields))
+    return state, [[{"sft_loss": float(loss)}]], None
+
+  evaluate_policy = make_evaluator(task, model_cfg, config.train, config.rollout,
+                                   [jax.random.fold_in(key, 3)], SeedAxis((seed,)))
+
+  def write(state, first, records, tokens, seconds, clock):
+    record = records[-1][0]
+    if clock is not None and (warmup_log_due(first - 1, steps) or "eval_accuracy" in record):
+      accuracy = (f" | eval_accuracy {record['eval_accuracy']:.3f}"
+                  if "eval_accuracy" in record else "")
+      log(f"sft step {first:>5}/{steps} | sft loss {record['sft_loss']:.4f}{accuracy}")
+    writer.write(first, record)
+
+  with WorkdirLock(workdir), TerminationFlag() as sigterm:
     write_config(config, workdir)
-    writer = MetricsWriter(workdir, config.warmup.steps, stream=None)
-    keep_records_until(writer.path, -1)  # a rerun starts the stage over (a pure function)
-    params = run_warmup(params, source, model_cfg, config.warmup, axis, log,
-                        record=lambda step, loss: writer.write(step, {"sft_loss": float(loss[0])}))
-    evaluate = make_evaluator(task, model_cfg, config.train, config.rollout,
-                              [jax.random.fold_in(key, 3)], axis)
-    evals = evaluate(params)[0]
-    writer.write(config.warmup.steps, evals)
-    writer.close()
-    log(f"sft: eval_accuracy {evals['eval_accuracy']:.3f} after {config.warmup.steps} steps")
+    ckpts = Checkpoints(os.path.join(workdir, "checkpoints"), config.train.keep_checkpoints, log)
+    try:
+      state = ckpts.restore_latest(jax.eval_shape(fresh))
+      writer = MetricsWriter(workdir, steps, stream=None)
+      resumed = state is not None
+      if resumed:
+        keep_records_until(writer.path, step_of(state))
+        log(f"sft: resumed from checkpoint {ckpts.directory}/{step_of(state)}")
+      else:
+        state = fresh()
+        keep_records_until(writer.path, -1)
+      state = run_steps(
+          state, advance, lambda state, step: evaluate_policy(state.params), write,
+          schedule=Schedule(steps, steps, config.train.checkpoint_every),
+          ckpts=ckpts, sigterm=sigterm, resumed=resumed)
+      writer.close()
+    finally:
+      ckpts.close()
     from grpo_jax.models.hf_export import export_hf_checkpoint  # noqa: PLC0415
-    out = export_hf_checkpoint(params, model_cfg, os.path.join(workdir, "hf_export"),
+    out = export_hf_checkpoint(state.params, model_cfg, os.path.join(workdir, "hf_export"),
                                config.model.path or None, export_model_type(config, model_cfg))
     log(f"sft: exported the policy to {out}")
-  return params
+  return state.params
 
 
 # ----------------------------------------------------------------------------- reward model
