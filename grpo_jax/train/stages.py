@@ -50,6 +50,34 @@ def export_model_type(config, model_cfg) -> str:
   return "qwen3" if model_cfg.qk_norm else ("qwen2" if model_cfg.qkv_bias else "llama")
 
 
+def run_stage(name: str, config, workdir: str, fresh, advance, evaluate, write,
+              schedule: Schedule, log=print):
+  """A supervised stage on the loop skeleton (train/runner.py), inside the caller's workdir
+  lock: the config recorded, the newest checkpoint restored (the records trimmed to its step)
+  or `fresh()` started, `run_steps` with SIGTERM / SIGINT handled, the records written by
+  write(writer, state, first, records, tokens, seconds, clock) to metrics.jsonl. Returns the
+  last state."""
+  with TerminationFlag() as sigterm:
+    write_config(config, workdir)
+    ckpts = Checkpoints(os.path.join(workdir, "checkpoints"), config.train.keep_checkpoints, log)
+    try:
+      state = ckpts.restore_latest(jax.eval_shape(fresh))
+      writer = MetricsWriter(workdir, schedule.steps, stream=None)
+      resumed = state is not None
+      if resumed:
+        keep_records_until(writer.path, step_of(state))
+        log(f"{name}: resumed from checkpoint {ckpts.directory}/{step_of(state)}")
+      else:
+        state = fresh()
+        keep_records_until(writer.path, -1)
+      state = run_steps(state, advance, evaluate, functools.partial(write, writer),
+                        schedule=schedule, ckpts=ckpts, sigterm=sigterm, resumed=resumed)
+      writer.close()
+    finally:
+      ckpts.close()
+  return state
+
+
 # ----------------------------------------------------------------------------- SFT
 
 
@@ -91,7 +119,7 @@ def train_sft(config, workdir: str, log=print):
   evaluate_policy = make_evaluator(task, model_cfg, config.train, config.rollout,
                                    [jax.random.fold_in(key, 3)], SeedAxis((seed,)))
 
-  def write(state, first, records, tokens, seconds, clock):
+  def write(writer, state, first, records, tokens, seconds, clock):
     record = records[-1][0]
     if clock is not None and (warmup_log_due(first - 1, steps) or "eval_accuracy" in record):
       accuracy = (f" | eval_accuracy {record['eval_accuracy']:.3f}"
@@ -99,26 +127,10 @@ def train_sft(config, workdir: str, log=print):
       log(f"sft step {first:>5}/{steps} | sft loss {record['sft_loss']:.4f}{accuracy}")
     writer.write(first, record)
 
-  with WorkdirLock(workdir), TerminationFlag() as sigterm:
-    write_config(config, workdir)
-    ckpts = Checkpoints(os.path.join(workdir, "checkpoints"), config.train.keep_checkpoints, log)
-    try:
-      state = ckpts.restore_latest(jax.eval_shape(fresh))
-      writer = MetricsWriter(workdir, steps, stream=None)
-      resumed = state is not None
-      if resumed:
-        keep_records_until(writer.path, step_of(state))
-        log(f"sft: resumed from checkpoint {ckpts.directory}/{step_of(state)}")
-      else:
-        state = fresh()
-        keep_records_until(writer.path, -1)
-      state = run_steps(
-          state, advance, lambda state, step: evaluate_policy(state.params), write,
-          schedule=Schedule(steps, steps, config.train.checkpoint_every),
-          ckpts=ckpts, sigterm=sigterm, resumed=resumed)
-      writer.close()
-    finally:
-      ckpts.close()
+  with WorkdirLock(workdir):
+    state = run_stage("sft", config, workdir, fresh, advance,
+                      lambda state, step: evaluate_policy(state.params), write,
+                      Schedule(steps, steps, config.train.checkpoint_every), log)
     from grpo_jax.models.hf_export import export_hf_checkpoint  # noqa: PLC0415
     out = export_hf_checkpoint(state.params, model_cfg, os.path.join(workdir, "hf_export"),
                                config.model.path or None, export_model_type(config, model_cfg))
@@ -255,34 +267,18 @@ def train_reward_model(config, workdir: str, log=print):
     state, metrics = step_fn(state, batch)
     return state, [[{k: float(v) for k, v in metrics.items()}]], None
 
-  def write(state, first, records, tokens, seconds, clock):
+  def write(writer, state, first, records, tokens, seconds, clock):
     record = records[-1][0]
     if clock is not None and "pair_accuracy" in record:
       log(f"rm step {first:>5}/{rm.steps} | loss {record['loss']:.4f} | held-out pair "
           f"accuracy {record['pair_accuracy']:.3f}")
     writer.write(first, record)
 
-  with WorkdirLock(workdir), TerminationFlag() as sigterm:
-    write_config(config, workdir)
-    ckpts = Checkpoints(os.path.join(workdir, "checkpoints"), config.train.keep_checkpoints, log)
-    try:
-      state = ckpts.restore_latest(jax.eval_shape(fresh))
-      writer = MetricsWriter(workdir, rm.steps, stream=None)
-      resumed = state is not None
-      if resumed:
-        keep_records_until(writer.path, step_of(state))
-        log(f"rm: resumed from checkpoint {ckpts.directory}/{step_of(state)}")
-      else:
-        state = fresh()
-        keep_records_until(writer.path, -1)
-      state = run_steps(
-          state, advance, lambda state, step: [evaluate_pairs(rewards, state.params, test,
-                                                              rm.batch_size)],
-          write, schedule=Schedule(rm.steps, rm.eval_every, config.train.checkpoint_every),
-          ckpts=ckpts, sigterm=sigterm, resumed=resumed)
-      writer.close()
-    finally:
-      ckpts.close()
+  with WorkdirLock(workdir):
+    state = run_stage(
+        "rm", config, workdir, fresh, advance,
+        lambda state, step: [evaluate_pairs(rewards, state.params, test, rm.batch_size)], write,
+        Schedule(rm.steps, rm.eval_every, config.train.checkpoint_every), log)
     if rm.get("export", True):
       out = export_reward_model(state.params, model_cfg, os.path.join(workdir, "hf_export"),
                                 export_model_type(config, model_cfg), task.pad_id)
