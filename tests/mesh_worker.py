@@ -68,8 +68,8 @@ def _run_on(mesh, batch_inputs, micro, scan, shared, sample):
     # The KV cache (B, kv_heads, S, head_dim) the sampler's prefill leaves: its shard shape.
     fill = functools.partial(prefill, model_cfg=cfg, max_new_tokens=6, mesh=mesh)
     _, cache, _ = jax.jit(fill)(state.params, prompts, mask)
-    k = cache["k"] if scan else cache[0]["k"]  # scanned: (layers, B, kv_heads, S, head_dim)
-    cache_shard = list(k.sharding.shard_shape(k.shape))[1 if scan else 0:]
+    k = cache[0]["k"]  # one cache per layer whatever the params' layout
+    cache_shard = list(k.sharding.shard_shape(k.shape))
     greedy, sampled = (np.asarray(r.completion_tokens) for r in (greedy, sampled))
   params = jax.device_get(state.params)
   return (greedy, sampled, unstack_layers(params, CFG.num_layers) if scan else params,
