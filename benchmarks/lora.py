@@ -52,8 +52,7 @@ def main(argv=None):
   from grpo_jax.train.step import StepSpec, make_rl_step
 
   print(common.header())
-  cfg = ModelConfig(**shape_table()[args.shape], scan_layers=False,
-                    lora_scale=lora.lora_scale(args.rank, args.rank))
+  cfg = ModelConfig(**shape_table()[args.shape], lora_scale=lora.lora_scale(args.rank, args.rank))
   base = init_params(cfg, jax.random.key(0))
   adapters = lora.init_adapters(base, lora.TARGETS, args.rank, jax.random.key(1))
   adapters = jax.tree.map(lambda x: x + 0.01, adapters)  # B != 0, as after training

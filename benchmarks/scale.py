@@ -135,7 +135,8 @@ def parse_args(argv=None):
   p.add_argument("--remat", default=None, help="none | full | save_dots | ... (if supported)")
   p.add_argument("--logits-chunk", type=int, default=None)
   p.add_argument("--scan-layers", action="store_true",
-                 help="layers as one nn.scan over stacked params (model.scan_layers)")
+                 help="layers as one nn.scan over stacked params (model.scan_layers of "
+                      "versions that had both layouts; always on since)")
   p.add_argument("--mesh", default=None, help="D,F,T: (data, fsdp, tensor) fake CPU devices")
   p.add_argument("--decode-block", type=int, default=128,
                  help="sampler: decode steps per segment (rollout.decode_block; 0 = one)")
@@ -188,7 +189,7 @@ def model_config(args):
       continue
     if field in fields:
       cfg = dataclasses.replace(cfg, **{field: value})
-    else:
+    elif field != "scan_layers":  # (one stacked layout: scanned always)
       print(f"warning: {option} is not supported by this version of grpo_jax "
             f"(ModelConfig has no field {field!r}); ignored", file=sys.stderr)
   return cfg
@@ -264,7 +265,8 @@ def run(args) -> list:
   mesh = None
   if args.mesh is not None:
     import ml_collections
-    from grpo_jax.parallel.mesh import batch_sharding, make_mesh, tree_shardings
+    from benchmarks.state_bytes import tree_shardings
+    from grpo_jax.parallel.mesh import batch_sharding, make_mesh
     mesh = make_mesh(ml_collections.ConfigDict(dict(zip(("data", "fsdp", "tensor"),
                                                          args.mesh))))
     batch_rows = mesh.shape["data"] * mesh.shape["fsdp"]
@@ -283,7 +285,7 @@ def run(args) -> list:
               group_size=args.group_size,
               prompts=rows // args.group_size, remat=getattr(cfg, "remat", None),
               logits_chunk=getattr(cfg, "logits_chunk", None),
-              scan_layers=getattr(cfg, "scan_layers", False),
+              scan_layers=getattr(cfg, "scan_layers", True),
               params_m=round(n_params / 1e6, 1), params_gib=round(tree_gib(params), 4),
               mesh=None if mesh is None else list(args.mesh), backend=jax.default_backend())
   results = []

@@ -41,9 +41,18 @@ def abstract_state(cfg, params, optimizer, key, lora_rank: int, base_dtype: str)
   return jax.eval_shape(make, params, key)
 
 
+def tree_shardings(tree, mesh):
+  """The mesh rules' shardings of a params-like tree, in this grpo_jax version's API (the
+  declared axes, or the path regexes of versions before them)."""
+  try:
+    from grpo_jax.models.partitioning import shardings
+  except ImportError:  # grpo_jax before the declared logical axes
+    from grpo_jax.parallel.mesh import tree_shardings as shardings
+  return shardings(tree, mesh)
+
+
 def state_bytes(state, mesh) -> dict:
   """GiB of the state and of its parts, on the most loaded device when there is a mesh."""
-  from grpo_jax.parallel.mesh import tree_shardings
   size = (tree_gib if mesh is None else
           lambda t: per_device_gib(t, tree_shardings(t, mesh)))
   parts = {f: size(getattr(state, f)) for f in ("params", "opt_state", "ref_params",

@@ -38,7 +38,7 @@ def get_config() -> ml_collections.ConfigDict:
   # micro-batches (40 rows = 8 whole groups each) and each prompt run once for its 5
   # completions (rl.shared_prompt_forward) the update needs 21.6 GiB at Qwen2.5-0.5B by XLA's
   # analysis (27.96 GiB with every row's prompt run) and 27% fewer FLOPs.
-  c.model.update(dict(scan_layers=True, remat="full", logits_chunk=64))
+  c.model.update(dict(remat="full", logits_chunk=64))
   c.task.name = "gsm8k"
   # data.source "jsonl": data.path/{train,test}.jsonl, relative to where the run starts;
   # `python -m grpo_jax.data.fetch_gsm8k --out data/gsm8k` writes them (needs network once).

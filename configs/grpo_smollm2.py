@@ -38,7 +38,7 @@ def get_config() -> ml_collections.ConfigDict:
   c.model.path = str(default_model_dir("smollm2-135m-instruct"))
   # float32 on CPU, bfloat16 on GPU/TPU; layers scanned and rematerialised, the 49k vocabulary
   # projected 64 completion positions at a time.
-  c.model.update(dict(compute_dtype="auto", scan_layers=True, remat="full", logits_chunk=64))
+  c.model.update(dict(compute_dtype="auto", remat="full", logits_chunk=64))
   c.task.update(dict(name="chat_arithmetic", max_operand=100, operations="+", test_size=500))
   c.data.update(dict(instruction="Answer with a single number.", use_chat_template=True,
                      max_prompt_tokens=128, prompt_bucket=8))

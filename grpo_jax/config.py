@@ -151,6 +151,8 @@ def validate(config) -> None:
   _require(opt.b1 < 1 and opt.b2 < 1, f"optim.b1={opt.b1}, optim.b2={opt.b2}; AdamW's decay "
            f"rates must be below 1 (0.9 and 0.99 are usual).")
   m = config.model
+  _require("scan_layers" not in m, f"model.scan_layers={m.get('scan_layers')!r}: the layers "
+           f"are always stacked and scanned now (one param layout); delete the field.")
   from grpo_jax.models.decoder import REMAT_POLICIES  # noqa: PLC0415
   _one_of(m.get("remat", "none"), tuple(REMAT_POLICIES), "model.remat")
   _require(m.get("logits_chunk", 0) >= 0, f"model.logits_chunk={m.get('logits_chunk')}; use 0 "

@@ -85,8 +85,7 @@ def get_defaults() -> ml_collections.ConfigDict:
       # Memory only (the same maths): what each layer recomputes in the backward pass
       # (none, full, save_dots, save_dots_no_batch), and completion positions projected onto
       # the vocabulary at a time when scoring (0 = all at once; e.g. 64 at a 150k vocabulary).
-      remat="none", logits_chunk=0,
-      scan_layers=False))  # layers as one nn.scan (params stacked): depth-free compile time
+      remat="none", logits_chunk=0))
 
   c.task = ml_collections.ConfigDict(dict(
       name="addition",  # "addition" (procedural, no files) or "gsm8k" (needs model.path, data)

@@ -1,9 +1,8 @@
 """Run in a subprocess with XLA_FLAGS=--xla_force_host_platform_device_count=8: compares the
-sampler and the update on several meshes with the single-device run (unscanned), with and
-without scanned layers, each under `jax.set_mesh` as the training loop runs them (so the
-decoder's activation constraints apply); prints one JSON line."""
+sampler and the update on several meshes with the single-device run, each under `jax.set_mesh`
+as the training loop runs them (so the decoder's activation constraints apply); prints one
+JSON line."""
 
-import dataclasses
 import functools
 import json
 import sys
@@ -14,8 +13,8 @@ import ml_collections
 import numpy as np
 
 from grpo_jax.defaults import rl_defaults
-from grpo_jax.models.decoder import stack_layers, unstack_layers
-from grpo_jax.parallel.mesh import make_mesh, shard_batch, tree_shardings
+from grpo_jax.models.partitioning import shardings
+from grpo_jax.parallel.mesh import make_mesh, shard_batch
 from grpo_jax.rollout.prefill import prefill
 from grpo_jax.rollout.sampler import generate
 from grpo_jax.train.experience import RewardInputs, make_prepare_batch
@@ -35,23 +34,21 @@ def mesh_of(shape, devices):
                    devices)
 
 
-def run_on(mesh, batch_inputs, micro=1, scan=False, shared=False, sample=True):
+def run_on(mesh, batch_inputs, micro=1, shared=False, sample=True):
   """sample=False: only the updates (the runs whose tokens and cache are not compared; CI
   time)."""
   with jax.set_mesh(mesh):
-    return _run_on(mesh, batch_inputs, micro, scan, shared, sample)
+    return _run_on(mesh, batch_inputs, micro, shared, sample)
 
 
-def _run_on(mesh, batch_inputs, micro, scan, shared, sample):
-  cfg = dataclasses.replace(CFG, scan_layers=scan)
+def _run_on(mesh, batch_inputs, micro, shared, sample):
+  cfg = CFG
   params = perturbed_params(CFG)
-  if scan:
-    params = stack_layers(params, CFG.num_layers)
   rl = rl_defaults(num_minibatches=2, num_micro_batches=micro, kl_coef=0.05,
                    shared_prompt_forward=shared)
   optimizer = make_optimizer(OPTIM, 10)
   state = create_train_state(params, optimizer, jax.random.key(1), None, rl.kl_coef)
-  state = jax.device_put(state, tree_shardings(state, mesh))
+  state = jax.device_put(state, shardings(state, mesh))
   prompts, mask = shard_batch((PROMPTS, PROMPTS != 0), mesh)
   kw = dict(model_cfg=cfg, max_new_tokens=6, eos_id=2, pad_id=0, mesh=mesh)
   greedy = sampled = cache_shard = None
@@ -68,12 +65,11 @@ def _run_on(mesh, batch_inputs, micro, scan, shared, sample):
     # The KV cache (B, kv_heads, S, head_dim) the sampler's prefill leaves: its shard shape.
     fill = functools.partial(prefill, model_cfg=cfg, max_new_tokens=6, mesh=mesh)
     _, cache, _ = jax.jit(fill)(state.params, prompts, mask)
-    k = cache[0]["k"]  # one cache per layer whatever the params' layout
+    k = cache[0]["k"]  # one cache per layer (the sampler runs the stacked layers unrolled)
     cache_shard = list(k.sharding.shard_shape(k.shape))
     greedy, sampled = (np.asarray(r.completion_tokens) for r in (greedy, sampled))
   params = jax.device_get(state.params)
-  return (greedy, sampled, unstack_layers(params, CFG.num_layers) if scan else params,
-          float(metrics["loss"]), cache_shard)
+  return greedy, sampled, params, float(metrics["loss"]), cache_shard
 
 
 def main():
@@ -87,9 +83,9 @@ def main():
   inputs = RewardInputs(jnp.asarray(rewards), {}, jnp.int32(0))
   batch_inputs = (jax.device_get(r), jax.device_get(inputs))
   ref = run_on(single, batch_inputs)
-  # Each prompt once for its 4 rows (rl.shared_prompt_forward, scanned): its minibatches are
-  # whole groups, so its reference is its own single-device run.
-  ref_shared = run_on(single, batch_inputs, scan=True, shared=True, sample=False)
+  # Each prompt once for its 4 rows (rl.shared_prompt_forward): its minibatches are whole
+  # groups, so its reference is its own single-device run.
+  ref_shared = run_on(single, batch_inputs, shared=True, sample=False)
   out = {}
   for shape in MESHES:
     mesh = mesh_of(shape, devices)
@@ -97,10 +93,9 @@ def main():
     # Micro-batching is mesh-independent arithmetic: checked on the two mixed meshes (CI time).
     accum = (run_on(mesh, batch_inputs, micro=4, sample=False)
              if shape in ((2, 2, 2), (1, 2, 4)) else None)
-    scanned = run_on(mesh, batch_inputs, scan=True)
     # (2, 2, 2): rows over data x fsdp (a minibatch's 2 prompt rows unevenly over 4 devices)
     # and heads over tensor.
-    shared = (run_on(mesh, batch_inputs, scan=True, shared=True, sample=False)
+    shared = (run_on(mesh, batch_inputs, shared=True, sample=False)
               if shape == (2, 2, 2) else None)
     diff = lambda a, b: max(float(np.max(np.abs(x - y)))  # noqa: E731
                             for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
@@ -111,10 +106,6 @@ def main():
         **({} if accum is None else dict(accum_params_max_diff=diff(accum[2], got[2]))),
         params_moved=diff(got[2], jax.device_get(perturbed_params(CFG))),
         loss=got[3], ref_loss=ref[3], cache_shard=got[4],
-        scanned_tokens_equal=bool(np.array_equal(scanned[0], ref[0])
-                                  and np.array_equal(scanned[1], ref[1])),
-        scanned_params_max_diff=diff(scanned[2], ref[2]), scanned_loss=scanned[3],
-        scanned_cache_shard=scanned[4],
         **({} if shared is None else dict(
             shared_params_max_diff=diff(shared[2], ref_shared[2]), shared_loss=shared[3],
             shared_ref_loss=ref_shared[3])))
@@ -130,7 +121,7 @@ def refill_main(path: str):
   mesh = mesh_of((2, 2, 2), jax.devices())
   cfg = tiny_model_config()
   with jax.set_mesh(mesh):
-    params = jax.device_put(t._params(cfg), tree_shardings(t._params(cfg), mesh))
+    params = jax.device_put(t._params(cfg), shardings(t._params(cfg), mesh))
     prompts, mask = shard_batch((t.PROMPTS, t.PROMPT_MASK), mesh, replicate_indivisible=True)
     out, _ = jax.jit(lambda p, tk, m, k: generate_refill(
         p, tk, m, k, row_limits_or_max(t.LIMITS, t.ROWS, t.NEW), mesh=mesh, decode_slots=4,

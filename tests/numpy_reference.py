@@ -1,6 +1,7 @@
 """An independent NumPy (float64) forward pass of the Llama/Qwen decoder, written from the
 architecture's definition with plain loops, to check the Flax model against."""
 
+import jax
 import numpy as np
 
 
@@ -32,7 +33,7 @@ def forward(params, cfg, tokens, mask):
   t_len = len(tokens)
   group = cfg.num_heads // cfg.num_kv_heads
   for layer in range(cfg.num_layers):
-    lp = p[f"layers_{layer}"]
+    lp = jax.tree.map(lambda a, i=layer: np.asarray(a)[i], p["layers"])  # this layer's slice
     att = lp["self_attn"]
     h = _rms_norm(x, f64(lp["input_layernorm"]["weight"]), cfg.rms_norm_eps)
     # q/k/v kernels (embed, heads, head_dim), biases (heads, head_dim): flattened here

@@ -151,7 +151,7 @@ def test_bfloat16_checkpoint_loads_and_exports(tmp_path):
   expected = {k: v.float().numpy() for k, v in model.state_dict().items()}
   model_cfg, params = hf.load_hf_checkpoint(tmp_path / "src")  # float32 params
   assert {x.dtype for x in jax.tree.leaves(params)} == {jnp.dtype(jnp.float32)}
-  k_proj = params["layers_1"]["self_attn"]["k_proj"]["kernel"]  # (embed, kv_heads, head_dim)
+  k_proj = params["layers"]["self_attn"]["k_proj"]["kernel"][1]  # (embed, kv_heads, head_dim)
   np.testing.assert_array_equal(k_proj.reshape(k_proj.shape[0], -1),
                                 expected["model.layers.1.self_attn.k_proj.weight"].T)
   np.testing.assert_array_equal(params["norm"]["weight"], expected["model.norm.weight"])

@@ -17,7 +17,7 @@ from configs import grpo_tiny_lora
 from grpo_jax.config import ConfigError, validate
 from grpo_jax.defaults import rl_defaults
 from grpo_jax.models import hf, hf_export, lora
-from grpo_jax.models.decoder import decoder_apply, init_params, positions_from_mask, stack_layers
+from grpo_jax.models.decoder import decoder_apply, init_params, positions_from_mask
 from grpo_jax.rollout.sampler import generate
 from grpo_jax.train.experience import RewardInputs
 from grpo_jax.train.state import (create_train_state, make_optimizer, policy_params,
@@ -43,12 +43,9 @@ def random_adapters(base, rank, seed, targets=lora.TARGETS):
                                       for x, k in zip(leaves, keys)])
 
 
-@pytest.mark.parametrize("scan", [False, True])
-def test_step_zero_equals_the_base_model_exactly(scan):
-  cfg = dataclasses.replace(tiny_model_config(vocab_size=97), qkv_bias=True, scan_layers=scan,
-                            lora_scale=2.0)
-  base = init_params(dataclasses.replace(cfg, scan_layers=False), jax.random.key(0))
-  base = stack_layers(base, cfg.num_layers) if scan else base
+def test_step_zero_equals_the_base_model_exactly():
+  cfg = dataclasses.replace(tiny_model_config(vocab_size=97), qkv_bias=True, lora_scale=2.0)
+  base = init_params(cfg, jax.random.key(0))
   adapters = lora.init_adapters(base, lora.TARGETS, 8, jax.random.key(1))
   assert all(float(jnp.abs(x).max()) > 0 for x in jax.tree.leaves(adapters)[0::2])  # A != 0
   with_adapters = lora.LoraParams(base, adapters)
@@ -77,31 +74,28 @@ def test_adapter_gradients_are_the_weight_gradient_projected():
 
   grads = jax.grad(lambda ad: loss(lora.LoraParams(base, ad)))(adapters)
   merged_grads = jax.grad(loss)(lora.merge(base, adapters, cfg.lora_scale))
-  for layer, modules in adapters.items():
-    for parent, projections in modules.items():
+  for layer in range(cfg.num_layers):
+    for parent, projections in adapters["layers"].items():
       for name, ad in projections.items():
         k = lora.input_dims(name)
-        g = merged_grads[layer][parent][name]["kernel"]
+        g = merged_grads["layers"][parent][name]["kernel"][layer]
         g2 = g.reshape(int(np.prod(g.shape[:k])), -1)
-        a2 = ad["lora_a"].reshape(g2.shape[0], -1)
-        b2 = ad["lora_b"].reshape(a2.shape[1], -1)
-        got = grads[layer][parent][name]
-        np.testing.assert_allclose(got["lora_a"].reshape(a2.shape), 0.5 * g2 @ b2.T,
+        a2 = ad["lora_a"][layer].reshape(g2.shape[0], -1)
+        b2 = ad["lora_b"][layer].reshape(a2.shape[1], -1)
+        got = grads["layers"][parent][name]
+        np.testing.assert_allclose(got["lora_a"][layer].reshape(a2.shape), 0.5 * g2 @ b2.T,
                                    rtol=2e-4, atol=1e-7)
-        np.testing.assert_allclose(got["lora_b"].reshape(b2.shape), 0.5 * a2.T @ g2,
+        np.testing.assert_allclose(got["lora_b"][layer].reshape(b2.shape), 0.5 * a2.T @ g2,
                                    rtol=2e-4, atol=1e-7)
 
 
 @pytest.mark.parametrize("kind", ["qwen2", "llama"])
-@pytest.mark.parametrize("scan", [False, True])
-def test_peft_loads_our_adapter_and_the_merged_export_matches(kind, scan, tmp_path):
+def test_peft_loads_our_adapter_and_the_merged_export_matches(kind, tmp_path):
   model = tiny_hf_model(kind)
   source = save(model, tmp_path / "base")
   model_cfg, base = hf.load_hf_checkpoint(source)
   rank, alpha = 8, 16.0
-  model_cfg = dataclasses.replace(model_cfg, scan_layers=scan,
-                                  lora_scale=lora.lora_scale(rank, alpha))
-  base = stack_layers(base, model_cfg.num_layers) if scan else base
+  model_cfg = dataclasses.replace(model_cfg, lora_scale=lora.lora_scale(rank, alpha))
   targets = lora.TARGETS if kind == "qwen2" else ("q_proj", "v_proj", "o_proj", "down_proj")
   adapters = random_adapters(base, rank, 5, targets)
   ours = logits_of(model_cfg, lora.LoraParams(base, adapters))
@@ -211,7 +205,7 @@ def test_sigkill_then_resume_with_lora_reproduces_the_uninterrupted_run(tmp_path
   for x, y in zip(jax.tree.leaves(final), jax.tree.leaves(ref_final)):
     np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
   # The checkpoint holds adapters and no base or reference weights.
-  assert set(final["params"]["layers_0"]["self_attn"]["q_proj"]) == {"lora_a", "lora_b"}
+  assert set(final["params"]["layers"]["self_attn"]["q_proj"]) == {"lora_a", "lora_b"}
   assert final.get("base_params") is None and final.get("ref_params") is None
   assert records(workdir)[-1]["eval_accuracy"] >= 0.0
 
@@ -253,16 +247,17 @@ def test_lora_run_on_a_mesh_equals_the_single_device_run(tmp_path):
         assert b[key] == pytest.approx(a[key], rel=1e-4, abs=1e-5), (a["step"], key)
 
 
-def test_adapter_initialisation_does_not_depend_on_the_layout():
+def test_adapter_initialisation_does_not_depend_on_the_other_targets():
   cfg = tiny_model_config(vocab_size=16)
   base = init_params(cfg, jax.random.key(0))
-  per_layer = lora.init_adapters(base, lora.TARGETS, 4, jax.random.key(1))
-  stacked = lora.init_adapters(stack_layers(base, cfg.num_layers), lora.TARGETS, 4,
-                               jax.random.key(1))
-  jax.tree.map(np.testing.assert_array_equal, stacked, stack_layers(per_layer, cfg.num_layers))
+  every = lora.init_adapters(base, lora.TARGETS, 4, jax.random.key(1))
+  assert every["layers"]["self_attn"]["q_proj"]["lora_a"].shape[0] == cfg.num_layers
   only_v = lora.init_adapters(base, ("v_proj",), 4, jax.random.key(1))
-  np.testing.assert_array_equal(only_v["layers_1"]["self_attn"]["v_proj"]["lora_a"],
-                                per_layer["layers_1"]["self_attn"]["v_proj"]["lora_a"])
-  a = per_layer["layers_0"]["mlp"]["down_proj"]["lora_a"]  # fan_in = intermediate_size
+  np.testing.assert_array_equal(only_v["layers"]["self_attn"]["v_proj"]["lora_a"],
+                                every["layers"]["self_attn"]["v_proj"]["lora_a"])
+  # layer l's A is drawn from fold_in(fold_in(key, l), index of the projection)
+  q = every["layers"]["self_attn"]["q_proj"]["lora_a"]
+  assert float(jnp.abs(q[0] - q[1]).max()) > 0
+  a = every["layers"]["mlp"]["down_proj"]["lora_a"][0]  # fan_in = intermediate_size
   assert float(jnp.abs(a).max()) <= 1 / np.sqrt(cfg.intermediate_size)
   assert float(jnp.abs(a).max()) > 0.9 / np.sqrt(cfg.intermediate_size)

@@ -50,8 +50,12 @@ def test_memory_settings_keep_values_and_gradients(overrides):
   got = _scores_and_grads(dataclasses.replace(base, **overrides), params, seqs)
   np.testing.assert_allclose(got[0], want[0], rtol=0, atol=1e-5)  # log-probs
   np.testing.assert_allclose(got[1], want[1], rtol=0, atol=1e-5)  # entropies
-  for g, w in zip(jax.tree.leaves(got[2]), jax.tree.leaves(want[2])):
-    np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-5, atol=1e-5)
+  # Gradients: the scanned, rematerialised backward sums float32 terms in another order;
+  # measured worst 1.4e-6 of each leaf's largest entry (save_dots), where a wrong layer or
+  # chunk would be off by O(1).
+  worst = max(float(jnp.max(jnp.abs(g - w)) / max(float(jnp.max(jnp.abs(w))), 1.0))
+              for g, w in zip(jax.tree.leaves(got[2]), jax.tree.leaves(want[2])))
+  assert worst <= 1e-5, worst
   assert float(jnp.max(jnp.abs(want[0]))) > 1.0  # real log-probs were compared
 
 

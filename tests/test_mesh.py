@@ -38,11 +38,6 @@ def test_sharded_run_equals_single_device(mesh_results, shape):
   if shape in ("(2, 2, 2)", "(1, 2, 4)"):
     assert r["accum_params_max_diff"] <= 1e-5  # 4 micro-batches == the full batch
   assert r["loss"] == pytest.approx(r["ref_loss"], abs=1e-5)
-  # Scanned layers on the mesh = the unscanned single-device run.
-  assert r["scanned_tokens_equal"]
-  assert r["scanned_params_max_diff"] <= 1e-5
-  assert r["scanned_loss"] == pytest.approx(r["ref_loss"], abs=1e-5)
-  assert r["scanned_cache_shard"] == r["cache_shard"]
   if shape == "(2, 2, 2)":  # each prompt run once for its rows (rl.shared_prompt_forward)
     assert r["shared_params_max_diff"] <= 1e-5
     assert r["shared_loss"] == pytest.approx(r["shared_ref_loss"], abs=1e-5)

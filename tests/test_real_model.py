@@ -13,7 +13,7 @@ import pytest
 from grpo_jax import fetch_model
 from grpo_jax.data.tokenizer import load_hf_tokenizer
 from grpo_jax.models import hf, lora
-from grpo_jax.models.decoder import decoder_apply, positions_from_mask, stack_layers
+from grpo_jax.models.decoder import decoder_apply, positions_from_mask
 from grpo_jax.rollout.sampler import generate
 
 NAME = "smollm2-135m-instruct"
@@ -49,10 +49,9 @@ def theirs():
 
 @pytest.fixture(scope="module")
 def ours():
-  """(ModelConfig with scan_layers, stacked params, tokenizer) from the imported folder."""
+  """(ModelConfig, params, tokenizer) from the imported folder."""
   model_cfg, params = hf.load_hf_checkpoint(FOLDER)
-  model_cfg = dataclasses.replace(model_cfg, scan_layers=True)
-  return model_cfg, stack_layers(params, model_cfg.num_layers), load_hf_tokenizer(str(FOLDER))
+  return model_cfg, params, load_hf_tokenizer(str(FOLDER))
 
 
 def chat_ids(tokenizer):

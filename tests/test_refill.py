@@ -9,7 +9,6 @@ over S rows where the static one runs B. The drawn tokens use the same uniform f
 both (`token_uniforms`), so they agree exactly.
 """
 
-import dataclasses
 import functools
 import json
 import os
@@ -20,7 +19,6 @@ import jax
 import numpy as np
 import pytest
 
-from grpo_jax.models.decoder import stack_layers
 from grpo_jax.rollout.refill import generate_refill, shrink_phases
 from grpo_jax.rollout.sampler import sample
 from grpo_jax.rollout.types import row_limits_or_max
@@ -38,11 +36,11 @@ POLICIES = [dict(temperature=0.0), dict(temperature=1.0),
             dict(temperature=0.8, top_k=6, top_p=0.9)]
 
 
-def _params(cfg, scan=False):
+def _params(cfg):
   params = perturbed_params(cfg, seed=5)
   # <eos> likely, so rows end at very different lengths (some at once, some at the limit).
   params["embed_tokens"]["embedding"] = params["embed_tokens"]["embedding"].at[EOS].multiply(3.0)
-  return stack_layers(params, cfg.num_layers) if scan else params
+  return params
 
 
 def _settings(cfg, **policy):
@@ -109,9 +107,9 @@ def test_refill_equals_static_for_every_slot_count(tiny_cfg, policy, limits):
   _assert_same(got, static)
 
 
-def test_refill_with_scanned_layers_and_one_slot(tiny_cfg):
-  cfg = dataclasses.replace(tiny_cfg, scan_layers=True)
-  params = _params(tiny_cfg, scan=True)
+def test_refill_with_one_slot(tiny_cfg):
+  cfg = tiny_cfg
+  params = _params(tiny_cfg)
   policy = dict(temperature=0.8, top_k=6, top_p=0.9)
   static, _ = sample(params, PROMPTS, PROMPT_MASK, jax.random.key(7), None,
                      **_settings(cfg, **policy))

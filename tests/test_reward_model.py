@@ -73,20 +73,10 @@ def test_scores_match_transformers_on_a_padded_batch(family, tmp_path):
   np.testing.assert_allclose(ours, batched.numpy(), atol=1e-4, rtol=0)
 
 
-def test_scanned_layers_give_the_same_scores(tmp_path):
-  _save_classifier(tmp_path, "qwen2")
-  cfg, params, _ = load_reward_model(tmp_path)
-  scfg, sparams, _ = load_reward_model(tmp_path, scan_layers=True)
-  tokens, mask = _padded_batch(False)
-  a = reward_scores(params, cfg, jnp.asarray(tokens), jnp.asarray(mask))
-  b = reward_scores(sparams, scfg, jnp.asarray(tokens), jnp.asarray(mask))
-  np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-6, rtol=0)
-
-
 @pytest.mark.parametrize("family", ["qwen2", "llama"])
 def test_exported_reward_model_loads_in_transformers_with_the_same_scores(family, tmp_path):
   _save_classifier(tmp_path / "src", family)
-  cfg, params, _ = load_reward_model(tmp_path / "src", scan_layers=True)
+  cfg, params, _ = load_reward_model(tmp_path / "src")
   # a trained head and backbone: perturb both, so the export carries new values
   params = jax.tree.map(lambda x: x * 1.01, params)
   export_reward_model(params, cfg, tmp_path / "out", model_type=family, pad_token_id=PAD)

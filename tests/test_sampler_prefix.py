@@ -4,7 +4,6 @@ equals the sampler fed every prompt G times that reads all P + N slots every ste
 tokens and masks; log-probs within 1e-5 (a matmul over 3 rows or 12, and a softmax over fewer
 masked slots, may round the last bits differently)."""
 
-import dataclasses
 
 import jax
 import numpy as np
@@ -42,16 +41,12 @@ def test_decode_segments_cover_every_decode_step():
   assert decode_segments(1, 4) == [0]
 
 
-@pytest.mark.parametrize("scan", [False, True])
 @pytest.mark.parametrize("policy", [dict(temperature=0.0),
                                     dict(temperature=1.0),
                                     dict(temperature=0.8, top_k=6, top_p=0.9)])
-def test_shared_prefix_and_segments_equal_repeated_prompts(tiny_cfg, scan, policy):
-  cfg = dataclasses.replace(tiny_cfg, scan_layers=scan)
+def test_shared_prefix_and_segments_equal_repeated_prompts(tiny_cfg, policy):
+  cfg = tiny_cfg
   params = perturbed_params(tiny_cfg, seed=3)
-  if scan:
-    from grpo_jax.models.decoder import stack_layers  # noqa: PLC0415
-    params = stack_layers(params, cfg.num_layers)
   repeated = np.repeat(PROMPTS, GROUP, 0), np.repeat(PROMPT_MASK, GROUP, 0)
   today = _sample(cfg, params, *repeated, 1, 0, **policy)
   assert 10 < int(np.asarray(today.completion_mask).sum()) < len(repeated[0]) * NEW

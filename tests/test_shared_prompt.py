@@ -15,7 +15,6 @@ import pytest
 
 from grpo_jax.config import ConfigError, validate
 from grpo_jax.defaults import rl_defaults
-from grpo_jax.models.decoder import stack_layers
 from grpo_jax.models.scoring import completion_scores
 from grpo_jax.rollout.sampler import generate
 from grpo_jax.train.experience import RewardInputs, make_prepare_batch
@@ -39,14 +38,10 @@ def _seqs():
                                completion_tokens=completions, completion_mask=mask)
 
 
-@pytest.mark.parametrize("scan", [False, True])
 @pytest.mark.parametrize("remat,chunk", [("none", 0), ("full", 0), ("full", 4)])
-def test_shared_prompt_scores_and_gradients_equal_the_per_row_forward(scan, remat, chunk):
-  cfg = dataclasses.replace(tiny_model_config(), scan_layers=scan, remat=remat,
-                            logits_chunk=chunk)
+def test_shared_prompt_scores_and_gradients_equal_the_per_row_forward(remat, chunk):
+  cfg = dataclasses.replace(tiny_model_config(), remat=remat, logits_chunk=chunk)
   params = perturbed_params(tiny_model_config(), seed=3)
-  if scan:
-    params = stack_layers(params, cfg.num_layers)
   seqs = _seqs()
   mask = seqs.completion_mask
 
@@ -147,7 +142,7 @@ def test_a_run_with_shared_prompts_goes_through_the_loop(tmp_path):
   records = {}
   for shared in (False, True):
     config = small_tiny_config(steps=2, num_minibatches=1)
-    config.model.update(scan_layers=True, remat="full")
+    config.model.update(remat="full")
     config.rl.shared_prompt_forward = shared
     train(config, str(tmp_path / str(shared)), log=lambda *_: None)
     with open(tmp_path / str(shared) / "metrics.jsonl") as f:

@@ -41,10 +41,6 @@ class ModelConfig:
   # positions at a time are projected onto the vocabulary when scoring (0 = all at once).
   remat: str = "none"
   logits_chunk: int = 0
-  # Layers as one nn.scan over params stacked on a leading axis ("layers/..."): compile time
-  # independent of depth, and one layer's buffers reused by all (MaxText's scan_layers). The
-  # forwards with a KV cache (the sampler's) run the stacked layers unrolled (models/decoder).
-  scan_layers: bool = False
   # LoRA's s = alpha / r (grpo_jax/models/lora.py): the adapters' scale, used only when the
   # forward is given adapters.
   lora_scale: float = 0.0

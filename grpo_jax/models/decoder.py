@@ -1,8 +1,13 @@
 """A decoder-only transformer of the Llama / Qwen family, in Flax Linen.
 
 RMSNorm, rotary position embeddings (HF's rotate-half layout), grouped-query attention and a
-SwiGLU MLP. Module names follow Hugging Face's (``embed_tokens``, ``layers_i/self_attn/q_proj``,
-...), so that checkpoints map onto the params by name.
+SwiGLU MLP. The params have one layout: the layers' params stacked on a leading layer axis
+(``layers/self_attn/q_proj/kernel`` is (L, embed, heads, head_dim)), run by one ``nn.scan``
+(compile time independent of depth; MaxText's scanned layers). Module names follow Hugging
+Face's (``embed_tokens``, ``self_attn/q_proj``, ...); Hugging Face's per-layer names
+(``model.layers.3...``) exist only at the checkpoint edge (grpo_jax/models/hf.py). Every param
+declares its logical axes where it is defined (``nn.with_logical_partitioning``; `param_axes`);
+parallel/mesh.py's one rules table maps them to mesh axes.
 
 The KV cache is an explicit argument and an explicit output: ``apply`` is a pure function
 
@@ -52,6 +57,11 @@ REMAT_POLICIES = {
 _init = nn.initializers.normal(stddev=0.02)
 
 
+def _axes(init, *names):
+  """`init` declaring its param's logical axes (parallel/mesh.py LOGICAL_RULES maps them)."""
+  return nn.with_logical_partitioning(init, names)
+
+
 class RMSNorm(nn.Module):
   """y = x / sqrt(mean(x^2) + eps) * weight, computed in float32."""
   eps: float
@@ -59,7 +69,8 @@ class RMSNorm(nn.Module):
 
   @nn.compact
   def __call__(self, x):
-    weight = self.param("weight", nn.initializers.ones, (x.shape[-1],), self.param_dtype)
+    weight = self.param("weight", _axes(nn.initializers.ones, "norm"), (x.shape[-1],),
+                        self.param_dtype)
     x32 = x.astype(jnp.float32)
     y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
     return (y * weight.astype(jnp.float32)).astype(x.dtype)
@@ -117,12 +128,15 @@ class Attention(nn.Module):
     lora = lambda y, x_, name: adapted(y, x_, adapters, name, cfg.lora_scale, cfg.dtype)  # noqa
     # Kernels keep the heads as a dimension, (embed, heads, head_dim) and o_proj's (heads,
     # head_dim, embed): the mesh rules (parallel/mesh.py) shard whole heads or none.
-    heads = lambda n, name: lora(nn.DenseGeneral(  # noqa: E731
+    heads = lambda n, axis, name: lora(nn.DenseGeneral(  # noqa: E731
         (n, cfg.head_dim), use_bias=cfg.qkv_bias, dtype=cfg.dtype, param_dtype=cfg.param_dtype,
-        kernel_init=_init, name=name)(x), x, name)
-    q = constrain(heads(cfg.num_heads, "q_proj"), ("batch", None, "heads", None))
-    k = constrain(heads(cfg.num_kv_heads, "k_proj"), ("batch", None, "kv_heads", None))
-    v = constrain(heads(cfg.num_kv_heads, "v_proj"), ("batch", None, "kv_heads", None))
+        kernel_init=_axes(_init, "embed", axis, "head_dim"),
+        bias_init=_axes(nn.initializers.zeros_init(), axis, "head_dim"), name=name)(x), x, name)
+    q = constrain(heads(cfg.num_heads, "heads", "q_proj"), ("batch", None, "heads", None))
+    k = constrain(heads(cfg.num_kv_heads, "kv_heads", "k_proj"),
+                  ("batch", None, "kv_heads", None))
+    v = constrain(heads(cfg.num_kv_heads, "kv_heads", "v_proj"),
+                  ("batch", None, "kv_heads", None))
     if cfg.qk_norm:
       q = RMSNorm(cfg.rms_norm_eps, cfg.param_dtype, name="q_norm")(q)
       k = RMSNorm(cfg.rms_norm_eps, cfg.param_dtype, name="k_norm")(k)
@@ -137,7 +151,9 @@ class Attention(nn.Module):
       k, v = k_all[:, :, :filled].astype(cfg.dtype), v_all[:, :, :filled].astype(cfg.dtype)
     out = constrain(grouped_query_attention(q, k, v, mask), ("batch", None, "heads", None))
     o_proj = nn.DenseGeneral(cfg.hidden_size, axis=(-2, -1), use_bias=False, dtype=cfg.dtype,
-                             param_dtype=cfg.param_dtype, kernel_init=_init, name="o_proj")
+                             param_dtype=cfg.param_dtype,
+                             kernel_init=_axes(_init, "heads", "head_dim", "embed"),
+                             name="o_proj")
     return lora(o_proj(out), out, "o_proj"), layer_cache
 
 
@@ -148,12 +164,14 @@ class MLP(nn.Module):
   @nn.compact
   def __call__(self, x, adapters=None):
     cfg = self.cfg
-    dense = lambda n, name, x_: adapted(nn.Dense(  # noqa: E731
-        n, use_bias=False, dtype=cfg.dtype, param_dtype=cfg.param_dtype, kernel_init=_init,
-        name=name)(x_), x_, adapters, name, cfg.lora_scale, cfg.dtype)
-    hidden = nn.silu(dense(cfg.intermediate_size, "gate_proj", x)) * dense(
-        cfg.intermediate_size, "up_proj", x)
-    return dense(cfg.hidden_size, "down_proj", constrain(hidden, ("batch", None, "mlp")))
+    dense = lambda n, axes, name, x_: adapted(nn.Dense(  # noqa: E731
+        n, use_bias=False, dtype=cfg.dtype, param_dtype=cfg.param_dtype,
+        kernel_init=_axes(_init, *axes), name=name)(x_), x_, adapters, name, cfg.lora_scale,
+        cfg.dtype)
+    hidden = nn.silu(dense(cfg.intermediate_size, ("embed", "mlp"), "gate_proj", x)) * dense(
+        cfg.intermediate_size, ("embed", "mlp"), "up_proj", x)
+    return dense(cfg.hidden_size, ("mlp", "embed"), "down_proj",
+                 constrain(hidden, ("batch", None, "mlp")))
 
 
 class DecoderLayer(nn.Module):
@@ -217,6 +235,16 @@ def attention_mask(kv_mask: jax.Array, num_queries: int, offset) -> jax.Array:
   return causal & kv_mask[:, None, :].astype(bool)
 
 
+def _embedding(cfg: ModelConfig) -> nn.Embed:
+  return nn.Embed(cfg.vocab_size, cfg.hidden_size, dtype=cfg.dtype, param_dtype=cfg.param_dtype,
+                  embedding_init=_axes(_init, "vocab", "embed"), name="embed_tokens")
+
+
+def _lm_head(cfg: ModelConfig) -> nn.Dense:
+  return nn.Dense(cfg.vocab_size, use_bias=False, dtype=cfg.dtype, param_dtype=cfg.param_dtype,
+                  kernel_init=_axes(_init, "embed", "vocab"), name="lm_head")
+
+
 class Decoder(nn.Module):
   """Token ids -> next-token logits (float32). See the module docstring for the cache API."""
   cfg: ModelConfig
@@ -236,8 +264,7 @@ class Decoder(nn.Module):
     hidden states (B, 1 + T, H): each prompt's last position repeated G times, then the
     completion's, None); see DecoderLayer."""
     cfg = self.cfg
-    embed = nn.Embed(cfg.vocab_size, cfg.hidden_size, dtype=cfg.dtype,
-                     param_dtype=cfg.param_dtype, embedding_init=_init, name="embed_tokens")
+    embed = _embedding(cfg)
     # activations: rows over data x fsdp
     embedded = lambda t: constrain(embed(t), ("batch", None, None))  # noqa: E731
     if prompt_group:
@@ -248,11 +275,7 @@ class Decoder(nn.Module):
     else:
       x = embedded(tokens)
       mask = attention_mask(kv_mask, tokens.shape[1], offset)
-    layer_cls = DecoderLayer
-    if cache is None and REMAT_POLICIES[cfg.remat] is not None:
-      layer_cls = nn.remat(DecoderLayer, policy=REMAT_POLICIES[cfg.remat],
-                           prevent_cse=not cfg.scan_layers)
-    if cfg.scan_layers and cache is not None:
+    if cache is not None:
       # Forwards with a KV cache (prefill, decode) run the stacked layers one after the other,
       # each on its slice of the stack, and keep one cache per layer: carried through a decode
       # loop, a (layers, ...) stacked cache is copied whole by every step's scan (at 512 new
@@ -267,22 +290,16 @@ class Decoder(nn.Module):
             None if layer_adapters is None else layer_adapters[i])
         new_cache.append(layer_cache)
       new_cache = tuple(new_cache)
-    elif cfg.scan_layers:  # params stacked on a leading layer axis
+    else:  # one nn.scan over the stacked layers, rematerialised by model.remat
+      layer_cls = DecoderLayer
+      if REMAT_POLICIES[cfg.remat] is not None:
+        layer_cls = nn.remat(DecoderLayer, policy=REMAT_POLICIES[cfg.remat], prevent_cse=False)
       scanned = nn.scan(layer_cls, variable_axes={"params": 0}, split_rngs={"params": True},
                         in_axes=(nn.broadcast, nn.broadcast, 0, nn.broadcast, 0),
-                        length=cfg.num_layers)
+                        length=cfg.num_layers, metadata_params={nn.PARTITION_NAME: "layers"})
       layer_adapters = None if adapters is None else adapters["layers"]
       x, new_cache = scanned(cfg, prompt_group, name="layers")(x, positions, mask, cache,
                                                                offset, layer_adapters)
-    else:
-      new_cache = []
-      for i in range(cfg.num_layers):
-        layer_cache = None if cache is None else cache[i]
-        layer_adapters = None if adapters is None else adapters[f"layers_{i}"]
-        x, layer_cache = layer_cls(cfg, prompt_group, name=f"layers_{i}")(
-            x, positions, mask, layer_cache, offset, layer_adapters)
-        new_cache.append(layer_cache)
-      new_cache = tuple(new_cache)
     if prompt_group:
       norm = RMSNorm(cfg.rms_norm_eps, cfg.param_dtype, name="norm")
       last = jnp.repeat(norm(x[0][:, -1:]), prompt_group, axis=0)
@@ -293,11 +310,7 @@ class Decoder(nn.Module):
     x = RMSNorm(cfg.rms_norm_eps, cfg.param_dtype, name="norm")(x)
     if not project:
       return x, None if cache is None else new_cache
-    if cfg.tie_embeddings:
-      logits = embed.attend(x)
-    else:
-      logits = nn.Dense(cfg.vocab_size, use_bias=False, dtype=cfg.dtype,
-                        param_dtype=cfg.param_dtype, kernel_init=_init, name="lm_head")(x)
+    logits = embed.attend(x) if cfg.tie_embeddings else _lm_head(cfg)(x)
     logits = logits.astype(jnp.float32)
     out_cache = None if cache is None else new_cache
     if return_hidden:
@@ -314,11 +327,10 @@ def _per_layer(layers, num_layers: int) -> tuple:
 
 
 def split_layers(params, num_layers: int):
-  """Stacked params (or LoraParams) with the layer stack split into a tuple of per-layer trees,
-  for the sampler's forwards with a cache (see Decoder): sliced once before a decode loop, not
-  once per step. Params in the loop layout are returned as they are."""
-  split = lambda tree: ({**tree, "layers": _per_layer(tree["layers"], num_layers)}  # noqa
-                        if "layers" in tree else tree)
+  """Params (or LoraParams) with the layer stack split into a tuple of per-layer trees, for the
+  sampler's forwards with a cache (see Decoder): sliced once before a decode loop, not once per
+  step."""
+  split = lambda tree: {**tree, "layers": _per_layer(tree["layers"], num_layers)}  # noqa
   if isinstance(params, LoraParams):
     return LoraParams(split(params.base), split(params.adapters))
   return split(params)
@@ -335,7 +347,7 @@ def decoder_apply(model_cfg: ModelConfig, params, *args, **kwargs):
 
 def init_cache(cfg: ModelConfig, batch: int, length: int, dtype=None) -> Cache:
   """A zeroed KV cache for `length` slots: a tuple of per-layer dicts of (B, kv_heads, length,
-  head_dim) arrays, whatever the params' layout (cached forwards run the layers unrolled)."""
+  head_dim) arrays (cached forwards run the stacked layers unrolled)."""
   dtype = dtype or cfg.dtype
   shape = (batch, cfg.num_kv_heads, length, cfg.head_dim)
   return tuple({"k": jnp.zeros(shape, dtype), "v": jnp.zeros(shape, dtype)}
@@ -343,8 +355,9 @@ def init_cache(cfg: ModelConfig, batch: int, length: int, dtype=None) -> Cache:
 
 
 def stack_layers(params, num_layers: int):
-  """Per-layer params {"layers_0": ..., "layers_{L-1}": ...} -> {"layers": stacked on a leading
-  axis} (the scan_layers layout); the other entries are kept."""
+  """Per-layer params {"layers_0": ..., "layers_{L-1}": ...} (the layout of checkpoints
+  written before the stacked layout became the only one, and of per-layer references in tests)
+  -> {"layers": stacked on a leading axis}; the other entries are kept."""
   out = {k: v for k, v in params.items() if not k.startswith("layers_")}
   out["layers"] = jax.tree.map(lambda *xs: jnp.stack(xs),
                                *[params[f"layers_{i}"] for i in range(num_layers)])
@@ -359,12 +372,41 @@ def unstack_layers(params, num_layers: int):
   return out
 
 
+class _OneModulePerLayer(nn.Module):
+  """The decoder's params created with one module per layer (layers_0, ..., layers_{L-1}), the
+  way grpo_jax created them before the stacked layout became the only one: `init_params` draws
+  its random values through this and stacks them, so a seed gives the same model it always
+  gave (flax derives each param's random key from its module path)."""
+  cfg: ModelConfig
+
+  @nn.compact
+  def __call__(self, tokens, positions, kv_mask):
+    cfg = self.cfg
+    x = _embedding(cfg)(tokens)
+    mask = attention_mask(kv_mask, tokens.shape[1], 0)
+    for i in range(cfg.num_layers):
+      x, _ = DecoderLayer(cfg, name=f"layers_{i}")(x, positions, mask, None, 0)
+    x = RMSNorm(cfg.rms_norm_eps, cfg.param_dtype, name="norm")(x)
+    return x if cfg.tie_embeddings else _lm_head(cfg)(x)
+
+
+def _dummy_inputs():
+  return jnp.zeros((1, 2), jnp.int32), jnp.zeros((1, 2), jnp.int32), jnp.ones((1, 2), bool)
+
+
 def init_params(cfg: ModelConfig, key: jax.Array):
-  """Random params (a plain nested dict of arrays)."""
-  tokens = jnp.zeros((1, 2), jnp.int32)
-  variables = Decoder(cfg).init(key, tokens, jnp.zeros((1, 2), jnp.int32),
-                                jnp.ones((1, 2), bool))
-  return variables["params"]
+  """Random params (a plain nested dict of arrays, the layers stacked on a leading axis)."""
+  per_layer = nn.unbox(_OneModulePerLayer(cfg).init(key, *_dummy_inputs())["params"])
+  return stack_layers(per_layer, cfg.num_layers)
+
+
+def param_axes(cfg: ModelConfig):
+  """The params' logical axis names, as declared where each param is defined: a tree shaped
+  like `init_params(cfg, key)` of tuples ("layers", "embed", "heads", "head_dim"), ...)."""
+  boxed = jax.eval_shape(lambda key: Decoder(cfg).init(key, *_dummy_inputs())["params"],
+                         jax.random.key(0))
+  return jax.tree.map(lambda b: tuple(b.names), boxed,
+                      is_leaf=lambda x: isinstance(x, nn.LogicallyPartitioned))
 
 
 def positions_from_mask(mask: jax.Array) -> jax.Array:

@@ -4,8 +4,9 @@
 Supported ``model_type``s: those registered in models/families.py (llama, mistral, qwen2 and
 qwen3 are built in; default RoPE, full attention).
 
-Names map one to one (``model.layers.3.self_attn.q_proj.weight`` <->
-``layers_3/self_attn/q_proj/kernel``); Dense kernels are stored (out, in) by torch and (in, out)
+Names map one to one (``model.layers.3.self_attn.q_proj.weight`` <-> layer 3 of the stacked
+``layers/self_attn/q_proj/kernel``: Hugging Face's per-layer names exist only here, at the
+edge, and our params keep one layout, the layers stacked); Dense kernels are stored (out, in) by torch and (in, out)
 here, so they are transposed on the way in and out; the attention kernels keep their heads
 as a dimension here (q/k/v (embed, heads, head_dim), o (heads, head_dim, embed), q/k/v biases
 (heads, head_dim)), flattened in torch's layout. Nothing here touches the network:
@@ -22,7 +23,7 @@ import functools
 import json
 import math
 import pathlib
-import re
+from typing import NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
@@ -187,10 +188,11 @@ def _feature_hint() -> str:
 # ----------------------------------------------------------------------------- names
 
 
-def _hf_name(path: tuple) -> str:
-  """Our param path -> its Hugging Face tensor name."""
+def _hf_name(path: tuple, layer: Optional[int]) -> str:
+  """Our param path (and its index on the layer axis) -> its Hugging Face tensor name."""
   *modules, leaf = path
-  modules = [re.sub(r"^layers_(\d+)$", r"layers.\1", m) for m in modules]
+  if layer is not None:
+    modules = [f"layers.{layer}" if m == "layers" else m for m in modules]
   prefix = [] if modules[0] == "lm_head" else ["model"]
   hf_leaf = "weight" if leaf in ("kernel", "embedding") else leaf
   return ".".join(prefix + modules + [hf_leaf])
@@ -216,16 +218,50 @@ def to_hf(array: np.ndarray, path: tuple) -> np.ndarray:
   return array.reshape(-1) if path[-1] == "bias" else array
 
 
+class HFTensor(NamedTuple):
+  """One Hugging Face tensor and where it lives in our params."""
+  path: tuple  # the param's path in our tree ("layers", "self_attn", "q_proj", "kernel")
+  layer: Optional[int]  # its index on the stacked layer axis; None outside the layers
+  name: str  # Hugging Face's name, "model.layers.3.self_attn.q_proj.weight"
+  hf_shape: tuple  # torch's shape
+  shape: tuple  # ours (of one layer)
+
+
 def param_layout(model_cfg: ModelConfig):
-  """[(param path, HF name, HF shape, our shape)] in tree order, and the params' treedef."""
+  """([HFTensor] in the params' tree order, a stacked param's layers in order; the params'
+  treedef)."""
   shapes = jax.eval_shape(functools.partial(init_params, model_cfg), jax.random.key(0))
   flat, treedef = jax.tree_util.tree_flatten_with_path(shapes)
   layout = []
   for key_path, leaf in flat:
     path = tuple(k.key for k in key_path)
-    shape = tuple(leaf.shape)
-    layout.append((path, _hf_name(path), _hf_shape(path, shape), shape))
+    stacked = path[0] == "layers"
+    shape = tuple(leaf.shape[1:] if stacked else leaf.shape)
+    for layer in (range(leaf.shape[0]) if stacked else [None]):
+      layout.append(HFTensor(path, layer, _hf_name(path, layer), _hf_shape(path, shape), shape))
   return layout, treedef
+
+
+def params_from_hf(layout: list, treedef, arrays: dict, dtype):
+  """Our params (jax arrays in dtype) from {HF name: array in our per-layer shape}; a stacked
+  param is filled layer by layer."""
+  leaves = {}
+  for t in layout:
+    leaves.setdefault(t.path, []).append(arrays[t.name])
+  return jax.tree.unflatten(treedef, [
+      jnp.asarray(np.stack(parts) if layout_path[0] == "layers" else parts[0], dtype=dtype)
+      for layout_path, parts in leaves.items()])
+
+
+def hf_arrays(layout: list, params):
+  """[(HFTensor, our array of that tensor (one layer's slice of a stacked param))], in layout
+  order, from params of `layout`'s structure."""
+  leaves = dict(zip(dict.fromkeys(t.path for t in layout), jax.tree.leaves(params)))
+  out = []
+  for t in layout:
+    leaf = np.asarray(jax.device_get(leaves[t.path]))
+    out.append((t, leaf if t.layer is None else leaf[t.layer]))
+  return out
 
 
 def _preview(names) -> str:
@@ -248,13 +284,13 @@ def load_hf_checkpoint(path, param_dtype: str = "float32", compute_dtype: str = 
     model_cfg = model_config_from_hf(read_config(path), param_dtype, compute_dtype)
     weight_map = _weight_map(path)
     layout, treedef = param_layout(model_cfg)
-    _check_tensor_names({name for _, name, _, _ in layout}, set(weight_map), model_cfg)
+    _check_tensor_names({t.name for t in layout}, set(weight_map), model_cfg)
     arrays = _read_tensors(weight_map, layout, jnp.dtype(param_dtype))
   except InputError:
     raise
   except (OSError, ValueError, KeyError, SafetensorError) as e:  # one sentence naming the folder
     raise InputError(f"model.path={path}: {str(e).strip() or first_line(e)}") from None
-  return model_cfg, jax.tree.unflatten(treedef, [arrays[name] for _, name, _, _ in layout])
+  return model_cfg, params_from_hf(layout, treedef, arrays, jnp.dtype(param_dtype))
 
 
 def _download_hint(path) -> str:
@@ -321,10 +357,10 @@ def _check_tensor_names(expected: set, found: set, model_cfg: ModelConfig) -> No
 
 
 def _read_tensors(weight_map: dict, layout: list, dtype) -> dict:
-  """{HF name: our array}, reading each safetensors file once."""
+  """{HF name: our array (NumPy, in dtype)}, reading each safetensors file once."""
   by_file = collections.defaultdict(list)
-  for path, name, hf_shape, shape in layout:
-    by_file[weight_map[name]].append((path, name, hf_shape, shape))
+  for t in layout:
+    by_file[weight_map[t.name]].append((t.path, t.name, t.hf_shape, t.shape))
   arrays = {}
   for file, entries in by_file.items():
     if not pathlib.Path(file).is_file():
@@ -351,4 +387,4 @@ def _to_param(array: np.ndarray, path: tuple, name: str, hf_shape: tuple, shape:
   if tuple(array.shape) != hf_shape:
     raise ValueError(f"Tensor {name} has shape {tuple(array.shape)} but config.json implies "
                      f"{hf_shape}; check that config.json belongs to these weights.")
-  return jnp.asarray(_from_hf(array, path, shape), dtype=dtype)
+  return np.asarray(_from_hf(array, path, shape)).astype(dtype)

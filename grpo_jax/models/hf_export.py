@@ -7,7 +7,6 @@ Names and layouts are grpo_jax/models/hf.py's (kernels (in, out) here, (out, in)
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 import pathlib
@@ -19,10 +18,9 @@ import numpy as np
 from safetensors.numpy import save_file
 
 from grpo_jax.models.config import ModelConfig
-from grpo_jax.models.decoder import unstack_layers
 from grpo_jax.models.hf import (ARCHITECTURE_FIELDS, EXPORT_DTYPES, TOKENIZER_FILES,
-                                hf_config_from_model_config, model_config_from_hf, param_layout,
-                                read_config, to_hf)
+                                hf_arrays, hf_config_from_model_config, model_config_from_hf,
+                                param_layout, read_config, to_hf)
 from grpo_jax.models.lora import input_dims
 
 
@@ -37,9 +35,6 @@ def export_hf_checkpoint(params, model_cfg: ModelConfig, out_dir, source_dir=Non
   if dtype not in EXPORT_DTYPES:
     raise ValueError(f"dtype={dtype!r} is not supported for export; pass one of "
                      f"{', '.join(EXPORT_DTYPES)}.")
-  if model_cfg.scan_layers:  # HF names one tensor per layer
-    params = unstack_layers(params, model_cfg.num_layers)
-    model_cfg = dataclasses.replace(model_cfg, scan_layers=False)
   if source_dir is None:
     hf_config = hf_config_from_model_config(model_cfg, model_type, dtype)
   else:
@@ -78,12 +73,11 @@ def _hf_tensors(params, model_cfg: ModelConfig, dtype: np.dtype) -> dict:
     raise ValueError("params do not have the structure of init_params(model_cfg, key); pass "
                      "the ModelConfig the params were built or loaded with.")
   tensors = {}
-  for (path, name, _, shape), leaf in zip(layout, jax.tree.leaves(params)):
-    array = np.asarray(jax.device_get(leaf))
-    if array.shape != shape:
-      raise ValueError(f"param {'/'.join(path)} has shape {array.shape} but model_cfg implies "
-                       f"{shape}; pass the ModelConfig the params were built or loaded with.")
-    tensors[name] = np.ascontiguousarray(to_hf(array, path).astype(dtype))
+  for t, array in hf_arrays(layout, params):
+    if array.shape != t.shape:
+      raise ValueError(f"param {'/'.join(t.path)} has shape {array.shape} but model_cfg implies "
+                       f"{t.shape}; pass the ModelConfig the params were built or loaded with.")
+    tensors[t.name] = np.ascontiguousarray(to_hf(array, t.path).astype(dtype))
   return tensors
 
 
@@ -100,16 +94,13 @@ def export_peft_adapter(adapters, model_cfg: ModelConfig, out_dir, *, rank: int,
   (``base_model.model.model.layers.3.self_attn.q_proj.lora_A.weight`` (r, in) and ``lora_B``
   (out, r), float32) and adapter_config.json (LORA, CAUSAL_LM, r, lora_alpha, targets).
   Returns out_dir."""
-  if model_cfg.scan_layers:
-    adapters = unstack_layers(adapters, model_cfg.num_layers)
   tensors, targets = {}, set()
-  for layer, modules in adapters.items():
-    index = int(layer.split("_")[1])
-    for parent, projections in modules.items():
+  for index in range(model_cfg.num_layers):
+    for parent, projections in adapters["layers"].items():
       for name, ad in projections.items():
         targets.add(name)
-        a = np.asarray(jax.device_get(ad["lora_a"]), np.float32)
-        b = np.asarray(jax.device_get(ad["lora_b"]), np.float32)
+        a = np.asarray(jax.device_get(ad["lora_a"][index]), np.float32)
+        b = np.asarray(jax.device_get(ad["lora_b"][index]), np.float32)
         k = input_dims(name)
         prefix = f"base_model.model.model.layers.{index}.{parent}.{name}"
         tensors[f"{prefix}.lora_A.weight"] = np.ascontiguousarray(

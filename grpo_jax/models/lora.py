@@ -9,8 +9,10 @@ For a projection y = x W (W: in dims..., out dims...), an adapter adds
 is the base model exactly. The adapters are a plain pytree shaped like the params they adapt:
 
     {"layers": {"self_attn": {"q_proj": {"lora_a": (L, E, r), "lora_b": (L, r, H, D)}, ...},
-                "mlp": {"down_proj": {...}, ...}}}          (stacked layers, scan_layers)
-    {"layers_0": {...}, ..., "layers_{L-1}": {...}}          (one entry per layer)
+                "mlp": {"down_proj": {...}, ...}}}          (stacked on the layer axis)
+
+Their logical axes (`adapter_axes`) are the adapted kernel's: A keeps the kernel's input axes,
+B its output axes, and the rank axis ("lora") is replicated.
 
 `LoraParams(base, adapters)` is what the decoder's forward takes in place of plain params under
 LoRA (grpo_jax/models/decoder.py `decoder_apply`); the base alone is the same model with the
@@ -71,17 +73,16 @@ def parse_targets(targets: str) -> tuple:
 
 def init_adapters(base, targets, rank: int, key, dtype=jnp.float32):
   """Adapters (A uniform, B zero; see module docstring) for every `targets` projection of every
-  layer of `base` (stacked or per-layer params), in float32 by default. Layer l's A of
-  projection p is drawn from fold_in(fold_in(key, l), index of p in TARGETS), so the values do
-  not depend on the layout (model.scan_layers) nor on which other projections are targets."""
-  stacked = "layers" in base
-  num_layers = (jax.tree.leaves(base["layers"])[0].shape[0] if stacked else
-                sum(k.startswith("layers_") for k in base))
+  layer of `base`, in float32 by default. Layer l's A of projection p is drawn from
+  fold_in(fold_in(key, l), index of p in TARGETS), so the values do not depend on which other
+  projections are targets."""
+  num_layers = jax.tree.leaves(base["layers"])[0].shape[0]
+  first = jax.tree.map(lambda x: x[0], base["layers"])  # one layer's shapes
 
-  def one_layer(index, layer_params):
+  def one_layer(index):
     entry = {}
     for name in targets:
-      shape = layer_params[_PARENT[name]][name]["kernel"].shape
+      shape = first[_PARENT[name]][name]["kernel"].shape
       k_in = input_dims(name)
       bound = 1.0 / math.sqrt(math.prod(shape[:k_in]))
       a = jax.random.uniform(jax.random.fold_in(jax.random.fold_in(key, index), TARGETS.index(name)),
@@ -90,11 +91,22 @@ def init_adapters(base, targets, rank: int, key, dtype=jnp.float32):
       entry.setdefault(_PARENT[name], {})[name] = {"lora_a": a, "lora_b": b}
     return entry
 
-  if not stacked:
-    return {f"layers_{i}": one_layer(i, base[f"layers_{i}"]) for i in range(num_layers)}
-  first = jax.tree.map(lambda x: x[0], base["layers"])  # one layer's shapes
-  layers = [one_layer(i, first) for i in range(num_layers)]
+  layers = [one_layer(i) for i in range(num_layers)]
   return {"layers": jax.tree.map(lambda *xs: jnp.stack(xs), *layers)}
+
+
+def adapter_axes(kernel_axes: dict) -> dict:
+  """{("layers", parent, name, "lora_a" / "lora_b"): logical axes} from the decoder's declared
+  {path: axes} of the kernels an adapter may sit on: A (layers, in axes..., "lora"),
+  B (layers, "lora", out axes...)."""
+  out = {}
+  for name in TARGETS:
+    path = ("layers", _PARENT[name], name)
+    layer, *axes = kernel_axes[path + ("kernel",)]
+    k_in = input_dims(name)
+    out[path + ("lora_a",)] = (layer, *axes[:k_in], "lora")
+    out[path + ("lora_b",)] = (layer, "lora", *axes[k_in:])
+  return out
 
 
 def adapter_delta(x: jax.Array, adapter, scale: float, name: str, dtype) -> jax.Array:
@@ -118,17 +130,14 @@ def merge(base, adapters, scale: float):
   """base with W <- W + s * A B on every adapted kernel (float32 arithmetic, base dtype kept):
   the full weights of the adapted model, for export."""
   out = jax.tree.map(lambda x: x, base)  # a copy of the dict structure (leaves shared)
-  for layer, modules in adapters.items():
-    stacked = layer == "layers"
-    for parent, projections in modules.items():
-      for name, ad in projections.items():
-        kernel = base[layer][parent][name]["kernel"]
-        a, b = ad["lora_a"].astype(jnp.float32), ad["lora_b"].astype(jnp.float32)
-        product = lambda a_, b_: jnp.tensordot(a_, b_, axes=1)  # noqa: E731  (in..., out...)
-        delta = jax.vmap(product)(a, b) if stacked else product(a, b)
-        merged = kernel.astype(jnp.float32) + scale * delta
-        out[layer][parent][name] = {**out[layer][parent][name],
-                                    "kernel": merged.astype(kernel.dtype)}
+  for parent, projections in adapters["layers"].items():
+    for name, ad in projections.items():
+      kernel = base["layers"][parent][name]["kernel"]
+      a, b = ad["lora_a"].astype(jnp.float32), ad["lora_b"].astype(jnp.float32)
+      delta = jax.vmap(lambda a_, b_: jnp.tensordot(a_, b_, axes=1))(a, b)  # (L, in..., out...)
+      merged = kernel.astype(jnp.float32) + scale * delta
+      out["layers"][parent][name] = {**out["layers"][parent][name],
+                                     "kernel": merged.astype(kernel.dtype)}
   return out
 
 

@@ -30,11 +30,14 @@ from safetensors.numpy import save_file
 
 from grpo_jax.errors import InputError, first_line
 from grpo_jax.models.config import ModelConfig
-from grpo_jax.models.decoder import (decoder_apply, init_params, positions_from_mask,
-                                     stack_layers, unstack_layers)
+from grpo_jax.models.decoder import decoder_apply, init_params, positions_from_mask
 from grpo_jax.models.hf import (EXPORT_DTYPES, _open_safetensors, _read_tensors, _weight_map,
-                                hf_config_from_model_config, model_config_from_hf, param_layout,
-                                read_config, to_hf)
+                                hf_arrays, hf_config_from_model_config, model_config_from_hf,
+                                param_layout, params_from_hf, read_config, to_hf)
+
+
+# The score head's logical axes (grpo_jax/models/partitioning.py), as a value head's.
+SCORE_AXES = {("score", "kernel"): ("embed", "value")}
 
 
 def backbone_config(model_cfg: ModelConfig) -> ModelConfig:
@@ -83,12 +86,11 @@ def sequence_reward(params, model_cfg: ModelConfig, prompt_tokens, prompt_mask,
 
 
 def _layout(model_cfg: ModelConfig):
-  """[(path, HF name, HF shape, our shape)] of the backbone, and its treedef."""
-  return param_layout(dataclasses.replace(backbone_config(model_cfg), scan_layers=False))
+  """([HFTensor] of the backbone, its treedef)."""
+  return param_layout(backbone_config(model_cfg))
 
 
-def load_reward_model(path, param_dtype: str = "float32", compute_dtype: str = "float32",
-                      scan_layers: bool = False):
+def load_reward_model(path, param_dtype: str = "float32", compute_dtype: str = "float32"):
   """(ModelConfig, params, num_labels) of a local `*ForSequenceClassification` folder (or of a
   causal LM's: score head zero, num_labels 1)."""
   path = pathlib.Path(path)
@@ -97,12 +99,12 @@ def load_reward_model(path, param_dtype: str = "float32", compute_dtype: str = "
     model_cfg = model_config_from_hf(hf_config, param_dtype, compute_dtype)
     weight_map = _weight_map(path)
     layout, treedef = _layout(model_cfg)
-    missing = sorted({name for _, name, _, _ in layout} - set(weight_map))
+    missing = sorted({t.name for t in layout} - set(weight_map))
     if missing:
       raise ValueError(f"the checkpoint lacks tensors {', '.join(missing[:3])} that its "
                        f"config.json implies; check that config.json belongs to these weights")
     arrays = _read_tensors(weight_map, layout, jnp.dtype(param_dtype))
-    backbone = jax.tree.unflatten(treedef, [arrays[name] for _, name, _, _ in layout])
+    backbone = params_from_hf(layout, treedef, arrays, jnp.dtype(param_dtype))
     if "score.weight" in weight_map:
       with _open_safetensors(weight_map["score.weight"]) as f:
         score = np.asarray(f.get_tensor("score.weight"), np.float32)
@@ -116,9 +118,6 @@ def load_reward_model(path, param_dtype: str = "float32", compute_dtype: str = "
     raise
   except (OSError, ValueError, KeyError, SafetensorError) as e:
     raise InputError(f"reward model {path}: {str(e).strip() or first_line(e)}") from None
-  if scan_layers:
-    backbone = stack_layers(backbone, model_cfg.num_layers)
-  model_cfg = dataclasses.replace(model_cfg, scan_layers=scan_layers)
   return model_cfg, {"backbone": backbone, "score": {"kernel": kernel}}, int(kernel.shape[1])
 
 
@@ -130,18 +129,13 @@ def export_reward_model(params, model_cfg: ModelConfig, out_dir, model_type: str
   if dtype not in EXPORT_DTYPES:
     raise ValueError(f"dtype={dtype!r} is not supported for export; pass one of "
                      f"{', '.join(EXPORT_DTYPES)}.")
-  backbone = params["backbone"]
-  if model_cfg.scan_layers:
-    backbone = unstack_layers(backbone, model_cfg.num_layers)
-  flat_cfg = dataclasses.replace(model_cfg, scan_layers=False)
-  layout, _ = _layout(flat_cfg)
-  leaves = jax.tree.leaves(backbone)
+  layout, _ = _layout(model_cfg)
   np_dtype = np.dtype(jnp.dtype(dtype))
-  tensors = {name: np.ascontiguousarray(to_hf(np.asarray(leaf, np.float32), path)).astype(
-      np_dtype) for (path, name, _, _), leaf in zip(layout, leaves)}
+  tensors = {t.name: np.ascontiguousarray(to_hf(np.asarray(array, np.float32), t.path)).astype(
+      np_dtype) for t, array in hf_arrays(layout, params["backbone"])}
   kernel = np.asarray(params["score"]["kernel"], np.float32)
   tensors["score.weight"] = np.ascontiguousarray(kernel.T).astype(np_dtype)
-  hf_config = hf_config_from_model_config(flat_cfg, model_type, dtype)
+  hf_config = hf_config_from_model_config(model_cfg, model_type, dtype)
   family_arch = hf_config["architectures"][0]
   hf_config["architectures"] = [family_arch.replace("ForCausalLM", "ForSequenceClassification")]
   hf_config["num_labels"] = int(kernel.shape[1])

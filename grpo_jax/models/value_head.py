@@ -14,6 +14,10 @@ import jax.numpy as jnp
 from grpo_jax.models.config import ModelConfig
 from grpo_jax.models.scoring import completion_logits
 
+# The head's logical axes (grpo_jax/models/partitioning.py): the model dimension as the
+# decoder's weights, the one output unsharded.
+HEAD_AXES = {("head", "kernel"): ("embed", "value"), ("head", "bias"): ("value",)}
+
 
 def init_value_params(kind: str, model_cfg: ModelConfig, policy_params, key):
   """A zero-initialised head; a separate critic's backbone starts as a copy of the policy
@@ -36,7 +40,7 @@ def critic_from_reward_model(rm_params, rm_cfg: ModelConfig, model_cfg: ModelCon
   policy's architecture (the critic runs with the policy's ModelConfig)."""
   from grpo_jax.errors import ConfigError  # noqa: PLC0415
   fields = ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads",
-            "num_kv_heads", "head_dim", "qkv_bias", "qk_norm", "scan_layers")
+            "num_kv_heads", "head_dim", "qkv_bias", "qk_norm")
   differ = [f"{f}={getattr(rm_cfg, f)} (policy {getattr(model_cfg, f)})" for f in fields
             if getattr(rm_cfg, f) != getattr(model_cfg, f)]
   if differ:

@@ -8,7 +8,6 @@ Every other module names logical axes only; `LOGICAL_RULES` decides where they g
 from __future__ import annotations
 
 import math
-import re
 
 import jax
 import numpy as np
@@ -28,6 +27,7 @@ LOGICAL_RULES = {
     "norm": None,
     "value": None,
     "lora": None,  # the adapters' rank
+    "layers": None,  # the stacked layers' leading axis (scanned over, never split)
 }
 
 
@@ -85,51 +85,13 @@ def constrain(x: jax.Array, logical: tuple) -> jax.Array:
   return jax.lax.with_sharding_constraint(x, spec_for(logical, x.shape, mesh))
 
 
-# Parameter path (as "a/b/c") -> logical axes, first match wins.
-_PARAM_AXES = (
-    (r"embed_tokens/embedding$", ("vocab", "embed")),
-    (r"lm_head/kernel$", ("embed", "vocab")),
-    (r"q_proj/kernel$", ("embed", "heads", "head_dim")),
-    (r"(k_proj|v_proj)/kernel$", ("embed", "kv_heads", "head_dim")),
-    (r"q_proj/bias$", ("heads", "head_dim")),
-    (r"(k_proj|v_proj)/bias$", ("kv_heads", "head_dim")),
-    (r"o_proj/kernel$", ("heads", "head_dim", "embed")),
-    (r"(gate_proj|up_proj)/kernel$", ("embed", "mlp")),
-    (r"down_proj/kernel$", ("mlp", "embed")),
-    (r"head/kernel$", ("embed", "value")),
-    # LoRA adapters (grpo_jax/models/lora.py): A (in dims..., r), B (r, out dims...), their
-    # in/out dims named as the kernel's; the rank axis is replicated.
-    (r"(q_proj|k_proj|v_proj|gate_proj|up_proj)/lora_a$", ("embed", "lora")),
-    (r"q_proj/lora_b$", ("lora", "heads", "head_dim")),
-    (r"(k_proj|v_proj)/lora_b$", ("lora", "kv_heads", "head_dim")),
-    (r"o_proj/lora_a$", ("heads", "head_dim", "lora")),
-    (r"(gate_proj|up_proj)/lora_b$", ("lora", "mlp")),
-    (r"down_proj/lora_a$", ("mlp", "lora")),
-    (r"(o_proj|down_proj)/lora_b$", ("lora", "embed")),
-    (r"(weight|bias)$", ("norm",)),
-)
+def _path_keys(path) -> tuple:
+  return tuple(str(getattr(k, "key", getattr(k, "name", getattr(k, "idx", k)))) for k in path)
 
 
-def param_logical_axes(path: str, ndim: int) -> tuple:
-  """The logical axes of a parameter (or of an optimizer-state leaf named like one); a layer
-  stacked by model.scan_layers ("layers/...") has an extra leading, unsharded, layer axis."""
-  stacked = re.search(r"(^|/)layers/", path) is not None
-  for pattern, axes in _PARAM_AXES:
-    if re.search(pattern, path):
-      if len(axes) == ndim:
-        return axes
-      if stacked and len(axes) + 1 == ndim:
-        return (None,) + axes
-  return (None,) * ndim
-
-
-def _path_str(path) -> str:
-  return "/".join(str(getattr(k, "key", getattr(k, "idx", k))) for k in path)
-
-
-def place_tree(tree, mesh: Mesh):
+def place_tree(tree, mesh: Mesh, axes_of):
   """Puts a params-like pytree (host or device arrays, identical on every process) on the mesh
-  by the rules."""
+  by the rules (`axes_of` as in tree_shardings)."""
   def place(x, sharding):
     if isinstance(x, jax.Array) and jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
       return jax.random.wrap_key_data(place(jax.random.key_data(x), sharding),
@@ -138,7 +100,7 @@ def place_tree(tree, mesh: Mesh):
       return jax.device_put(x, sharding)
     host = np.asarray(x)
     return jax.make_array_from_callback(host.shape, sharding, lambda index: host[index])
-  return jax.tree.map(place, tree, tree_shardings(tree, mesh))
+  return jax.tree.map(place, tree, tree_shardings(tree, mesh, axes_of))
 
 
 def split_heads_note(model_cfg, mesh) -> str | None:
@@ -153,18 +115,15 @@ def split_heads_note(model_cfg, mesh) -> str | None:
           f"projections of {bad} heads are replicated over tensor instead of splitting a head.")
 
 
-def param_spec(path: str, shape: tuple, mesh) -> PartitionSpec:
-  """The rules' PartitionSpec of one parameter (or optimizer-state leaf named like one). The
-  attention kernels carry their heads as a dimension of its own, so tensor splits whole heads,
-  or (when it does not divide the head count) none: a head is never split across devices."""
-  return spec_for(param_logical_axes(path, len(shape)), shape, mesh)
-
-
-def tree_shardings(tree, mesh: Mesh):
-  """NamedShardings for a params-like pytree (optimizer states included: their leaves keep the
-  param paths as suffixes, so the same rules apply); scalars are replicated."""
+def tree_shardings(tree, mesh: Mesh, axes_of):
+  """NamedShardings for a params-like pytree (optimizer states included): `axes_of(path,
+  ndim)` gives a leaf's logical axes from its path (a tuple of key names; the model declares
+  them, grpo_jax/models/partitioning.py), which the rules map to mesh axes. The attention
+  kernels carry their heads as a dimension of its own, so tensor splits whole heads, or (when
+  it does not divide the head count) none: a head is never split across devices."""
   def one(path, leaf):
-    return NamedSharding(mesh, param_spec(_path_str(path), np.shape(leaf), mesh))
+    shape = np.shape(leaf)
+    return NamedSharding(mesh, spec_for(axes_of(_path_keys(path), len(shape)), shape, mesh))
   return jax.tree_util.tree_map_with_path(one, tree)
 
 

@@ -270,11 +270,10 @@ def build_reward_sources(config, task, mesh=None, rule_name: str = RULE) -> Rewa
   for i, m in enumerate(_entries(reward, "models")):
     path = pathlib.Path(m["path"])
     cfg, params, _ = load_reward_model(path, config.model.param_dtype,
-                                       config.model.compute_dtype,
-                                       bool(config.model.get("scan_layers", False)))
+                                       config.model.compute_dtype)
     if mesh is not None:
-      from grpo_jax.parallel.mesh import place_tree  # noqa: PLC0415
-      params = place_tree(params, mesh)
+      from grpo_jax.models.partitioning import place  # noqa: PLC0415
+      params = place(params, mesh)
     mode = m.get("tokenizer", "auto")
     own = mode == "own" or (mode == "auto" and not _same_vocabulary(path, task.tokenizer))
     tokenizer = None
@@ -310,8 +309,8 @@ def _process_model(config, mesh):
   pm = config.reward.process_model
   cfg, params = load_hf_checkpoint(pm.path, config.model.param_dtype, config.model.compute_dtype)
   if mesh is not None:
-    from grpo_jax.parallel.mesh import place_tree  # noqa: PLC0415
-    params = place_tree(params, mesh)
+    from grpo_jax.models.partitioning import place  # noqa: PLC0415
+    params = place(params, mesh)
   ids = dict(separator_id=int(pm.separator_id), good_id=int(pm.good_id), bad_id=int(pm.bad_id))
 
   def steps(p, pt, pm_, t, tm):

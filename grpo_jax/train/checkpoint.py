@@ -7,6 +7,10 @@ own (not through the manager, which stops reading every step once one of them la
 folder), after checking the CRC-32 of each of its files against `<step>/crc32.json`, written at
 save: a damaged step (missing or empty folder, a truncated file, flipped bytes, a non-finite
 value) is moved aside and the one before it is used.
+
+Checkpoints written before the stacked layer layout became the only one hold each layer's
+params (and optimizer moments, reference, critic, adapters) as ``layers_0`` ... ``layers_{L-1}``;
+they are read in that layout and stacked on restore (`_per_layer_template`, `_stack_layers`).
 """
 
 from __future__ import annotations
@@ -125,6 +129,52 @@ def _stderr_held():
     os.close(held)
 
 
+def _has_per_layer_params(saved_tree) -> bool:
+  """Whether a checkpoint's tree (its metadata) holds layers as layers_0, layers_1, ..."""
+  return any(getattr(k, "key", None) == "layers_0"
+             for path, _ in jax.tree_util.tree_flatten_with_path(saved_tree)[0] for k in path)
+
+
+def _holds_stacked_layers(x) -> bool:
+  return isinstance(x, dict) and isinstance(x.get("layers"), dict)
+
+
+def _per_layer_template(abstract):
+  """`abstract` (stacked layers) in the per-layer layout of older checkpoints: every dict's
+  "layers" entry replaced by layers_0 ... layers_{L-1}, each one layer's slice."""
+  def one_layer(s):
+    sharding = s.sharding
+    if isinstance(sharding, jax.sharding.NamedSharding):
+      sharding = jax.sharding.NamedSharding(sharding.mesh,
+                                            jax.sharding.PartitionSpec(*sharding.spec[1:]))
+    return jax.ShapeDtypeStruct(s.shape[1:], s.dtype, sharding=sharding)
+
+  def unstack(x):
+    if not _holds_stacked_layers(x):
+      return x
+    num_layers = jax.tree.leaves(x["layers"])[0].shape[0]
+    out = {k: v for k, v in x.items() if k != "layers"}
+    out.update({f"layers_{i}": jax.tree.map(one_layer, x["layers"]) for i in range(num_layers)})
+    return out
+  return jax.tree.map(unstack, abstract, is_leaf=_holds_stacked_layers)
+
+
+def _stack_layers(tree, abstract):
+  """Inverse of _per_layer_template on restored arrays, placed as `abstract` says."""
+  def stack(x, like):
+    if not _holds_stacked_layers(like):
+      return x
+    num_layers = jax.tree.leaves(like["layers"])[0].shape[0]
+    out = {k: v for k, v in x.items() if not k.startswith("layers_")}
+    out["layers"] = jax.tree.map(lambda *xs: jnp.stack(xs),
+                                 *[x[f"layers_{i}"] for i in range(num_layers)])
+    return out
+  stacked = jax.tree.map(lambda like, x: stack(x, like), abstract, tree,
+                         is_leaf=_holds_stacked_layers)
+  return jax.tree.map(lambda x, s: jax.device_put(x, s.sharding) if s.sharding else x,
+                      stacked, abstract)
+
+
 def _short(error: Exception) -> str:
   text = str(error).strip().splitlines()
   return f"{type(error).__name__}: {text[0][:200] if text else ''}"
@@ -189,8 +239,13 @@ class Checkpoints:
     step_dir = os.path.join(self.directory, str(step))
     verify_checksums(step_dir)
     abstract = jax.eval_shape(to_saveable, template)
+    item = os.path.join(step_dir, "default")
     with ocp.StandardCheckpointer() as checkpointer:
-      tree = checkpointer.restore(os.path.join(step_dir, "default"), abstract)
+      if _has_per_layer_params(checkpointer.metadata(item).item_metadata.tree):
+        tree = checkpointer.restore(item, _per_layer_template(abstract))
+        tree = _stack_layers(tree, abstract)
+      else:
+        tree = checkpointer.restore(item, abstract)
     state = from_saveable(tree)
     check_restored(state, step)
     return state

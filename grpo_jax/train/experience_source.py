@@ -28,7 +28,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Callable
 
-from grpo_jax.parallel.mesh import tree_shardings
+from grpo_jax.models.partitioning import shardings
 from grpo_jax.registry import Registry
 from grpo_jax.rewards.sources import RewardSources
 from grpo_jax.rl.estimators import ESTIMATORS
@@ -92,5 +92,5 @@ def state_jit_options(state, run: Run) -> dict:
   """Donate the state; on a mesh, keep its layout (so the next step compiles nothing new)."""
   options = dict(donate_argnums=0)
   if run.mesh is not None:
-    options["out_shardings"] = (tree_shardings(state, run.mesh), None)
+    options["out_shardings"] = (shardings(state, run.mesh), None)
   return options

@@ -19,11 +19,11 @@ import numpy as np
 
 from grpo_jax import config as config_lib
 from grpo_jax.models.config import ModelConfig
+from grpo_jax.models.partitioning import place
 from grpo_jax.models.value_head import critic_from_reward_model, init_value_params
 from grpo_jax.parallel import distributed
 from grpo_jax.parallel.distributed import to_host
-from grpo_jax.parallel.mesh import (batch_axis_size, bytes_per_device, make_mesh, place_tree,
-                                    split_heads_note)
+from grpo_jax.parallel.mesh import batch_axis_size, bytes_per_device, make_mesh, split_heads_note
 from grpo_jax.rewards.estimator_inputs import uses_greedy
 from grpo_jax.rewards.guard import reward_name
 from grpo_jax.rewards.sources import RewardSources, build_reward_sources
@@ -171,7 +171,7 @@ def _train(config, workdir: str, log, axis: SeedAxis, mesh, task, configs, base_
         note = split_heads_note(model_cfg, mesh)
         if note:
           log(note)
-        state = place_tree(state, mesh)
+        state = place(state, mesh)
         log(f"mesh (data, fsdp, tensor) = {tuple(mesh.shape.values())} over {mesh.size} "
             f"devices, {jax.process_count()} process(es); per device: params "
             f"{bytes_per_device(state.params) / 2**20:.2f} MiB, optimizer state "

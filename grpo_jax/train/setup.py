@@ -8,7 +8,7 @@ import dataclasses
 from grpo_jax.data.task import TASKS
 from grpo_jax.errors import ConfigError
 from grpo_jax.models.config import ModelConfig
-from grpo_jax.models.decoder import init_params, stack_layers
+from grpo_jax.models.decoder import init_params
 from grpo_jax.models.lora import init_adapters, lora_scale, parse_targets
 
 
@@ -17,8 +17,7 @@ def uses_checkpoint(config) -> bool:
 
 
 def build_model(config, key):
-  """(ModelConfig, params): loaded from config.model.path, else random from config.model;
-  with model.scan_layers the layers' params stacked (the same values either way)."""
+  """(ModelConfig, params): loaded from config.model.path, else random from config.model."""
   if uses_checkpoint(config):
     from grpo_jax.models.hf import load_hf_checkpoint  # transformers-free, but heavier imports
     model_cfg, params = load_hf_checkpoint(config.model.path,
@@ -27,11 +26,8 @@ def build_model(config, key):
     layout = {k: config.model[k] for k in ("remat", "logits_chunk") if k in config.model}
     model_cfg = dataclasses.replace(model_cfg, **layout)
   else:
-    model_cfg = dataclasses.replace(ModelConfig.from_config_dict(config.model), scan_layers=False)
+    model_cfg = ModelConfig.from_config_dict(config.model)
     params = init_params(model_cfg, key)
-  if config.model.get("scan_layers", False):
-    model_cfg = dataclasses.replace(model_cfg, scan_layers=True)
-    params = stack_layers(params, model_cfg.num_layers)
   if uses_lora(config):
     lo = config.lora
     model_cfg = dataclasses.replace(model_cfg, lora_scale=lora_scale(lo.rank, lo.alpha,
