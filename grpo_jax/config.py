@@ -16,7 +16,7 @@ MODEL_DTYPES = ("bfloat16", "float16", "float32")  # model.param_dtype, model.co
 
 def update_group_size(config) -> int:
   """Completions per prompt in the update: rollout.group_size, or GFPO's kept rl.gfpo_keep."""
-  return config.rl.get("gfpo_keep", 0) or config.rollout.group_size
+  return config.rl.gfpo_keep or config.rollout.group_size
 
 
 def _require(condition: bool, message: str):
@@ -38,7 +38,7 @@ def validate(config) -> None:
   from grpo_jax.rl.estimators import ESTIMATORS  # noqa: PLC0415
   from grpo_jax.rl.kl import KL_ESTIMATORS  # noqa: PLC0415
   from grpo_jax.rl.losses import POLICY_LOSSES  # noqa: PLC0415
-  import_plugins(config.get("imports", ""), log=lambda *_: None)
+  import_plugins(config.imports, log=lambda *_: None)
   r, rl, tr, opt = config.rollout, config.rl, config.train, config.optim
   task = TASKS.get(config.task.name)
   estimator = ESTIMATORS.get(rl.advantage)
@@ -50,7 +50,7 @@ def validate(config) -> None:
   task.check_config(config)
   from grpo_jax.rewards.estimator_inputs import check_inputs  # noqa: PLC0415
   why = check_inputs(estimator.needs, config, task, rl.advantage,
-                     device=bool(tr.get("fused_steps", 0)))
+                     device=bool(tr.fused_steps))
   _require(why is None, why)
   _require(r.num_prompts >= 1, f"rollout.num_prompts={r.num_prompts}; use at least 1.")
   _require(r.max_new_tokens >= 1, f"rollout.max_new_tokens={r.max_new_tokens}; use at least 1 "
@@ -85,7 +85,7 @@ def validate(config) -> None:
   _require(rl.num_micro_batches >= 1 and minibatch % rl.num_micro_batches == 0,
            f"a minibatch of {minibatch} completions does not split into rl.num_micro_batches="
            f"{rl.num_micro_batches} equal micro-batches; pick a divisor of {minibatch}.")
-  if rl.get("shared_prompt_forward", False):
+  if rl.shared_prompt_forward:
     micro = minibatch // max(rl.num_micro_batches, 1)
     _require(micro % update_group_size(config) == 0,
              f"rl.shared_prompt_forward runs each prompt once for its "
@@ -100,7 +100,7 @@ def validate(config) -> None:
   _require(isinstance(r.decode_block, int) and r.decode_block >= 0,
            f"rollout.decode_block={r.decode_block!r}; use a whole number of decode steps per "
            f"segment >= 0 (0 = one segment).")
-  _require(isinstance(r.get("decode_slots", 0), int) and r.get("decode_slots", 0) >= 0,
+  _require(isinstance(r.decode_slots, int) and r.decode_slots >= 0,
            f"rollout.decode_slots={r.get('decode_slots')!r}; use a whole number of decode slots "
            f">= 0 (0 = one per row, the static engine).")
   _require(rl.clip_eps_low > 0 and rl.clip_eps_high > 0,
@@ -129,7 +129,7 @@ def validate(config) -> None:
   _require(tr.max_consecutive_skips >= 1, f"train.max_consecutive_skips="
            f"{tr.max_consecutive_skips}; use at least 1.")
   _one_of(tr.on_reward_error, REWARD_ERROR_MODES, "train.on_reward_error")
-  limit = tr.get("max_reward_error_fraction", 0.5)
+  limit = tr.max_reward_error_fraction
   _require(0 <= limit <= 1, f"train.max_reward_error_fraction={limit}; use a fraction in "
            f"[0, 1] (0 stops at any failed reward, 1 never stops).")
   _validate_fused(config, task)
@@ -154,12 +154,12 @@ def validate(config) -> None:
   _require("scan_layers" not in m, f"model.scan_layers={m.get('scan_layers')!r}: the layers "
            f"are always stacked and scanned now (one param layout); delete the field.")
   from grpo_jax.models.decoder import REMAT_POLICIES  # noqa: PLC0415
-  _one_of(m.get("remat", "none"), tuple(REMAT_POLICIES), "model.remat")
-  _require(m.get("logits_chunk", 0) >= 0, f"model.logits_chunk={m.get('logits_chunk')}; use 0 "
+  _one_of(m.remat, tuple(REMAT_POLICIES), "model.remat")
+  _require(m.logits_chunk >= 0, f"model.logits_chunk={m.get('logits_chunk')}; use 0 "
            f"(the whole completion at once) or a number of positions > 0, e.g. 64.")
   _validate_devices(config)
   _validate_lora(config)
-  if m.get("path", ""):
+  if m.path:
     return  # the checkpoint's config.json describes the model
   for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads",
                "num_kv_heads", "head_dim"):
@@ -196,14 +196,14 @@ def _validate_lora(config) -> None:
 def _validate_rewards(config) -> None:
   """GFPO's kept count, the critic's start, and the reward sources (grpo_jax/rewards/sources.py)."""
   rl, r = config.rl, config.rollout
-  keep = rl.get("gfpo_keep", 0)
+  keep = rl.gfpo_keep
   _require(isinstance(keep, int) and 0 <= keep <= r.group_size,
            f"rl.gfpo_keep={keep!r}; use 0 (off) or the number of the rollout.group_size="
            f"{r.group_size} samples of a prompt to keep (fewer than group_size).")
   if keep:
     from grpo_jax.rl.gfpo import GFPO_METRICS  # noqa: PLC0415
-    _one_of(rl.get("gfpo_metric", "length"), GFPO_METRICS, "rl.gfpo_metric")
-  init = rl.get("critic_init", "policy")
+    _one_of(rl.gfpo_metric, GFPO_METRICS, "rl.gfpo_metric")
+  init = rl.critic_init
   _one_of(init, ("policy", "reward_model"), "rl.critic_init")
   if init == "reward_model":
     _require(rl.value_head == "separate",
@@ -232,7 +232,7 @@ def _validate_fused(config, task) -> None:
   the task's stream and reward must be JAX functions, and every host event (evaluation,
   checkpoint, the end) must fall between two calls."""
   tr = config.train
-  k = tr.get("fused_steps", 0)
+  k = tr.fused_steps
   _require(k >= 0, f"train.fused_steps={k}; use 0 (host loop) or K > 0 steps per program.")
   if not k:
     return
@@ -241,8 +241,8 @@ def _validate_fused(config, task) -> None:
            f"but task {task.name!r} scores on the host; set train.fused_steps=0.")
   reward = config.get("reward")
   _require(not (reward and (reward.get("models") or reward.get("remote")
-                            or reward.get("rule_weight", 1.0) != 1.0)) and
-           not config.rl.get("gfpo_keep", 0),
+                            or reward.rule_weight != 1.0)) and
+           not config.rl.gfpo_keep,
            f"train.fused_steps={k} needs the task's own reward alone (reward models, remote "
            f"rewards, weights and GFPO run on the host); set train.fused_steps=0.")
   _require(not config.rl.dynamic_sampling,
@@ -259,10 +259,10 @@ WANDB_MODES = ("online", "offline", "disabled")  # train.wandb_mode
 
 def check_wandb_config(train_cfg) -> None:
   """ConfigError when W&B logging is asked for but cannot work, before any compute."""
-  project = train_cfg.get("wandb_project", "")
+  project = train_cfg.wandb_project
   if not project:
     return
-  mode = train_cfg.get("wandb_mode", "online")
+  mode = train_cfg.wandb_mode
   if mode not in WANDB_MODES:
     raise ConfigError(f"train.wandb_mode={mode!r} is unknown; valid: {', '.join(WANDB_MODES)}.")
   try:

@@ -132,7 +132,7 @@ class AdditionTask:
 
   @staticmethod
   def check_config(config) -> None:
-    path = config.model.get("path", "")
+    path = config.model.path
     tokenizer_files = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "tokenizer.model")
     if path and any(os.path.isfile(os.path.join(path, f)) for f in tokenizer_files):
       raise ConfigError(f"model.path={path!r} has a tokenizer of its own but task.name="

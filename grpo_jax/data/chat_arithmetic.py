@@ -67,17 +67,17 @@ class ChatArithmeticTask(ChatTextTask):
 
   @staticmethod
   def check_config(config) -> None:
-    task, path = config.task, config.model.get("path", "")
+    task, path = config.task, config.model.path
     _require(bool(path) and os.path.isdir(path), f"task.name='chat_arithmetic' needs model.path, "
              f"a Hugging Face checkpoint folder with a tokenizer, but model.path={path!r} is not "
              f"a folder; fetch the real model with python -m grpo_jax.fetch_model "
              f"smollm2-135m-instruct (its default folder is the recipe's model.path), or pass "
              f"--config.model.path=<a checkpoint folder>.")
-    ops = task.get("operations", "+")
+    ops = task.operations
     _require(bool(ops) and all(o in OPERATIONS for o in ops) and len(set(ops)) == len(ops),
              f"task.operations={ops!r}; use one or more of {''.join(OPERATIONS)}, each once "
              f"(e.g. '+-').")
-    top = task.get("max_operand", 100)
+    top = task.max_operand
     _require(isinstance(top, int) and top >= 2, f"task.max_operand={top!r}; use an integer "
              f">= 2 (operands are drawn from [0, max_operand)).")
     total = len(all_problems(top, ops))
@@ -91,11 +91,11 @@ class ChatArithmeticTask(ChatTextTask):
   def from_config(cls, config, log=print) -> "ChatArithmeticTask":
     from grpo_jax.data.tokenizer import load_hf_tokenizer  # noqa: PLC0415  transformers
     t = config.task
-    return cls(load_hf_tokenizer(config.model.path), t.get("max_operand", 100),
-               t.get("operations", "+"), t.test_size, config.data.instruction,
+    return cls(load_hf_tokenizer(config.model.path), t.max_operand,
+               t.operations, t.test_size, config.data.instruction,
                config.data.use_chat_template, config.data.max_prompt_tokens,
                config.rollout.max_new_tokens, reward_name(config, DEFAULT_REWARD),
-               config.reward.get("format_score", 0.0))
+               config.reward.format_score)
 
   batch_class = ChatArithmeticPrompts
 

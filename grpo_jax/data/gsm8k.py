@@ -106,7 +106,7 @@ class GSM8KTask(ChatTextTask):
   @staticmethod
   def check_config(config) -> None:
     """The GSM8K recipe's requirements, each one sentence with the fix."""
-    path = config.model.get("path", "")
+    path = config.model.path
     _require(bool(path), "task.name='gsm8k' needs model.path, a local Hugging Face checkpoint "
              "folder; e.g. hf download Qwen/Qwen2.5-0.5B-Instruct --local-dir "
              "/ckpt/qwen2.5-0.5b-instruct, then --config.model.path=/ckpt/qwen2.5-0.5b-instruct.")
@@ -133,7 +133,7 @@ class GSM8KTask(ChatTextTask):
     from grpo_jax.data.tokenizer import load_hf_tokenizer  # noqa: PLC0415  transformers
     return cls(config.data, reward_name(config, "gsm8k_strict"),
                load_hf_tokenizer(config.model.path), config.data.max_prompt_tokens,
-               config.rollout.max_new_tokens, log, config.reward.get("format_score", 0.0))
+               config.rollout.max_new_tokens, log, config.reward.format_score)
 
   batch_class = GSM8KPrompts
 

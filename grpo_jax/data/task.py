@@ -105,7 +105,7 @@ def register_task(name: str, provides=(), replace: bool = False):
 def reward_name(config, default: str) -> str:
   """config.reward.name, or the task's default reward when it is empty or absent."""
   reward = config.get("reward")
-  name = reward.get("name", "") if reward is not None else ""
+  name = reward.name if reward is not None else ""
   return name or default
 
 

@@ -196,10 +196,10 @@ def check_reward_config(config) -> None:
   reward = config.get("reward")
   if reward is None:
     return
-  combine = reward.get("combine", "sum")
+  combine = reward.combine
   if combine not in COMBINE_MODES:
     raise ConfigError(f"reward.combine={combine!r} is unknown; valid: {', '.join(COMBINE_MODES)}.")
-  rule_weight = float(reward.get("rule_weight", 1.0))
+  rule_weight = float(reward.rule_weight)
   models, remote = _entries(reward, "models"), _entries(reward, "remote")
   if rule_weight == 0 and not models and not remote:
     raise ConfigError("reward.rule_weight=0 with no reward.models and no reward.remote leaves "
@@ -289,8 +289,8 @@ def build_reward_sources(config, task, mesh=None, rule_name: str = RULE) -> Rewa
                                     params, score, tokenizer, int(m.get("max_tokens", 1024))))
   remote = [RemoteSource(r.get("name") or f"remote{i}", float(r.get("weight", 1.0)),
                          _remote_config(r, i)) for i, r in enumerate(_entries(reward, "remote"))]
-  return RewardSources(float(reward.get("rule_weight", 1.0)), rule_name, tuple(models),
-                       tuple(remote), reward.get("combine", "sum"),
+  return RewardSources(float(reward.rule_weight), rule_name, tuple(models),
+                       tuple(remote), reward.combine,
                        _process_model(config, mesh))
 
 

@@ -75,12 +75,12 @@ def _rows(tree, rows):
 def gfpo_rows(rl, rewards, completion_mask, group_size: int) -> np.ndarray:
   """The rows a step keeps: all of them, or with GFPO (rl.gfpo_keep = k > 0) the k of each
   group of G' = group_size with the best rl.gfpo_metric (grpo_jax/rl/gfpo.py), in row order."""
-  keep = rl.get("gfpo_keep", 0)
+  keep = rl.gfpo_keep
   if not keep:
     return np.arange(len(rewards))
   from grpo_jax.rl.gfpo import gfpo_keep_mask, gfpo_kept_rows  # noqa: PLC0415
   lengths = np.asarray(completion_mask).sum(1).astype(np.int32)
-  mask = gfpo_keep_mask(rewards, lengths, group_size, keep, rl.get("gfpo_metric", "length"))
+  mask = gfpo_keep_mask(rewards, lengths, group_size, keep, rl.gfpo_metric)
   return np.asarray(gfpo_kept_rows(mask, group_size, keep))
 
 
@@ -91,7 +91,7 @@ def collect(params, positions: list, keys: list, task, config, samplers: Sampler
   positions, step keys); `sources` the rewards (score_round)."""
   r_cfg, rl = config.rollout, config.rl
   num_prompts, sampled = r_cfg.num_prompts, r_cfg.group_size
-  group = rl.get("gfpo_keep", 0) or sampled
+  group = rl.gfpo_keep or sampled
   on_error = config.train.on_reward_error
   bucket = config.data.prompt_bucket if hasattr(config, "data") else 0  # (tests' bare configs)
   seeds = len(axis)

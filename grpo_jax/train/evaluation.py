@@ -26,7 +26,7 @@ def make_evaluator(task, model_cfg: ModelConfig, train_cfg, rollout_cfg, eval_ke
            if mesh is not None else (lambda *xs: xs))
   greedy = axis.compile(lambda p, t, m: sampling.greedy()(p, *place(t, m), jax.random.key(0)),
                         in_axes=(0, None, None))
-  grouped = sampling.grouped(max(train_cfg.get("eval_pass_k", 0), 1))
+  grouped = sampling.grouped(max(train_cfg.eval_pass_k, 1))
   sampled = axis.compile(lambda p, t, m, k: grouped(p, *place(t, m), k),
                          in_axes=(0, None, None, 0))
 
@@ -69,7 +69,7 @@ def evaluate_models(generate_fn, num_models: int, task, train_cfg,
   """
   batch = task.test_batch(train_cfg.eval_size)
   size, chunk = train_cfg.eval_size, train_cfg.eval_batch_size
-  pass_k = train_cfg.get("eval_pass_k", 0)
+  pass_k = train_cfg.eval_pass_k
   tokens, masks, passed = [], [], []
   for start in range(0, size, chunk):
     # Every chunk has the same static shape: the last one is padded with repeated rows.
@@ -97,7 +97,7 @@ def evaluate_models(generate_fn, num_models: int, task, train_cfg,
       scores[f"eval_pass_at_{pass_k}"] = np.concatenate([p[m] for p in passed])
     results.append({name: float(np.mean(values)) for name, values in scores.items()})
   if samples_out is not None:
-    count = min(train_cfg.get("num_samples", 4), size)
+    count = min(train_cfg.num_samples, size)
     for m in range(num_models):
       tokens_m = np.concatenate([t[m] for t in tokens])[:count]
       mask_m = np.concatenate([k[m] for k in masks])[:count]

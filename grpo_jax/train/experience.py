@@ -63,7 +63,7 @@ def reuses_current_logprobs(rl) -> bool:
   (truncated IS weights, `rollout_kl`, `sampler_logprob_gap`). Not when the KL sits in the
   reward (the advantages need it before the update) nor with a shared value head (its old
   values need the policy's forward pass anyway); rl.reuse_old_logprobs = False turns it off."""
-  return bool(rl.get("reuse_old_logprobs", True) and rl.num_iterations == 1
+  return bool(rl.reuse_old_logprobs and rl.num_iterations == 1
               and rl.num_minibatches == 1 and not (rl.kl_in == "reward" and rl.kl_coef > 0)
               and rl.value_head != "shared")
 

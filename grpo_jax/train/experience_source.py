@@ -55,8 +55,8 @@ def register_experience_source(name: str, on_policy: bool = True, replace: bool 
 
 def source_name(train_cfg) -> str:
   """The run's source: train.experience_source, or by train.fused_steps when it is ""."""
-  name = train_cfg.get("experience_source", "")
-  return name or ("fused" if train_cfg.get("fused_steps", 0) else "host")
+  name = train_cfg.experience_source
+  return name or ("fused" if train_cfg.fused_steps else "host")
 
 
 def for_source(rl, train_cfg):

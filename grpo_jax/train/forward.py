@@ -14,7 +14,7 @@ def prompt_group(rl, group_size: int) -> int:
   """The run of consecutive rows that share a prompt in the forward passes: the update's group
   size with rl.shared_prompt_forward (each prompt run once, grpo_jax/models/scoring.py's
   shared_prompt_hidden), else 1 (every row runs its own prompt)."""
-  return group_size if rl.get("shared_prompt_forward", False) else 1
+  return group_size if rl.shared_prompt_forward else 1
 
 
 def policy_and_values(params, value_params, seqs, model_cfg: ModelConfig, value_head: str,

@@ -47,10 +47,10 @@ def make_host_advance(run: Run, state, samples_out=None):
     step = step_of(state) + 1
     if samples_out is not None and samples_due(config.train, step):
       samples_out.extend(train_samples(run.task, collected[0], run.spec.group_size, step,
-                                       config.train.get("num_samples", 4)))
+                                       config.train.num_samples))
     for c in collected:  # before the update: a step mostly scored 0 must not train
       check_reward_error_fraction(c.reward_errors, c.scored,
-                                  config.train.get("max_reward_error_fraction", 0.5),
+                                  config.train.max_reward_error_fraction,
                                   step_of(state) + 1)
     rollout, inputs = axis.stack([c.rollout for c in collected]), axis.stack(
         [c.inputs for c in collected])

@@ -54,7 +54,7 @@ def initial_state(config, model_cfg: ModelConfig, params, optimizer, base_key,
   """The state at step 0 from the starting policy (a frozen reference copy, a fresh critic, or
   with rl.critic_init='reward_model' one from sources' first reward model); under LoRA, fresh
   adapters on `params` as the frozen base (and reference)."""
-  if config.rl.get("critic_init", "policy") == "reward_model":
+  if config.rl.critic_init == "reward_model":
     rm = sources.models[0]
     value_params = critic_from_reward_model(rm.params, rm.model_cfg, model_cfg)
   else:
@@ -129,7 +129,7 @@ def _train(config, workdir: str, log, axis: SeedAxis, mesh, task, configs, base_
   changes = [config_changes(c, wd) if ckpts.steps() else {} for c, wd in zip(configs, workdirs)]
   if main_process:
     for c, wd, changed in zip(configs, workdirs, changes):
-      check_resume_config(changed, wd, bool(t_cfg.get("allow_config_change", False)))
+      check_resume_config(changed, wd, bool(t_cfg.allow_config_change))
     for c, wd in zip(configs, workdirs):
       write_config(c, wd)
   try:
@@ -209,7 +209,7 @@ def _check_source(t_cfg) -> None:
   """The experience source is registered, and train.fused_steps runs only on "fused"."""
   name = source_name(t_cfg)
   EXPERIENCE_SOURCES.get(name)  # one sentence listing the valid names when unknown
-  if t_cfg.get("fused_steps", 0) and name != "fused":
+  if t_cfg.fused_steps and name != "fused":
     raise config_lib.ConfigError(
         f"train.fused_steps={t_cfg.fused_steps} runs on the fused experience source but "
         f"train.experience_source={name!r}; set one of them to its default.")

@@ -49,8 +49,8 @@ def describe(task, batch, rows, completion_tokens, completion_mask, rewards, spl
 def samples_due(t_cfg, step: int) -> bool:
   """Whether step writes sample completions: every train.samples_every steps (0: at every
   evaluation) and at the last step."""
-  every = t_cfg.get("samples_every", 0) or t_cfg.eval_every
-  return t_cfg.get("num_samples", 4) > 0 and (step % every == 0 or step == t_cfg.steps)
+  every = t_cfg.samples_every or t_cfg.eval_every
+  return t_cfg.num_samples > 0 and (step % every == 0 or step == t_cfg.steps)
 
 
 def train_samples(task, collected, group_size: int, step: int, count: int) -> list[dict]:

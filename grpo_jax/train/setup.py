@@ -13,7 +13,7 @@ from grpo_jax.models.lora import init_adapters, lora_scale, parse_targets
 
 
 def uses_checkpoint(config) -> bool:
-  return bool(config.model.get("path", ""))
+  return bool(config.model.path)
 
 
 def build_model(config, key):

@@ -96,7 +96,7 @@ def train_sft(config, workdir: str, log=print):
   key = jax.random.key(config.seed)
   model_cfg, params = build_model(config, jax.random.fold_in(key, 0))
   check_task_fits_model(config, model_cfg, task)
-  data_path = config.warmup.get("data_path", "")
+  data_path = config.warmup.data_path
   source = task if not data_path else SupervisedData(
       task, read_jsonl(data_path, ("prompt", "response")), config.rollout.max_new_tokens)
   optimizer, sft_step = make_warmup_step(model_cfg, config.warmup)
@@ -154,7 +154,7 @@ def rm_pairs(config, task, split: str, policy=None) -> list[dict]:
                       f"preference pairs; give a jsonl file of {{prompt, chosen, rejected}}.")
   count = config.rm.train_pairs if split == "train" else config.rm.test_pairs
   on_policy = []
-  if policy is not None and config.rm.get("policy_fraction", 0.0) > 0:
+  if policy is not None and config.rm.policy_fraction > 0:
     on_policy = policy_pairs(config, task, split, *policy,
                              int(count * config.rm.policy_fraction))
   return on_policy + addition_preference_pairs(task, split, count - len(on_policy),
@@ -258,7 +258,7 @@ def train_reward_model(config, workdir: str, log=print):
   optimizer = make_optimizer(config.optim, rm.steps)
   fresh = lambda: create_train_state(params, optimizer, jax.random.fold_in(key, 1)).replace(  # noqa: E731
       ref_params=None)
-  step_fn, rewards = make_rm_step(model_cfg, optimizer, float(rm.get("margin", 0.0)))
+  step_fn, rewards = make_rm_step(model_cfg, optimizer, float(rm.margin))
   step_fn = jax.jit(step_fn, donate_argnums=0)
   seed = int(config.seed)
 
@@ -279,7 +279,7 @@ def train_reward_model(config, workdir: str, log=print):
         "rm", config, workdir, fresh, advance,
         lambda state, step: [evaluate_pairs(rewards, state.params, test, rm.batch_size)], write,
         Schedule(rm.steps, rm.eval_every, config.train.checkpoint_every), log)
-    if rm.get("export", True):
+    if rm.export:
       out = export_reward_model(state.params, model_cfg, os.path.join(workdir, "hf_export"),
                                 export_model_type(config, model_cfg), task.pad_id)
       log(f"rm: exported the reward model to {out}")

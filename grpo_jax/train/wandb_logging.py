@@ -13,7 +13,7 @@ def start_wandb(config, workdir: str):
   """The W&B run of `workdir` (a new one, or the one its wandb_run_id names), or None when
   train.wandb_project is empty."""
   train_cfg = config.train
-  project = train_cfg.get("wandb_project", "")
+  project = train_cfg.wandb_project
   if not project:
     return None
   import wandb  # noqa: PLC0415
@@ -26,6 +26,6 @@ def start_wandb(config, workdir: str):
     with open(id_file, "w") as f:
       f.write(run_id)
   return wandb.init(project=project, dir=workdir, id=run_id, resume="allow",
-                    mode=train_cfg.get("wandb_mode", "online"), config=config.to_dict(),
+                    mode=train_cfg.wandb_mode, config=config.to_dict(),
                     name=os.path.basename(os.path.abspath(workdir)),
                     settings=wandb.Settings(silent=True))
