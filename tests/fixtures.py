@@ -4,7 +4,8 @@ config, params with every weight perturbed, and configs/grpo_tiny.py shrunk to s
 import jax
 
 from grpo_jax.models.config import ModelConfig
-from grpo_jax.models.decoder import init_params, stack_layers, unstack_layers
+from grpo_jax.models.decoder import init_params
+from grpo_jax.models.layout import stack_layers, unstack_layers
 
 
 def tiny_model_config(**overrides) -> ModelConfig:

@@ -12,7 +12,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from grpo_jax.models.decoder import Decoder, param_axes, positions_from_mask, unstack_layers
+from grpo_jax.models.decoder import Decoder, param_axes, positions_from_mask
+from grpo_jax.models.layout import unstack_layers
 from grpo_jax.models.hf import load_hf_checkpoint, param_layout
 from grpo_jax.models.hf_export import export_hf_checkpoint
 from grpo_jax.models.partitioning import axes_of, declared_axes

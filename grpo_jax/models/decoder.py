@@ -39,6 +39,7 @@ import jax
 import jax.numpy as jnp
 
 from grpo_jax.models.config import ModelConfig
+from grpo_jax.models.layout import per_layer, stack_layers
 from grpo_jax.models.lora import LoraParams, adapted
 from grpo_jax.parallel.mesh import constrain
 
@@ -280,9 +281,9 @@ class Decoder(nn.Module):
       # each on its slice of the stack, and keep one cache per layer: carried through a decode
       # loop, a (layers, ...) stacked cache is copied whole by every step's scan (at 512 new
       # tokens the sampler ran 1.6x slower than this).
-      layer_params = _per_layer(self.variables["params"]["layers"], cfg.num_layers)
+      layer_params = per_layer(self.variables["params"]["layers"], cfg.num_layers)
       layer_adapters = (None if adapters is None else
-                        _per_layer(adapters["layers"], cfg.num_layers))
+                        per_layer(adapters["layers"], cfg.num_layers))
       new_cache = []
       for i in range(cfg.num_layers):
         x, layer_cache = DecoderLayer(cfg, prompt_group).apply(
@@ -318,24 +319,6 @@ class Decoder(nn.Module):
     return logits, out_cache
 
 
-def _per_layer(layers, num_layers: int) -> tuple:
-  """The stacked layers' params (or adapters) as one tree per layer; already split ones (a
-  tuple, `split_layers`) as they are."""
-  if isinstance(layers, (tuple, list)):
-    return tuple(layers)
-  return tuple(jax.tree.map(lambda a, i=i: a[i], layers) for i in range(num_layers))
-
-
-def split_layers(params, num_layers: int):
-  """Params (or LoraParams) with the layer stack split into a tuple of per-layer trees, for the
-  sampler's forwards with a cache (see Decoder): sliced once before a decode loop, not once per
-  step."""
-  split = lambda tree: {**tree, "layers": _per_layer(tree["layers"], num_layers)}  # noqa
-  if isinstance(params, LoraParams):
-    return LoraParams(split(params.base), split(params.adapters))
-  return split(params)
-
-
 def decoder_apply(model_cfg: ModelConfig, params, *args, **kwargs):
   """Decoder(model_cfg).apply on plain params, or on LoraParams (the base's weights with the
   adapters added to the projections): the one entry point of every forward pass."""
@@ -352,24 +335,6 @@ def init_cache(cfg: ModelConfig, batch: int, length: int, dtype=None) -> Cache:
   shape = (batch, cfg.num_kv_heads, length, cfg.head_dim)
   return tuple({"k": jnp.zeros(shape, dtype), "v": jnp.zeros(shape, dtype)}
                for _ in range(cfg.num_layers))
-
-
-def stack_layers(params, num_layers: int):
-  """Per-layer params {"layers_0": ..., "layers_{L-1}": ...} (the layout of checkpoints
-  written before the stacked layout became the only one, and of per-layer references in tests)
-  -> {"layers": stacked on a leading axis}; the other entries are kept."""
-  out = {k: v for k, v in params.items() if not k.startswith("layers_")}
-  out["layers"] = jax.tree.map(lambda *xs: jnp.stack(xs),
-                               *[params[f"layers_{i}"] for i in range(num_layers)])
-  return out
-
-
-def unstack_layers(params, num_layers: int):
-  """Inverse of stack_layers."""
-  out = {k: v for k, v in params.items() if k != "layers"}
-  for i in range(num_layers):
-    out[f"layers_{i}"] = jax.tree.map(lambda x: x[i], params["layers"])
-  return out
 
 
 class _OneModulePerLayer(nn.Module):

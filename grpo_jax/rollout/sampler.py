@@ -32,7 +32,7 @@ from typing import Any
 import jax
 
 from grpo_jax.models.config import ModelConfig
-from grpo_jax.models.decoder import split_layers
+from grpo_jax.models.layout import split_layers
 from grpo_jax.rollout.refill import generate_refill
 from grpo_jax.rollout.static import generate_static
 from grpo_jax.rollout.types import DecodeStats, Rollout, row_limits_or_max
@@ -86,7 +86,7 @@ class Sampling:
 def _sample(params, prompt_tokens, prompt_mask, key, row_limits, *,
             sampling: Sampling) -> tuple[Rollout, DecodeStats]:
   s = sampling
-  # Stacked layers sliced once here, not in every decode step (models/decoder.split_layers).
+  # Stacked layers sliced once here, not in every decode step (models/layout.split_layers).
   params = split_layers(params, s.model_cfg.num_layers)
   rows = prompt_tokens.shape[0] * s.group_size
   limits = row_limits_or_max(row_limits, rows, s.max_new_tokens)

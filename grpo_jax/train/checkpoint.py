@@ -30,6 +30,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 from grpo_jax.errors import silence_stderr_for_good
+from grpo_jax.models.layout import stack_layers, unstack_layers
 from grpo_jax.train.faults import RunStopped
 from grpo_jax.train.state import TrainState
 
@@ -152,10 +153,7 @@ def _per_layer_template(abstract):
   def unstack(x):
     if not _holds_stacked_layers(x):
       return x
-    num_layers = jax.tree.leaves(x["layers"])[0].shape[0]
-    out = {k: v for k, v in x.items() if k != "layers"}
-    out.update({f"layers_{i}": jax.tree.map(one_layer, x["layers"]) for i in range(num_layers)})
-    return out
+    return unstack_layers(x, jax.tree.leaves(x["layers"])[0].shape[0], lambda s, i: one_layer(s))
   return jax.tree.map(unstack, abstract, is_leaf=_holds_stacked_layers)
 
 
@@ -164,11 +162,7 @@ def _stack_layers(tree, abstract):
   def stack(x, like):
     if not _holds_stacked_layers(like):
       return x
-    num_layers = jax.tree.leaves(like["layers"])[0].shape[0]
-    out = {k: v for k, v in x.items() if not k.startswith("layers_")}
-    out["layers"] = jax.tree.map(lambda *xs: jnp.stack(xs),
-                                 *[x[f"layers_{i}"] for i in range(num_layers)])
-    return out
+    return stack_layers(x, jax.tree.leaves(like["layers"])[0].shape[0])
   stacked = jax.tree.map(lambda like, x: stack(x, like), abstract, tree,
                          is_leaf=_holds_stacked_layers)
   return jax.tree.map(lambda x, s: jax.device_put(x, s.sharding) if s.sharding else x,
