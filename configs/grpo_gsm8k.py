@@ -25,6 +25,7 @@ Published reference points (greedy, strict): Qwen2.5-0.5B-Instruct starts near 0
 
 import ml_collections
 
+from grpo_jax.data.gsm8k import VERL_INSTRUCTION
 from grpo_jax.defaults import get_defaults
 
 
@@ -43,6 +44,7 @@ def get_config() -> ml_collections.ConfigDict:
   # data.source "jsonl": data.path/{train,test}.jsonl, relative to where the run starts;
   # `python -m grpo_jax.data.fetch_gsm8k --out data/gsm8k` writes them (needs network once).
   c.data.path = "data/gsm8k"
+  c.data.instruction = VERL_INSTRUCTION  # 'Let's think step by step and output ... "####".'
   c.reward.name = "gsm8k_strict"  # gsm8k_strict | gsm8k_flexible | gsm8k_format
   # No warm-up (the supervised warm-up is for the synthetic task only).
   c.warmup.update(dict(steps=0, batch_size=1, learning_rate=0.0, carry_drop_fraction=0.0))

@@ -42,7 +42,8 @@ def validate(config) -> None:
   r, rl, tr, opt = config.rollout, config.rl, config.train, config.optim
   task = TASKS.get(config.task.name)
   estimator = ESTIMATORS.get(rl.advantage)
-  POLICY_LOSSES.get(rl.loss)
+  ESTIMATORS.bind(rl.advantage, rl, estimator.fn)  # the entries' own checks
+  POLICY_LOSSES.bind(rl.loss, rl)
   KL_ESTIMATORS.get(rl.kl_estimator)
   _one_of(rl.loss_aggregation, LOSS_AGGREGATIONS, "rl.loss_aggregation")
   _one_of(rl.kl_in, KL_PLACEMENTS, "rl.kl_in")
@@ -103,11 +104,6 @@ def validate(config) -> None:
   _require(isinstance(r.decode_slots, int) and r.decode_slots >= 0,
            f"rollout.decode_slots={r.get('decode_slots')!r}; use a whole number of decode slots "
            f">= 0 (0 = one per row, the static engine).")
-  _require(rl.clip_eps_low > 0 and rl.clip_eps_high > 0,
-           f"rl.clip_eps_low={rl.clip_eps_low}, rl.clip_eps_high={rl.clip_eps_high}; use "
-           f"positive values such as 0.2 and 0.28.")
-  _require(rl.dual_clip_c == 0 or rl.dual_clip_c > 1,
-           f"rl.dual_clip_c={rl.dual_clip_c}; use 0 (off) or a constant > 1 such as 3.0.")
   _require(rl.kl_coef >= 0, f"rl.kl_coef={rl.kl_coef}; use a value >= 0 (0 turns KL off).")
   _require(not rl.adaptive_kl or (rl.kl_target > 0 and rl.kl_horizon > 0 and rl.kl_coef > 0),
            f"rl.adaptive_kl needs rl.kl_coef > 0, rl.kl_target > 0 and rl.kl_horizon > 0 "
@@ -129,6 +125,9 @@ def validate(config) -> None:
   _require(tr.max_consecutive_skips >= 1, f"train.max_consecutive_skips="
            f"{tr.max_consecutive_skips}; use at least 1.")
   _one_of(tr.on_reward_error, REWARD_ERROR_MODES, "train.on_reward_error")
+  _one_of(tr.export_dtype, MODEL_DTYPES, "train.export_dtype")
+  _require(tr.export_max_shard_mb >= 0, f"train.export_max_shard_mb={tr.export_max_shard_mb}; "
+           f"use 0 (one file) or a shard size in MiB, e.g. 2000.")
   limit = tr.max_reward_error_fraction
   _require(0 <= limit <= 1, f"train.max_reward_error_fraction={limit}; use a fraction in "
            f"[0, 1] (0 stops at any failed reward, 1 never stops).")

@@ -2,7 +2,7 @@
 
 Recipes in configs/ start from `get_defaults()` (or from another recipe) and set only what
 differs. The generic sections are those of configs/grpo_tiny.py (a run that needs no download),
-`data` is configs/grpo_gsm8k.py's (without its path), `rl` is rl_defaults() below.
+`data` is configs/grpo_gsm8k.py's (without its path and instruction), `rl` is rl_defaults() below.
 Print everything with
 
     python -c "from grpo_jax.defaults import get_defaults; print(get_defaults())"
@@ -12,20 +12,22 @@ from __future__ import annotations
 
 import ml_collections
 
-from grpo_jax.data.gsm8k import VERL_INSTRUCTION
+from grpo_jax.data import arithmetic, chat_arithmetic  # noqa: F401  the built-in tasks
+from grpo_jax.data.task import TASKS
+from grpo_jax.registry import declared_defaults
 
 
 def rl_defaults(**overrides) -> ml_collections.ConfigDict:
-  """Every field of `config.rl`, with GRPO defaults (sources in README's RL section)."""
-  rl = ml_collections.ConfigDict(dict(
+  """Every field of `config.rl`, with GRPO defaults (sources in README's RL section): the
+  section's own below, then the hyperparameters that the built-in estimators and policy losses
+  declare with their defaults (advantage_eps, lam, whiten_advantages, clip_eps_low,
+  clip_eps_high, dual_clip_c, log_ratio_clamp; grpo_jax/rl/estimators.py, losses.py)."""
+  from grpo_jax.rl.estimators import ESTIMATORS  # noqa: PLC0415
+  from grpo_jax.rl.losses import POLICY_LOSSES  # noqa: PLC0415
+  section = dict(
       advantage="grpo",  # a registered estimator (grpo_jax/rl/estimators.py)
-      advantage_eps=1e-6,  # group-std epsilon (verl 1e-6; TRL 1e-4)
-      gamma=1.0, lam=1.0,  # discount and GAE lambda (verl: 1.0, 1.0)
-      whiten_advantages=False,  # GAE: whiten advantages over the batch
+      gamma=1.0,  # the discount of returns (verl: 1.0)
       loss="ppo_clip",  # a registered policy loss (grpo_jax/rl/losses.py): ppo_clip, gspo
-      clip_eps_low=0.2, clip_eps_high=0.2,  # DAPO clip-higher: clip_eps_high=0.28
-      dual_clip_c=0.0,  # dual clip constant c > 1 for A < 0 (verl 3.0); 0 = off
-      log_ratio_clamp=20.0,  # log-ratio clamped to +-this before exp
       tis_cap=0.0,  # truncated importance sampling cap (e.g. 2.0); 0 = off
       entropy_coef=0.0,
       loss_aggregation="token-mean",  # one of LOSS_AGGREGATIONS
@@ -60,7 +62,10 @@ def rl_defaults(**overrides) -> ml_collections.ConfigDict:
       # A separate critic's start: "policy" (a copy of the policy, verl) or "reward_model"
       # (the backbone and score head of reward.models[0], OpenRLHF's default).
       critic_init="policy",
-  ))
+  )
+  entries = [e.fn for _, e in ESTIMATORS.items()] + [fn for _, fn in POLICY_LOSSES.items()]
+  entries = [fn for fn in entries if fn.__module__.startswith("grpo_jax.")]  # built-in ones
+  rl = ml_collections.ConfigDict(declared_defaults(entries, section))
   rl.update(overrides)
   return rl
 
@@ -87,21 +92,31 @@ def get_defaults() -> ml_collections.ConfigDict:
       # the vocabulary at a time when scoring (0 = all at once; e.g. 64 at a 150k vocabulary).
       remat="none", logits_chunk=0))
 
-  c.task = ml_collections.ConfigDict(dict(
-      name="addition",  # "addition" (procedural, no files) or "gsm8k" (needs model.path, data)
-      num_digits=2,  # addition: operands in [0, 10^num_digits)
-      test_size=500,  # addition: held-out unordered pairs
-      fixed_width=True,  # addition: zero-padded operands and sum, every digit at a fixed place
-      reverse_answer=True,  # addition: the sum least-significant digit first
-      max_operand=100,  # chat_arithmetic: operands in [0, max_operand)
-      operations="+"))  # chat_arithmetic: any of "+", "-", "*"
+  # "addition" (procedural, no files), "chat_arithmetic" or "gsm8k" (need model.path), then
+  # the fields the built-in tasks declare with their defaults (each task's from_config:
+  # addition num_digits, test_size, fixed_width, reverse_answer; chat_arithmetic max_operand,
+  # operations, test_size).
+  c.task = ml_collections.ConfigDict(declared_defaults(
+      [e.cls.from_config for _, e in TASKS.items() if e.cls.__module__.startswith("grpo_jax.")],
+      dict(name="addition")))
 
-  # Data of file-backed tasks (gsm8k).
+  # Data of file-backed tasks: gsm8k, and a researcher's own (task.name="table";
+  # grpo_jax/data/table.py, README "Bring your own data and reward").
   c.data = ml_collections.ConfigDict(dict(
-      source="jsonl",  # "jsonl" (data.path/{train,test}.jsonl) or "tfds" (prepared gsm8k)
-      path="",  # the folder holding train.jsonl and test.jsonl
+      # gsm8k: "jsonl" (data.path/{train,test}.jsonl) or "tfds" (prepared gsm8k); table: a
+      # .jsonl/.json/.parquet/.csv file, a folder of them or of save_to_disk, or a hub id
+      source="jsonl",
+      path="",  # gsm8k: the folder holding train.jsonl and test.jsonl
       tfds_dir="",  # tensorflow-datasets data_dir; "" = its default
-      instruction=VERL_INSTRUCTION,  # appended to the question, after a space
+      subset="",  # table, hub id: the dataset's configuration (e.g. "main")
+      train_split="train", test_split="test",  # table: split (file) names
+      # table: held out when the source has no test split (fixed seed)
+      test_fraction=0.1,
+      prompt_field="prompt",  # table: a string, or a list of {role, content} ("messages")
+      answer_field="answer",  # table: the gold answer column (built-in rewards read it)
+      system_prompt="",  # table: a system message before each prompt; "" = none
+      on_bad_row="raise",  # table: "raise" (one sentence, file and line) or "skip" (counted)
+      instruction="",  # appended to the question, after a space (gsm8k recipe: verl's)
       use_chat_template=True,  # wrap the prompt in the tokenizer's chat template, if it has one
       max_prompt_tokens=512,  # the longest prompt a file-backed task keeps
       # Each batch of prompts is cut to its longest prompt rounded up to a multiple of this
@@ -117,6 +132,10 @@ def get_defaults() -> ml_collections.ConfigDict:
   c.reward = ml_collections.ConfigDict(dict(
       # "" = the task's own default reward (addition: exact_match, gsm8k: gsm8k_strict)
       name="",
+      # table: reward functions, comma-separated module:function (or file.py:function) or
+      # built-ins math_verify, format_regex, answer_number (grpo_jax/rewards/functions.py), and
+      # their weights ("" = all 1.0); format_regex's pattern
+      fns="", fn_weights="", format_regex="",
       format_score=0.0,  # gsm8k: the score of a well-formatted but wrong answer
       rule_weight=1.0,
       # [{path: a *ForSequenceClassification folder, weight: 1.0, name: "rm0", tokenizer:
@@ -192,6 +211,9 @@ def get_defaults() -> ml_collections.ConfigDict:
       # training and evaluation samples every samples_every steps (0 = at every evaluation).
       num_samples=4, samples_every=0,
       export=False,  # write the policy as a HF checkpoint to workdir/hf_export (model.path runs)
+      # ... in this dtype (float32, bfloat16, float16), in files of at most this many MiB
+      # (model-0000i-of-0000n.safetensors + index, as transformers writes them; 0 = one file)
+      export_dtype="float32", export_max_shard_mb=0.0,
       checkpoint_every=50,  # also at step 0, at the end and on SIGTERM; 0 = only those last two
       keep_checkpoints=3,  # the newest K (a damaged newest one falls back to the one before)
       max_consecutive_skips=20,  # stop after this many non-finite updates in a row

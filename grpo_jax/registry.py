@@ -9,12 +9,24 @@ model families each register under the name a config uses, in the module that de
 Config validation lists `registry.names()`; `registry.get(name)` fails with one sentence naming
 the field, the value and the valid names. A researcher's own entries live in their own file,
 named in the config's `imports` field (imported before validation; see `import_plugins`).
+
+An entry declares its hyperparameters as its keyword-only parameters, with their defaults, and
+may register a `check` on them; `bind` fills them from the config section of the same names
+when the entry is built (optax style), so the maths receive values, never the config:
+
+    @POLICY_LOSSES.register("ppo_clip", check=check_clip)
+    def ppo_clip(logp, old_logp, advantages, mask, *, clip_eps_low=0.2, clip_eps_high=0.2): ...
+
+The section's defaults for these fields are the entries' own (`hyperparameters`, collected by
+grpo_jax/defaults.py); a field the section lacks (a plugin's new one) takes the entry's default.
 """
 
 from __future__ import annotations
 
+import functools
 import importlib
 import importlib.util
+import inspect
 import os
 import sys
 from typing import Any, Callable
@@ -32,20 +44,38 @@ class Registry:
   def __init__(self, field: str):
     self.field = field  # the config field that selects an entry, for messages
     self._entries: dict[str, Any] = {}
+    self._checks: dict[str, Callable] = {}
 
-  def register(self, name: str, entry: Any = None, *, replace: bool = False):
+  def register(self, name: str, entry: Any = None, *, replace: bool = False,
+               check: Callable | None = None):
     """Adds `entry` under `name`; without `entry`, a decorator that adds the decorated object.
+    check(**hyperparameters) -> None or the one sentence saying what is wrong (see `bind`).
     Registering a taken name raises unless replace=True."""
     def add(obj):
       if name in self._entries and not replace and self._entries[name] is not obj:
         raise ValueError(f"{self.field}: {name!r} is registered already; pick another name or "
                          f"pass replace=True.")
       self._entries[name] = obj
+      self._checks.pop(name, None)
+      if check is not None:
+        self._checks[name] = check
       return obj
     return add if entry is None else add(entry)
 
   def unregister(self, name: str) -> None:
     self._entries.pop(name, None)
+    self._checks.pop(name, None)
+
+  def bind(self, name: str, section, fn: Callable | None = None) -> Callable:
+    """Entry `name` (or `fn`, its function) with its hyperparameters bound from `section`,
+    after its registered check: raises ConfigError (one sentence) on a bad value."""
+    fn = self.get(name) if fn is None else fn
+    values = {k: section[k] if k in section else default
+              for k, default in hyperparameters(fn).items()}
+    why = self._checks[name](**values) if name in self._checks else None
+    if why:
+      raise ConfigError(why)
+    return functools.partial(fn, **values) if values else fn
 
   def get(self, name: str):
     try:
@@ -62,6 +92,29 @@ class Registry:
 
   def items(self):
     return sorted(self._entries.items())
+
+
+def hyperparameters(fn: Callable) -> dict[str, Any]:
+  """fn's hyperparameters: its keyword-only parameters and their defaults (each needs one)."""
+  out = {p.name: p.default for p in inspect.signature(fn).parameters.values()
+         if p.kind is inspect.Parameter.KEYWORD_ONLY}
+  missing = [k for k, v in out.items() if v is inspect.Parameter.empty]
+  if missing:
+    raise ValueError(f"{fn.__qualname__}: hyperparameter(s) {', '.join(missing)} need a default.")
+  return out
+
+
+def declared_defaults(fns, section: dict) -> dict:
+  """The section's fields `section` plus the hyperparameters of the entries `fns`, each field
+  with one default: two owners declaring different defaults for one field raise."""
+  out = dict(section)
+  for fn in fns:
+    for name, default in hyperparameters(fn).items():
+      if name in out and out[name] != default:
+        raise ValueError(f"{fn.__qualname__} declares {name}={default!r}, but its section's "
+                         f"default is {out[name]!r}; one field has one default.")
+      out[name] = default
+  return out
 
 
 def import_plugins(spec: str, log: Callable = print) -> list[str]:

@@ -357,3 +357,16 @@ def test_resume_under_a_changed_config_is_refused_unless_allowed(reference, tmp_
       "optim.learning_rate": [0.0002, 0.001], "train.allow_config_change": [False, True],
       "train.steps": [2 * N, 2 * N + 1]}
   assert json.loads((workdir / "config.json").read_text())["optim"]["learning_rate"] == 0.001
+
+
+def test_a_field_added_since_the_record_at_its_default_is_no_change(tmp_path):
+  """A workdir written before a config field existed resumes under the new code: the field the
+  record lacks counts as a change only when the config sets it away from its default."""
+  from grpo_jax.train.workdir import config_changes  # noqa: PLC0415
+  config = grpo_tiny.get_config()
+  record = json.loads(config.to_json_best_effort(sort_keys=True))
+  del record["train"]["export_dtype"], record["data"]["system_prompt"]
+  (tmp_path / "config.json").write_text(json.dumps(record))
+  assert config_changes(config, str(tmp_path)) == {}
+  config.data.system_prompt = "Be brief."
+  assert config_changes(config, str(tmp_path)) == {"data.system_prompt": [None, "Be brief."]}

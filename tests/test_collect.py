@@ -12,7 +12,7 @@ from grpo_jax.defaults import rl_defaults
 from grpo_jax.data.arithmetic import AdditionTask
 from grpo_jax.rewards.exact_match import token_step_rewards
 from grpo_jax.rl import advantages as adv_lib
-from grpo_jax.rl.estimators import ESTIMATORS, estimate_advantages
+from grpo_jax.rl.estimators import ESTIMATORS, make_estimator
 from grpo_jax.rl.shaping import overlong_penalty
 from grpo_jax.rollout.types import DecodeStats, Rollout
 from grpo_jax.train.collect import Samplers, collect
@@ -59,12 +59,12 @@ def test_every_estimator_dispatches_to_its_formula():
   seen = set()
   for name in names:
     rl = rl_defaults(advantage=name)
-    adv, returns = estimate_advantages(rl, group, token_rewards, mask, values, extras)
+    adv, returns = make_estimator(rl)(group, token_rewards, mask, values, extras)
     assert adv.shape == (b, n) and returns.shape == (b, n)
     assert np.all(np.asarray(adv)[~np.asarray(mask)] == 0)
     seen.add(np.asarray(adv).round(5).tobytes())
   assert len(seen) == len(names)  # nine estimators, nine different answers
-  grpo, _ = estimate_advantages(rl_defaults(), group, token_rewards, mask, values, extras)
+  grpo, _ = make_estimator(rl_defaults())(group, token_rewards, mask, values, extras)
   expected = adv_lib.broadcast_to_tokens(
       adv_lib.group_normalized_advantages(rewards, group, 1e-6), mask)
   np.testing.assert_array_equal(np.asarray(grpo), np.asarray(expected))

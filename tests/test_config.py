@@ -87,7 +87,10 @@ def test_the_shipped_configs_are_valid(tmp_path):
   assert {"grpo_tiny", "ppo_tiny", "dapo_tiny", "grpo_gsm8k"} <= set(names)
   for name in names:
     config = importlib.import_module(f"configs.{name}").get_config()
-    if config.task.name in ("gsm8k", "chat_arithmetic"):
+    if config.task.name in ("gsm8k", "chat_arithmetic", "table"):
       config.model.path = save_tiny_qwen2(str(tmp_path / "ckpt"))
       config.data.path = os.path.join(ROOT, "tests", "data", "gsm8k")
+    if config.task.name == "table":  # the user's data and reward, by the command line
+      config.data.source = os.path.join(ROOT, "tests", "data", "gsm8k")
+      config.reward.fns = "answer_number"
     validate(config)

@@ -179,3 +179,53 @@ def test_an_input_no_provider_makes_is_refused(length_input):
   INPUTS.unregister("completion_length")
   with pytest.raises(ConfigError, match="needs completion_length, which no provider makes"):
     validate(config)
+
+
+def test_an_entrys_hyperparameters_are_bound_from_rl_and_checked():
+  """An estimator's keyword-only parameters are rl fields bound when it is built: the default
+  when the section lacks the field, the section's value when a recipe sets it, and its
+  registered check refuses a bad value before any compute, in one sentence."""
+  from grpo_jax.defaults import rl_defaults  # noqa: PLC0415
+  from grpo_jax.rl.estimators import make_estimator  # noqa: PLC0415
+
+  @register_estimator("scaled_mean_baseline", groups=True,
+                      check=lambda scale: None if scale > 0 else f"rl.scale={scale}; use > 0.")
+  def scaled(x, *, scale=2.0):
+    seq = x.sequence_rewards()
+    mean = jnp.repeat(seq.reshape(-1, x.group_size).mean(axis=1), x.group_size)
+    return broadcast_to_tokens(scale * (seq - mean), x.mask), None
+
+  try:
+    rewards = jnp.asarray([1.0, 0.0, 0.0, 0.0])
+    mask = jnp.ones((4, 3), bool)
+    tokens = jnp.zeros((4, 3)).at[:, -1].set(rewards)
+    rl = rl_defaults(advantage="scaled_mean_baseline")
+    assert "scale" not in rl  # a plugin's field: its default applies
+    adv, _ = make_estimator(rl)(4, tokens, mask, None)
+    np.testing.assert_allclose(np.asarray(adv[:, 0]), 2.0 * np.array([0.75, -0.25, -0.25, -0.25]))
+    rl.scale = 0.5  # what a recipe does to set it
+    adv, _ = make_estimator(rl)(4, tokens, mask, None)
+    np.testing.assert_allclose(np.asarray(adv[:, 0]), 0.5 * np.array([0.75, -0.25, -0.25, -0.25]))
+    config = _config()
+    config.rl.advantage = "scaled_mean_baseline"
+    config.rl.scale = -1.0
+    with pytest.raises(ConfigError, match=r"^rl.scale=-1.0; use > 0.$"):
+      validate(config)
+  finally:
+    ESTIMATORS.unregister("scaled_mean_baseline")
+
+
+def test_built_in_hyperparameter_defaults_are_the_rl_sections():
+  """The rl section's defaults for entry fields are those the built-in entries declare, and
+  two owners of one field cannot declare two defaults."""
+  from grpo_jax.defaults import rl_defaults  # noqa: PLC0415
+  from grpo_jax.registry import declared_defaults  # noqa: PLC0415
+  rl = rl_defaults()
+  assert (rl.clip_eps_low, rl.clip_eps_high, rl.dual_clip_c, rl.log_ratio_clamp) == (
+      0.2, 0.2, 0.0, 20.0)
+  assert (rl.advantage_eps, rl.gamma, rl.lam, rl.whiten_advantages) == (1e-6, 1.0, 1.0, False)
+
+  def other(x, *, gamma=0.99):
+    return x
+  with pytest.raises(ValueError, match="declares gamma=0.99, but its section's default is 1.0"):
+    declared_defaults([other], {"gamma": 1.0})

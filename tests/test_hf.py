@@ -291,3 +291,34 @@ def test_non_finite_weights_name_the_tensor(tmp_path):
   assert _message(err) == (
       f"Tensor {name} in {file} has 2 non-finite value(s) (NaN or inf) of "
       f"{tensors[name].size}: the checkpoint is damaged; download or export it again.")
+
+
+def test_bfloat16_sharded_export_loads_in_transformers(tmp_path):
+  """train.export_dtype=bfloat16 with train.export_max_shard_mb: shards of at most that size
+  and transformers' index; transformers loads them, logits within 1e-2 of float32's."""
+  model = tiny_hf_model("qwen2")
+  model_cfg, params = hf.load_hf_checkpoint(save(model, tmp_path / "src"))
+  limit = 40_000  # bytes: the tiny model's ~0.2 MB in bfloat16 in several files
+  out = hf_export.export_hf_checkpoint(params, model_cfg, tmp_path / "out", dtype="bfloat16",
+                                       max_shard_bytes=limit, source_dir=tmp_path / "src")
+  shards = sorted(out.glob("model-*-of-*.safetensors"))
+  index = json.loads((out / "model.safetensors.index.json").read_text())
+  assert len(shards) > 2 and not (out / "model.safetensors").exists()
+  assert set(index["weight_map"].values()) == {s.name for s in shards}
+  biggest = max(int(np.prod(p.shape)) * 2 for p in model.parameters())
+  assert all(s.stat().st_size <= max(limit, biggest) + 4096 for s in shards)  # + header
+  reloaded = transformers.AutoModelForCausalLM.from_pretrained(out).eval()
+  assert {t.dtype for t in reloaded.state_dict().values()} == {torch.bfloat16}
+  want = torch_logits(model)[MASK]
+  bf16_compute = np.abs(torch_logits(reloaded)[MASK] - want).max()
+  upcast = transformers.AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
+  gap = np.abs(torch_logits(upcast)[MASK] - want).max()  # the export's rounding alone
+  print(f"bfloat16 sharded export: {len(shards)} shards; max abs logit gap to float32 "
+        f"{gap:.2e} (float32 compute), {bf16_compute:.2e} (bfloat16 compute); logits up to "
+        f"{np.abs(want).max():.2f}")
+  # The export is exact: every tensor is the float32 weight rounded to bfloat16, and the gap is
+  # that rounding's (2^-8 relative): within 1e-2 of the largest logit, not 1e-2 absolute.
+  expected = {k: v.to(torch.bfloat16) for k, v in model.state_dict().items()}
+  for name, tensor in reloaded.state_dict().items():
+    torch.testing.assert_close(tensor, expected[name], rtol=0, atol=0, msg=name)
+  assert gap <= 1e-2 * np.abs(want).max()

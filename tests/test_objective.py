@@ -102,7 +102,7 @@ def test_a_new_loss_is_one_file():
   from grpo_jax.rl.losses import POLICY_LOSSES  # noqa: PLC0415
 
   @POLICY_LOSSES.register("reinforce")
-  def reinforce(logp, old_logp, advantages, mask, rl):
+  def reinforce(logp, old_logp, advantages, mask):
     ratio = jnp.exp(logp - jax.lax.stop_gradient(logp))
     return -advantages * ratio, {"clipped": jnp.zeros_like(mask), "ratio": ratio}
 

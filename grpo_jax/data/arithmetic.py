@@ -142,11 +142,14 @@ class AdditionTask:
     get_reward(reward_name(config, "exact_match"), "tokens", "addition")
 
   @classmethod
-  def from_config(cls, config, log=print) -> "AdditionTask":
+  def from_config(cls, config, log=print, *, num_digits=2, test_size=500, fixed_width=True,
+                  reverse_answer=True) -> "AdditionTask":
+    """The task's fields (task.*): operands in [0, 10^num_digits); test_size held-out
+    unordered pairs; fixed_width: zero-padded operands and sum, every digit at a fixed place;
+    reverse_answer: the sum least-significant digit first."""
     del log
-    t = config.task
-    return cls(t.num_digits, t.test_size, config.rollout.max_new_tokens, t.fixed_width,
-               t.reverse_answer, reward_name(config, "exact_match"))
+    return cls(num_digits, test_size, config.rollout.max_new_tokens, fixed_width,
+               reverse_answer, reward_name(config, "exact_match"))
 
   # The Task protocol (grpo_jax.data.task).
   @property

@@ -88,11 +88,13 @@ class ChatArithmeticTask(ChatTextTask):
     get_reward(reward_name(config, DEFAULT_REWARD), "text", "chat_arithmetic")
 
   @classmethod
-  def from_config(cls, config, log=print) -> "ChatArithmeticTask":
+  def from_config(cls, config, log=print, *, max_operand=100, operations="+",
+                  test_size=500) -> "ChatArithmeticTask":
+    """The task's fields (task.*): operands in [0, max_operand), any of "+", "-", "*", and
+    test_size held-out problems."""
     from grpo_jax.data.tokenizer import load_hf_tokenizer  # noqa: PLC0415  transformers
-    t = config.task
-    return cls(load_hf_tokenizer(config.model.path), t.max_operand,
-               t.operations, t.test_size, config.data.instruction,
+    return cls(load_hf_tokenizer(config.model.path), max_operand,
+               operations, test_size, config.data.instruction,
                config.data.use_chat_template, config.data.max_prompt_tokens,
                config.rollout.max_new_tokens, reward_name(config, DEFAULT_REWARD),
                config.reward.format_score)

@@ -10,7 +10,8 @@ else of it. Register a new one with its builder and its config check:
       @classmethod
       def from_config(cls, config, log): ...  # the Task
 
-Built-ins: "addition" (grpo_jax.data.arithmetic) and "gsm8k" (grpo_jax.data.gsm8k).
+Built-ins: "addition" (grpo_jax.data.arithmetic), "chat_arithmetic", "gsm8k" and "table" (a
+researcher's own rows and reward functions, grpo_jax.data.table).
 """
 
 from __future__ import annotations
@@ -87,7 +88,8 @@ class TaskEntry:
     self.cls.check_config(config)
 
   def build(self, config, log=print):
-    return self.cls.from_config(config, log)
+    """The task, its fields (from_config's keyword-only parameters) bound from config.task."""
+    return TASKS.bind(self.name, config.task, self.cls.from_config)(config, log)
 
 
 TASKS = Registry("task.name")
@@ -95,7 +97,8 @@ TASKS = Registry("task.name")
 
 def register_task(name: str, provides=(), replace: bool = False):
   """Class decorator: registers a Task class with `check_config(config)` and
-  `from_config(config, log)` as task `name`."""
+  `from_config(config, log, *, fields)` as task `name`: from_config's keyword-only parameters
+  are the task's fields in config.task, with their defaults (grpo_jax/registry.py `bind`)."""
   def add(cls):
     TASKS.register(name, TaskEntry(name, cls, tuple(provides)), replace=replace)
     return cls

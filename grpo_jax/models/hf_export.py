@@ -25,12 +25,15 @@ from grpo_jax.models.lora import input_dims
 
 
 def export_hf_checkpoint(params, model_cfg: ModelConfig, out_dir, source_dir=None,
-                         model_type: str = "qwen2", dtype: str = "float32") -> pathlib.Path:
+                         model_type: str = "qwen2", dtype: str = "float32",
+                         max_shard_bytes: int = 0) -> pathlib.Path:
   """Writes params as a Hugging Face checkpoint (config.json, model.safetensors, tokenizer).
 
   config.json is source_dir's (with its dtype set to ``dtype``) when given, else generated for
   model_type; tokenizer and generation files are copied from source_dir when it has them.
-  Returns out_dir.
+  max_shard_bytes > 0 splits the weights into model-0000i-of-0000n.safetensors files of at most
+  that size (a larger tensor alone in its file) with model.safetensors.index.json, as
+  transformers' save_pretrained(max_shard_size=...) does. Returns out_dir.
   """
   if dtype not in EXPORT_DTYPES:
     raise ValueError(f"dtype={dtype!r} is not supported for export; pass one of "
@@ -42,11 +45,33 @@ def export_hf_checkpoint(params, model_cfg: ModelConfig, out_dir, source_dir=Non
   tensors = _hf_tensors(params, model_cfg, np.dtype(jnp.dtype(dtype)))
   out_dir = pathlib.Path(out_dir)
   out_dir.mkdir(parents=True, exist_ok=True)
-  save_file(tensors, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
+  _save_shards(tensors, out_dir, max_shard_bytes)
   (out_dir / "config.json").write_text(json.dumps(hf_config, indent=2) + "\n")
   if source_dir is not None:
     _copy_tokenizer_files(pathlib.Path(source_dir), out_dir)
   return out_dir
+
+
+def _save_shards(tensors: dict, out_dir: pathlib.Path, max_shard_bytes: int) -> None:
+  """tensors in one model.safetensors, or in shards of at most max_shard_bytes with an index."""
+  shards, size = [{}], 0
+  for name, array in tensors.items():
+    if max_shard_bytes > 0 and shards[-1] and size + array.nbytes > max_shard_bytes:
+      shards.append({})
+      size = 0
+    shards[-1][name] = array
+    size += array.nbytes
+  if len(shards) == 1:
+    save_file(tensors, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
+    return
+  weight_map = {}
+  for i, shard in enumerate(shards, 1):
+    file = f"model-{i:05d}-of-{len(shards):05d}.safetensors"
+    save_file(shard, str(out_dir / file), metadata={"format": "pt"})
+    weight_map.update({name: file for name in shard})
+  index = {"metadata": {"total_size": sum(a.nbytes for a in tensors.values())},
+           "weight_map": weight_map}
+  (out_dir / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
 
 
 def _source_config(source_dir: pathlib.Path, model_cfg: ModelConfig, dtype: str) -> dict:

@@ -196,6 +196,10 @@ def check_reward_config(config) -> None:
   reward = config.get("reward")
   if reward is None:
     return
+  if reward.fns.strip() and config.task.name != "table":
+    raise ConfigError(f"reward.fns={reward.fns!r} scores the rows of task.name='table' (your own "
+                      f"data), but task.name={config.task.name!r} scores with reward.name; set "
+                      f"task.name='table' with data.source, or clear reward.fns.")
   combine = reward.combine
   if combine not in COMBINE_MODES:
     raise ConfigError(f"reward.combine={combine!r} is unknown; valid: {', '.join(COMBINE_MODES)}.")

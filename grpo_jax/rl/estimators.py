@@ -16,13 +16,15 @@ only when an estimator needs it. Built in:
                            from the task (`Task.step_rewards`) or reward.process_model
 `needs_critic=True`: the estimator reads `x.values` (the critic at rollout time).
 Returns None: the value targets, if a critic is on, are the Monte-Carlo returns.
+Keyword-only parameters are hyperparameters: rl fields of the same names, with these defaults,
+bound when the estimator is built (`make_estimator`; grpo_jax/registry.py `bind`).
 The maths lives in grpo_jax.rl.advantages / token_advantages; this file only wires names.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, NamedTuple
+from typing import Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -31,12 +33,12 @@ from grpo_jax.registry import Registry
 from grpo_jax.rl import advantages as adv_lib
 from grpo_jax.rl import token_advantages as tok_adv
 
+
 class EstimatorInputs(NamedTuple):
   token_rewards: jax.Array  # (B, N) outcome reward on the last token, minus any in-reward KL
   mask: jax.Array  # (B, N) bool, the completion tokens
   values: jax.Array | None  # (B, N) critic values at rollout time; None without a critic
   group_size: int
-  rl: Any  # the config's rl section (gamma, lam, advantage_eps, ...)
   extras: dict  # the estimator's `needs`, by name
 
   def sequence_rewards(self) -> jax.Array:
@@ -56,44 +58,51 @@ ESTIMATORS = Registry("rl.advantage")
 
 
 def register_estimator(name: str, *, groups: bool = False, needs=(), needs_critic=False,
-                       replace: bool = False):
-  """Decorator: registers fn(EstimatorInputs) -> (advantages, returns or None) as `name`;
-  `needs` names registered estimator inputs (checked when a config selects it)."""
+                       replace: bool = False, check=None):
+  """Decorator: registers fn(EstimatorInputs, *, hyperparameters) -> (advantages, returns or
+  None) as `name`; `needs` names registered estimator inputs (checked when a config selects
+  it); check(**hyperparameters) -> None or the sentence saying what is wrong."""
 
   def add(fn):
-    ESTIMATORS.register(name, Estimator(fn, groups, tuple(needs), needs_critic), replace=replace)
+    ESTIMATORS.register(name, Estimator(fn, groups, tuple(needs), needs_critic), replace=replace,
+                        check=check)
     return fn
   return add
 
 
-def estimate_advantages(rl, group_size: int, token_rewards, mask, values, extras=None):
-  """The registered estimator rl.advantage; returns (advantages (B, N), returns (B, N)).
-  Without returns of its own, the returns are the discounted (Monte-Carlo) ones: a critic next
-  to a critic-free estimator still learns them."""
-  estimator = ESTIMATORS.get(rl.advantage)
-  inputs = EstimatorInputs(token_rewards, mask, values, group_size, rl, extras or {})
-  advantages, returns = estimator.fn(inputs)
-  if returns is None:
-    returns = tok_adv.discounted_returns(token_rewards, mask, rl.gamma)
-  return advantages, returns
+def make_estimator(rl):
+  """estimate(group_size, token_rewards, mask, values, extras=None) -> (advantages (B, N),
+  returns (B, N)): the registered estimator rl.advantage with its hyperparameters bound from
+  rl here, once. Without returns of its own, the returns are the discounted (Monte-Carlo)
+  ones at rl.gamma: a critic next to a critic-free estimator still learns them."""
+  fn = ESTIMATORS.bind(rl.advantage, rl, ESTIMATORS.get(rl.advantage).fn)
+  gamma = rl.gamma
+
+  def estimate(group_size: int, token_rewards, mask, values, extras=None):
+    advantages, returns = fn(EstimatorInputs(token_rewards, mask, values, group_size,
+                                             extras or {}))
+    if returns is None:
+      returns = tok_adv.discounted_returns(token_rewards, mask, gamma)
+    return advantages, returns
+  return estimate
 
 
 @register_estimator("grpo", groups=True)
-def _grpo(x: EstimatorInputs):
+def _grpo(x: EstimatorInputs, *, advantage_eps=1e-6):  # group-std epsilon (verl 1e-6; TRL 1e-4)
   return adv_lib.broadcast_to_tokens(adv_lib.group_normalized_advantages(
-      x.sequence_rewards(), x.group_size, x.rl.advantage_eps, True), x.mask), None
+      x.sequence_rewards(), x.group_size, advantage_eps, True), x.mask), None
 
 
 @register_estimator("dr_grpo", groups=True)
-def _dr_grpo(x: EstimatorInputs):
+def _dr_grpo(x: EstimatorInputs, *, advantage_eps=1e-6):
   return adv_lib.broadcast_to_tokens(adv_lib.group_normalized_advantages(
-      x.sequence_rewards(), x.group_size, x.rl.advantage_eps, False), x.mask), None
+      x.sequence_rewards(), x.group_size, advantage_eps, False), x.mask), None
 
 
 @register_estimator("grpo_batch_std", groups=True)
-def _grpo_batch_std(x: EstimatorInputs):
+def _grpo_batch_std(x: EstimatorInputs, *, advantage_eps=1e-6):
   return adv_lib.grpo_batch_std_advantages(x.sequence_rewards(), x.group_size, x.mask,
-                                           x.rl.advantage_eps), None
+                                           advantage_eps), None
 
 
 @register_estimator("rloo", groups=True)
@@ -102,8 +111,8 @@ def _rloo(x: EstimatorInputs):
 
 
 @register_estimator("reinforce_pp")
-def _reinforce_pp(x: EstimatorInputs):
-  return tok_adv.reinforce_pp_advantages(x.token_rewards, x.mask, x.rl.gamma), None
+def _reinforce_pp(x: EstimatorInputs, *, gamma=1.0):
+  return tok_adv.reinforce_pp_advantages(x.token_rewards, x.mask, gamma), None
 
 
 @register_estimator("reinforce_pp_baseline", groups=True)
@@ -119,13 +128,14 @@ def _remax(x: EstimatorInputs):
 
 
 @register_estimator("process", groups=True, needs=("step_rewards",))
-def _process(x: EstimatorInputs):
+def _process(x: EstimatorInputs, *, advantage_eps=1e-6):
   rewards, end_index, step_mask = x.extras["step_rewards"]
   return tok_adv.process_advantages(rewards, end_index, step_mask, x.group_size, x.mask,
-                                    x.rl.advantage_eps), None
+                                    advantage_eps), None
 
 
 @register_estimator("gae", needs_critic=True)
-def _gae(x: EstimatorInputs):
-  return tok_adv.gae_advantages(x.token_rewards, x.values, x.mask, x.rl.gamma, x.rl.lam,
-                                whiten=x.rl.whiten_advantages)
+def _gae(x: EstimatorInputs, *, gamma=1.0, lam=1.0, whiten_advantages=False):
+  """gamma and lam: discount and GAE lambda (verl: 1.0, 1.0); whiten over the batch."""
+  return tok_adv.gae_advantages(x.token_rewards, x.values, x.mask, gamma, lam,
+                                whiten=whiten_advantages)

@@ -5,9 +5,12 @@ All per-token inputs are (B, T) with a (B, T) bool mask. Masked positions are re
 any arithmetic, so whatever they hold (even inf/nan) reaches neither the loss nor the gradient,
 and every per-token output is exactly 0 (False for indicators) there.
 
-POLICY_LOSSES (config field rl.loss) maps a name to loss(logp, old_logp, advantages, mask, rl)
--> (per-token loss (B, T), metrics): per-token bool `clipped`, float `ratio`, and optionally
-bool `dual_clipped`; a new policy loss is one registered function (see the two at the end).
+POLICY_LOSSES (config field rl.loss) maps a name to loss(logp, old_logp, advantages, mask, *,
+hyperparameters) -> (per-token loss (B, T), metrics): per-token bool `clipped`, float `ratio`,
+and optionally bool `dual_clipped`. Its keyword-only parameters are its hyperparameters, rl
+fields of the same names with these defaults, bound when the objective is built
+(grpo_jax/registry.py `bind`); a new policy loss is one registered function (the two at the
+end).
 """
 
 from __future__ import annotations
@@ -153,16 +156,27 @@ def entropy_bonus(entropy: jax.Array, mask: jax.Array, coef: float) -> jax.Array
 POLICY_LOSSES = Registry("rl.loss")
 
 
-@POLICY_LOSSES.register("ppo_clip")
-def ppo_clip_from_config(logprobs, old_logprobs, advantages, mask, rl):
-  """ppo_clip_loss with rl.clip_eps_low/high, rl.dual_clip_c (0 = off) and
-  rl.log_ratio_clamp (0 = off)."""
-  return ppo_clip_loss(logprobs, old_logprobs, advantages, mask, rl.clip_eps_low,
-                       rl.clip_eps_high, rl.dual_clip_c or None, rl.log_ratio_clamp or None)
+def check_clip(clip_eps_low, clip_eps_high, dual_clip_c=0.0, **_):
+  if not (clip_eps_low > 0 and clip_eps_high > 0):
+    return (f"rl.clip_eps_low={clip_eps_low}, rl.clip_eps_high={clip_eps_high}; use positive "
+            f"values such as 0.2 and 0.28.")
+  if not (dual_clip_c == 0 or dual_clip_c > 1):
+    return f"rl.dual_clip_c={dual_clip_c}; use 0 (off) or a constant > 1 such as 3.0."
+  return None
 
 
-@POLICY_LOSSES.register("gspo")
-def gspo_from_config(logprobs, old_logprobs, advantages, mask, rl):
-  """gspo_loss with rl.clip_eps_low/high and rl.log_ratio_clamp (0 = off)."""
-  return gspo_loss(logprobs, old_logprobs, advantages, mask, rl.clip_eps_low, rl.clip_eps_high,
-                   rl.log_ratio_clamp or None)
+@POLICY_LOSSES.register("ppo_clip", check=check_clip)
+def ppo_clip(logprobs, old_logprobs, advantages, mask, *, clip_eps_low=0.2, clip_eps_high=0.2,
+             dual_clip_c=0.0, log_ratio_clamp=20.0):
+  """ppo_clip_loss. clip_eps_high=0.28: DAPO's clip-higher; dual_clip_c > 1 for A < 0 (verl
+  3.0), 0 = off; the log-ratio clamped to +-log_ratio_clamp before exp, 0 = off."""
+  return ppo_clip_loss(logprobs, old_logprobs, advantages, mask, clip_eps_low, clip_eps_high,
+                       dual_clip_c or None, log_ratio_clamp or None)
+
+
+@POLICY_LOSSES.register("gspo", check=check_clip)
+def gspo(logprobs, old_logprobs, advantages, mask, *, clip_eps_low=0.2, clip_eps_high=0.2,
+         log_ratio_clamp=20.0):
+  """gspo_loss (log_ratio_clamp 0 = off)."""
+  return gspo_loss(logprobs, old_logprobs, advantages, mask, clip_eps_low, clip_eps_high,
+                   log_ratio_clamp or None)

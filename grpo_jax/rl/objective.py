@@ -59,7 +59,7 @@ def make_objective(rl) -> Objective:
   value_clip_frac with values), loss: per-token metrics summed over the loss mask (TOKEN_SUMS;
   divide by `tokens`) and the normalised losses, so that they add up over micro-batches.
   """
-  mode, policy_loss = rl.loss_aggregation, POLICY_LOSSES.get(rl.loss)
+  mode, policy_loss = rl.loss_aggregation, POLICY_LOSSES.bind(rl.loss, rl)
   tis, kl_in_loss = rl.tis_cap > 0, rl.kl_in == "loss" and rl.kl_coef > 0
   kl_estimator, kl_clamp = rl.kl_estimator, rl.kl_clamp or None
   entropy_coef, value_coef, value_clip = rl.entropy_coef, rl.value_coef, rl.value_clip_eps
@@ -71,7 +71,7 @@ def make_objective(rl) -> Objective:
     if normalizer is None:
       normalizer = loss_normalizer(mask, mode)
     ref_logp = old_logp if ref_logp is None else ref_logp
-    pg, pm = policy_loss(logp, old_logp, advantages, mask, rl)
+    pg, pm = policy_loss(logp, old_logp, advantages, mask)
     pm.setdefault("dual_clipped", jnp.zeros_like(mask))
     if tis:
       pg = pg * is_weights

@@ -96,8 +96,8 @@ def evaluate_models(generate_fn, num_models: int, task, train_cfg,
     if pass_k:
       scores[f"eval_pass_at_{pass_k}"] = np.concatenate([p[m] for p in passed])
     results.append({name: float(np.mean(values)) for name, values in scores.items()})
-  if samples_out is not None:
-    count = min(train_cfg.num_samples, size)
+  count = min(train_cfg.num_samples, size)
+  if samples_out is not None and count:
     for m in range(num_models):
       tokens_m = np.concatenate([t[m] for t in tokens])[:count]
       mask_m = np.concatenate([k[m] for k in masks])[:count]

@@ -17,7 +17,7 @@ from grpo_jax.models.config import ModelConfig
 from grpo_jax.models.value_head import separate_critic_values
 from grpo_jax.rl import advantages as adv_lib
 from grpo_jax.rl.aggregation import masked_mean
-from grpo_jax.rl.estimators import estimate_advantages
+from grpo_jax.rl.estimators import make_estimator
 from grpo_jax.rl.kl import kl_penalty
 from grpo_jax.rl.losses import truncated_is_weights
 from grpo_jax.rl.shaping import overlong_penalty
@@ -94,6 +94,7 @@ def make_prepare_batch(model_cfg: ModelConfig, rl, group_size: int, temperature:
   reuse = reuses_current_logprobs(rl)
   critic = rl.value_head != "none"
   group = prompt_group(rl, group_size)
+  estimate = make_estimator(rl)
 
   def prepare(state, rollout: Rollout, inputs: RewardInputs):
     mask = rollout.completion_mask.astype(bool)
@@ -124,8 +125,7 @@ def make_prepare_batch(model_cfg: ModelConfig, rl, group_size: int, temperature:
                       rl.kl_estimator, rl.kl_clamp or None)
       if rl.kl_in == "reward" and rl.kl_coef > 0:
         token_rewards = token_rewards - state.kl_coef * kl
-    advantages, returns = estimate_advantages(rl, group_size, token_rewards, mask, old_values,
-                                              inputs.extras)
+    advantages, returns = estimate(group_size, token_rewards, mask, old_values, inputs.extras)
     # The loss is taken on the policy's own tokens (Rollout.action_mask), less truncated rows
     # under rl.mask_truncated.
     actions = rollout.action_mask.astype(bool) & mask

@@ -34,8 +34,10 @@ def export_policy(config, state, model_cfg: ModelConfig, workdir: str, log) -> N
     else:  # on the host's CPU: the accelerators still hold the state
       with jax.default_device(jax.devices("cpu")[0]):
         full = merge(base, params, model_cfg.lora_scale)
-    export_hf_checkpoint(full, model_cfg, out, source_dir=config.model.path)
-    log(f"exported the trained policy as a Hugging Face checkpoint: {out}"
+    t = config.train
+    export_hf_checkpoint(full, model_cfg, out, source_dir=config.model.path,
+                         dtype=t.export_dtype, max_shard_bytes=int(t.export_max_shard_mb * 2**20))
+    log(f"exported the trained policy as a Hugging Face checkpoint ({t.export_dtype}): {out}"
         + (" (LoRA adapters merged)" if base is not None else ""))
   if lora:
     out = os.path.join(workdir, "peft_adapter")

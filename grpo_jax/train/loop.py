@@ -23,6 +23,7 @@ from grpo_jax.models.partitioning import place
 from grpo_jax.models.value_head import critic_from_reward_model, init_value_params
 from grpo_jax.parallel import distributed
 from grpo_jax.parallel.distributed import to_host
+from grpo_jax.parallel.platform import cpu_fallback_warning, platform_line
 from grpo_jax.parallel.mesh import batch_axis_size, bytes_per_device, make_mesh, split_heads_note
 from grpo_jax.rewards.estimator_inputs import uses_greedy
 from grpo_jax.rewards.guard import reward_name
@@ -90,6 +91,9 @@ def train(config, workdir: str, log=print, seeds=None, seed_axis: str = "vmap") 
   mesh = _start_devices(config, axis)
   if not distributed.is_main_process():
     log = lambda *a, **k: None  # noqa: E731  process 0 speaks and writes for everyone
+  log(platform_line())
+  if cpu_fallback_warning():
+    log(cpu_fallback_warning())
   # Every input is read and checked before the workdir is touched: a bad one writes nothing.
   task = build_task(config, log)
   configs = [_with_seed(config, s) for s in axis.seeds]
@@ -112,7 +116,8 @@ def _train(config, workdir: str, log, axis: SeedAxis, mesh, task, configs, base_
                                                        for s in axis.seeds)
   main_process = distributed.is_main_process()
   count = sum(x.size for x in jax.tree.leaves(params)) // len(axis)
-  log(f"model: {count:,} parameters" + (f", {len(axis)} seeds {list(axis.seeds)} in one "
+  log(f"model: {count:,} parameters, {model_cfg.param_dtype} weights, "
+      f"{model_cfg.compute_dtype} compute" + (f", {len(axis)} seeds {list(axis.seeds)} in one "
                                         f"program ({axis.mode})" if axis.stacked else ""))
   r_cfg, t_cfg = config.rollout, config.train
   rl = for_source(config.rl, t_cfg)  # no reuse of old log-probs for an off-policy source

@@ -135,8 +135,9 @@ def _flat(tree, prefix: str = "") -> dict:
 
 def config_changes(config, workdir: str) -> dict:
   """{field: [recorded value, new value]} for every field of `config` that differs from
-  workdir/config.json (a field only one side has counts, with None on the other); empty when
-  there is no record."""
+  workdir/config.json (a field only one side has counts, with None on the other, except a
+  field the record lacks that holds its default: one added to grpo_jax since the record was
+  written); empty when there is no record."""
   path = os.path.join(workdir, "config.json")
   if not os.path.exists(path):
     return {}
@@ -146,8 +147,11 @@ def config_changes(config, workdir: str) -> dict:
   except ValueError:
     return {"config.json": ["unreadable", "replaced"]}
   new = _flat(json.loads(config.to_json_best_effort(sort_keys=True)))
+  from grpo_jax.defaults import get_defaults  # noqa: PLC0415
+  default = _flat(json.loads(get_defaults().to_json_best_effort(sort_keys=True)))
   return {k: [old.get(k), new.get(k)] for k in sorted(set(old) | set(new))
-          if old.get(k) != new.get(k)}
+          if old.get(k) != new.get(k)
+          and not (k not in old and k in default and new[k] == default[k])}
 
 
 def check_resume_config(changes: dict, workdir: str, allow: bool) -> None:

@@ -1,0 +1,332 @@
+"""A researcher's own data, from config alone (task.name="table"): rows of a file, a folder or
+a 🤗 `datasets` dataset, prompts through the model's chat template, rewards from reward.fns.
+
+data.source is one of
+  * a file: .jsonl (one object per line), .json (a list of objects), .parquet or .csv;
+  * a folder holding {data.train_split}.<ext> and optionally {data.test_split}.<ext> (the
+    extensions above), or a folder written by `datasets`' save_to_disk;
+  * otherwise a hub id (e.g. "openai/gsm8k", with data.subset "main"), loaded by `datasets`.
+
+A row's prompt is its data.prompt_field (default "prompt"), or its "messages" column when it
+has no such field: a string becomes one user message (data.instruction appended after a
+space), a list of {role, content} is taken as is (a final assistant turn dropped); a
+data.system_prompt comes first unless the messages have one. The chat template renders them
+(data.use_chat_template, when the tokenizer has one; else the contents joined by blank lines).
+Every other column reaches the reward functions by name (rewards/functions.py), the
+data.answer_field one among them.
+
+The held-out split is data.test_split when the source has it, else a fixed fraction
+(data.test_fraction) of the training rows, drawn with a fixed seed so that it does not move
+with the experiment's seed. The training stream reshuffles every epoch by (seed, epoch), so a
+run resumes exactly from its saved position. A bad row (not UTF-8, not JSON, no prompt, an
+empty prompt, a prompt longer than data.max_prompt_tokens) stops the run with one sentence
+naming the file and line (data.on_bad_row="raise"), or is skipped and counted ("skip").
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import json
+import os
+
+import numpy as np
+
+from grpo_jax.data.chat import ChatTextTask, epoch_stream
+from grpo_jax.data.task import register_task
+from grpo_jax.data.tokenizer import pad_rows
+from grpo_jax.errors import ConfigError, InputError, first_line
+from grpo_jax.rewards.functions import call_reward, load_reward_functions
+
+EXTENSIONS = (".jsonl", ".json", ".parquet", ".csv")
+BAD_ROW_MODES = ("raise", "skip")
+_SPLIT_SEED = 1234  # fixed: the held-out fraction must not move with the experiment's seed
+
+
+@dataclasses.dataclass
+class TablePrompts:
+  prompt_tokens: np.ndarray  # (B, P) int32, left-padded
+  prompt_mask: np.ndarray  # (B, P) bool
+  gold: list  # the answer column, as text ("" without one)
+  user_text: list  # the last user message: what reward functions receive as the prompt
+  columns: list  # each row's other columns, {name: value}
+
+
+class BadRow(Exception):
+  """A row that cannot be used; the message says why."""
+
+
+def _jsonl(path: str):
+  with open(path, "rb") as f:
+    for number, raw in enumerate(f, 1):
+      where = f"{path}:{number}"
+      try:
+        line = raw.decode("utf-8")
+      except UnicodeDecodeError as e:
+        yield where, BadRow(f"is not UTF-8 text (byte {raw[e.start:e.start + 1]!r} at column "
+                            f"{e.start + 1}); save the file as UTF-8")
+        continue
+      if not line.strip():
+        continue
+      try:
+        row = json.loads(line)
+      except json.JSONDecodeError as e:
+        yield where, BadRow(f"is not valid JSON ({e.msg}); each line must be one object")
+        continue
+      yield where, row if isinstance(row, dict) else BadRow("is not a JSON object")
+
+
+def _file_rows(path: str):
+  """(where, row dict or BadRow) of one file."""
+  ext = os.path.splitext(path)[1]
+  if ext == ".jsonl":
+    yield from _jsonl(path)
+    return
+  try:
+    if ext == ".json":
+      with open(path, encoding="utf-8") as f:
+        rows = json.load(f)
+      if not isinstance(rows, list):
+        raise InputError(f"{path} holds a JSON {type(rows).__name__}; a .json data file must be "
+                         f"a list of objects (or use .jsonl, one object per line).")
+      for i, row in enumerate(rows):
+        yield f"{path} item {i}", row if isinstance(row, dict) else BadRow("is not an object")
+    elif ext == ".csv":
+      with open(path, encoding="utf-8", newline="") as f:
+        reader = csv.DictReader(f)
+        for row in reader:
+          yield f"{path}:{reader.line_num}", dict(row)
+    else:  # .parquet
+      import pyarrow.parquet as pq  # noqa: PLC0415  (datasets' dependency)
+      for i, row in enumerate(pq.read_table(path).to_pylist()):
+        yield f"{path} row {i}", row
+  except UnicodeDecodeError as e:
+    raise InputError(f"{path} is not UTF-8 text ({e.reason} at byte {e.start}); save it as "
+                     f"UTF-8.") from None
+  except (ValueError, OSError, ImportError) as e:
+    if isinstance(e, InputError):
+      raise
+    raise InputError(f"{path} cannot be read as {ext} ({first_line(e)}); check the file.") from None
+
+
+def _dataset_rows(dataset, name: str):
+  for i, row in enumerate(dataset):
+    yield f"{name} row {i}", dict(row)
+
+
+def read_splits(source: str, train_split: str, test_split: str, subset: str = ""):
+  """(train rows, test rows or None): lists of (where, row or BadRow), by the module's rules."""
+  if os.path.isfile(source):
+    if os.path.splitext(source)[1] not in EXTENSIONS:
+      raise InputError(f"data.source={source!r} is not a {', '.join(EXTENSIONS)} file; convert "
+                       f"it, or point data.source at a folder or a datasets hub id.")
+    return list(_file_rows(source)), None
+  if os.path.isdir(source):
+    if any(os.path.isfile(os.path.join(source, f)) for f in ("dataset_dict.json", "state.json")):
+      import datasets  # noqa: PLC0415
+      loaded = datasets.load_from_disk(source)
+      if isinstance(loaded, datasets.Dataset):
+        return list(_dataset_rows(loaded, source)), None
+      splits = loaded
+    else:
+      def find(split):
+        for ext in EXTENSIONS:
+          path = os.path.join(source, split + ext)
+          if os.path.isfile(path):
+            return list(_file_rows(path))
+        return None
+      train = find(train_split)
+      if train is None:
+        raise InputError(f"data.source={source!r} has no {train_split}{{{','.join(EXTENSIONS)}}} "
+                         f"(data.train_split={train_split!r}); add the file or point "
+                         f"data.source at one.")
+      return train, find(test_split)
+  elif source.endswith(EXTENSIONS) or source.startswith(("/", ".", "~")):
+    raise InputError(f"data.source={source!r} does not exist (cwd {os.getcwd()}); give the path "
+                     f"of a {'/'.join(EXTENSIONS)} file or of a folder.")
+  else:
+    try:
+      import datasets  # noqa: PLC0415
+      splits = datasets.load_dataset(source, subset or None)
+    except Exception as e:  # noqa: BLE001  offline, unknown id, ...: one sentence
+      raise InputError(f"data.source={source!r} is not a local file or folder, and loading it "
+                       f"as a datasets hub id failed ({first_line(e)}); check the path or id, "
+                       f"or save the dataset to a folder and point data.source at it.") from None
+  if train_split not in splits:
+    raise InputError(f"data.source={source!r} has splits {sorted(splits)}, not "
+                     f"data.train_split={train_split!r}; set data.train_split.")
+  test = splits[test_split] if test_split in splits else None
+  return (list(_dataset_rows(splits[train_split], f"{source}[{train_split}]")),
+          None if test is None else list(_dataset_rows(test, f"{source}[{test_split}]")))
+
+
+def _require(condition: bool, message: str) -> None:
+  if not condition:
+    raise ConfigError(message)
+
+
+@register_task("table")
+class TableTask(ChatTextTask):
+  """Rows of the user's own data (module docstring), scored by reward.fns."""
+  batch_class = TablePrompts
+
+  @staticmethod
+  def check_config(config) -> None:
+    data = config.data
+    _require(bool(config.model.path), "task.name='table' needs model.path, a Hugging Face "
+             "checkpoint folder with its tokenizer (e.g. python -m grpo_jax.fetch_model "
+             "smollm2-135m-instruct --out DIR, then --config.model.path=DIR).")
+    _require(data.source not in ("jsonl", "tfds", ""), f"data.source={data.source!r} is "
+             f"GSM8K's setting; for task.name='table' set data.source to a "
+             f"{'/'.join(EXTENSIONS)} file, a folder of them, a save_to_disk folder or a "
+             f"datasets hub id.")
+    _require(data.on_bad_row in BAD_ROW_MODES, f"data.on_bad_row={data.on_bad_row!r} is "
+             f"unknown; valid: {', '.join(BAD_ROW_MODES)}.")
+    _require(0 < data.test_fraction < 1, f"data.test_fraction={data.test_fraction}; use a "
+             f"fraction in (0, 1) of the rows held out when the source has no test split.")
+    _require(config.warmup.steps == 0, f"warmup.steps={config.warmup.steps}: the supervised "
+             f"warm-up is for the synthetic task only; set warmup.steps=0.")
+    _require(bool(config.reward.fns.strip()), "task.name='table' scores with reward.fns, which "
+             "is empty; name your function (--config.reward.fns=my_module:my_reward) or a "
+             "built-in: math_verify, format_regex, answer_number.")
+    load_reward_functions(config)
+
+  @classmethod
+  def from_config(cls, config, log=print) -> "TableTask":
+    from grpo_jax.data.tokenizer import load_hf_tokenizer  # noqa: PLC0415  transformers
+    return cls(config.data, load_hf_tokenizer(config.model.path), load_reward_functions(config),
+               config.rollout.max_new_tokens, log)
+
+  def __init__(self, data_cfg, tokenizer, rewards, max_new_tokens: int, log=print):
+    self.tokenizer, self.rewards, self.max_new_tokens = tokenizer, rewards, max_new_tokens
+    self.data = data_cfg
+    self.prompt_len = data_cfg.max_prompt_tokens
+    self.use_chat_template = data_cfg.use_chat_template
+    train, test = read_splits(data_cfg.source, data_cfg.train_split, data_cfg.test_split,
+                              data_cfg.subset)
+    skipped = {}
+    self.train = self._encode_all(train, skipped)
+    # every column name any row has: each reward call receives them all (None where absent)
+    self.column_names = sorted({k for item in self.train for k in item[3]})
+    if test is None:
+      order = np.random.default_rng(_SPLIT_SEED).permutation(len(self.train))
+      held = max(1, int(round(data_cfg.test_fraction * len(self.train))))
+      self.test = [self.train[i] for i in order[:held]]
+      self.train = [self.train[i] for i in sorted(order[held:])]
+    else:
+      self.test = self._encode_all(test, skipped)
+    if skipped:
+      log(f"table: skipped {sum(skipped.values())} rows (data.on_bad_row='skip'): " + "; ".join(
+          f"{n} {why}" for why, n in sorted(skipped.items())))
+    if not self.train or not self.test:
+      raise InputError(f"data.source={data_cfg.source!r} leaves no "
+                       f"{'training' if not self.train else 'held-out'} rows ({len(self.train)} "
+                       f"train, {len(self.test)} held-out); add rows.")
+    log(f"table: {len(self.train)} training and {len(self.test)} held-out prompts from "
+        f"{data_cfg.source}")
+    probe = self._batch(self.test[:1])
+    empty = np.zeros((1, 1), np.int32), np.zeros((1, 1), bool)
+    for reward in rewards:  # a broken function fails here, before any compute, in one sentence
+      try:
+        call_reward(reward, probe.user_text, self.decode(*empty), self._columns(probe, 1))
+      except (RuntimeError, ValueError) as e:
+        raise InputError(f"{e} on a probe call (the first held-out row, an empty completion); "
+                         f"fix it: it must take (prompts, completions, **columns) and return "
+                         f"one finite float per completion.") from None
+
+  def _messages(self, row: dict) -> list:
+    field = self.data.prompt_field
+    value = row.get(field, row.get("messages") if field == "prompt" else None)
+    if isinstance(value, str):
+      instruction = self.data.instruction
+      messages = [{"role": "user", "content": f"{value} {instruction}".strip()}]
+    elif isinstance(value, list) and value and all(
+        isinstance(m, dict) and isinstance(m.get("content"), str) and m.get("role")
+        for m in value):
+      messages = [{"role": m["role"], "content": m["content"]} for m in value]
+      if messages[-1]["role"] == "assistant":
+        messages = messages[:-1]
+    else:
+      raise BadRow(f"has no prompt: a string {field!r}"
+                   + (" or a 'messages' list of {role, content}" if field == "prompt" else "")
+                   + f" (its fields: {', '.join(sorted(row)) or 'none'})")
+    if not any(m["content"].strip() for m in messages if m["role"] != "system"):
+      raise BadRow("has an empty prompt")
+    if self.data.system_prompt and messages[0]["role"] != "system":
+      messages.insert(0, {"role": "system", "content": self.data.system_prompt})
+    return messages
+
+  def _encode(self, row: dict):
+    messages = self._messages(row)
+    if self.use_chat_template and getattr(self.tokenizer, "chat_template", None):
+      text = self.tokenizer.apply_chat_template(messages, tokenize=False,
+                                                add_generation_prompt=True)
+    else:
+      text = "\n\n".join(m["content"] for m in messages)
+    ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
+    if len(ids) > self.prompt_len:
+      raise BadRow(f"has a prompt of {len(ids)} tokens, more than data.max_prompt_tokens="
+                   f"{self.prompt_len}")
+    user = [m["content"] for m in messages if m["role"] == "user"]
+    columns = {k: v for k, v in row.items() if k not in (self.data.prompt_field, "messages")}
+    answer = row.get(self.data.answer_field)
+    return ids, "" if answer is None else str(answer), user[-1] if user else "", columns
+
+  def _encode_all(self, rows, skipped: dict) -> list:
+    out = []
+    for where, row in rows:
+      try:
+        if isinstance(row, BadRow):
+          raise row
+        out.append(self._encode(row))
+      except BadRow as bad:
+        if self.data.on_bad_row == "raise":
+          raise InputError(f"{where} {bad}; fix the row, or set data.on_bad_row='skip' to skip "
+                           f"such rows and count them.") from None
+        why = str(bad).split(" (")[0].split(";")[0]
+        skipped[why] = skipped.get(why, 0) + 1
+    return out
+
+  def _batch(self, items) -> TablePrompts:
+    tokens, mask = pad_rows([item[0] for item in items], self.prompt_len, self.pad_id, left=True)
+    return TablePrompts(tokens, mask, [item[1] for item in items], [item[2] for item in items],
+                        [item[3] for item in items])
+
+  def train_batch(self, position: int, count: int, seed: int) -> TablePrompts:
+    """Prompts [position, position + count) of a stream reshuffled every epoch by (seed,
+    epoch): any position is reproducible without replay."""
+    return self._batch([self.train[i]
+                        for i in epoch_stream(len(self.train), position, count, seed)])
+
+  def test_batch(self, size: int) -> TablePrompts:
+    if size > len(self.test):
+      raise ConfigError(f"train.eval_size={size} exceeds the {len(self.test)} held-out prompts "
+                        f"of data.source={self.data.source!r}; lower train.eval_size.")
+    return self._batch(self.test[:size])
+
+  def _columns(self, batch: TablePrompts, group_size: int) -> dict:
+    """{column: one value per completion row} (rows repeated G times; None where absent)."""
+    return {k: [row.get(k) for row in batch.columns for _ in range(group_size)]
+            for k in self.column_names}
+
+  def _scores(self, batch: TablePrompts, completion_tokens, completion_mask, group_size: int):
+    completions = self.decode(completion_tokens, completion_mask)
+    prompts = [p for p in batch.user_text for _ in range(group_size)]
+    columns = self._columns(batch, group_size)
+    return [(r, call_reward(r, prompts, completions, columns)) for r in self.rewards]
+
+  def score(self, batch: TablePrompts, completion_tokens, completion_mask,
+            group_size: int) -> np.ndarray:
+    """(B * G,) float32: the weighted sum of reward.fns."""
+    scores = self._scores(batch, completion_tokens, completion_mask, group_size)
+    return sum(r.weight * values for r, values in scores).astype(np.float32)
+
+  def eval_scores(self, batch: TablePrompts, completion_tokens, completion_mask) -> dict:
+    """eval_accuracy: the held-out mean of the weighted reward of one greedy completion per
+    prompt (with one 0/1 reward, its accuracy); with several functions also eval_<function>
+    for each."""
+    scores = self._scores(batch, completion_tokens, completion_mask, 1)
+    out = {"eval_accuracy": sum(r.weight * v for r, v in scores).astype(np.float32)}
+    if len(scores) > 1:
+      out.update({f"eval_{r.name.rpartition(':')[2]}": v.astype(np.float32) for r, v in scores})
+    return out

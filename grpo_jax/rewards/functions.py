@@ -1,0 +1,196 @@
+"""Reward functions named in the config (reward.fns), TRL's way of bringing a reward:
+
+    # my_rewards.py, on PYTHONPATH (or give its path: reward.fns="path/to/my_rewards.py:digits")
+    def digits(prompts, completions, **columns):
+      return [sum(c.isdigit() for c in text) / max(len(text), 1) for text in completions]
+
+    --config.reward.fns=my_rewards:digits [--config.reward.fn_weights=1.0]
+
+Each function receives, for the B completions of one call, `prompts` (B,) the user's prompt
+text, `completions` (B,) the decoded completions, and every other column of the data rows as
+a keyword argument (B values each, the answer column among them), and returns B numbers. An
+`async def` function is awaited. Several functions are summed with reward.fn_weights
+(comma-separated, one per function; "" = all 1.0).
+
+Built-in names (no module):
+  math_verify   1.0 if the completion's final answer equals the answer column's by
+                math-verify (\\frac{1}{2} = 0.5 = 1/2), else 0.0 (pip install math-verify)
+  format_regex  1.0 if the whole completion matches reward.format_regex, else 0.0
+  answer_number 1.0 if the completion's last number equals the answer column's last number
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import functools
+import hashlib
+import importlib
+import importlib.util
+import inspect
+import os
+import re
+import sys
+from typing import Callable
+
+import numpy as np
+
+from grpo_jax.errors import ConfigError
+
+
+@dataclasses.dataclass(frozen=True)
+class RewardFunction:
+  name: str  # the spec as the config gave it, for messages and metrics
+  fn: Callable
+  weight: float
+
+
+def _number(text) -> float | None:
+  found = re.findall(r"-?\d[\d,]*\.?\d*", str(text))
+  if not found:
+    return None
+  try:
+    return float(found[-1].replace(",", "").rstrip("."))
+  except ValueError:
+    return None
+
+
+def answer_number(prompts, completions, *, answers, **_):
+  """1.0 where the completion's last number equals the answer's last number."""
+  del prompts
+  out = []
+  for completion, answer in zip(completions, answers):
+    got, want = _number(completion), _number(answer)
+    out.append(float(got is not None and want is not None and got == want))
+  return out
+
+
+def format_regex(prompts, completions, *, pattern, **_):
+  """1.0 where the whole completion matches `pattern`."""
+  del prompts
+  compiled = re.compile(pattern, re.DOTALL)
+  return [float(compiled.fullmatch(c.strip()) is not None) for c in completions]
+
+
+def math_verify(prompts, completions, *, answers, **_):
+  """1.0 where math-verify finds the completion's answer equal to the gold one."""
+  del prompts
+  from math_verify import parse, verify  # noqa: PLC0415
+  out = []
+  for completion, answer in zip(completions, answers):
+    gold = parse(str(answer))
+    try:
+      out.append(float(bool(gold) and verify(gold, parse(completion))))
+    except Exception:  # noqa: BLE001  math-verify's parser raises on odd input: no match
+      out.append(0.0)
+  return out
+
+
+def _import_module(spec: str, index: int, module: str):
+  where = f"reward.fns[{index}]={spec!r}"
+  if module.endswith(".py"):
+    if not os.path.isfile(module):
+      raise ConfigError(f"{where}: {module} is not a file (cwd {os.getcwd()}); give a path to a "
+                        f".py file or an importable module name.")
+    path = os.path.abspath(module)  # one module per file, whatever its name
+    name = ("grpo_jax_reward_" + os.path.splitext(os.path.basename(module))[0] + "_"
+            + hashlib.sha1(path.encode()).hexdigest()[:8])
+    if name not in sys.modules:
+      loader_spec = importlib.util.spec_from_file_location(name, path)
+      loaded = importlib.util.module_from_spec(loader_spec)
+      sys.modules[name] = loaded
+      try:
+        loader_spec.loader.exec_module(loaded)
+      except Exception as e:
+        del sys.modules[name]
+        raise ConfigError(f"{where}: importing {module} failed ({type(e).__name__}: {e}); fix "
+                          f"the file.") from None
+    return sys.modules[name]
+  try:
+    return importlib.import_module(module)
+  except ModuleNotFoundError as e:
+    raise ConfigError(f"{where}: module {module!r} cannot be imported ({e}); put its folder on "
+                      f"PYTHONPATH, or give a path to the .py file.") from None
+
+
+def _builtin(name: str, config, index: int):
+  answer_field = config.data.answer_field
+  if name == "format_regex":
+    pattern = config.reward.format_regex
+    if not pattern:
+      raise ConfigError(f"reward.fns[{index}]='format_regex' needs reward.format_regex, the "
+                        f"pattern a well-formatted completion matches (e.g. '.*#### -?\\d+').")
+    try:
+      re.compile(pattern)
+    except re.error as e:
+      raise ConfigError(f"reward.format_regex={pattern!r} is not a regular expression ({e}); "
+                        f"fix it.") from None
+    return functools.partial(format_regex, pattern=pattern)
+  if name == "math_verify":
+    try:
+      import math_verify as _  # noqa: F401,PLC0415
+    except ImportError:
+      raise ConfigError("reward.fns names math_verify, which needs the math-verify package: "
+                        "pip install -e '.[math]' (or pip install math-verify).") from None
+  fn = {"math_verify": math_verify, "answer_number": answer_number}[name]
+  return lambda prompts, completions, **columns: fn(
+      prompts, completions, answers=columns.get(answer_field, [""] * len(completions)))
+
+
+BUILTIN = ("math_verify", "format_regex", "answer_number")
+
+
+def load_reward_functions(config) -> tuple[RewardFunction, ...]:
+  """reward.fns, each imported and checked callable, with reward.fn_weights; ConfigError
+  (one sentence naming the entry) before any compute."""
+  specs = [s.strip() for s in config.reward.fns.split(",") if s.strip()]
+  weights_text = [w.strip() for w in config.reward.fn_weights.split(",") if w.strip()]
+  if weights_text and len(weights_text) != len(specs):
+    raise ConfigError(f"reward.fn_weights={config.reward.fn_weights!r} gives "
+                      f"{len(weights_text)} weights for {len(specs)} reward.fns; give one per "
+                      f"function, or none (all 1.0).")
+  try:
+    weights = [float(w) for w in weights_text] or [1.0] * len(specs)
+  except ValueError:
+    raise ConfigError(f"reward.fn_weights={config.reward.fn_weights!r}; give comma-separated "
+                      f"numbers, e.g. '1.0,0.5'.") from None
+  out = []
+  for index, (spec, weight) in enumerate(zip(specs, weights)):
+    if spec in BUILTIN:
+      fn = _builtin(spec, config, index)
+    else:
+      module, _, attr = spec.rpartition(":")
+      if not module or not attr:
+        raise ConfigError(f"reward.fns[{index}]={spec!r}; give module:function (or "
+                          f"path/to/file.py:function), or one of {', '.join(BUILTIN)}.")
+      fn = getattr(_import_module(spec, index, module), attr, None)
+      if not callable(fn):
+        raise ConfigError(f"reward.fns[{index}]={spec!r}: {module} has no function {attr!r}.")
+    out.append(RewardFunction(spec, fn, weight))
+  return tuple(out)
+
+
+def call_reward(reward: RewardFunction, prompts: list, completions: list,
+                columns: dict) -> np.ndarray:
+  """(B,) float64 values of one reward function; an error naming it when it raises (Runtime-
+  Error), or returns a wrong count or a value that is not a finite number (ValueError);
+  grpo_jax/rewards/guard.py then finds the rows at fault."""
+  try:
+    values = reward.fn(prompts, completions, **columns)
+    if inspect.isawaitable(values):
+      values = asyncio.run(values)
+  except Exception as e:  # noqa: BLE001  a user's function may raise anything: name it
+    raise RuntimeError(f"reward function {reward.name!r} raised {type(e).__name__}: "
+                       f"{e}") from e
+  try:
+    values = np.asarray(values, np.float64).reshape(-1)
+  except (TypeError, ValueError):
+    raise ValueError(f"reward function {reward.name!r} returned values that are not numbers; "
+                     f"return one float per completion.") from None
+  if values.shape != (len(completions),):
+    raise ValueError(f"reward function {reward.name!r} returned {values.size} values for "
+                     f"{len(completions)} completions; return one float per completion.")
+  if not np.all(np.isfinite(values)):
+    raise ValueError(f"reward function {reward.name!r} returned "
+                     f"{values[~np.isfinite(values)][0]}; return finite numbers.")
+  return values

@@ -1,0 +1,240 @@
+"""A researcher's own data and reward from config alone (task "table", reward.fns): the README's
+"Bring your own data and reward" section run as written from a folder outside the repository,
+the same rows as Parquet and as a save_to_disk folder, a hub id offline, and each bad row and
+bad reward function ending in one sentence (exit status 2, nothing written to the workdir)."""
+
+import json
+import os
+import random
+import re
+import shlex
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from tests.hf_fixtures import save_tiny_qwen2
+from tests.test_bad_inputs import _expect
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+RECIPE = os.path.join(ROOT, "configs", "grpo_table.py")
+TINY_MODEL = ["--config.train.eval_size=20", "--config.train.eval_batch_size=20",
+              "--config.rollout.max_new_tokens=16", "--config.optim.learning_rate=3e-3",
+              "--config.optim.warmup_steps=0", "--config.train.num_samples=1"]
+
+
+def _readme_section() -> str:
+  with open(os.path.join(ROOT, "README.md")) as f:
+    text = f.read()
+  start = text.index("## Bring your own data and reward")
+  return text[start:text.index("\n## ", start + 1)]
+
+
+def _rows(count=200, seed=0):
+  """Rows shaped like the README's JSON line: a messages list and an answer."""
+  rng = random.Random(seed)
+  rows = []
+  for _ in range(count):
+    a, b = rng.randrange(50), rng.randrange(50)
+    rows.append({"messages": [{"role": "user", "content": f"What is {a} + {b}?"}],
+                 "answer": str(a + b)})
+  return rows
+
+
+def _write_jsonl(path, rows):
+  with open(path, "w") as f:
+    for row in rows:
+      f.write(json.dumps(row) + "\n")
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+  return save_tiny_qwen2(str(tmp_path_factory.mktemp("tiny_qwen2")))
+
+
+def test_the_readmes_own_data_and_reward_learn_from_outside_the_repository(tmp_path, model_dir):
+  section = _readme_section()
+  example = json.loads(re.search(r"```json\n(.*?)\n```", section, re.S).group(1))
+  assert set(example) == set(_rows(1)[0]) and example["messages"][0]["role"] == "user"
+  module = re.search(r"```python\n# my_rewards.py\n(.*?)```", section, re.S).group(1)
+  command = re.search(r"```bash\n(.*?)```", section, re.S).group(1)
+  project = tmp_path / "my_project"  # outside the repository, as the README's `cd`
+  project.mkdir()
+  (project / "my_rewards.py").write_text(module)
+  _write_jsonl(project / "my_data.jsonl", _rows())
+  line = " ".join(command.replace("\\\n", " ").splitlines()[1:])  # after the `cd` line
+  env_part, _, rest = line.partition(" python ")
+  assert env_part == "PYTHONPATH=."
+  argv = shlex.split(rest.replace("$REPO", ROOT))
+  env = dict(os.environ, PYTHONPATH=str(project))
+  out = subprocess.run([sys.executable, *argv, f"--config.model.path={model_dir}",
+                        "--config.train.steps=30", "--config.train.eval_every=30", *TINY_MODEL],
+                       cwd=project, env=env, capture_output=True, text=True, timeout=900)
+  assert out.returncode == 0, out.stderr[-3000:]
+  with open(project / "runs" / "mine" / "metrics.jsonl") as f:
+    records = [json.loads(line) for line in f]
+  rewards = [r["reward_mean"] for r in records if "reward_mean" in r]
+  digits = [r["reward/digit_share_mean"] if "reward/digit_share_mean" in r else None
+            for r in records]
+  first, last = np.mean(rewards[:5]), np.mean(rewards[-5:])
+  print(f"reward_mean first 5 steps {first:.3f}, last 5 {last:.3f}")
+  assert last > first + 0.15, (first, last, digits)
+  evals = [r for r in records if "eval_accuracy" in r]
+  assert {"eval_digit_share", "eval_answer_number"} <= set(evals[-1])
+
+
+def _task(source, model_dir, **data):
+  from grpo_jax.defaults import get_defaults  # noqa: PLC0415
+  from grpo_jax.train.setup import build_task  # noqa: PLC0415
+  config = get_defaults()
+  config.task.name = "table"
+  config.model.path = model_dir
+  config.warmup.steps = 0
+  config.data.update(dict(source=str(source), max_prompt_tokens=64, **data))
+  config.reward.fns = "answer_number"
+  return build_task(config, log=lambda *_: None)
+
+
+def test_parquet_and_save_to_disk_give_the_jsonl_task(tmp_path, model_dir):
+  """The same rows as JSONL, Parquet and a save_to_disk folder make the same task: the same
+  training and held-out prompts, columns and rewards (so the same run)."""
+  import datasets  # noqa: PLC0415
+  rows = _rows(60)
+  _write_jsonl(tmp_path / "rows.jsonl", rows)
+  table = datasets.Dataset.from_list(rows)
+  table.to_parquet(str(tmp_path / "rows.parquet"))
+  table.save_to_disk(str(tmp_path / "saved"))
+  tasks = [_task(tmp_path / name, model_dir) for name in ("rows.jsonl", "rows.parquet", "saved")]
+  assert len(tasks[0].train) == 54 and len(tasks[0].test) == 6  # test_fraction 0.1
+  for task in tasks[1:]:
+    assert task.train == tasks[0].train and task.test == tasks[0].test
+  batch = tasks[0].train_batch(7, 4, seed=3)
+  for task in tasks[1:]:
+    other = task.train_batch(7, 4, seed=3)
+    np.testing.assert_array_equal(other.prompt_tokens, batch.prompt_tokens)
+  tokenizer = tasks[0].tokenizer
+  answer = tokenizer(batch.gold[0] + " is it", add_special_tokens=False)["input_ids"]
+  tokens = np.zeros((4, len(answer)), np.int32)
+  tokens[0] = answer
+  mask = np.zeros_like(tokens, bool)
+  mask[0] = True
+  np.testing.assert_array_equal(tasks[2].score(batch, tokens, mask, 1), [1.0, 0.0, 0.0, 0.0])
+
+
+def test_a_folder_with_a_test_split_and_a_system_prompt(tmp_path, model_dir):
+  rows = _rows(30)
+  (tmp_path / "data").mkdir()
+  _write_jsonl(tmp_path / "data" / "train.jsonl", rows[:20])
+  with open(tmp_path / "data" / "test.csv", "w") as f:
+    f.write("prompt,answer\n" + "".join(f"What is {i} + 1?,{i + 1}\n" for i in range(10)))
+  task = _task(tmp_path / "data", model_dir, system_prompt="Be brief.")
+  assert len(task.train) == 20 and len(task.test) == 10
+  text = task.tokenizer.decode(task.test[3][0])
+  assert text.startswith("<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nWhat is 3 + 1?")
+  assert task.test[3][1] == "4" and task.test[3][2] == "What is 3 + 1?"
+
+
+def test_a_hub_id_offline_is_one_sentence(tmp_path, model_dir, monkeypatch):
+  monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+  monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+  import datasets  # noqa: PLC0415
+  import huggingface_hub.constants  # noqa: PLC0415
+  monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True, raising=False)
+  monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+  from grpo_jax.errors import InputError  # noqa: PLC0415
+  with pytest.raises(InputError, match=r"^data.source='someone/no-such-set' is not a local file "
+                     r"or folder, and loading it as a datasets hub id failed \(.*\); check"):
+    _task("someone/no-such-set", model_dir)
+
+
+BAD_ROWS = [
+    (b'{"prompt": "fine", "answer": "1"}\n\xff\xfe{"prompt": "x"}\n', "rows.jsonl:2 is not UTF-8"),
+    (b'{"prompt": "fine"}\n{"prompt": "a",\n', "rows.jsonl:2 is not valid JSON"),
+    (b'{"prompt": "fine"}\n{"question": "a"}\n', "rows.jsonl:2 has no prompt"),
+    (b'{"prompt": "fine"}\n{"prompt": "   "}\n', "rows.jsonl:2 has an empty prompt"),
+    (b'{"prompt": "fine"}\n{"prompt": "' + b"many words " * 80 + b'"}\n',
+     "rows.jsonl:2 has a prompt of"),
+]
+
+
+@pytest.mark.parametrize("content,needle", BAD_ROWS, ids=["utf8", "json", "no_prompt", "empty",
+                                                           "too_long"])
+def test_a_bad_row_is_one_sentence_or_skipped(tmp_path, capfd, model_dir, content, needle):
+  data = tmp_path / "rows.jsonl"
+  data.write_bytes(content + b'{"prompt": "also fine"}\n' * 20)
+  workdir = tmp_path / "run"
+  workdir.mkdir()
+  argv = [f"--config={RECIPE}", f"--config.model.path={model_dir}", f"--config.data.source={data}",
+          "--config.reward.fns=answer_number", "--config.data.max_prompt_tokens=64"]
+  line = _expect(capfd, argv, str(workdir), needle, "data.on_bad_row='skip'")
+  assert str(data) in line
+  task = _task(data, model_dir, on_bad_row="skip")
+  assert len(task.train) + len(task.test) == 21  # the bad row skipped, the rest kept
+
+
+def _reward_module(tmp_path, body: str) -> str:
+  (tmp_path / "bad_rewards.py").write_text(body)
+  return str(tmp_path / "bad_rewards.py")
+
+
+BAD_REWARDS = [
+    ("def score(prompts, completions, **c):\n  return [1 / 0 for _ in completions]\n",
+     ("reward function", "raised ZeroDivisionError")),
+    ("def score(prompts, completions, **c):\n  return [1.0, 2.0] + [0.0] * len(completions)\n",
+     ("returned 3 values for 1 completions",)),
+    ("def score(prompts, completions, **c):\n  return [float('nan')] * len(completions)\n",
+     ("returned nan",)),
+    ("def other(prompts, completions, **c):\n  return [0.0] * len(completions)\n",
+     ("has no function 'score'",)),
+    ("import no_such_module_here\n", ("importing", "ModuleNotFoundError")),
+]
+
+
+@pytest.mark.parametrize("body,needles", BAD_REWARDS, ids=["raises", "count", "nan", "missing",
+                                                             "import"])
+def test_a_bad_reward_function_is_named_in_one_sentence(tmp_path, capfd, model_dir, body,
+                                                        needles):
+  data = tmp_path / "rows.jsonl"
+  _write_jsonl(data, _rows(20))
+  path = _reward_module(tmp_path, body)
+  workdir = tmp_path / "run"
+  workdir.mkdir()
+  argv = [f"--config={RECIPE}", f"--config.model.path={model_dir}", f"--config.data.source={data}",
+          f"--config.reward.fns={path}:score"]
+  _expect(capfd, argv, str(workdir), f"{path}:score", *needles)
+
+
+def test_a_module_that_cannot_be_imported_names_pythonpath(tmp_path, capfd, model_dir):
+  data = tmp_path / "rows.jsonl"
+  _write_jsonl(data, _rows(20))
+  workdir = tmp_path / "run"
+  workdir.mkdir()
+  argv = [f"--config={RECIPE}", f"--config.model.path={model_dir}", f"--config.data.source={data}",
+          "--config.reward.fns=not_on_the_path:score"]
+  _expect(capfd, argv, str(workdir), "reward.fns[0]='not_on_the_path:score'", "PYTHONPATH")
+
+
+def test_built_in_rewards():
+  from grpo_jax.rewards.functions import answer_number, format_regex, math_verify  # noqa
+  completions = ["so it is 1/2", "0.5", "\\frac{1}{2}", "it is 2", "#### 42"]
+  answers = ["0.5"] * 4 + ["42"]
+  assert math_verify(None, completions, answers=answers) == [1.0, 1.0, 1.0, 0.0, 1.0]
+  assert answer_number(None, completions, answers=answers) == [0.0, 1.0, 0.0, 0.0, 1.0]
+  assert format_regex(None, completions, pattern=r"#### -?\d+") == [0.0] * 4 + [1.0]
+
+
+def test_reward_fns_with_another_task_is_one_sentence():
+  from grpo_jax.config import ConfigError, validate  # noqa: PLC0415
+  from grpo_jax.defaults import get_defaults  # noqa: PLC0415
+  config = get_defaults()
+  config.reward.fns = "answer_number"
+  with pytest.raises(ConfigError, match=r"^reward.fns='answer_number' scores the rows of "
+                     r"task.name='table'"):
+    validate(config)
+
+
+def test_a_missing_file_is_one_sentence(tmp_path, model_dir):
+  from grpo_jax.errors import InputError  # noqa: PLC0415
+  with pytest.raises(InputError, match=r"^data.source='.*nope.jsonl' does not exist"):
+    _task(tmp_path / "nope.jsonl", model_dir)
