@@ -7,6 +7,7 @@ import pytest
 
 from configs import grpo_tiny
 from grpo_jax.train.loop import train
+from grpo_jax.train.metrics import dashboard_tag
 
 wandb = pytest.importorskip("wandb")
 
@@ -41,8 +42,9 @@ def test_offline_wandb_gets_every_record_and_a_resume_continues_the_run(tmp_path
     # Sample completions (samples.jsonl) ride along as text at the evaluation steps.
     texts = {k for k in data if k.startswith("samples/")}
     assert bool(texts) == ("eval_accuracy" in record), (step, texts)
+    # The same values under grouped tags (eval/accuracy, reward/mean, train/loss, ...).
     assert {k: v for k, v in data.items() if k not in texts} == pytest.approx(
-        {k: v for k, v in record.items() if k != "step"})
+        {dashboard_tag(k): v for k, v in record.items() if k != "step"})
   runs = sorted(p.name for p in (workdir / "wandb").glob(f"offline-run-*-{run_id}"))
   assert len(runs) == 2 and all((workdir / "wandb" / r / f"run-{run_id}.wandb").stat().st_size
                                 for r in runs)

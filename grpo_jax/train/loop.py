@@ -305,9 +305,9 @@ def _run(run: Run, state, resumed: bool, ckpts, sigterm) -> TrainState:
         writer.write(at, record)
       if axis.stacked:
         log(_seeds_line(at, t_cfg.steps, per_seed, step_tokens_ / per_step,
-                        clock.elapsed_s / clock.steps_done))
+                        clock.seconds_per_step))
       else:
-        writers[0].progress(at, per_seed[0], clock.elapsed_s / clock.steps_done)
+        writers[0].progress(at, per_seed[0], clock.seconds_per_step)
     check_skips(int(np.max(np.asarray(to_host(state.consecutive_skips)))),
                 t_cfg.max_consecutive_skips, first + len(records) - 1)
 

@@ -17,6 +17,25 @@ TIMING_KEYS = ("tokens_per_s", "step_time_s", "elapsed_s", "rollout_tokens_per_s
                "time_rollout_s", "time_reward_s", "time_update_s")
 
 
+# A step's rollout statistics (rollout_metrics, step_record): TensorBoard's "rollout/" group.
+ROLLOUT_KEYS = ("response_len", "truncated_frac", "frac_groups_all_same", "sampling_rounds",
+                "groups_without_spread")
+
+
+def dashboard_tag(key: str) -> str:
+  """A metrics.jsonl key's TensorBoard / W&B tag, grouped: eval/ (eval_accuracy ->
+  eval/accuracy), reward/ (reward_mean -> reward/mean; reward/<source>_mean as it is), time/
+  (the wall-clock fields), rollout/ (ROLLOUT_KEYS) and train/ (the rest: loss, kl, ...)."""
+  if "/" in key:
+    return key
+  for prefix, group in (("eval_", "eval/"), ("reward_", "reward/")):
+    if key.startswith(prefix):
+      return group + key[len(prefix):]
+  if key in TIMING_KEYS:
+    return "time/" + key
+  return ("rollout/" if key in ROLLOUT_KEYS else "train/") + key
+
+
 def to_python(metrics: Mapping) -> dict:
   out = {}
   for k, v in metrics.items():
@@ -108,7 +127,7 @@ class MetricsWriter:
     if not prefix:
       with open(self.path, "a") as f:
         f.write(json.dumps(record) + "\n")
-    scalars = {f"{prefix}{k}": v for k, v in record.items()
+    scalars = {dashboard_tag(f"{prefix}{k}"): v for k, v in record.items()
                if k != "step" and isinstance(v, (int, float)) and math.isfinite(v)}
     if self._tb is not None:
       for k, v in scalars.items():
@@ -136,6 +155,9 @@ class MetricsWriter:
              f"loss {m['loss']:+.4f}", f"clip {m['clip_frac']:.3f}",
              f"len {m['response_len']:.2f}", f"tok/s {m['tokens_per_s']:,.0f}",
              f"eta {int(eta) // 60}m{int(eta) % 60:02d}s"]
+    if "time_update_s" in m:  # where the step went
+      parts.append(f"rollout {m['time_rollout_s']:.1f}s reward {m['time_reward_s']:.1f}s "
+                   f"update {m['time_update_s']:.1f}s")
     if m.get("reward_errors"):
       parts.append(f"reward errors {m['reward_errors']}")
     if "eval_accuracy" in m:

@@ -30,9 +30,12 @@ class Schedule:
 
 @dataclasses.dataclass(frozen=True)
 class Clock:
-  """Where the loop stands for progress lines: seconds since its first call, steps done."""
+  """Where the loop stands for progress lines: seconds since its first call, steps done, and
+  the seconds a step takes once compiled (the mean over the calls after this process's first,
+  which compiles; the first call's own until there is a second), for the ETA."""
   elapsed_s: float
   steps_done: int
+  seconds_per_step: float
 
 
 def run_steps(state, advance: Callable, evaluate: Callable, write: Callable, *,
@@ -55,6 +58,7 @@ def run_steps(state, advance: Callable, evaluate: Callable, write: Callable, *,
     if schedule.checkpoint_every:
       ckpts.save(state)
   first, start = step_of(state), time.perf_counter()
+  steady = [0.0, 0]  # seconds and steps of the calls after the first (compiled already)
   while step_of(state) < schedule.steps:
     if sigterm.requested:
       ckpts.save(state)
@@ -68,8 +72,11 @@ def run_steps(state, advance: Callable, evaluate: Callable, write: Callable, *,
       for record, metrics in zip(records[-1], evaluate(state, step)):
         record.update(metrics)
     now = time.perf_counter()
+    if step - len(records) > first:  # not this process's first call
+      steady[0], steady[1] = steady[0] + now - called, steady[1] + len(records)
+    per_step = steady[0] / steady[1] if steady[1] else (now - called) / len(records)
     write(state, step - len(records) + 1, records, tokens, now - called,
-          Clock(now - start, step - first))
+          Clock(now - start, step - first, per_step))
     if (schedule.checkpoint_every and step % schedule.checkpoint_every == 0) or \
         step == schedule.steps:
       ckpts.save(state)
