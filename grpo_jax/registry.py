@@ -24,6 +24,7 @@ grpo_jax/defaults.py); a field the section lacks (a plugin's new one) takes the 
 from __future__ import annotations
 
 import functools
+import hashlib
 import importlib
 import importlib.util
 import inspect
@@ -117,6 +118,24 @@ def declared_defaults(fns, section: dict) -> dict:
   return out
 
 
+def load_file_module(path: str):
+  """The module of a .py file, imported once per file (sys.modules, named by its absolute
+  path, so two files of one name stay apart); a file that raises on import is not kept."""
+  path = os.path.abspath(path)
+  name = ("grpo_jax_file_" + os.path.splitext(os.path.basename(path))[0] + "_"
+          + hashlib.sha1(path.encode()).hexdigest()[:8])
+  if name not in sys.modules:
+    module_spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(module_spec)
+    sys.modules[name] = module
+    try:
+      module_spec.loader.exec_module(module)
+    except BaseException:
+      del sys.modules[name]
+      raise
+  return sys.modules[name]
+
+
 def import_plugins(spec: str, log: Callable = print) -> list[str]:
   """Imports the comma-separated modules or .py files of config.imports (their registrations
   run on import); returns their names. A path that does not exist fails in one sentence."""
@@ -128,12 +147,7 @@ def import_plugins(spec: str, log: Callable = print) -> list[str]:
       if not os.path.isfile(item):
         raise UnknownName(f"imports: {item} is not a file (cwd {os.getcwd()}); give a path to a "
                           f".py file or an importable module name.")
-      name = "grpo_jax_plugin_" + os.path.splitext(os.path.basename(item))[0]
-      if name not in sys.modules:
-        module_spec = importlib.util.spec_from_file_location(name, item)
-        module = importlib.util.module_from_spec(module_spec)
-        sys.modules[name] = module
-        module_spec.loader.exec_module(module)
+      load_file_module(item)
     else:
       try:
         importlib.import_module(item)

@@ -24,18 +24,16 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import functools
-import hashlib
 import importlib
-import importlib.util
 import inspect
 import os
 import re
-import sys
 from typing import Callable
 
 import numpy as np
 
 from grpo_jax.errors import ConfigError
+from grpo_jax.registry import load_file_module
 
 
 @dataclasses.dataclass(frozen=True)
@@ -92,20 +90,11 @@ def _import_module(spec: str, index: int, module: str):
     if not os.path.isfile(module):
       raise ConfigError(f"{where}: {module} is not a file (cwd {os.getcwd()}); give a path to a "
                         f".py file or an importable module name.")
-    path = os.path.abspath(module)  # one module per file, whatever its name
-    name = ("grpo_jax_reward_" + os.path.splitext(os.path.basename(module))[0] + "_"
-            + hashlib.sha1(path.encode()).hexdigest()[:8])
-    if name not in sys.modules:
-      loader_spec = importlib.util.spec_from_file_location(name, path)
-      loaded = importlib.util.module_from_spec(loader_spec)
-      sys.modules[name] = loaded
-      try:
-        loader_spec.loader.exec_module(loaded)
-      except Exception as e:
-        del sys.modules[name]
-        raise ConfigError(f"{where}: importing {module} failed ({type(e).__name__}: {e}); fix "
-                          f"the file.") from None
-    return sys.modules[name]
+    try:
+      return load_file_module(module)
+    except Exception as e:  # noqa: BLE001  the user's file may raise anything on import
+      raise ConfigError(f"{where}: importing {module} failed ({type(e).__name__}: {e}); fix "
+                        f"the file.") from None
   try:
     return importlib.import_module(module)
   except ModuleNotFoundError as e:
