@@ -34,8 +34,8 @@ def per_device_bytes(tree, shardings) -> int:
 
 def main():
   optimizer = make_optimizer(OPTIM, 10)
-  state = jax.eval_shape(lambda k: create_train_state(init_params(CFG, k), optimizer, k),
-                         jax.random.key(0))
+  state = jax.eval_shape(lambda k: create_train_state(init_params(CFG, k), optimizer, k,
+                                                     kl_coef=0.001), jax.random.key(0))
   n = sum(x.size for x in jax.tree.leaves(state.params))
   print(f"model: {n / 1e6:.1f}M parameters (fp32), AdamW; 8 CPU devices")
   print("| mesh (data, fsdp, tensor) | params MiB/device | optimizer MiB/device | "

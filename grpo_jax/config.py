@@ -48,6 +48,7 @@ def validate(config) -> None:
   _one_of(rl.loss_aggregation, LOSS_AGGREGATIONS, "rl.loss_aggregation")
   _one_of(rl.kl_in, KL_PLACEMENTS, "rl.kl_in")
   _one_of(rl.value_head, VALUE_HEADS, "rl.value_head")
+  _validate_capabilities(config, task)
   task.check_config(config)
   from grpo_jax.rewards.estimator_inputs import check_inputs  # noqa: PLC0415
   why = check_inputs(estimator.needs, config, task, rl.advantage,
@@ -110,6 +111,12 @@ def validate(config) -> None:
            f"(got {rl.kl_coef}, {rl.kl_target}, {rl.kl_horizon}).")
   _require(0 < rl.ref_mix <= 1, f"rl.ref_mix={rl.ref_mix}; use a value in (0, 1].")
   _require(rl.tis_cap >= 0, f"rl.tis_cap={rl.tis_cap}; use 0 (off) or a positive cap.")
+  _require(not rl.unbiased_kl or (rl.kl_in == "loss" and rl.kl_coef > 0),
+           f"rl.unbiased_kl weights the KL term of the loss, but rl.kl_in={rl.kl_in!r} and "
+           f"rl.kl_coef={rl.kl_coef}; set rl.kl_in='loss' and rl.kl_coef > 0, or "
+           f"rl.unbiased_kl=False.")
+  _require(rl.opsm_delta >= 0, f"rl.opsm_delta={rl.opsm_delta}; use 0 (off) or a KL threshold "
+           f"> 0 (slime's default 1e-4).")
   _require(0 <= rl.overlong_buffer < r.max_new_tokens,
            f"rl.overlong_buffer={rl.overlong_buffer} must be in [0, rollout.max_new_tokens="
            f"{r.max_new_tokens}).")
@@ -226,6 +233,19 @@ def _validate_devices(config) -> None:
     _one_of(dist.mode, ("none", "auto", "explicit"), "distributed.mode")
 
 
+def _validate_capabilities(config, task) -> None:
+  """What the config asks of its task beyond the protocol, against what the task declares at
+  registration (grpo_jax/data/task.py CAPABILITIES)."""
+  w = config.warmup
+  if w.steps > 0 and w.data_path:
+    task.require("supervised", f"warmup.steps={w.steps} with warmup.data_path={w.data_path!r}",
+                 "set warmup.steps=0")
+  elif w.steps > 0:
+    task.require("warmup", f"warmup.steps={w.steps} (a supervised warm-up on the task's own "
+                 f"data)", "set warmup.steps=0 (a real checkpoint needs none), or give "
+                 "warmup.data_path, a jsonl file of {prompt, response}")
+
+
 def _validate_fused(config, task) -> None:
   """train.fused_steps = K > 0 runs K whole RL iterations per host call (grpo_jax/train/fused.py):
   the task's stream and reward must be JAX functions, and every host event (evaluation,
@@ -235,9 +255,8 @@ def _validate_fused(config, task) -> None:
   _require(k >= 0, f"train.fused_steps={k}; use 0 (host loop) or K > 0 steps per program.")
   if not k:
     return
-  _require(hasattr(task.cls, "device_task"),
-           f"train.fused_steps={k} needs a task whose data stream and reward are JAX functions, "
-           f"but task {task.name!r} scores on the host; set train.fused_steps=0.")
+  task.require("device", f"train.fused_steps={k} (data stream and reward as JAX functions)",
+               "set train.fused_steps=0")
   reward = config.get("reward")
   _require(not (reward and (reward.get("models") or reward.get("remote")
                             or reward.rule_weight != 1.0)) and

@@ -31,9 +31,14 @@ def rl_defaults(**overrides) -> ml_collections.ConfigDict:
       tis_cap=0.0,  # truncated importance sampling cap (e.g. 2.0); 0 = off
       entropy_coef=0.0,
       loss_aggregation="token-mean",  # one of LOSS_AGGREGATIONS
-      kl_coef=0.04,  # beta; 0 = no KL (and no reference forward pass)
+      kl_coef=0.04,  # beta; 0 = no KL (no reference forward pass, no reference copy held)
       kl_estimator="k3", kl_clamp=20.0,  # |logp - ref| clamp (verl: 20); 0 = off
       kl_in="loss",  # "loss" (GRPO) or "reward" (PPO / InstructGPT per-token penalty)
+      # DeepSeek-V3.2 (grpo_jax/rl/off_policy.py): the KL term weighted by pi / pi_old, eq. (7)
+      unbiased_kl=False,
+      # ... and off-policy sequence masking, eq. (9): no policy-gradient loss on a completion
+      # with a negative advantage whose mean log(pi_sampler / pi) exceeds this delta; 0 = off
+      opsm_delta=0.0,
       adaptive_kl=False, kl_target=0.1, kl_horizon=10_000.0,
       ref_update_every=0,  # refresh the reference every N steps; 0 = frozen
       ref_mix=1.0,  # ref <- mix * policy + (1 - mix) * ref at a refresh

@@ -9,7 +9,6 @@ DIR/samples.jsonl (the first train.num_samples prompts' greedy completions, scor
 from __future__ import annotations
 
 import json
-import os
 import time
 
 import jax
@@ -45,11 +44,11 @@ def main(argv):
                      samples_out=samples, progress=lambda done, total: print(
                          f"eval: {done}/{total} prompts, {time.perf_counter() - start:.0f} s",
                          flush=True))
-  os.makedirs(_WORKDIR.value, exist_ok=True)
-  with open(os.path.join(_WORKDIR.value, "eval.json"), "w") as f:
-    json.dump(metrics, f, indent=2)
-  with open(os.path.join(_WORKDIR.value, "samples.jsonl"), "w") as f:
-    f.writelines(json.dumps(dict(s, step=0)) + "\n" for s in samples[0])
+  from grpo_jax.train import files  # noqa: PLC0415
+  files.makedirs(_WORKDIR.value)
+  files.write_atomic(files.path(_WORKDIR.value, "eval.json"), json.dumps(metrics, indent=2))
+  files.write_atomic(files.path(_WORKDIR.value, "samples.jsonl"),
+                     "".join(json.dumps(dict(s, step=0)) + "\n" for s in samples[0]))
   for line in format_samples(samples[0], limit=len(samples[0])):
     print(line)
   for name, value in metrics.items():

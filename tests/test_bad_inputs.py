@@ -223,7 +223,7 @@ def test_a_bad_data_file_names_the_file_and_line(capfd, tmp_path, checkpoint, ca
     needles = (f"{path}:2 is not UTF-8",)
   else:
     path = _write_lines(data, "train", [good, "[1, 2]"])
-    needles = (f"{path}:2 lacks",)
+    needles = (f"{path}:2 is not a JSON object; each line must be one object.",)
   _gsm8k(capfd, tmp_path, *needles, model=checkpoint, data=data)
 
 

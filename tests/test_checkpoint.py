@@ -370,3 +370,24 @@ def test_a_field_added_since_the_record_at_its_default_is_no_change(tmp_path):
   assert config_changes(config, str(tmp_path)) == {}
   config.data.system_prompt = "Be brief."
   assert config_changes(config, str(tmp_path)) == {"data.system_prompt": [None, "Be brief."]}
+
+
+def test_runs_without_kl_hold_no_reference_and_read_older_checkpoints(tmp_path):
+  """With rl.kl_coef == 0 the state holds no reference copy (nothing reads it); a checkpoint
+  written with one (before this rule) restores into such a state, the copy dropped, every
+  other leaf bit for bit."""
+  from grpo_jax.train.state import create_train_state
+  params = {"w": jnp.arange(6.0).reshape(2, 3), "b": jnp.float32(0.5)}
+  optimizer = optax.adam(1e-3)
+  assert create_train_state(params, optimizer, jax.random.key(0)).ref_params is None
+  older = create_train_state(params, optimizer, jax.random.key(0), kl_coef=0.1)
+  older = older.replace(step=jnp.int32(3), kl_coef=jnp.float32(0.0))
+  assert older.ref_params is not None
+  ckpts = Checkpoints(str(tmp_path / "ckpt"), keep=2, log=lambda *_: None)
+  ckpts.save(older)
+  template = jax.eval_shape(lambda: create_train_state(params, optimizer, jax.random.key(0)))
+  restored = ckpts.restore_latest(template)
+  ckpts.close()
+  assert restored.ref_params is None
+  _assert_trees_equal(restored.replace(key=jax.random.key_data(restored.key)),
+                      older.replace(ref_params=None, key=jax.random.key_data(older.key)))

@@ -41,7 +41,7 @@ def test_gsm8k_recipe_trains_evaluates_and_exports(tmp_path):
     assert {"eval_accuracy", "eval_accuracy_flexible", "eval_pass_at_2"} <= set(r)
   for r in records[1:]:
     assert 0.0 <= r["reward_mean"] <= 1.0 and r["response_len"] > 0
-  assert "dropped" in out.stdout  # long prompts were filtered, and said so
+  assert "skipped 113 rows: 113 prompts longer than" in out.stdout  # long prompts were filtered, and said so
   export = work / "hf_export"
   assert {"config.json", "model.safetensors", "tokenizer.json"} <= set(os.listdir(export))
 

@@ -79,3 +79,48 @@ def test_warmup_answers_drop_carries_at_the_configured_rate():
   assert np.all((answers == a + b) | (answers == drop_carries(a, b)))
   wrong_rate = np.mean(answers[has_carry] != (a + b)[has_carry])
   assert wrong_rate == pytest.approx(0.75, abs=0.03)
+
+
+def test_capabilities_are_declared_at_registration_and_checked_by_validation():
+  """A task's optional capabilities are named where it registers: a missing method is a
+  TypeError at import, and a config asking for a capability its task lacks is one sentence."""
+  import ml_collections
+
+  from grpo_jax.config import validate
+  from grpo_jax.data.task import TASKS, register_task
+  from grpo_jax.defaults import get_defaults
+  from grpo_jax.errors import ConfigError
+
+  class NoDevice(AdditionTask):
+    device_task = None  # hasattr true, but the class is not registered with "device"
+  with pytest.raises(TypeError, match=r"task 'broken' \(.*Broken\) lacks warmup_batch"):
+    @register_task("broken", capabilities=("warmup",))
+    class Broken:  # noqa: F841
+      check_config = from_config = train_batch = test_batch = score = eval_scores = None
+      prompt_texts = labels = decode = eos_id = pad_id = None
+  with pytest.raises(TypeError, match="unknown capabilities \\['fast'\\]"):
+    register_task("broken", capabilities=("fast",))(AdditionTask)
+  assert "broken" not in dict(TASKS.items())
+  register_task("addition_on_host", capabilities=("warmup",), replace=True)(NoDevice)
+  config = get_defaults()
+  config.task.name = "addition_on_host"
+  config.train.update(dict(fused_steps=2, steps=4, eval_every=2, checkpoint_every=2))
+  with pytest.raises(ConfigError, match=r"^train.fused_steps=2 \(data stream and reward as JAX "
+                     r"functions\) needs a task with the 'device' capability \(device_task\), "
+                     r"which task 'addition_on_host' does not declare \(it declares: warmup\); "
+                     r"set train.fused_steps=0\.$"):
+    validate(config)
+  config = ml_collections.ConfigDict(get_defaults().to_dict())
+  config.task.name = "table"
+  with pytest.raises(ConfigError, match=r"^warmup.steps=1000 \(a supervised warm-up on the "
+                     r"task's own data\) needs a task with the 'warmup' capability"):
+    validate(config)
+  from grpo_jax.train.stages import check_pair_sources
+  with pytest.raises(ConfigError, match=r"^rm.train_path='' \(pairs made by the task\) needs a "
+                     r"task with the 'preference_pairs' capability \(train_operands\), which "
+                     r"task 'table' does not declare \(it declares: none\); give a jsonl"):
+    check_pair_sources(config)
+  config.task.name = "addition"
+  check_pair_sources(config)
+  assert TASKS.get("addition").capabilities == {"step_rewards", "device", "warmup", "supervised",
+                                                "preference_pairs"}

@@ -50,7 +50,8 @@ class PromptBatch:
   operands: np.ndarray  # (B, 2) int64
 
 
-@register_task("addition", provides=("step_rewards",))
+@register_task("addition", capabilities=("step_rewards", "device", "warmup", "supervised",
+                                           "preference_pairs"))
 class AdditionTask:
   """Train/test problems, tokenisation, and the data stream for RL and warm-up. Rewards are
   "tokens" rewards (grpo_jax.rewards.registry) against the answer's tokens, exact_match by
@@ -183,6 +184,14 @@ class AdditionTask:
     """The target answers as text (as the task writes them), for rewards reading text."""
     return [self.tokenizer.decode(t[m].tolist()) for t, m in
             zip(np.asarray(batch.target_tokens), np.asarray(batch.target_mask, bool))]
+
+  def prompt_texts(self, batch: PromptBatch) -> list[str]:
+    """The prompts as text ("<bos>12+34=" decoded)."""
+    return self.decode(batch.prompt_tokens, batch.prompt_mask)
+
+  def decode(self, completion_tokens, completion_mask) -> list[str]:
+    return [self.tokenizer.decode(t[m].tolist()) for t, m in
+            zip(np.asarray(completion_tokens), np.asarray(completion_mask, bool))]
 
   def eval_scores(self, batch: PromptBatch, completion_tokens, completion_mask) -> dict:
     return {"eval_accuracy": np.asarray(self.reward.fn(

@@ -83,8 +83,6 @@ class ChatArithmeticTask(ChatTextTask):
     total = len(all_problems(top, ops))
     _require(0 < task.test_size < total, f"task.test_size={task.test_size} must be in (0, "
              f"{total}) for task.max_operand={top} and task.operations={ops!r}; lower it.")
-    _require(config.warmup.steps == 0, f"warmup.steps={config.warmup.steps}: the supervised "
-             f"warm-up is for the synthetic task only; set warmup.steps=0 for a real checkpoint.")
     get_reward(reward_name(config, DEFAULT_REWARD), "text", "chat_arithmetic")
 
   @classmethod

@@ -53,10 +53,20 @@ class TablePrompts:
 
 
 class BadRow(Exception):
-  """A row that cannot be used; the message says why."""
+  """A row that cannot be used; the message says why, `kind` (the message without its
+  details) is what skipped rows are counted by."""
+
+  def __init__(self, message: str, kind: str = ""):
+    super().__init__(message)
+    self.kind = kind or message.split(" (")[0].split(";")[0]
 
 
-def _jsonl(path: str):
+class LongPrompt(BadRow):
+  """A prompt longer than data.max_prompt_tokens."""
+
+
+def jsonl_rows(path: str):
+  """(where "file:line", row dict or BadRow) of a .jsonl file, blank lines skipped."""
   with open(path, "rb") as f:
     for number, raw in enumerate(f, 1):
       where = f"{path}:{number}"
@@ -73,14 +83,15 @@ def _jsonl(path: str):
       except json.JSONDecodeError as e:
         yield where, BadRow(f"is not valid JSON ({e.msg}); each line must be one object")
         continue
-      yield where, row if isinstance(row, dict) else BadRow("is not a JSON object")
+      yield where, row if isinstance(row, dict) else BadRow(
+          "is not a JSON object; each line must be one object")
 
 
 def _file_rows(path: str):
   """(where, row dict or BadRow) of one file."""
   ext = os.path.splitext(path)[1]
   if ext == ".jsonl":
-    yield from _jsonl(path)
+    yield from jsonl_rows(path)
     return
   try:
     if ext == ".json":
@@ -167,8 +178,11 @@ def _require(condition: bool, message: str) -> None:
 
 @register_task("table")
 class TableTask(ChatTextTask):
-  """Rows of the user's own data (module docstring), scored by reward.fns."""
+  """Rows of the user's own data (module docstring), scored by reward.fns. A task built on it
+  (GSM8K) overrides `read_rows`, `render` and the class attributes below."""
   batch_class = TablePrompts
+  name = "table"  # in log lines
+  skip_long_prompts = False  # True: prompts over data.max_prompt_tokens always skipped, counted
 
   @staticmethod
   def check_config(config) -> None:
@@ -184,8 +198,6 @@ class TableTask(ChatTextTask):
              f"unknown; valid: {', '.join(BAD_ROW_MODES)}.")
     _require(0 < data.test_fraction < 1, f"data.test_fraction={data.test_fraction}; use a "
              f"fraction in (0, 1) of the rows held out when the source has no test split.")
-    _require(config.warmup.steps == 0, f"warmup.steps={config.warmup.steps}: the supervised "
-             f"warm-up is for the synthetic task only; set warmup.steps=0.")
     _require(bool(config.reward.fns.strip()), "task.name='table' scores with reward.fns, which "
              "is empty; name your function (--config.reward.fns=my_module:my_reward) or a "
              "built-in: math_verify, format_regex, answer_number.")
@@ -202,8 +214,7 @@ class TableTask(ChatTextTask):
     self.data = data_cfg
     self.prompt_len = data_cfg.max_prompt_tokens
     self.use_chat_template = data_cfg.use_chat_template
-    train, test = read_splits(data_cfg.source, data_cfg.train_split, data_cfg.test_split,
-                              data_cfg.subset)
+    train, test = self.read_rows(data_cfg)
     skipped = {}
     self.train = self._encode_all(train, skipped)
     # every column name any row has: each reward call receives them all (None where absent)
@@ -216,14 +227,15 @@ class TableTask(ChatTextTask):
     else:
       self.test = self._encode_all(test, skipped)
     if skipped:
-      log(f"table: skipped {sum(skipped.values())} rows (data.on_bad_row='skip'): " + "; ".join(
+      log(f"{self.name}: skipped {sum(skipped.values())} rows: " + "; ".join(
           f"{n} {why}" for why, n in sorted(skipped.items())))
     if not self.train or not self.test:
       raise InputError(f"data.source={data_cfg.source!r} leaves no "
                        f"{'training' if not self.train else 'held-out'} rows ({len(self.train)} "
-                       f"train, {len(self.test)} held-out); add rows.")
-    log(f"table: {len(self.train)} training and {len(self.test)} held-out prompts from "
-        f"{data_cfg.source}")
+                       f"train, {len(self.test)} held-out) within data.max_prompt_tokens="
+                       f"{self.prompt_len}; add rows or raise it.")
+    log(f"{self.name}: {len(self.train)} training and {len(self.test)} held-out prompts from "
+        f"{self.describe_source(data_cfg)}")
     probe = self._batch(self.test[:1])
     empty = np.zeros((1, 1), np.int32), np.zeros((1, 1), bool)
     for reward in rewards:  # a broken function fails here, before any compute, in one sentence
@@ -233,6 +245,22 @@ class TableTask(ChatTextTask):
         raise InputError(f"{e} on a probe call (the first held-out row, an empty completion); "
                          f"fix it: it must take (prompts, completions, **columns) and return "
                          f"one finite float per completion.") from None
+
+  def read_rows(self, data_cfg):
+    """(train rows, test rows or None): lists of (where, row dict or BadRow)."""
+    return read_splits(data_cfg.source, data_cfg.train_split, data_cfg.test_split,
+                       data_cfg.subset)
+
+  def describe_source(self, data_cfg) -> str:
+    return data_cfg.source
+
+  def render(self, messages: list) -> str:
+    """The prompt text of a conversation: the tokenizer's chat template (data.use_chat_template,
+    when it has one), else the contents joined by blank lines."""
+    if self.use_chat_template and getattr(self.tokenizer, "chat_template", None):
+      return self.tokenizer.apply_chat_template(messages, tokenize=False,
+                                                add_generation_prompt=True)
+    return "\n\n".join(m["content"] for m in messages)
 
   def _messages(self, row: dict) -> list:
     field = self.data.prompt_field
@@ -258,15 +286,11 @@ class TableTask(ChatTextTask):
 
   def _encode(self, row: dict):
     messages = self._messages(row)
-    if self.use_chat_template and getattr(self.tokenizer, "chat_template", None):
-      text = self.tokenizer.apply_chat_template(messages, tokenize=False,
-                                                add_generation_prompt=True)
-    else:
-      text = "\n\n".join(m["content"] for m in messages)
-    ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
+    ids = self.tokenizer(self.render(messages), add_special_tokens=False)["input_ids"]
     if len(ids) > self.prompt_len:
-      raise BadRow(f"has a prompt of {len(ids)} tokens, more than data.max_prompt_tokens="
-                   f"{self.prompt_len}")
+      raise LongPrompt(f"has a prompt of {len(ids)} tokens, more than data.max_prompt_tokens="
+                       f"{self.prompt_len}", f"prompts longer than data.max_prompt_tokens="
+                       f"{self.prompt_len}")
     user = [m["content"] for m in messages if m["role"] == "user"]
     columns = {k: v for k, v in row.items() if k not in (self.data.prompt_field, "messages")}
     answer = row.get(self.data.answer_field)
@@ -280,11 +304,11 @@ class TableTask(ChatTextTask):
           raise row
         out.append(self._encode(row))
       except BadRow as bad:
-        if self.data.on_bad_row == "raise":
+        if self.data.on_bad_row == "raise" and not (self.skip_long_prompts
+                                                   and isinstance(bad, LongPrompt)):
           raise InputError(f"{where} {bad}; fix the row, or set data.on_bad_row='skip' to skip "
                            f"such rows and count them.") from None
-        why = str(bad).split(" (")[0].split(";")[0]
-        skipped[why] = skipped.get(why, 0) + 1
+        skipped[bad.kind] = skipped.get(bad.kind, 0) + 1
     return out
 
   def _batch(self, items) -> TablePrompts:
@@ -301,7 +325,8 @@ class TableTask(ChatTextTask):
   def test_batch(self, size: int) -> TablePrompts:
     if size > len(self.test):
       raise ConfigError(f"train.eval_size={size} exceeds the {len(self.test)} held-out prompts "
-                        f"of data.source={self.data.source!r}; lower train.eval_size.")
+                        f"of {self.describe_source(self.data)} that fit data.max_prompt_tokens="
+                        f"{self.prompt_len}; lower train.eval_size.")
     return self._batch(self.test[:size])
 
   def _columns(self, batch: TablePrompts, group_size: int) -> dict:

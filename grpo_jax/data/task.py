@@ -3,15 +3,19 @@
 A task turns a config into prompts, and completions into rewards. The RL loop knows nothing
 else of it. Register a new one with its builder and its config check:
 
-    @register_task("my_task", provides=())
+    @register_task("my_task", capabilities=())
     class MyTask:
       @staticmethod
       def check_config(config): ...           # ConfigError sentences, before any compute
       @classmethod
       def from_config(cls, config, log): ...  # the Task
 
-Built-ins: "addition" (grpo_jax.data.arithmetic), "chat_arithmetic", "gsm8k" and "table" (a
-researcher's own rows and reward functions, grpo_jax.data.table).
+`capabilities` names what the task offers beyond the protocol (CAPABILITIES below: process
+rewards, a device form for the fused loop, warm-up data, ...); registration checks the class has
+their methods, and config validation checks a config asks only for what its task declared.
+
+Built-ins: "addition" (grpo_jax.data.arithmetic), "chat_arithmetic", "table" (a researcher's
+own rows and reward functions, grpo_jax.data.table) and "gsm8k" (the table task on GSM8K's rows).
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ class Task(Protocol):
   """
   tokenizer: Any  # encode/decode, len() = vocabulary the model must cover
   max_new_tokens: int  # completion length of evaluation (and the rollout's)
+  capabilities: frozenset  # what it declared at registration (CAPABILITIES; register_task)
 
   @property
   def eos_id(self) -> int: ...
@@ -55,6 +60,16 @@ class Task(Protocol):
   def eval_scores(self, prompts, completion_tokens, completion_mask) -> dict:
     """{metric name: (B,) per-prompt score} of one greedy completion per prompt; must hold
     "eval_accuracy"."""
+
+  def prompt_texts(self, batch) -> list[str]:
+    """The user's text of each prompt (without the policy's chat markup): what remote rewards,
+    reward models with their own tokenizer and the samples file read."""
+
+  def labels(self, batch) -> list[str]:
+    """The gold answer of each prompt as text ("" where there is none)."""
+
+  def decode(self, completion_tokens, completion_mask) -> list[str]:
+    """The text of each completion row."""
 
 
 class StepRewardTask(Task, Protocol):
@@ -78,11 +93,40 @@ class DeviceTask:
   step_rewards: Callable[..., Any] | None = None
 
 
+# What a task may offer beyond the protocol, declared where it is registered
+# (`register_task(name, capabilities=...)`): each capability is the methods the class promises.
+# Registration checks that the class has them; config validation checks, once and before any
+# compute, that a config asks only for what its task declares (grpo_jax/config.py).
+CAPABILITIES = {
+    # process rewards of each completion's steps (estimators that read step_rewards)
+    "step_rewards": ("step_rewards",),
+    # the stream and the reward as JAX functions (train.fused_steps)
+    "device": ("device_task",),
+    # its own supervised warm-up data (warmup.steps > 0 with warmup.data_path "")
+    "warmup": ("warmup_batch",),
+    # tokenises {prompt, response} files (warmup.data_path, reward-model pairs from files)
+    "supervised": ("supervised_example",),
+    # makes reward-model preference pairs itself (rm.train_path "")
+    "preference_pairs": ("train_operands",),
+}
+REQUIRED = ("check_config", "from_config", "train_batch", "test_batch", "score", "eval_scores",
+            "prompt_texts", "labels", "decode", "eos_id", "pad_id")
+
+
 @dataclasses.dataclass(frozen=True)
 class TaskEntry:
   name: str
   cls: type
-  provides: tuple[str, ...]  # estimator inputs the task can produce (e.g. "step_rewards")
+  capabilities: frozenset  # names of CAPABILITIES the class declares
+
+  def require(self, capability: str, setting: str, fix: str) -> None:
+    """A ConfigError naming `setting` and `fix` unless the task declares `capability`."""
+    if capability not in self.capabilities:
+      from grpo_jax.errors import ConfigError  # noqa: PLC0415
+      raise ConfigError(
+          f"{setting} needs a task with the {capability!r} capability ("
+          f"{', '.join(CAPABILITIES[capability])}), which task {self.name!r} does not declare "
+          f"(it declares: {', '.join(sorted(self.capabilities)) or 'none'}); {fix}.")
 
   def check_config(self, config) -> None:
     self.cls.check_config(config)
@@ -95,12 +139,27 @@ class TaskEntry:
 TASKS = Registry("task.name")
 
 
-def register_task(name: str, provides=(), replace: bool = False):
+def register_task(name: str, capabilities=(), replace: bool = False):
   """Class decorator: registers a Task class with `check_config(config)` and
   `from_config(config, log, *, fields)` as task `name`: from_config's keyword-only parameters
-  are the task's fields in config.task, with their defaults (grpo_jax/registry.py `bind`)."""
+  are the task's fields in config.task, with their defaults (grpo_jax/registry.py `bind`).
+  `capabilities` names what it offers beyond the protocol (CAPABILITIES); a missing method of
+  the protocol or of a declared capability is a TypeError here, at import."""
+  capabilities = frozenset(capabilities)
+
   def add(cls):
-    TASKS.register(name, TaskEntry(name, cls, tuple(provides)), replace=replace)
+    unknown = sorted(capabilities - CAPABILITIES.keys())
+    if unknown:
+      raise TypeError(f"task {name!r} declares unknown capabilities {unknown}; known: "
+                      f"{', '.join(CAPABILITIES)}.")
+    wanted = REQUIRED + tuple(m for c in sorted(capabilities) for m in CAPABILITIES[c])
+    missing = [m for m in wanted if not hasattr(cls, m)]
+    if missing:
+      raise TypeError(f"task {name!r} ({cls.__qualname__}) lacks {', '.join(missing)}: the Task "
+                      f"protocol's methods and those of its declared capabilities "
+                      f"(grpo_jax/data/task.py).")
+    cls.capabilities = capabilities
+    TASKS.register(name, TaskEntry(name, cls, capabilities), replace=replace)
     return cls
   return add
 

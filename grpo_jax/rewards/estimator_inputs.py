@@ -149,7 +149,7 @@ def greedy_rewards(r: HostRound) -> Provided:
 
 def _no_step_rewards(config, task) -> Optional[str]:
   from grpo_jax.rewards.sources import uses_process_model  # noqa: PLC0415
-  if "step_rewards" in task.provides or uses_process_model(config):
+  if "step_rewards" in task.capabilities or uses_process_model(config):
     return None
   return (f"which task {task.name!r} does not provide; pick another estimator or set "
           f"reward.process_model.")

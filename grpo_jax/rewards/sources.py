@@ -140,27 +140,12 @@ class RewardSources:
 # ----------------------------------------------------------------------------- texts
 
 
-def _decode(tokenizer, ids) -> str:
-  try:
-    return tokenizer.decode(ids, skip_special_tokens=True)
-  except TypeError:  # grpo_jax's CharTokenizer (stops at <eos>)
-    return tokenizer.decode(ids)
-
-
 def row_texts(task, prompts, tokens, mask, group_size: int):
   """Per completion row: (prompt text, completion text, label) as a remote server or another
-  tokenizer reads them. The prompt is the task's own text when it has one (`prompt_texts`),
-  else its tokens decoded; the label is the task's (`labels`: the gold answer), else ""."""
-  count = np.asarray(prompts.prompt_tokens).shape[0]
-  if hasattr(task, "prompt_texts"):
-    prompt_texts = list(task.prompt_texts(prompts))
-  else:
-    prompt_texts = [_decode(task.tokenizer, t[m].tolist()) for t, m in zip(
-        np.asarray(prompts.prompt_tokens), np.asarray(prompts.prompt_mask, bool))]
-  labels = list(task.labels(prompts)) if hasattr(task, "labels") else [""] * count
-  completions = [_decode(task.tokenizer, t[m].tolist()) for t, m in zip(tokens, mask)]
+  tokenizer reads them: the task's prompt_texts, decode and labels (the gold answer)."""
+  completions = list(task.decode(tokens, mask))
   repeat = lambda xs: [x for x in xs for _ in range(group_size)]  # noqa: E731
-  return repeat(prompt_texts), completions, repeat(labels)
+  return repeat(list(task.prompt_texts(prompts))), completions, repeat(list(task.labels(prompts)))
 
 
 def retokenise(tokenizer, prompts: list, completions: list, max_tokens: int):

@@ -1,14 +1,15 @@
 """The RL objective as a pure function of arrays: no model, no params, no batch layout.
 
-    per-token loss = pg_t * w_t  [+ beta * KL_t   if rl.kl_in == "loss" and rl.kl_coef > 0]
-                                 [- c_H * H_t     if rl.entropy_coef]
+    per-token loss = pg_t * w_t * M_t  [+ beta * KL_t  if rl.kl_in == "loss", rl.kl_coef > 0]
+                                       [- c_H * H_t    if rl.entropy_coef]
     loss           = agg(per-token loss)  [+ c_V * agg(value loss)   if values are given]
 
 pg_t is the registered policy loss rl.loss (PPO-clip, asymmetric or dual clip, GSPO, ...:
 grpo_jax/rl/losses.py) of log pi(a_t) against old log pi(a_t) and the advantage, w_t the
-truncated importance weight (when rl.tis_cap > 0), KL_t the rl.kl_estimator of log pi against
-the reference (rl/kl.py), H_t the entropy, and agg the rl.loss_aggregation (rl/aggregation.py)
-over the loss mask with the given normaliser. The value loss is the clipped one of rl/losses.py
+truncated importance weight (when rl.tis_cap > 0), M_t DeepSeek-V3.2's off-policy sequence mask
+(when rl.opsm_delta > 0; rl/off_policy.py), KL_t the rl.kl_estimator of log pi against the
+reference (rl/kl.py; times pi / pi_old with rl.unbiased_kl), H_t the entropy, and agg the
+rl.loss_aggregation (rl/aggregation.py) over the loss mask with the given normaliser. The value loss is the clipped one of rl/losses.py
 against the returns.
 
 The update (grpo_jax/train/update.py) is "forward, then this": it computes log-probs, entropy
@@ -33,17 +34,20 @@ import jax.numpy as jnp
 from grpo_jax.rl.aggregation import aggregate, loss_normalizer, masked_sum
 from grpo_jax.rl.kl import kl_penalty
 from grpo_jax.rl.losses import POLICY_LOSSES, entropy_bonus, value_loss
+from grpo_jax.rl.off_policy import importance_weighted_kl, off_policy_sequence_mask
 
 # The objective's metric sums that are divided by the token count (`tokens`) once summed over
 # micro-batches and minibatches; the others (pg_loss, value_loss, loss) are already normalised.
-TOKEN_SUMS = ("kl", "clip_frac", "dual_clip_frac", "entropy", "ratio", "value_clip_frac")
+TOKEN_SUMS = ("kl", "clip_frac", "dual_clip_frac", "entropy", "ratio", "value_clip_frac",
+              "opsm_masked_frac")
 
 Objective = Callable[..., tuple[jax.Array, dict]]
 
 
 def make_objective(rl) -> Objective:
   """objective(logp, old_logp, advantages, loss_mask, entropy, *, kl_coef, ref_logp=None,
-  is_weights=None, values=None, old_values=None, returns=None, normalizer=None)
+  is_weights=None, sampler_logp=None, values=None, old_values=None, returns=None,
+  normalizer=None)
   -> (loss, sums) for the config's rl section (read here, once).
 
   logp: (B, N) log pi(a_t) of the policy being differentiated. old_logp: (B, N) the sampling
@@ -51,22 +55,25 @@ def make_objective(rl) -> Objective:
   (B, N) bool. entropy: (B, N) the policy's entropy per token (a metric; the bonus when
   rl.entropy_coef). kl_coef: the KL weight beta (a scalar array: the adaptive controller
   moves it). is_weights: (B, N) truncated importance weights, required when rl.tis_cap > 0.
+  sampler_logp: (B, N) the sampler's log-probs, required when rl.opsm_delta > 0.
   values / old_values / returns: (B, N) for a critic, else None. normalizer: the aggregation's
   denominator; None uses loss_normalizer(loss_mask) of these rows (pass the whole minibatch's
   when calling on one micro-batch of it, so that the micro-batches' losses add up to its).
 
   sums: pg_loss, kl, clip_frac, dual_clip_frac, entropy, ratio, tokens (+ value_loss,
-  value_clip_frac with values), loss: per-token metrics summed over the loss mask (TOKEN_SUMS;
-  divide by `tokens`) and the normalised losses, so that they add up over micro-batches.
+  value_clip_frac with values; opsm_masked_frac, the masked tokens, with rl.opsm_delta),
+  loss: per-token metrics summed over the loss mask (TOKEN_SUMS; divide by `tokens`) and the
+  normalised losses, so that they add up over micro-batches.
   """
   mode, policy_loss = rl.loss_aggregation, POLICY_LOSSES.bind(rl.loss, rl)
   tis, kl_in_loss = rl.tis_cap > 0, rl.kl_in == "loss" and rl.kl_coef > 0
   kl_estimator, kl_clamp = rl.kl_estimator, rl.kl_clamp or None
+  unbiased_kl, opsm_delta = rl.unbiased_kl, rl.opsm_delta
   entropy_coef, value_coef, value_clip = rl.entropy_coef, rl.value_coef, rl.value_clip_eps
 
   def objective(logp, old_logp, advantages, loss_mask, entropy, *, kl_coef, ref_logp=None,
-                is_weights=None, values=None, old_values=None, returns=None,
-                normalizer=None):
+                is_weights=None, sampler_logp=None, values=None, old_values=None,
+                returns=None, normalizer=None):
     mask = loss_mask.astype(bool)
     if normalizer is None:
       normalizer = loss_normalizer(mask, mode)
@@ -75,7 +82,12 @@ def make_objective(rl) -> Objective:
     pm.setdefault("dual_clipped", jnp.zeros_like(mask))
     if tis:
       pg = pg * is_weights
+    if opsm_delta:
+      kept = off_policy_sequence_mask(logp, sampler_logp, advantages, mask, opsm_delta)
+      pg = pg * kept
     kl = kl_penalty(logp, ref_logp, mask, kl_estimator, kl_clamp)
+    if unbiased_kl:
+      kl = importance_weighted_kl(kl, logp, old_logp, mask)
     per_token = pg
     if kl_in_loss:
       per_token = per_token + kl_coef * kl
@@ -87,6 +99,8 @@ def make_objective(rl) -> Objective:
                 dual_clip_frac=masked_sum(pm["dual_clipped"], mask),
                 entropy=masked_sum(entropy, mask), ratio=masked_sum(pm["ratio"], mask),
                 tokens=jnp.sum(mask).astype(jnp.float32))
+    if opsm_delta:
+      sums["opsm_masked_frac"] = masked_sum(1.0 - kept, mask)
     if values is not None:
       vl, vm = value_loss(values, old_values, returns, mask, value_clip)
       v_agg = aggregate(vl, mask, mode, normalizer)

@@ -19,7 +19,6 @@ import contextlib
 import json
 import logging
 import os
-import shutil
 import sys
 import tempfile
 import zlib
@@ -31,6 +30,7 @@ import orbax.checkpoint as ocp
 
 from grpo_jax.errors import silence_stderr_for_good
 from grpo_jax.models.layout import stack_layers, unstack_layers
+from grpo_jax.train import files
 from grpo_jax.train.faults import RunStopped
 from grpo_jax.train.state import TrainState
 
@@ -73,27 +73,26 @@ CRC_FILE = "crc32.json"  # in each step folder: {relative path: CRC-32} of its i
 
 def file_checksums(item_dir: str) -> dict:
   """{path relative to the step folder: CRC-32 (hex)} of every file under `item_dir`."""
-  base = os.path.dirname(item_dir)
+  base = files.path(item_dir).parent
   sums = {}
-  for root, _, files in os.walk(item_dir):
-    for name in sorted(files):
-      path = os.path.join(root, name)
+  for root, _, names in files.path(item_dir).walk():
+    for name in sorted(names):
+      path = root / name
       crc = 0
-      with open(path, "rb") as f:
+      with path.open("rb") as f:
         while chunk := f.read(1 << 24):
           crc = zlib.crc32(chunk, crc)
-      sums[os.path.relpath(path, base)] = f"{crc:08x}"
+      sums[str(path.relative_to(base))] = f"{crc:08x}"
   return sums
 
 
 def verify_checksums(step_dir: str) -> None:
   """Raises ValueError naming the first file whose CRC-32 differs from the one recorded at save
   (or that is missing); a step saved without a record is not checked."""
-  record = os.path.join(step_dir, CRC_FILE)
-  if not os.path.exists(record):
+  text = files.read_text(files.path(step_dir, CRC_FILE))
+  if text is None:
     return
-  with open(record) as f:
-    want = json.load(f)
+  want = json.loads(text)
   got = file_checksums(os.path.join(step_dir, "default"))
   for path, crc in sorted(want.items()):
     if got.get(path) != crc:
@@ -203,9 +202,8 @@ class Checkpoints:
       if jax.process_index() == 0:  # the files are complete: record their checksums
         step_dir = os.path.join(self.directory, str(step))
         sums = file_checksums(os.path.join(step_dir, "default"))
-        with open(os.path.join(step_dir, CRC_FILE + ".tmp"), "w") as f:
-          json.dump(sums, f, indent=0, sort_keys=True)
-        os.replace(os.path.join(step_dir, CRC_FILE + ".tmp"), os.path.join(step_dir, CRC_FILE))
+        files.write_atomic(files.path(step_dir, CRC_FILE),
+                           json.dumps(sums, indent=0, sort_keys=True))
     except Exception as e:  # noqa: BLE001  orbax / tensorstore wrap OSErrors in several types
       raise self._save_failed(step, before, e) from e
     return True
@@ -216,9 +214,13 @@ class Checkpoints:
     # orbax's failed write tasks are collected later, each logging "Task exception was never
     # retrieved" with its traceback: the run is ending with its own sentence, so silence them.
     logging.getLogger("asyncio").setLevel(logging.CRITICAL)
-    for name in os.listdir(self.directory) if os.path.isdir(self.directory) else ():
-      if name == str(step) or (name.startswith(f"{step}.") and "tmp" in name):
-        shutil.rmtree(os.path.join(self.directory, name), ignore_errors=True)
+    folder = files.path(self.directory)
+    for child in folder.iterdir() if folder.is_dir() else ():
+      if child.name == str(step) or (child.name.startswith(f"{step}.") and "tmp" in child.name):
+        try:
+          child.rmtree()
+        except OSError:
+          pass
     full = "No space left on device" in str(error) or getattr(error, "errno", None) == 28
     reason = "the disk is full" if full else _short(error)
     previous = (f"the previous checkpoint {self.directory}/{before[-1]} is intact" if before
@@ -235,11 +237,19 @@ class Checkpoints:
     abstract = jax.eval_shape(to_saveable, template)
     item = os.path.join(step_dir, "default")
     with ocp.StandardCheckpointer() as checkpointer:
-      if _has_per_layer_params(checkpointer.metadata(item).item_metadata.tree):
+      saved = checkpointer.metadata(item).item_metadata.tree
+      # Saved before runs without KL stopped holding a reference copy: read it, then drop it.
+      drop_reference = abstract.ref_params is None and bool(jax.tree.leaves(
+          saved.get("ref_params")))
+      if drop_reference:
+        abstract = abstract.replace(ref_params=abstract.params)
+      if _has_per_layer_params(saved):
         tree = checkpointer.restore(item, _per_layer_template(abstract))
         tree = _stack_layers(tree, abstract)
       else:
         tree = checkpointer.restore(item, abstract)
+    if drop_reference:
+      tree = tree.replace(ref_params=None)
     state = from_saveable(tree)
     check_restored(state, step)
     return state
@@ -261,7 +271,7 @@ class Checkpoints:
                  f"({_short(e)}); trying the one before it.")
         continue
       for bad in damaged:
-        os.replace(os.path.join(self.directory, str(bad)), self._aside(bad))
+        files.path(self.directory, str(bad)).rename(self._aside(bad))
       if damaged:
         self.manager.reload()
       return state
@@ -272,10 +282,10 @@ class Checkpoints:
           f"recorded config or use a new --workdir (nothing was moved or deleted).") from error
     return None
 
-  def _aside(self, step: int) -> str:
-    path, n = os.path.join(self.directory, f"{step}.unreadable"), 1
-    while os.path.exists(path):
-      path, n = os.path.join(self.directory, f"{step}.unreadable{n}"), n + 1
+  def _aside(self, step: int):
+    path, n = files.path(self.directory, f"{step}.unreadable"), 1
+    while path.exists():
+      path, n = files.path(self.directory, f"{step}.unreadable{n}"), n + 1
     return path
 
   def close(self) -> None:

@@ -11,6 +11,7 @@ from grpo_jax.models.config import ModelConfig
 from grpo_jax.models.lora import merge
 from grpo_jax.parallel import distributed
 from grpo_jax.parallel.distributed import to_host
+from grpo_jax.train import files
 from grpo_jax.train.setup import uses_lora
 
 
@@ -35,13 +36,16 @@ def export_policy(config, state, model_cfg: ModelConfig, workdir: str, log) -> N
       with jax.default_device(jax.devices("cpu")[0]):
         full = merge(base, params, model_cfg.lora_scale)
     t = config.train
-    export_hf_checkpoint(full, model_cfg, out, source_dir=config.model.path,
-                         dtype=t.export_dtype, max_shard_bytes=int(t.export_max_shard_mb * 2**20))
+    with files.local_folder(out) as folder:
+      export_hf_checkpoint(full, model_cfg, folder, source_dir=config.model.path,
+                           dtype=t.export_dtype,
+                           max_shard_bytes=int(t.export_max_shard_mb * 2**20))
     log(f"exported the trained policy as a Hugging Face checkpoint ({t.export_dtype}): {out}"
         + (" (LoRA adapters merged)" if base is not None else ""))
   if lora:
     out = os.path.join(workdir, "peft_adapter")
     lo = config.lora
-    export_peft_adapter(params, model_cfg, out, rank=lo.rank, alpha=lo.alpha,
-                        use_rslora=lo.use_rslora, base_model=config.model.path)
+    with files.local_folder(out) as folder:
+      export_peft_adapter(params, model_cfg, folder, rank=lo.rank, alpha=lo.alpha,
+                          use_rslora=lo.use_rslora, base_model=config.model.path)
     log(f"exported the LoRA adapters in PEFT's format: {out}")

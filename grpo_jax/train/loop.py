@@ -29,7 +29,7 @@ from grpo_jax.rewards.estimator_inputs import uses_greedy
 from grpo_jax.rewards.guard import reward_name
 from grpo_jax.rewards.sources import RewardSources, build_reward_sources
 from grpo_jax.rl.estimators import ESTIMATORS
-from grpo_jax.train import fused, host_source  # noqa: F401  (register the built-in sources)
+from grpo_jax.train import files, fused, host_source  # noqa: F401  (fused, host_source: register the built-in sources)
 from grpo_jax.train.checkpoint import Checkpoints, step_of
 from grpo_jax.train.evaluation import make_evaluator
 from grpo_jax.train.experience_source import (EXPERIENCE_SOURCES, Run, for_source,
@@ -146,10 +146,10 @@ def _train(config, workdir: str, log, axis: SeedAxis, mesh, task, configs, base_
       resumed = state is not None
       for wd, changed in zip(workdirs, changes) if main_process else ():
         record_start(wd, step_of(state) if resumed else None, changed)
-        dropped = keep_records_until(os.path.join(wd, "metrics.jsonl"),
+        dropped = keep_records_until(files.path(wd, "metrics.jsonl"),
                                      step_of(state) if resumed else -1)
-        if os.path.exists(os.path.join(wd, "samples.jsonl")):
-          keep_records_until(os.path.join(wd, "samples.jsonl"), step_of(state) if resumed else -1)
+        if files.exists(files.path(wd, "samples.jsonl")):
+          keep_records_until(files.path(wd, "samples.jsonl"), step_of(state) if resumed else -1)
       if resumed and uses_lora(config):  # the frozen base is not in the checkpoint
         origin = "model.path" if uses_checkpoint(config) else "the seed"
         log(f"resumed from checkpoint {ckpts.directory}/{step_of(state)} (LoRA adapters; the "

@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import sys
 from typing import Mapping
 
 import numpy as np
+
+from grpo_jax.train import files
 
 # Wall-clock fields: the only metrics that differ between two runs of the same config.
 TIMING_KEYS = ("tokens_per_s", "step_time_s", "elapsed_s", "rollout_tokens_per_s",
@@ -80,10 +81,9 @@ def keep_records_until(path: str, step: int) -> int:
   beside the old one and renamed over it, so a kill during the rewrite loses nothing. Returns
   how many lines were dropped."""
   kept, dropped = [], 0
-  if os.path.exists(path):
-    with open(path) as f:
-      lines = f.read().splitlines()
-    for line in lines:
+  text = files.read_text(path)
+  if text is not None:
+    for line in text.splitlines():
       try:
         record_step = json.loads(line)["step"]
         keep = record_step <= step
@@ -93,19 +93,14 @@ def keep_records_until(path: str, step: int) -> int:
         kept.append(line)
       else:
         dropped += 1
-  partial = path + ".tmp"
-  with open(partial, "w") as f:
-    f.writelines(line + "\n" for line in kept)
-    f.flush()
-    os.fsync(f.fileno())
-  os.replace(partial, path)
+  files.write_atomic(path, "".join(line + "\n" for line in kept))
   return dropped
 
 
 class MetricsWriter:
   def __init__(self, workdir: str, total_steps: int, stream=sys.stdout, enabled: bool = True,
                wandb_run=None):
-    self.path = os.path.join(workdir, "metrics.jsonl")
+    self.path = files.path(workdir, "metrics.jsonl")
     self.total_steps = total_steps
     self.stream = stream
     self.enabled = enabled  # only process 0 of a multi-host run writes
@@ -116,17 +111,21 @@ class MetricsWriter:
       return
     try:
       from tensorboardX import SummaryWriter
-      self._tb = SummaryWriter(logdir=workdir, flush_secs=10)
     except ImportError:  # optional: metrics.jsonl is the record of truth
-      self._tb = None
+      return
+    try:
+      self._tb = SummaryWriter(logdir=str(workdir), flush_secs=10)
+    except Exception as e:  # noqa: BLE001  gs:// needs google-cloud-storage, s3:// boto3
+      print(f"warning: no TensorBoard events in {workdir} ({type(e).__name__}: "
+            f"{str(e).splitlines()[0] if str(e) else ''}); metrics.jsonl has every record.",
+            file=stream)
 
   def write(self, step: int, metrics: Mapping, prefix: str = "") -> None:
     if not self.enabled:
       return
     record = {"step": int(step), **to_python(metrics)}
     if not prefix:
-      with open(self.path, "a") as f:
-        f.write(json.dumps(record) + "\n")
+      files.append(self.path, json.dumps(record) + "\n")
     scalars = {dashboard_tag(f"{prefix}{k}"): v for k, v in record.items()
                if k != "step" and isinstance(v, (int, float)) and math.isfinite(v)}
     if self._tb is not None:

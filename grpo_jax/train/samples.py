@@ -11,26 +11,11 @@ and W&B as text when those are on; `python -m grpo_jax.eval` writes them beside 
 from __future__ import annotations
 
 import json
-import os
 
 import numpy as np
 
 from grpo_jax.prompt_batch import concat_batches, take_rows
-
-
-def prompt_texts(task, batch) -> list[str]:
-  """The user's text of each prompt (the task's prompt_texts), or the decoded prompt tokens."""
-  if hasattr(task, "prompt_texts"):
-    return list(task.prompt_texts(batch))
-  tokens, mask = np.asarray(batch.prompt_tokens), np.asarray(batch.prompt_mask)
-  return [task.tokenizer.decode(t[m].tolist()) for t, m in zip(tokens, mask)]
-
-
-def completion_texts(task, tokens, mask) -> list[str]:
-  if hasattr(task, "decode"):
-    return list(task.decode(tokens, mask))
-  tokens, mask = np.asarray(tokens), np.asarray(mask)
-  return [task.tokenizer.decode(t[m].tolist()) for t, m in zip(tokens, mask)]
+from grpo_jax.train import files
 
 
 def describe(task, batch, rows, completion_tokens, completion_mask, rewards, split: str,
@@ -42,7 +27,7 @@ def describe(task, batch, rows, completion_tokens, completion_mask, rewards, spl
   correct = task.eval_scores(prompts, tokens, mask)["eval_accuracy"]
   return [dict(step=int(step), split=split, prompt=p, completion=c, reward=float(r),
                correct=float(k))
-          for p, c, r, k in zip(prompt_texts(task, prompts), completion_texts(task, tokens, mask),
+          for p, c, r, k in zip(task.prompt_texts(prompts), task.decode(tokens, mask),
                                 np.asarray(rewards), correct)]
 
 
@@ -80,15 +65,14 @@ class SamplesWriter:
   """Appends sample records to workdir/samples.jsonl (and TensorBoard / W&B text)."""
 
   def __init__(self, workdir: str, enabled: bool = True, metrics_writer=None):
-    self.path = os.path.join(workdir, "samples.jsonl")
+    self.path = files.path(workdir, "samples.jsonl")
     self.enabled = enabled
     self._metrics = metrics_writer
 
   def write(self, samples: list[dict]) -> None:
     if not self.enabled or not samples:
       return
-    with open(self.path, "a") as f:
-      f.writelines(json.dumps(s) + "\n" for s in samples)
+    files.append(self.path, "".join(json.dumps(s) + "\n" for s in samples))
     if self._metrics is not None:
       self._metrics.write_text(samples[0]["step"], f"samples/{samples[0]['split']}",
                                "\n\n".join(f"{s['prompt']}\n-> {s['completion']} (reward "

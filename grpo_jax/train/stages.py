@@ -26,11 +26,12 @@ import numpy as np
 
 from grpo_jax import config as config_lib
 from grpo_jax.data.supervised import (PairData, SupervisedData, addition_preference_pairs,
-                                      read_jsonl, write_jsonl)
+                                      read_jsonl)
 from grpo_jax.errors import ConfigError
 from grpo_jax.models.reward_model import (export_reward_model, init_reward_model,
                                           sequence_reward)
 from grpo_jax.rl.preference import bradley_terry_loss, pair_accuracy
+from grpo_jax.train import files
 from grpo_jax.train.checkpoint import Checkpoints, step_of
 from grpo_jax.train.evaluation import make_evaluator
 from grpo_jax.train.faults import TerminationFlag
@@ -132,8 +133,10 @@ def train_sft(config, workdir: str, log=print):
                       lambda state, step: evaluate_policy(state.params), write,
                       Schedule(steps, steps, config.train.checkpoint_every), log)
     from grpo_jax.models.hf_export import export_hf_checkpoint  # noqa: PLC0415
-    out = export_hf_checkpoint(state.params, model_cfg, os.path.join(workdir, "hf_export"),
-                               config.model.path or None, export_model_type(config, model_cfg))
+    out = os.path.join(workdir, "hf_export")
+    with files.local_folder(out) as folder:
+      export_hf_checkpoint(state.params, model_cfg, folder, config.model.path or None,
+                           export_model_type(config, model_cfg))
     log(f"sft: exported the policy to {out}")
   return state.params
 
@@ -141,17 +144,29 @@ def train_sft(config, workdir: str, log=print):
 # ----------------------------------------------------------------------------- reward model
 
 
+def check_pair_sources(config) -> None:
+  """Where each split's preference pairs come from, against what the task declared: a file
+  needs a task that tokenises {prompt, response} text, no file one that makes pairs itself."""
+  from grpo_jax.data.task import TASKS  # noqa: PLC0415
+  entry = TASKS.get(config.task.name)
+  for split in ("train", "test"):
+    path = config.rm[f"{split}_path"]
+    if path:
+      entry.require("supervised", f"rm.{split}_path={path!r}", "use a task that tokenises "
+                    "text pairs (addition, gsm8k)")
+    else:
+      entry.require("preference_pairs", f"rm.{split}_path='' (pairs made by the task)",
+                    "give a jsonl file of {prompt, chosen, rejected}")
+
+
 def rm_pairs(config, task, split: str, policy=None) -> list[dict]:
   """rm.train_path / rm.test_path's pairs, or (empty path) pairs made from the task: with a
   starting `policy` (model_cfg, params) a share rm.policy_fraction of them on-policy (the
   right answer against the policy's own wrong samples, `policy_pairs`: the mistakes PPO will
   meet), the rest synthetic (`addition_preference_pairs`)."""
-  path = config.rm.get(f"{split}_path", "")
+  path = config.rm[f"{split}_path"]
   if path:
     return read_jsonl(path, ("prompt", "chosen", "rejected"))
-  if not hasattr(task, "train_operands"):
-    raise ConfigError(f"rm.{split}_path is empty and task {config.task.name!r} cannot make "
-                      f"preference pairs; give a jsonl file of {{prompt, chosen, rejected}}.")
   count = config.rm.train_pairs if split == "train" else config.rm.test_pairs
   on_policy = []
   if policy is not None and config.rm.policy_fraction > 0:
@@ -247,6 +262,7 @@ def train_reward_model(config, workdir: str, log=print):
   for name in ("steps", "batch_size"):
     if rm[name] < 1:
       raise ConfigError(f"rm.{name}={rm[name]}; use at least 1.")
+  check_pair_sources(config)
   task = build_task(config, log)
   key = jax.random.key(config.seed)
   model_cfg, policy = build_model(config, jax.random.fold_in(key, 0))
@@ -280,13 +296,9 @@ def train_reward_model(config, workdir: str, log=print):
         lambda state, step: [evaluate_pairs(rewards, state.params, test, rm.batch_size)], write,
         Schedule(rm.steps, rm.eval_every, config.train.checkpoint_every), log)
     if rm.export:
-      out = export_reward_model(state.params, model_cfg, os.path.join(workdir, "hf_export"),
-                                export_model_type(config, model_cfg), task.pad_id)
+      out = os.path.join(workdir, "hf_export")
+      with files.local_folder(out) as folder:
+        export_reward_model(state.params, model_cfg, folder, export_model_type(config, model_cfg),
+                            task.pad_id)
       log(f"rm: exported the reward model to {out}")
   return state
-
-
-def write_pairs(config, task, out_dir: str) -> None:
-  """The task's generated pairs as jsonl files (train.jsonl, test.jsonl) in out_dir."""
-  for split in ("train", "test"):
-    write_jsonl(os.path.join(out_dir, f"{split}.jsonl"), rm_pairs(config, task, split))

@@ -29,7 +29,8 @@ class TrainState(flax.struct.PyTreeNode):
   params: Any  # the policy's trainable params: all of them, or the LoRA adapters
   value_params: Any  # critic head (+ backbone for a separate critic), or None
   opt_state: Any  # of the pair (params, value_params)
-  ref_params: Any  # frozen reference; None under LoRA (the base is the reference)
+  ref_params: Any  # frozen reference; None under LoRA (the base is the reference) and when
+  # rl.kl_coef == 0 (nothing reads it)
   kl_coef: jax.Array  # beta (moves under the adaptive controller)
   key: jax.Array
   data_position: jax.Array
@@ -66,8 +67,9 @@ def create_train_state(params, optimizer: optax.GradientTransformation, key,
                        value_params=None, kl_coef: float = 0.0,
                        base_params=None) -> TrainState:
   """A fresh state whose frozen reference is a copy of the starting policy; with
-  `base_params` (LoRA: params are then the adapters) the reference is that base, uncopied."""
-  ref = jax.tree.map(jnp.copy, params) if base_params is None else None
+  `base_params` (LoRA: params are then the adapters) the reference is that base, uncopied;
+  with kl_coef 0 there is none (no KL term reads it, and a copy of the weights is saved)."""
+  ref = jax.tree.map(jnp.copy, params) if base_params is None and kl_coef > 0 else None
   return TrainState(step=jnp.int32(0), params=params, value_params=value_params,
                     opt_state=optimizer.init((params, value_params)), ref_params=ref,
                     kl_coef=jnp.float32(kl_coef), key=key, data_position=jnp.int32(0),

@@ -61,7 +61,8 @@ def loss_and_sums(trainable, mb: Batch, normalizer, kl_coef, *, model_cfg: Model
       is_weights = truncated_is_weights(old_logp, mb.sampler_logprobs, completion, rl.tis_cap)
   objective = objective or make_objective(rl)
   loss, sums = objective(logp, old_logp, mb.advantages, mb.loss_mask, entropy, kl_coef=kl_coef,
-                         ref_logp=mb.ref_logprobs, is_weights=is_weights, values=values,
+                         ref_logp=mb.ref_logprobs, is_weights=is_weights,
+                         sampler_logp=mb.sampler_logprobs, values=values,
                          old_values=mb.old_values, returns=mb.returns, normalizer=normalizer)
   if reuse:  # the rollout metrics preparation reports otherwise, over the completion tokens
     # Without a reference (rl.kl_coef == 0) the KL metric is measured against the old policy.

@@ -17,15 +17,13 @@ def start_wandb(config, workdir: str):
   if not project:
     return None
   import wandb  # noqa: PLC0415
-  id_file = os.path.join(workdir, "wandb_run_id")
-  if os.path.exists(id_file):
-    with open(id_file) as f:
-      run_id = f.read().strip()
-  else:
+  from grpo_jax.train import files  # noqa: PLC0415
+  id_file = files.path(workdir, "wandb_run_id")
+  run_id = (files.read_text(id_file) or "").strip()
+  if not run_id:
     run_id = uuid.uuid4().hex[:12]
-    with open(id_file, "w") as f:
-      f.write(run_id)
-  return wandb.init(project=project, dir=workdir, id=run_id, resume="allow",
+    files.write_atomic(id_file, run_id)
+  return wandb.init(project=project, dir=None if files.is_uri(workdir) else workdir, id=run_id, resume="allow",
                     mode=train_cfg.wandb_mode, config=config.to_dict(),
                     name=os.path.basename(os.path.abspath(workdir)),
                     settings=wandb.Settings(silent=True))

@@ -11,6 +11,7 @@ import platform
 import subprocess
 
 from grpo_jax.errors import InputError, first_line
+from grpo_jax.train import files
 from grpo_jax.train.faults import RunStopped
 
 PACKAGES = ("jax", "jaxlib", "flax", "optax", "orbax-checkpoint", "transformers", "numpy")
@@ -53,6 +54,8 @@ def check_workdir(workdir: str) -> None:
   if not workdir:
     raise InputError("--workdir is empty; pass the folder for the run's outputs, e.g. "
                      "--workdir=/tmp/grpo_tiny.")
+  if files.is_uri(workdir):  # an object store: its first write says whether it can be written
+    return
   path = os.path.abspath(workdir)
   if os.path.exists(path) and not os.path.isdir(path):
     raise InputError(f"--workdir={workdir} is a file, not a folder; pass a folder (new or one "
@@ -76,12 +79,28 @@ class WorkdirLock:
   """An exclusive lock on workdir/.lock for the whole run: a second run on the same workdir
   stops at once, naming the holder's PID. It is a flock, which the kernel releases when the
   holding process ends in any way (kill -9 included), so no stale lock is ever left behind;
-  the file's content is only the holder's PID, for the message."""
+  the file's content is only the holder's PID, for the message.
+
+  On an object store (a gs:// workdir) no such lock can be made safe: there is no flock, and a
+  lock object left by a preempted VM could not be told from a live one, which would block the
+  automatic resume preemptible VMs rely on. There the lock is advisory: .lock names the last
+  run to start (host and PID) and nothing stops a second run, so give each run its own
+  workdir."""
 
   def __init__(self, workdir: str):
     self.workdir, self.path, self.fd = workdir, os.path.join(workdir, ".lock"), None
 
   def __enter__(self) -> "WorkdirLock":
+    if files.is_uri(self.workdir):
+      try:
+        files.makedirs(self.workdir)
+        files.write_atomic(files.path(self.workdir, ".lock"),
+                           f"{platform.node()} {os.getpid()}")
+      except Exception as e:  # noqa: BLE001  fsspec back-ends raise their own types
+        raise InputError(f"--workdir={self.workdir} cannot be written ({type(e).__name__}: "
+                         f"{first_line(e)}); check the URI and its credentials (gs:// needs "
+                         f"gcsfs).") from None
+      return self
     import fcntl  # noqa: PLC0415  (POSIX; the project runs on Linux)
     try:
       os.makedirs(self.workdir, exist_ok=True)
@@ -110,9 +129,9 @@ class WorkdirLock:
 
 
 def write_config(config, workdir: str) -> None:
-  os.makedirs(workdir, exist_ok=True)
-  with open(os.path.join(workdir, "config.json"), "w") as f:
-    f.write(config.to_json_best_effort(indent=2, sort_keys=True))
+  files.makedirs(workdir)
+  files.write_atomic(files.path(workdir, "config.json"),
+                     config.to_json_best_effort(indent=2, sort_keys=True))
 
 
 # Fields a resumed run may change without train.allow_config_change: how long it runs and
@@ -138,12 +157,11 @@ def config_changes(config, workdir: str) -> dict:
   workdir/config.json (a field only one side has counts, with None on the other, except a
   field the record lacks that holds its default: one added to grpo_jax since the record was
   written); empty when there is no record."""
-  path = os.path.join(workdir, "config.json")
-  if not os.path.exists(path):
+  text = files.read_text(files.path(workdir, "config.json"))
+  if text is None:
     return {}
   try:
-    with open(path) as f:
-      old = _flat(json.load(f))
+    old = _flat(json.loads(text))
   except ValueError:
     return {"config.json": ["unreadable", "replaced"]}
   new = _flat(json.loads(config.to_json_best_effort(sort_keys=True)))
@@ -174,19 +192,17 @@ def record_start(workdir: str, resumed_from_step: int | None,
   """Appends this start (time, resumed step, versions, code, and the config fields it changed
   from the previous start) to workdir/run_info.json, whose "starts" list then tells which code
   and settings produced which part of the run."""
-  path = os.path.join(workdir, "run_info.json")
+  path = files.path(workdir, "run_info.json")
   info = {"starts": []}
-  if os.path.exists(path):
+  text = files.read_text(path)
+  if text is not None:
     try:
-      with open(path) as f:
-        info = json.load(f)
+      info = json.loads(text)
     except ValueError:
       info = {"starts": []}
   entry = {"time": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
            "resumed_from_step": resumed_from_step, "versions": package_versions(),
            **code_version(), "config_changes": config_changes or {}}
   info["starts"] = [*info.get("starts", []), entry]
-  with open(path + ".tmp", "w") as f:
-    json.dump(info, f, indent=2)
-  os.replace(path + ".tmp", path)
+  files.write_atomic(path, json.dumps(info, indent=2))
   return entry

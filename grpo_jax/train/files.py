@@ -1,0 +1,89 @@
+"""One filesystem layer for what a run writes under its workdir (config, run record, metrics,
+samples, evaluation reports, the lock, checkpoint checksums, the exported checkpoint):
+etils.epath, as orbax does, so that a gs:// (or s3://, any fsspec URI) workdir works like a
+local folder. Checkpoints themselves are orbax's, which writes such URIs itself.
+
+Object stores cannot append to or rename an object, but each write of a whole object is atomic
+there. So on a URI `append` rewrites the object with its new lines (a run's own records are
+small) and `write_atomic` writes the object in one go; a local path keeps the POSIX way
+(append; write beside, fsync, rename). gs:// needs gcsfs (pip install gcsfs), s3:// s3fs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+
+from etils import epath
+
+
+def path(base, *parts) -> epath.Path:
+  return epath.Path(base).joinpath(*parts)
+
+
+def is_uri(p) -> bool:
+  """Whether `p` is an object-store URI (gs://bucket/...) rather than a local path."""
+  return "://" in os.fspath(p) if not isinstance(p, epath.Path) else "://" in str(p)
+
+
+def exists(p) -> bool:
+  return epath.Path(p).exists()
+
+
+def makedirs(p) -> None:
+  epath.Path(p).mkdir(parents=True, exist_ok=True)
+
+
+def read_text(p) -> str | None:
+  """The file's text, or None when it does not exist."""
+  p = epath.Path(p)
+  return p.read_text() if p.exists() else None
+
+
+def write_atomic(p, text: str) -> None:
+  """Replaces the file's content with `text` so that a reader (or a kill) never sees half of
+  it."""
+  p = epath.Path(p)
+  if is_uri(p):
+    p.write_text(text)
+    return
+  partial = f"{p}.tmp"
+  with open(partial, "w") as f:
+    f.write(text)
+    f.flush()
+    os.fsync(f.fileno())
+  os.replace(partial, p)
+
+
+def append(p, text: str) -> None:
+  """Adds `text` at the end of the file (created if absent)."""
+  p = epath.Path(p)
+  if is_uri(p):
+    p.write_text((read_text(p) or "") + text)
+    return
+  with open(p, "a") as f:
+    f.write(text)
+
+
+@contextlib.contextmanager
+def local_folder(out: str):
+  """A local folder to write the folder `out` into: `out` itself, or (a URI) a temporary folder
+  uploaded to it afterwards, for writers of local files only (safetensors)."""
+  if not is_uri(out):
+    yield out
+    return
+  with tempfile.TemporaryDirectory() as folder:
+    yield folder
+    upload_folder(folder, out)
+
+
+def upload_folder(local: str, target) -> None:
+  """Copies the files of a local folder to `target`, a URI folder."""
+  target = epath.Path(target)
+  for root, _, names in os.walk(local):
+    for name in names:
+      src = os.path.join(root, name)
+      dst = target / os.path.relpath(src, local)
+      dst.parent.mkdir(parents=True, exist_ok=True)
+      dst.write_bytes(open(src, "rb").read())
