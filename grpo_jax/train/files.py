@@ -24,7 +24,7 @@ def path(base, *parts) -> epath.Path:
 
 def is_uri(p) -> bool:
   """Whether `p` is an object-store URI (gs://bucket/...) rather than a local path."""
-  return "://" in os.fspath(p) if not isinstance(p, epath.Path) else "://" in str(p)
+  return "://" in str(p)
 
 
 def exists(p) -> bool:
@@ -86,4 +86,5 @@ def upload_folder(local: str, target) -> None:
       src = os.path.join(root, name)
       dst = target / os.path.relpath(src, local)
       dst.parent.mkdir(parents=True, exist_ok=True)
-      dst.write_bytes(open(src, "rb").read())
+      with open(src, "rb") as f:
+        dst.write_bytes(f.read())
