@@ -2,8 +2,8 @@
 estimators, rewards, tasks, model families), so that the registries are full before a config
 is validated. A researcher's own entries come from config.imports (grpo_jax.registry)."""
 
-from grpo_jax.data import arithmetic, chat_arithmetic, gsm8k, table  # noqa: F401  tasks
+from grpo_jax.data import addition_work, arithmetic, chat_arithmetic, gsm8k, table  # noqa: F401
 from grpo_jax.models import families  # noqa: F401  model families
 from grpo_jax.rewards import exact_match, number_answer  # noqa: F401  token, text rewards
 from grpo_jax.rewards import gsm8k as gsm8k_rewards  # noqa: F401  text rewards
-from grpo_jax.rl import estimators, kl, losses  # noqa: F401  advantages, KL, policy losses
+from grpo_jax.rl import drpo, estimators, kl, losses  # noqa: F401  objectives, advantages, KL, losses

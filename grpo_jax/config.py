@@ -44,6 +44,8 @@ def validate(config) -> None:
   estimator = ESTIMATORS.get(rl.advantage)
   ESTIMATORS.bind(rl.advantage, rl, estimator.fn)  # the entries' own checks
   POLICY_LOSSES.bind(rl.loss, rl)
+  from grpo_jax.rl.objective import make_objective  # noqa: PLC0415
+  make_objective(rl, r.group_size)  # the objective's own checks
   KL_ESTIMATORS.get(rl.kl_estimator)
   _one_of(rl.loss_aggregation, LOSS_AGGREGATIONS, "rl.loss_aggregation")
   _one_of(rl.kl_in, KL_PLACEMENTS, "rl.kl_in")
@@ -71,6 +73,11 @@ def validate(config) -> None:
              f"rollout.temperature={r.temperature} (greedy) makes the G completions of a prompt "
              f"identical, so rl.advantage={rl.advantage!r} compares equal rewards and nothing "
              f"learns; use a temperature > 0 (1.0 is usual).")
+  if rl.keep_sampling_mask:
+    _require(r.temperature > 0 and (r.top_p < 1 or r.top_k > 0),
+             f"rl.keep_sampling_mask=True with rollout.temperature={r.temperature}, top_p="
+             f"{r.top_p}, top_k={r.top_k} has no truncation to keep; sample with top_p < 1 or "
+             f"top_k > 0 (and temperature > 0), or turn it off.")
   if rl.dynamic_sampling:
     _require(r.group_size >= 2, f"rl.dynamic_sampling needs groups to compare; "
              f"rollout.group_size={r.group_size}, use >= 2.")
@@ -87,6 +94,13 @@ def validate(config) -> None:
   _require(rl.num_micro_batches >= 1 and minibatch % rl.num_micro_batches == 0,
            f"a minibatch of {minibatch} completions does not split into rl.num_micro_batches="
            f"{rl.num_micro_batches} equal micro-batches; pick a divisor of {minibatch}.")
+  from grpo_jax.rl.objective import OBJECTIVES  # noqa: PLC0415
+  if OBJECTIVES.get(rl.objective).whole_groups:
+    _require(minibatch % update_group_size(config) == 0,
+             f"rl.objective={rl.objective!r} compares the completions of one prompt, but a "
+             f"minibatch holds {minibatch} completions, not whole groups of "
+             f"{update_group_size(config)}; pick rl.num_minibatches dividing "
+             f"rollout.num_prompts={r.num_prompts}.")
   if rl.shared_prompt_forward:
     micro = minibatch // max(rl.num_micro_batches, 1)
     _require(micro % update_group_size(config) == 0,

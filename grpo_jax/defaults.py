@@ -12,22 +12,28 @@ from __future__ import annotations
 
 import ml_collections
 
-from grpo_jax.data import arithmetic, chat_arithmetic  # noqa: F401  the built-in tasks
+from grpo_jax.data import addition_work, arithmetic, chat_arithmetic  # noqa: F401  built-in tasks
 from grpo_jax.data.task import TASKS
 from grpo_jax.registry import declared_defaults
 
 
 def rl_defaults(**overrides) -> ml_collections.ConfigDict:
   """Every field of `config.rl`, with GRPO defaults (sources in README's RL section): the
-  section's own below, then the hyperparameters that the built-in estimators and policy losses
-  declare with their defaults (advantage_eps, lam, whiten_advantages, clip_eps_low,
-  clip_eps_high, dual_clip_c, log_ratio_clamp; grpo_jax/rl/estimators.py, losses.py)."""
+  section's own below, then the hyperparameters that the built-in estimators, policy losses and
+  objectives declare with their defaults (advantage_eps, lam, whiten_advantages, clip_eps_low,
+  clip_eps_high, dual_clip_c, log_ratio_clamp, drpo_*; grpo_jax/rl/estimators.py, losses.py,
+  drpo.py)."""
+  from grpo_jax.rl import drpo  # noqa: F401,PLC0415  registers rl.objective "drpo"
   from grpo_jax.rl.estimators import ESTIMATORS  # noqa: PLC0415
   from grpo_jax.rl.losses import POLICY_LOSSES  # noqa: PLC0415
+  from grpo_jax.rl.objective import OBJECTIVES  # noqa: PLC0415
   section = dict(
       advantage="grpo",  # a registered estimator (grpo_jax/rl/estimators.py)
       gamma=1.0,  # the discount of returns (verl: 1.0)
       loss="ppo_clip",  # a registered policy loss (grpo_jax/rl/losses.py): ppo_clip, gspo
+      # A registered objective (grpo_jax/rl/objective.py): "policy_gradient" (rl.loss, KL,
+      # entropy and value terms, aggregated) or "drpo" (grpo_jax/rl/drpo.py; its drpo_* fields)
+      objective="policy_gradient",
       tis_cap=0.0,  # truncated importance sampling cap (e.g. 2.0); 0 = off
       entropy_coef=0.0,
       loss_aggregation="token-mean",  # one of LOSS_AGGREGATIONS
@@ -39,6 +45,10 @@ def rl_defaults(**overrides) -> ml_collections.ConfigDict:
       # ... and off-policy sequence masking, eq. (9): no policy-gradient loss on a completion
       # with a negative advantage whose mean log(pi_sampler / pi) exceeds this delta; 0 = off
       opsm_delta=0.0,
+      # ... and the keep-sampling mask: the sampler records which tokens rollout.top_k /
+      # top_p left available at each position, and every log-prob of the update (current,
+      # old, reference, sampler) is renormalised over that set (grpo_jax/models/scoring.py)
+      keep_sampling_mask=False,
       adaptive_kl=False, kl_target=0.1, kl_horizon=10_000.0,
       ref_update_every=0,  # refresh the reference every N steps; 0 = frozen
       ref_mix=1.0,  # ref <- mix * policy + (1 - mix) * ref at a refresh
@@ -68,7 +78,8 @@ def rl_defaults(**overrides) -> ml_collections.ConfigDict:
       # (the backbone and score head of reward.models[0], OpenRLHF's default).
       critic_init="policy",
   )
-  entries = [e.fn for _, e in ESTIMATORS.items()] + [fn for _, fn in POLICY_LOSSES.items()]
+  entries = ([e.fn for _, e in ESTIMATORS.items()] + [fn for _, fn in POLICY_LOSSES.items()]
+             + [e.build for _, e in OBJECTIVES.items()])
   entries = [fn for fn in entries if fn.__module__.startswith("grpo_jax.")]  # built-in ones
   rl = ml_collections.ConfigDict(declared_defaults(entries, section))
   rl.update(overrides)
@@ -99,8 +110,8 @@ def get_defaults() -> ml_collections.ConfigDict:
 
   # "addition" (procedural, no files), "chat_arithmetic" or "gsm8k" (need model.path), then
   # the fields the built-in tasks declare with their defaults (each task's from_config:
-  # addition num_digits, test_size, fixed_width, reverse_answer; chat_arithmetic max_operand,
-  # operations, test_size).
+  # addition num_digits, test_size, fixed_width, reverse_answer; addition_work work_fraction,
+  # length_penalty; chat_arithmetic max_operand, operations, test_size).
   c.task = ml_collections.ConfigDict(declared_defaults(
       [e.cls.from_config for _, e in TASKS.items() if e.cls.__module__.startswith("grpo_jax.")],
       dict(name="addition")))

@@ -120,7 +120,7 @@ def test_first_argmax_equals_jax_argmax_and_greedy_choice_matches():
   ties = jnp.array([[1.0, 3.0, 3.0, 0.0], [2.0, 2.0, 2.0, 2.0]])
   for x in (logits, ties):
     np.testing.assert_array_equal(first_argmax(x), jnp.argmax(x, axis=-1))
-    tokens, logp = choose_tokens(x, None, 0.0, 0, 1.0)
+    tokens, logp, _ = choose_tokens(x, None, 0.0, 0, 1.0)
     np.testing.assert_array_equal(tokens, jnp.argmax(x, axis=-1))
     ref = np.asarray(jax.nn.log_softmax(x, axis=-1))[np.arange(len(x)), np.argmax(x, axis=-1)]
     np.testing.assert_allclose(logp, ref, rtol=0, atol=1e-6)

@@ -77,10 +77,11 @@ def vocab_logits(params, model_cfg: ModelConfig, hidden):
 
 
 def chunked_logprobs_and_entropy(params, model_cfg: ModelConfig, hidden, tokens,
-                                 temperature: float = 1.0, chunk: int = 64):
-  """token_logprobs_and_entropy(vocab_logits(hidden), tokens) computed `chunk` positions at a
-  time, each chunk rematerialised in the backward pass: no (B, N, V) array exists, only one
-  (B, chunk, V) at a time. hidden (B, N, H), tokens (B, N) -> two (B, N) float32 arrays."""
+                                 temperature: float = 1.0, chunk: int = 64, keep_cutoff=None):
+  """token_logprobs_and_entropy(vocab_logits(hidden), tokens, temperature, keep_cutoff)
+  computed `chunk` positions at a time, each chunk rematerialised in the backward pass: no
+  (B, N, V) array exists, only one (B, chunk, V) at a time. hidden (B, N, H), tokens (B, N)
+  -> two (B, N) float32 arrays."""
   batch, length, width = hidden.shape
   chunks = -(-length // chunk)
   pad = chunks * chunk - length
@@ -90,10 +91,11 @@ def chunked_logprobs_and_entropy(params, model_cfg: ModelConfig, hidden, tokens,
 
   @jax.checkpoint
   def one(part):
-    h, t = part
-    return token_logprobs_and_entropy(vocab_logits(params, model_cfg, h), t, temperature)
+    h, t, c = part
+    return token_logprobs_and_entropy(vocab_logits(params, model_cfg, h), t, temperature, c)
 
-  logp, entropy = jax.lax.map(one, (split(hidden), split(tokens)))
+  cutoff = None if keep_cutoff is None else split(keep_cutoff)
+  logp, entropy = jax.lax.map(one, (split(hidden), split(tokens), cutoff))
   join = lambda x: jnp.swapaxes(x, 0, 1).reshape(batch, chunks * chunk)[:, :length]  # noqa
   return join(logp), join(entropy)
 
@@ -104,33 +106,44 @@ def completion_scores(params, model_cfg: ModelConfig, seqs, temperature: float =
   prompt_tokens, prompt_mask, completion_tokens, completion_mask), unmasked. With
   model_cfg.logits_chunk = C > 0 the vocabulary is reached C positions at a time
   (chunked_logprobs_and_entropy); else in one (B, N, V) piece. prompt_group = G > 1: the rows
-  come in runs of G with the same prompt, and each prompt is run once (shared_prompt_hidden)."""
+  come in runs of G with the same prompt, and each prompt is run once (shared_prompt_hidden).
+  With seqs.keep_cutoff (the keep-sampling mask: a Rollout's or Batch's), the log-probs are of
+  the policy renormalised over the tokens the sampler's truncation left available
+  (token_logprobs_and_entropy)."""
   args = (params, model_cfg, seqs.prompt_tokens, seqs.prompt_mask, seqs.completion_tokens,
           seqs.completion_mask)
+  cutoff = getattr(seqs, "keep_cutoff", None)
   if prompt_group == 1 and not model_cfg.logits_chunk:  # the decoder projects its window
     out = completion_logits(*args, return_hidden=return_hidden)
     logits, hidden = out if return_hidden else (out, None)
-    logp, entropy = token_logprobs_and_entropy(logits, seqs.completion_tokens, temperature)
+    logp, entropy = token_logprobs_and_entropy(logits, seqs.completion_tokens, temperature,
+                                               cutoff)
     return logp, entropy, hidden
   hidden = (shared_prompt_hidden(*args, prompt_group) if prompt_group > 1
             else completion_logits(*args, project=False))
   if model_cfg.logits_chunk:
     logp, entropy = chunked_logprobs_and_entropy(params, model_cfg, hidden,
                                                  seqs.completion_tokens, temperature,
-                                                 model_cfg.logits_chunk)
+                                                 model_cfg.logits_chunk, cutoff)
   else:
     logp, entropy = token_logprobs_and_entropy(vocab_logits(params, model_cfg, hidden),
-                                               seqs.completion_tokens, temperature)
+                                               seqs.completion_tokens, temperature, cutoff)
   return logp, entropy, hidden if return_hidden else None
 
 
-def token_logprobs_and_entropy(logits, tokens, temperature: float = 1.0):
+def token_logprobs_and_entropy(logits, tokens, temperature: float = 1.0, keep_cutoff=None):
   """log pi(token) and H(pi) per position for pi = softmax(logits / temperature).
 
   logits (B, N, V), tokens (B, N) -> two (B, N) float32 arrays. The same arithmetic as
   jax.nn.log_softmax (shift by the stop-gradient max, subtract log-sum-exp), but the token is
   picked from the shifted logits rather than from the (B, N, V) log-softmax: XLA's backward
   pass of this form was over twice as fast on CPU at a 32k vocabulary (benchmarks/RESULTS.md).
+
+  keep_cutoff (B, N), the keep-sampling mask (DeepSeek-V3.2; rollout/sampling.keep_record):
+  the log-prob is that of pi renormalised over the set S the sampler's top-k / top-p left,
+  S = {v : log pi(v) >= cutoff} (and the token itself):  log pi(t) - log sum_{v in S} pi(v).
+  The set is chosen without a gradient; the renormalisation is differentiated. The entropy
+  stays that of pi.
   """
   if temperature not in (0.0, 1.0):
     logits = logits / temperature
@@ -140,6 +153,12 @@ def token_logprobs_and_entropy(logits, tokens, temperature: float = 1.0):
   logp = jnp.take_along_axis(shifted, tokens[..., None], axis=-1)[..., 0] - log_z
   logp_all = shifted - log_z[..., None]
   entropy = -jnp.sum(jnp.exp(logp_all) * logp_all, axis=-1)
+  if keep_cutoff is not None:
+    vocab = jnp.arange(logits.shape[-1], dtype=tokens.dtype)
+    in_set = jax.lax.stop_gradient((logp_all >= keep_cutoff[..., None])
+                                   | (vocab == tokens[..., None]))
+    kept = jnp.sum(jnp.where(in_set, jnp.exp(shifted), 0.0), axis=-1)
+    logp = logp - (jnp.log(kept) - log_z)
   return logp, entropy
 
 

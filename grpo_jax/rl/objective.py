@@ -26,11 +26,13 @@ reference model when rl.kl_coef == 0); values None has no value loss.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Callable
 
 import jax
 import jax.numpy as jnp
 
+from grpo_jax.registry import Registry
 from grpo_jax.rl.aggregation import aggregate, loss_normalizer, masked_sum
 from grpo_jax.rl.kl import kl_penalty
 from grpo_jax.rl.losses import POLICY_LOSSES, entropy_bonus, value_loss
@@ -44,10 +46,40 @@ TOKEN_SUMS = ("kl", "clip_frac", "dual_clip_frac", "entropy", "ratio", "value_cl
 Objective = Callable[..., tuple[jax.Array, dict]]
 
 
-def make_objective(rl) -> Objective:
+@dataclasses.dataclass(frozen=True)
+class ObjectiveEntry:
+  build: Callable  # build(rl, group_size, *, hyperparameters) -> Objective
+  whole_groups: bool  # the update's minibatches must hold whole groups of group_size rows
+
+
+# rl.objective: "policy_gradient" (below: the registered policy loss, KL, entropy and value
+# terms, aggregated) or another registered objective (grpo_jax/rl/drpo.py).
+OBJECTIVES = Registry("rl.objective")
+
+
+def register_objective(name: str, *, whole_groups: bool = False, replace: bool = False):
+  """Decorator: registers build(rl, group_size, *, hyperparameters) -> objective as rl.objective
+  `name`; its keyword-only parameters are rl fields bound when it is built, and it raises
+  ConfigError (one sentence) on settings it cannot serve."""
+
+  def add(build):
+    OBJECTIVES.register(name, ObjectiveEntry(build, whole_groups), replace=replace)
+    return build
+  return add
+
+
+def make_objective(rl, group_size: int = 1) -> Objective:
+  """The registered objective rl.objective with its hyperparameters bound from rl, for rows
+  that come in groups of `group_size` (consecutive rows, one prompt)."""
+  entry = OBJECTIVES.get(rl.objective)
+  return OBJECTIVES.bind(rl.objective, rl, entry.build)(rl, group_size)
+
+
+@register_objective("policy_gradient")
+def policy_gradient_objective(rl, group_size: int) -> Objective:
   """objective(logp, old_logp, advantages, loss_mask, entropy, *, kl_coef, ref_logp=None,
   is_weights=None, sampler_logp=None, values=None, old_values=None, returns=None,
-  normalizer=None)
+  normalizer=None, rewards=None)
   -> (loss, sums) for the config's rl section (read here, once).
 
   logp: (B, N) log pi(a_t) of the policy being differentiated. old_logp: (B, N) the sampling
@@ -70,10 +102,12 @@ def make_objective(rl) -> Objective:
   kl_estimator, kl_clamp = rl.kl_estimator, rl.kl_clamp or None
   unbiased_kl, opsm_delta = rl.unbiased_kl, rl.opsm_delta
   entropy_coef, value_coef, value_clip = rl.entropy_coef, rl.value_coef, rl.value_clip_eps
+  del group_size  # rows are independent here
 
   def objective(logp, old_logp, advantages, loss_mask, entropy, *, kl_coef, ref_logp=None,
                 is_weights=None, sampler_logp=None, values=None, old_values=None,
-                returns=None, normalizer=None):
+                returns=None, normalizer=None, rewards=None):
+    del rewards  # the advantages carry them
     mask = loss_mask.astype(bool)
     if normalizer is None:
       normalizer = loss_normalizer(mask, mode)

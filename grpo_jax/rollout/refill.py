@@ -79,9 +79,11 @@ class _Slots(NamedTuple):
   position: jax.Array  # (S,) int32: the rotary position of completion token 0 (prompt length)
   token: jax.Array  # (S,) int32: the current token (drawn, not yet recorded)
   logp: jax.Array  # (S,) float32: its log-prob
+  kept: Any  # None, or its truncation's (cutoff, kept_logmass), (S,) float32 each
   cache: Any  # the KV cache, (S, kv_heads, P + N, head_dim) per layer
   kv_mask: jax.Array  # (S, P + N) bool
-  outs: tuple  # (tokens (B, N) int32, logprobs (B, N) float32, mask (B, N) bool)
+  outs: tuple  # (tokens (B, N) int32, logprobs (B, N) float32, mask (B, N) bool, None or
+  # (keep_cutoff, kept_logmass) (B, N) float32)
 
 
 def _compact(state: _Slots, slots: int, mesh) -> _Slots:
@@ -90,14 +92,15 @@ def _compact(state: _Slots, slots: int, mesh) -> _Slots:
   take = lambda x: jnp.take(x, keep, axis=0)  # noqa: E731
   cache = constrain_cache(jax.tree.map(take, state.cache), mesh)
   return state._replace(row=take(state.row), t=take(state.t), position=take(state.position),
-                        token=take(state.token), logp=take(state.logp), cache=cache,
+                        token=take(state.token), logp=take(state.logp),
+                        kept=jax.tree.map(take, state.kept), cache=cache,
                         kv_mask=take(state.kv_mask))
 
 
 def generate_refill(params, prompt_tokens, prompt_mask, key, row_limits, *,
                     model_cfg: ModelConfig, max_new_tokens: int, temperature: float,
                     top_k: int, top_p: float, eos_id: int, pad_id: int, mesh, group_size: int,
-                    decode_slots: int) -> tuple[Rollout, DecodeStats]:
+                    decode_slots: int, keep_mask: bool = False) -> tuple[Rollout, DecodeStats]:
   """`sampler.sample` with S = decode_slots < B slots (see the module docstring)."""
   num_prompts, prompt_len = prompt_tokens.shape
   new, group = max_new_tokens, group_size
@@ -105,7 +108,9 @@ def generate_refill(params, prompt_tokens, prompt_mask, key, row_limits, *,
   prompt_mask = prompt_mask.astype(bool)
   apply = lambda *a, **k: decoder_apply(model_cfg, params, *a, **k)  # noqa: E731
   choose = lambda logits, row, t: choose_tokens(  # noqa: E731
-      logits, token_uniforms(key, row, t), temperature, top_k, top_p)
+      logits, token_uniforms(key, row, t), temperature, top_k, top_p, keep_mask)
+  pick = lambda assign, new, old: jax.tree.map(  # noqa: E731  per-slot choice of a pytree
+      lambda a, b: jnp.where(assign, a, b), new, old)
 
   # Each prompt prefilled once (prefix sharing); rows copy its cache when they start.
   first_logits, prompt_cache = apply(
@@ -125,13 +130,14 @@ def generate_refill(params, prompt_tokens, prompt_mask, key, row_limits, *,
     cache = constrain_cache(_copy_prompts(state.cache, prompt_cache, prompt, assign),
                             mesh)
     fresh_mask = jnp.concatenate([prompt_mask[prompt], jnp.zeros((slots, new), bool)], axis=1)
-    first, first_logp = choose(first_logits[prompt], new_row, 0)
+    first, first_logp, first_kept = choose(first_logits[prompt], new_row, 0)
     return state._replace(
         next_row=state.next_row + jnp.sum(assign, dtype=jnp.int32),
         row=jnp.where(assign, new_row, state.row), t=jnp.where(assign, 0, state.t),
         position=jnp.where(assign, prompt_lengths[prompt], state.position),
         token=jnp.where(assign, first, state.token), logp=jnp.where(assign, first_logp,
                                                                     state.logp),
+        kept=pick(assign, first_kept, state.kept),
         cache=cache, kv_mask=jnp.where(assign[:, None], fresh_mask, state.kv_mask))
 
   def body(state: _Slots) -> _Slots:
@@ -142,32 +148,39 @@ def generate_refill(params, prompt_tokens, prompt_mask, key, row_limits, *,
     slots = row.shape[0]
     busy = row >= 0
     at_row = jnp.where(busy, row, rows)  # rows (out of range): the scatter drops it
-    tokens_out, logp_out, mask_out = state.outs
+    tokens_out, logp_out, mask_out, kept_out = state.outs
+    if kept_out is not None:
+      kept_out = tuple(o.at[at_row, t].set(k, mode="drop") for o, k in zip(kept_out,
+                                                                             state.kept))
     outs = (tokens_out.at[at_row, t].set(token, mode="drop"),
             logp_out.at[at_row, t].set(state.logp, mode="drop"),
-            mask_out.at[at_row, t].set(True, mode="drop"))
+            mask_out.at[at_row, t].set(True, mode="drop"), kept_out)
     kv_mask = state.kv_mask.at[jnp.arange(slots), prompt_len + t].set(busy)
     safe_row = jnp.maximum(row, 0)
     ended = busy & ((token == eos_id) | (t + 1 >= row_limits[safe_row]))
     logits, cache = apply(token[:, None], (state.position + t)[:, None], kv_mask, state.cache,
                           prompt_len + t)
     going = busy & ~ended
-    following, following_logp = choose(logits[:, 0], safe_row, t + 1)
+    following, following_logp, following_kept = choose(logits[:, 0], safe_row, t + 1)
     return state._replace(
         slot_steps=state.slot_steps + slots, row=jnp.where(ended, -1, row),
         t=jnp.where(going, t + 1, t), token=jnp.where(going, following, token),
-        logp=jnp.where(going, following_logp, state.logp), cache=constrain_cache(cache, mesh),
+        logp=jnp.where(going, following_logp, state.logp),
+        kept=pick(going, following_kept, state.kept), cache=constrain_cache(cache, mesh),
         kv_mask=kv_mask, outs=outs)
 
   phases = shrink_phases(decode_slots)
   slots = phases[0]
+  keeps = keep_mask and temperature != 0.0 and (0 < top_k < model_cfg.vocab_size or top_p < 1)
   state = _Slots(
       jnp.int32(0), jnp.int32(0), jnp.full((slots,), -1, jnp.int32),
       *(jnp.zeros((slots,), jnp.int32) for _ in range(3)), jnp.zeros((slots,), jnp.float32),
+      (jnp.zeros((slots,), jnp.float32),) * 2 if keeps else None,
       constrain_cache(init_cache(model_cfg, slots, prompt_len + new), mesh),
       jnp.zeros((slots, prompt_len + new), bool),
       (jnp.full((rows, new), pad_id, jnp.int32), jnp.zeros((rows, new), jnp.float32),
-       jnp.zeros((rows, new), bool)))
+       jnp.zeros((rows, new), bool),
+       (jnp.zeros((rows, new), jnp.float32),) * 2 if keeps else None))
   for i, slots in enumerate(phases):
     if i:
       state = _compact(state, slots, mesh)
@@ -176,7 +189,7 @@ def generate_refill(params, prompt_tokens, prompt_mask, key, row_limits, *,
     fits = phases[i + 1] if i + 1 < len(phases) else 0
     state = jax.lax.while_loop(
         lambda s, fits=fits: (s.next_row < rows) | (jnp.sum(s.row >= 0) > fits), body, state)
-  tokens_out, logp_out, mask_out = state.outs
+  tokens_out, logp_out, mask_out, kept_out = state.outs
   prompt_tokens, prompt_mask = repeat_rows((prompt_tokens, prompt_mask), group)
-  rollout = finish(prompt_tokens, prompt_mask, tokens_out, mask_out, logp_out, eos_id)
+  rollout = finish(prompt_tokens, prompt_mask, tokens_out, mask_out, logp_out, eos_id, kept_out)
   return rollout, DecodeStats(state.slot_steps)

@@ -53,6 +53,9 @@ class Sampling:
   group_size: int = 1  # sample rows per prompt row (prefix sharing)
   decode_block: int = 0  # decode steps per segment; <= 0: one segment reading all slots
   decode_slots: int = 0  # slot-refill engine with this many slots; 0 or >= rows: static
+  # Record each token's top-k / top-p truncation (Rollout.keep_cutoff, kept_logmass) for the
+  # keep-sampling mask (rl.keep_sampling_mask); the tokens and log-probs do not change.
+  keep_mask: bool = False
 
   @classmethod
   def of(cls, model_cfg: ModelConfig, task, rollout_cfg, mesh=None,
@@ -68,9 +71,10 @@ class Sampling:
     """Greedy, one row per prompt."""
     return dataclasses.replace(self, temperature=0.0, top_k=0, top_p=1.0, group_size=1)
 
-  def grouped(self, group_size: int) -> "Sampling":
-    """group_size sampled rows per prompt row, the prompt prefilled once."""
-    return dataclasses.replace(self, group_size=group_size)
+  def grouped(self, group_size: int, keep_mask: bool = False) -> "Sampling":
+    """group_size sampled rows per prompt row, the prompt prefilled once; keep_mask: record
+    the truncation of each token (the training rollout under rl.keep_sampling_mask)."""
+    return dataclasses.replace(self, group_size=group_size, keep_mask=keep_mask)
 
   def __call__(self, params, prompt_tokens, prompt_mask, key) -> Rollout:
     """generate(params, prompt_tokens, prompt_mask, key) with these settings: prompts
@@ -92,7 +96,7 @@ def _sample(params, prompt_tokens, prompt_mask, key, row_limits, *,
   limits = row_limits_or_max(row_limits, rows, s.max_new_tokens)
   common = dict(model_cfg=s.model_cfg, max_new_tokens=s.max_new_tokens,
                 temperature=s.temperature, top_k=s.top_k, top_p=s.top_p, eos_id=s.eos_id,
-                pad_id=s.pad_id, mesh=s.mesh, group_size=s.group_size)
+                pad_id=s.pad_id, mesh=s.mesh, group_size=s.group_size, keep_mask=s.keep_mask)
   if 0 < s.decode_slots < rows:
     return generate_refill(params, prompt_tokens, prompt_mask, key, limits,
                            decode_slots=s.decode_slots, **common)

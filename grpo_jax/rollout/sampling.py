@@ -22,19 +22,40 @@ def top_k_filter(logits: jax.Array, k: int) -> jax.Array:
 def top_p_filter(logits: jax.Array, p: float) -> jax.Array:
   """Nucleus filter: keeps the smallest set of most-probable tokens whose mass reaches p.
 
-  A token is kept iff the probability mass of the tokens strictly more likely than it
-  (in sorted order) is < p, so the most likely token is always kept. p >= 1 disables it.
+  In sorted order a token is kept iff the probability mass of the tokens before it is < p (the
+  most likely token is always kept); the kept set is then every token whose logit is at least
+  the last kept one's, so a token tied with it is kept too: a threshold set, which is what the
+  keep-sampling mask records (`keep_record`). p >= 1 disables it.
   """
   if p >= 1.0:
     return logits
-  order = jnp.argsort(-logits, axis=-1)
-  sorted_logits = jnp.take_along_axis(logits, order, axis=-1)
+  sorted_logits = -jnp.sort(-logits, axis=-1)
   probs = jax.nn.softmax(sorted_logits, axis=-1)
   mass_before = jnp.cumsum(probs, axis=-1) - probs
-  keep_sorted = mass_before < p
-  keep = jnp.zeros_like(keep_sorted).at[
-      jnp.arange(logits.shape[0])[:, None], order].set(keep_sorted)
-  return jnp.where(keep, logits, NEG_INF)
+  kept = jnp.sum(mass_before < p, axis=-1, keepdims=True)  # >= 1: a prefix of the sorted order
+  cutoff = jnp.take_along_axis(sorted_logits, kept - 1, axis=-1)
+  return jnp.where(logits >= cutoff, logits, NEG_INF)
+
+
+def keep_record(scaled: jax.Array, filtered: jax.Array, top: jax.Array, log_z: jax.Array):
+  """What the keep-sampling mask stores of one position's truncation (DeepSeek-V3.2, arXiv
+  2512.02556 section 3.1): (cutoff, kept_logmass), each (B,) float32, for the set S of tokens
+  that top-k / top-p left available, a threshold set of the sampling policy pi:
+
+      cutoff        = (min_{v in S} log pi(v) + max_{v not in S} log pi(v)) / 2
+                      (S = {v : log pi(v) >= cutoff}; NEG_INF when nothing was cut)
+      kept_logmass  = log sum_{v in S} pi(v)          (<= 0; 0 when nothing was cut)
+
+  The cutoff sits halfway between the last kept and the first cut token, so that a trainer's
+  recomputed log-probs, equal up to float rounding, select the same set. scaled: the (B, V)
+  logits / T; filtered: the same with the cut tokens at NEG_INF; top (B, 1) their max; log_z
+  (B,) the log-partition of exp(scaled - top) over the whole vocabulary."""
+  kept = filtered > NEG_INF / 2
+  low = jnp.min(jnp.where(kept, scaled, jnp.inf), axis=-1)
+  high = jnp.max(jnp.where(kept, NEG_INF, scaled), axis=-1)
+  cutoff = jnp.where(high > NEG_INF / 2, (0.5 * (low + high) - top[:, 0]) - log_z, NEG_INF)
+  kept_logmass = jnp.log(jnp.sum(jnp.where(kept, jnp.exp(scaled - top), 0.0), axis=-1)) - log_z
+  return cutoff, jnp.minimum(kept_logmass, 0.0)
 
 
 def first_argmax(x: jax.Array, top=None) -> jax.Array:
@@ -105,8 +126,8 @@ def token_uniforms(key: jax.Array, rows: jax.Array, steps) -> jax.Array:
 
 
 def choose_tokens(logits: jax.Array, uniform, temperature: float, top_k: int,
-                  top_p: float):
-  """Samples one token per row and returns (tokens, logprobs).
+                  top_p: float, keep: bool = False):
+  """Samples one token per row and returns (tokens, logprobs, kept), kept None unless asked.
 
   The log-prob is that of the policy pi = softmax(logits / temperature) over the full
   vocabulary (top-k/top-p only restrict which tokens can be drawn), which is what the trainer
@@ -117,18 +138,24 @@ def choose_tokens(logits: jax.Array, uniform, temperature: float, top_k: int,
   uniform (B,) in [0, 1) (`token_uniforms`, `inverse_cdf_sample`): on CPU at a 32k vocabulary
   this is about 8x faster than the Gumbel-max draw of jax.random.categorical, which needs
   B x V random numbers and two logarithms each. logits: (B, V) float32.
+
+  keep=True (the keep-sampling mask, when sampling with top-k or top-p): kept = `keep_record`'s
+  (cutoff, kept_logmass) of each row's truncation; the tokens and log-probs are unchanged.
   """
   scaled = logits if temperature in (0.0, 1.0) else logits / temperature
   top = jnp.max(scaled, axis=-1, keepdims=True)
   weights = jnp.exp(scaled - top)
   log_z = jnp.log(jnp.sum(weights, axis=-1))
+  kept = None
   if temperature == 0.0:
     tokens = first_argmax(scaled, top)
   else:
     filtered = top_p_filter(top_k_filter(scaled, top_k), top_p)
     if filtered is not scaled:
       weights = jnp.exp(filtered - top)  # the most likely token is always kept: same max
+      if keep:
+        kept = keep_record(scaled, filtered, top, log_z)
     tokens = inverse_cdf_sample(weights, uniform)
   chosen = jnp.take_along_axis(scaled, tokens[:, None], axis=-1)[:, 0]
   logprobs = (chosen - top[:, 0]) - log_z
-  return tokens, logprobs
+  return tokens, logprobs, kept

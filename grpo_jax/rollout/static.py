@@ -28,13 +28,14 @@ def decode_segments(max_new_tokens: int, decode_block: int) -> list:
 def generate_static(params, prompt_tokens, prompt_mask, key, row_limits, *,
                     model_cfg: ModelConfig, max_new_tokens: int, temperature: float,
                     top_k: int, top_p: float, eos_id: int, pad_id: int, mesh, group_size: int,
-                    decode_block: int) -> tuple[Rollout, DecodeStats]:
+                    decode_block: int, keep_mask: bool = False) -> tuple[Rollout, DecodeStats]:
   """The static engine: all B rows decode together until every row has ended (EOS or its
   limit). The loop carries the chosen token, not the (B, V) logits, and runs the decode
   forwards in segments of `decode_block` steps that read only the filled cache
   (`decode_segments`); the last token is recorded after them. With a `mesh`, the KV cache is
   laid out by the mesh rules (rows over data/fsdp, kv heads over tensor); params and prompts
-  carry their own shardings in.
+  carry their own shardings in. keep_mask: also record each token's truncation
+  (sampling.keep_record) in the Rollout's keep_cutoff and kept_logmass.
   """
   prompt_len = prompt_tokens.shape[1]
   prompt_mask = prompt_mask.astype(bool)
@@ -46,47 +47,51 @@ def generate_static(params, prompt_tokens, prompt_mask, key, row_limits, *,
   row_ids = jnp.arange(batch, dtype=jnp.int32)
   next_position = jnp.sum(prompt_mask, axis=1).astype(jnp.int32)  # (B,)
   choose = lambda lg, step: choose_tokens(  # noqa: E731
-      lg, token_uniforms(key, row_ids, step), temperature, top_k, top_p)
+      lg, token_uniforms(key, row_ids, step), temperature, top_k, top_p, keep_mask)
 
-  def record(step, token, logp, done, kv_mask, outs):
+  def record(step, token, logp, kept, done, kv_mask, outs):
     """Writes token `step` of the live rows (pad elsewhere); returns the updated state."""
-    tokens_out, logp_out, mask_out = outs
+    tokens_out, logp_out, mask_out, kept_out = outs
     live = ~done
     token = jnp.where(live, token, pad_id)
+    if kept is not None:
+      kept_out = tuple(o.at[:, step].set(jnp.where(live, k, 0.0))
+                       for o, k in zip(kept_out, kept))
     outs = (tokens_out.at[:, step].set(token),
             logp_out.at[:, step].set(jnp.where(live, logp, 0.0)),
-            mask_out.at[:, step].set(live))
+            mask_out.at[:, step].set(live), kept_out)
     kv_mask = kv_mask.at[:, prompt_len + step].set(live)
     return token, done | (token == eos_id) | (step + 1 >= row_limits), kv_mask, outs
 
   def cond(end, carry):
-    step, _, _, _, done, *_ = carry
+    step, done = carry[0], carry[5]
     return (step < end) & ~jnp.all(done)
 
   def body(end, carry):
-    step, token, logp, cache, done, kv_mask, outs = carry
-    token, done, kv_mask, outs = record(step, token, logp, done, kv_mask, outs)
+    step, token, logp, kept, cache, done, kv_mask, outs = carry
+    token, done, kv_mask, outs = record(step, token, logp, kept, done, kv_mask, outs)
     # Slots >= P + end are empty in this segment: the decoder reads the first kv_len of them.
     kv_len = prompt_len + end
     logits, cache = decoder_apply(model_cfg, params, token[:, None],
                                 (next_position + step)[:, None], kv_mask[:, :kv_len], cache,
                                 prompt_len + step)
     cache = constrain_cache(cache, mesh)
-    token, logp = choose(logits[:, 0], step + 1)
-    return (step + 1, token, logp, cache, done, kv_mask, outs)
+    token, logp, kept = choose(logits[:, 0], step + 1)
+    return (step + 1, token, logp, kept, cache, done, kv_mask, outs)
 
-  token, logp = choose(logits, 0)
-  outs = (jnp.full((batch, max_new_tokens), pad_id, jnp.int32),
-          jnp.zeros((batch, max_new_tokens), jnp.float32),
-          jnp.zeros((batch, max_new_tokens), bool))
-  carry = (jnp.int32(0), token, logp, cache, jnp.zeros((batch,), bool), kv_mask, outs)
+  token, logp, kept = choose(logits, 0)
+  zeros = lambda: jnp.zeros((batch, max_new_tokens), jnp.float32)  # noqa: E731
+  outs = (jnp.full((batch, max_new_tokens), pad_id, jnp.int32), zeros(),
+          jnp.zeros((batch, max_new_tokens), bool), None if kept is None else (zeros(), zeros()))
+  carry = (jnp.int32(0), token, logp, kept, cache, jnp.zeros((batch,), bool), kv_mask, outs)
   for end in decode_segments(max_new_tokens, decode_block):
     carry = jax.lax.while_loop(functools.partial(cond, end), functools.partial(body, end),
                                carry)
-  step, token, logp, _, done, kv_mask, outs = carry
+  step, token, logp, kept, _, done, kv_mask, outs = carry
   # The loop stops at step N - 1 or once every row is done; recording at `step` is then either
   # the last token or a no-op (all rows done: pad, mask False).
-  _, _, _, (tokens_out, logp_out, mask_out) = record(step, token, logp, done, kv_mask, outs)
-  rollout = finish(prompt_tokens, prompt_mask, tokens_out, mask_out, logp_out, eos_id)
+  _, _, _, (tokens_out, logp_out, mask_out, kept_out) = record(step, token, logp, kept, done,
+                                                               kv_mask, outs)
+  rollout = finish(prompt_tokens, prompt_mask, tokens_out, mask_out, logp_out, eos_id, kept_out)
   slot_steps = batch * jnp.max(jnp.sum(mask_out, axis=1)).astype(jnp.int32)
   return rollout, DecodeStats(slot_steps)

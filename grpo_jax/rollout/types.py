@@ -22,6 +22,12 @@ class Rollout(NamedTuple):
   # sampler's rows: completion_mask. A multi-turn source sets the tokens it inserted (tool
   # output, an environment's turns) False: they condition the policy but are not its actions.
   action_mask: jax.Array
+  # The keep-sampling mask (rl.keep_sampling_mask; rollout/sampling.py keep_record), None when
+  # not recorded: (B, N) float32 each, 0 where masked. keep_cutoff: the sampling policy's
+  # log-prob of the least likely token top-k / top-p left available at that position (the
+  # available set is every token at least that likely); kept_logmass: log of their total mass.
+  keep_cutoff: jax.Array | None = None
+  kept_logmass: jax.Array | None = None
 
 
 class DecodeStats(NamedTuple):
@@ -38,9 +44,12 @@ def row_limits_or_max(row_limits, rows: int, max_new_tokens: int) -> jax.Array:
   return jnp.clip(jnp.asarray(row_limits, jnp.int32), 1, max_new_tokens)
 
 
-def finish(prompt_tokens, prompt_mask, tokens_out, mask_out, logp_out, eos_id: int) -> Rollout:
+def finish(prompt_tokens, prompt_mask, tokens_out, mask_out, logp_out, eos_id: int,
+           kept_out=None) -> Rollout:
   """The Rollout of the recorded tokens: truncated = the row ended without emitting EOS; every
-  recorded token is the policy's (action_mask = the completion mask)."""
+  recorded token is the policy's (action_mask = the completion mask); kept_out None or the
+  recorded (keep_cutoff, kept_logmass)."""
   ended_by_eos = jnp.any((tokens_out == eos_id) & mask_out, axis=1)
+  cutoff, logmass = (None, None) if kept_out is None else kept_out
   return Rollout(prompt_tokens, prompt_mask, tokens_out, mask_out, logp_out, ~ended_by_eos,
-                 mask_out)
+                 mask_out, cutoff, logmass)

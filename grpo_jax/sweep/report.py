@@ -6,6 +6,8 @@ Per run, from its metrics.jsonl and DONE.json:
     eval_accuracy  the last held-out greedy accuracy (the run's final evaluation)
     kl             mean of the update's kl over the last 10% of RL steps
     wall_s         wall time of the process (for seeds run as one program: of all of them)
+    eval_length    the last evaluation's mean completion length, where the task reports one
+                   (addition_work); a column of the table only then
 Over seeds: mean and sample standard deviation (ddof=1; 0 for a single seed).
 """
 
@@ -20,7 +22,7 @@ import numpy as np
 from grpo_jax.sweep.runner import DONE_FILE
 from grpo_jax.sweep.spec import Sweep, run_dir
 
-FIGURES = ("final_reward", "eval_accuracy", "kl", "wall_s")
+FIGURES = ("final_reward", "eval_accuracy", "kl", "wall_s", "eval_length")
 LAST_FRACTION = 0.1
 
 
@@ -35,12 +37,14 @@ def run_figures(directory: str) -> dict:
   steps = [r for r in records if "reward_mean" in r]
   tail = steps[-max(1, int(round(len(steps) * LAST_FRACTION))):]
   evals = [r["eval_accuracy"] for r in records if "eval_accuracy" in r]
+  lengths = [r["eval_length"] for r in records if "eval_length" in r]
   with open(os.path.join(directory, DONE_FILE)) as f:
     done = json.load(f)
   return dict(final_reward=float(np.mean([r["reward_mean"] for r in tail])),
               eval_accuracy=float(evals[-1]) if evals else float("nan"),
               kl=float(np.mean([r["kl"] for r in tail])), wall_s=float(done["wall_s"]),
-              steps=int(steps[-1]["step"]) if steps else 0)
+              steps=int(steps[-1]["step"]) if steps else 0,
+              eval_length=float(lengths[-1]) if lengths else float("nan"))
 
 
 def mean_std(values) -> tuple[float, float]:
@@ -78,6 +82,9 @@ def _write_csv(path: str, rows: list[dict]) -> None:
 def markdown_table(sweep: Sweep, arms: list[dict]) -> str:
   header = ["arm", "seeds", "final reward (last 10%)", "eval accuracy (end)", "KL (last 10%)",
             "wall s per process"]
+  with_length = any(not np.isnan(a["eval_length_mean"]) for a in arms)
+  if with_length:
+    header.append("eval length (end, tokens)")
   lines = [f"Sweep `{sweep.name}`: base `{sweep.base_config}`, seeds {list(sweep.seeds)}, "
            f"seed axis `{sweep.seed_axis}`; mean ± std over seeds.", "",
            "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
@@ -87,6 +94,8 @@ def markdown_table(sweep: Sweep, arms: list[dict]) -> str:
              f"{a['eval_accuracy_mean']:.3f} ± {a['eval_accuracy_std']:.3f}",
              f"{a['kl_mean']:.4f} ± {a['kl_std']:.4f}",
              f"{a['wall_s_mean']:.0f} ± {a['wall_s_std']:.0f}"]
+    if with_length:
+      cells.append(f"{a['eval_length_mean']:.2f} ± {a['eval_length_std']:.2f}")
     lines.append("| " + " | ".join(cells) + " |")
   return "\n".join(lines) + "\n"
 
@@ -149,7 +158,7 @@ def write_report(sweep: Sweep, sweep_dir: str) -> list[str]:
   with open(os.path.join(sweep_dir, "results.md"), "w") as f:
     f.write(markdown_table(sweep, arms))
   written.append(os.path.join(sweep_dir, "results.md"))
-  for key, smooth in (("reward_mean", 10), ("eval_accuracy", 1)):
+  for key, smooth in (("reward_mean", 10), ("eval_accuracy", 1), ("eval_length", 1)):
     path = os.path.join(sweep_dir, f"{key}.png")
     if plot_curves(sweep, sweep_dir, key, path, smooth):
       written.append(path)

@@ -53,6 +53,12 @@ class Batch(NamedTuple):
   returns: jax.Array | None = None  # (B, N) value targets; None without a critic
   # Truncated importance weights; None when off, or when the update computes them itself.
   is_weights: jax.Array | None = None
+  # (B,) the outcome rewards before any shaping; for objectives that read them (rl/drpo.py).
+  outcome_rewards: jax.Array | None = None
+  # (B, N) the keep-sampling mask's cutoffs (Rollout.keep_cutoff); None when off. With it, every
+  # log-prob of the update is of its policy renormalised over the sampler's kept tokens
+  # (models/scoring.py), sampler_logprobs included.
+  keep_cutoff: jax.Array | None = None
 
 
 def reuses_current_logprobs(rl) -> bool:
@@ -130,20 +136,26 @@ def make_prepare_batch(model_cfg: ModelConfig, rl, group_size: int, temperature:
     # under rl.mask_truncated.
     actions = rollout.action_mask.astype(bool) & mask
     loss_mask = actions & ~rollout.truncated[:, None] if rl.mask_truncated else actions
+    sampler_logp = rollout.logprobs
+    if rollout.kept_logmass is not None:  # the sampler's policy renormalised over its kept set
+      sampler_logp = sampler_logp - rollout.kept_logmass
     is_weights = None
     if rl.tis_cap > 0 and not reuse:
-      is_weights = truncated_is_weights(old_logp, rollout.logprobs, mask, rl.tis_cap)
+      is_weights = truncated_is_weights(old_logp, sampler_logp, mask, rl.tis_cap)
     batch = Batch(rollout.prompt_tokens, rollout.prompt_mask, rollout.completion_tokens, mask,
                   loss_mask, jnp.where(mask, advantages, 0.0),
-                  jnp.where(mask, rollout.logprobs, 0.0), old_logprobs=old_logp,
+                  jnp.where(mask, sampler_logp, 0.0), old_logprobs=old_logp,
                   ref_logprobs=ref_logp, old_values=old_values,
                   returns=jnp.where(mask, returns, 0.0) if critic else None,
-                  is_weights=is_weights)
+                  is_weights=is_weights, outcome_rewards=inputs.rewards.astype(jnp.float32),
+                  keep_cutoff=rollout.keep_cutoff)
     metrics = dict(shaped_reward_mean=jnp.mean(rewards),
                    advantage_abs_mean=masked_mean(jnp.abs(advantages), mask))
     if not reuse:  # otherwise the update reports these two
       metrics.update(rollout_kl=masked_mean(kl, mask), sampler_logprob_gap=masked_mean(
-          jnp.abs(old_logp - rollout.logprobs), mask))
+          jnp.abs(old_logp - sampler_logp), mask))
+    if rollout.kept_logmass is not None:  # the probability mass top-k / top-p cut away
+      metrics["keep_truncated_mass"] = masked_mean(1.0 - jnp.exp(rollout.kept_logmass), mask)
     if old_values is not None:
       metrics["value_mean"] = masked_mean(old_values, mask)
     return batch, metrics

@@ -28,7 +28,7 @@ from grpo_jax.models.lora import LoraParams
 from grpo_jax.rl.aggregation import loss_normalizer, masked_sum
 from grpo_jax.rl.kl import kl_penalty
 from grpo_jax.rl.losses import truncated_is_weights
-from grpo_jax.rl.objective import TOKEN_SUMS, make_objective
+from grpo_jax.rl.objective import OBJECTIVES, TOKEN_SUMS, make_objective
 from grpo_jax.train.experience import Batch, reuses_current_logprobs
 from grpo_jax.train.forward import policy_and_values, prompt_group
 from grpo_jax.train.state import TrainState, apply_if_finite, step_key
@@ -63,7 +63,8 @@ def loss_and_sums(trainable, mb: Batch, normalizer, kl_coef, *, model_cfg: Model
   loss, sums = objective(logp, old_logp, mb.advantages, mb.loss_mask, entropy, kl_coef=kl_coef,
                          ref_logp=mb.ref_logprobs, is_weights=is_weights,
                          sampler_logp=mb.sampler_logprobs, values=values,
-                         old_values=mb.old_values, returns=mb.returns, normalizer=normalizer)
+                         old_values=mb.old_values, returns=mb.returns, normalizer=normalizer,
+                         rewards=mb.outcome_rewards)
   if reuse:  # the rollout metrics preparation reports otherwise, over the completion tokens
     # Without a reference (rl.kl_coef == 0) the KL metric is measured against the old policy.
     ref_logp = old_logp if mb.ref_logprobs is None else mb.ref_logprobs
@@ -103,7 +104,9 @@ def make_update(model_cfg: ModelConfig, rl, optimizer, temperature: float,
   mu, num_mb, num_micro = rl.num_iterations, rl.num_minibatches, rl.num_micro_batches
   group = prompt_group(rl, group_size)
   grad_fn = jax.value_and_grad(loss_and_sums, has_aux=True)
-  objective = make_objective(rl)
+  objective = make_objective(rl, group_size)
+  # Minibatches of whole groups for the shared prompt forward or a group-wise objective.
+  order_group = group_size if OBJECTIVES.get(rl.objective).whole_groups else group
 
   def minibatch_grads(trainable, mb: Batch, kl_coef, base):
     """Summed gradients of the minibatch's micro-batches (== the minibatch's gradient)."""
@@ -127,7 +130,7 @@ def make_update(model_cfg: ModelConfig, rl, optimizer, temperature: float,
   def update_step(state: TrainState, batch: Batch):
     batch_size = batch.completion_tokens.shape[0]
     key = step_key(state, 1)
-    minibatch_rows = minibatch_order(key, batch_size, mu, num_mb, group)
+    minibatch_rows = minibatch_order(key, batch_size, mu, num_mb, order_group)
 
     def one_minibatch(carry, rows):
       trainable, opt_state, in_a_row = carry
