@@ -43,17 +43,18 @@ from grpo_jax.rl.kl import kl_penalty
 from grpo_jax.rl.objective import register_objective
 
 
-def drpo_weights(correct: jax.Array, wrong: jax.Array, lengths: jax.Array, max_length: int,
+def drpo_weights(correct: jax.Array, valid: jax.Array, lengths: jax.Array, max_length: int,
                  group_size: int, drpo_lambda: float) -> jax.Array:
-  """(B,) w_i = exp(r_i / lambda) / sum_{k correct in i's group} exp(r_k / lambda) on correct
-  rows of groups that hold a correct and a wrong row, 0 elsewhere; r_i = 1 - |o_i| / N.
-  correct, wrong (B,) bool; lengths (B,) token counts; groups are consecutive rows."""
-  logit = jnp.where(correct, (1.0 - lengths / max_length) / drpo_lambda, -jnp.inf)
-  logit = logit.reshape(-1, group_size)
-  valid = jnp.any(correct.reshape(-1, group_size), 1) & jnp.any(wrong.reshape(-1, group_size), 1)
-  safe = jnp.where(valid[:, None], logit, 0.0)  # a group without both: no weights at all
-  weights = jax.nn.softmax(safe, axis=1)
-  return jnp.where(valid[:, None] & correct.reshape(-1, group_size), weights, 0.0).reshape(-1)
+  """(B,) w_i = exp(r_i / lambda) / sum_{k correct in i's group} exp(r_k / lambda) on the
+  correct rows of valid groups, 0 elsewhere; r_i = 1 - |o_i| / N. correct (B,) bool; valid
+  (Q,) bool, the groups that hold a correct and a wrong row; lengths (B,) token counts; groups
+  are consecutive rows."""
+  correct = correct.reshape(-1, group_size)
+  logit = (1.0 - lengths.reshape(-1, group_size) / max_length) / drpo_lambda
+  # a group without a correct row has no weights: its softmax runs over zeros, then is dropped
+  logit = jnp.where(correct, logit, jnp.where(valid[:, None], -jnp.inf, 0.0))
+  weights = jax.nn.softmax(logit, axis=1)
+  return jnp.where(valid[:, None] & correct, weights, 0.0).reshape(-1)
 
 
 def drpo_loss(logprobs: jax.Array, old_logprobs: jax.Array, rewards: jax.Array,
@@ -72,16 +73,16 @@ def drpo_loss(logprobs: jax.Array, old_logprobs: jax.Array, rewards: jax.Array,
   lengths = jnp.sum(mask, axis=1).astype(jnp.float32)
   scores = jnp.sum(jnp.where(mask, logprobs, 0.0), axis=1) / jnp.maximum(lengths, 1.0)
   correct, wrong = (lengths > 0) & (rewards == 1), (lengths > 0) & (rewards == 0)
-  weights = drpo_weights(correct, wrong, lengths, mask.shape[1], group_size, drpo_lambda)
+  wrong_g, n_wrong = groups(wrong), jnp.sum(groups(wrong), axis=1)
+  valid = jnp.any(groups(correct), axis=1) & (n_wrong > 0)
+  weights = drpo_weights(correct, valid, lengths, mask.shape[1], group_size, drpo_lambda)
   positive = jnp.sum(groups(weights * scores), axis=1)
   # tau log mean_{j wrong} exp(s_j / tau), shifted by the (constant) largest wrong score
-  wrong_g, n_wrong = groups(wrong), jnp.sum(groups(wrong), axis=1)
   scaled = groups(scores) / drpo_tau
   top = jax.lax.stop_gradient(jnp.max(jnp.where(wrong_g, scaled, -1e30), axis=1))
   sum_exp = jnp.sum(jnp.exp(jnp.where(wrong_g, scaled - top[:, None], -jnp.inf)), axis=1)
   negative = drpo_tau * (top + jnp.log(sum_exp + (n_wrong == 0)) - jnp.log(
       jnp.maximum(n_wrong, 1)))
-  valid = jnp.any(groups(correct), axis=1) & (n_wrong > 0)
   objective = jnp.sum(jnp.where(valid, positive - negative, 0.0)) / valid.shape[0]
   log_ratio = jnp.where(mask, logprobs - old_logprobs, 0.0)
   per_token = -log_ratio if drpo_kl == "k1" else jnp.exp(log_ratio) - log_ratio - 1.0

@@ -43,7 +43,7 @@ from grpo_jax.models.config import ModelConfig
 from grpo_jax.models.decoder import decoder_apply, init_cache, positions_from_mask
 from grpo_jax.rollout.prefill import constrain_cache, repeat_rows
 from grpo_jax.rollout.types import DecodeStats, Rollout, finish
-from grpo_jax.rollout.sampling import choose_tokens, token_uniforms
+from grpo_jax.rollout.sampling import choose_tokens, token_uniforms, truncates
 
 
 def _copy_prompts(slot_cache, prompt_cache, prompt_of_slot, assign):
@@ -171,7 +171,7 @@ def generate_refill(params, prompt_tokens, prompt_mask, key, row_limits, *,
 
   phases = shrink_phases(decode_slots)
   slots = phases[0]
-  keeps = keep_mask and temperature != 0.0 and (0 < top_k < model_cfg.vocab_size or top_p < 1)
+  keeps = keep_mask and truncates(temperature, top_k, top_p, model_cfg.vocab_size)
   state = _Slots(
       jnp.int32(0), jnp.int32(0), jnp.full((slots,), -1, jnp.int32),
       *(jnp.zeros((slots,), jnp.int32) for _ in range(3)), jnp.zeros((slots,), jnp.float32),

@@ -125,6 +125,12 @@ def token_uniforms(key: jax.Array, rows: jax.Array, steps) -> jax.Array:
   return jax.vmap(draw)(rows, steps)
 
 
+def truncates(temperature: float, top_k: int, top_p: float, vocab: int) -> bool:
+  """Whether sampling with these settings draws from a truncated set (top-k or top-p active):
+  when `choose_tokens(..., keep=True)` returns a record."""
+  return temperature != 0.0 and (0 < top_k < vocab or top_p < 1.0)
+
+
 def choose_tokens(logits: jax.Array, uniform, temperature: float, top_k: int,
                   top_p: float, keep: bool = False):
   """Samples one token per row and returns (tokens, logprobs, kept), kept None unless asked.
@@ -150,8 +156,8 @@ def choose_tokens(logits: jax.Array, uniform, temperature: float, top_k: int,
   if temperature == 0.0:
     tokens = first_argmax(scaled, top)
   else:
-    filtered = top_p_filter(top_k_filter(scaled, top_k), top_p)
-    if filtered is not scaled:
+    if truncates(temperature, top_k, top_p, logits.shape[-1]):
+      filtered = top_p_filter(top_k_filter(scaled, top_k), top_p)
       weights = jnp.exp(filtered - top)  # the most likely token is always kept: same max
       if keep:
         kept = keep_record(scaled, filtered, top, log_z)
