@@ -21,6 +21,7 @@ import logging
 import os
 import sys
 import tempfile
+import time
 import zlib
 
 import jax
@@ -214,13 +215,7 @@ class Checkpoints:
     # orbax's failed write tasks are collected later, each logging "Task exception was never
     # retrieved" with its traceback: the run is ending with its own sentence, so silence them.
     logging.getLogger("asyncio").setLevel(logging.CRITICAL)
-    folder = files.path(self.directory)
-    for child in folder.iterdir() if folder.is_dir() else ():
-      if child.name == str(step) or (child.name.startswith(f"{step}.") and "tmp" in child.name):
-        try:
-          child.rmtree()
-        except OSError:
-          pass
+    self._remove_partial(step)
     full = "No space left on device" in str(error) or getattr(error, "errno", None) == 28
     reason = "the disk is full" if full else _short(error)
     previous = (f"the previous checkpoint {self.directory}/{before[-1]} is intact" if before
@@ -228,6 +223,31 @@ class Checkpoints:
     return RunStopped(f"the checkpoint of step {step} could not be saved ({reason}); {previous}, "
                       f"so {'free some space' if full else 'fix the cause'} and run the same "
                       f"command again to resume from it.")
+
+  def _remove_partial(self, step: int, settle_s: float = 1.0, limit_s: float = 60.0) -> None:
+    """Removes what the failed save of `step` left (`<step>` and `<step>.*tmp*`) until none of
+    it has reappeared for `settle_s`: the save's other write tasks may still be running when
+    the first one fails, and a write can recreate the folder after a removal (seen on a loaded
+    machine). Gives up after `limit_s`."""
+    folder = files.path(self.directory)
+    deadline = time.monotonic() + limit_s
+    clean_since = None
+    while time.monotonic() < deadline:
+      left = [c for c in (folder.iterdir() if folder.is_dir() else ())
+              if c.name == str(step) or (c.name.startswith(f"{step}.") and "tmp" in c.name)]
+      for child in left:
+        try:
+          child.rmtree()
+        except OSError:
+          pass
+      now = time.monotonic()
+      if left:
+        clean_since = None
+      elif clean_since is None:
+        clean_since = now
+      elif now - clean_since >= settle_s:
+        return
+      time.sleep(0.1)
 
   def restore(self, step: int, template: TrainState) -> TrainState:
     """Checkpoint `step` in the structure of `template` (a state or its jax.eval_shape), read
