@@ -24,6 +24,25 @@ def _require(condition: bool, message: str):
     raise ConfigError(message)
 
 
+INT32_MAX = 2**31 - 1
+
+
+def _check_integer_ranges(config, prefix: str = "") -> None:
+  """Every integer field fits JAX's 32-bit integers (steps, sizes and counters become int32
+  arrays), and config.seed is in [0, 2^32 - 1] (jax.random.key keeps 32 bits of it: larger
+  seeds would alias smaller ones)."""
+  for name, value in config.items():
+    if hasattr(value, "items"):
+      _check_integer_ranges(value, f"{prefix}{name}.")
+    elif f"{prefix}{name}" == "seed":
+      _require(isinstance(value, int) and 0 <= value <= 2**32 - 1,
+               f"seed={value!r}; use a whole number in [0, {2**32 - 1}] (jax.random.key keeps "
+               f"32 bits of it).")
+    elif isinstance(value, int) and not isinstance(value, bool) and abs(value) > INT32_MAX:
+      _require(False, f"{prefix}{name}={value} is beyond what JAX's 32-bit integers hold "
+                      f"(|value| <= {INT32_MAX}); use a smaller value.")
+
+
 def _one_of(value, valid, name):
   _require(value in valid, f"{name}={value!r} is unknown; valid: {', '.join(valid)}.")
 
@@ -39,6 +58,7 @@ def validate(config) -> None:
   from grpo_jax.rl.kl import KL_ESTIMATORS  # noqa: PLC0415
   from grpo_jax.rl.losses import POLICY_LOSSES  # noqa: PLC0415
   import_plugins(config.imports, log=lambda *_: None)
+  _check_integer_ranges(config)
   r, rl, tr, opt = config.rollout, config.rl, config.train, config.optim
   task = TASKS.get(config.task.name)
   estimator = ESTIMATORS.get(rl.advantage)
@@ -170,6 +190,18 @@ def validate(config) -> None:
            f"optim.max_grad_norm={opt.max_grad_norm}; use a finite value > 0 (1.0 is usual).")
   _require(opt.b1 < 1 and opt.b2 < 1, f"optim.b1={opt.b1}, optim.b2={opt.b2}; AdamW's decay "
            f"rates must be below 1 (0.9 and 0.99 are usual).")
+  for name in ("num_samples", "samples_every"):
+    _require(tr[name] >= 0, f"train.{name}={tr[name]}; use a whole number >= 0 (num_samples 0: "
+             f"no samples; samples_every 0: at every evaluation).")
+  for name in ("max_extra_rollouts", "ref_update_every"):
+    _require(rl[name] >= 0, f"rl.{name}={rl[name]}; use a whole number >= 0 (0: none).")
+  _require(opt.warmup_steps >= 0, f"optim.warmup_steps={opt.warmup_steps}; use a number of "
+           f"steps >= 0 (0: the full rate from the first step).")
+  d = config.data
+  _require(d.prompt_bucket >= 0, f"data.prompt_bucket={d.prompt_bucket}; use 0 (prompts left "
+           f"at data.max_prompt_tokens) or a multiple > 0, e.g. 64.")
+  _require(d.max_prompt_tokens >= 1, f"data.max_prompt_tokens={d.max_prompt_tokens}; use at "
+           f"least 1 (the longest prompt in tokens).")
   m = config.model
   _require("scan_layers" not in m, f"model.scan_layers={m.get('scan_layers')!r}: the layers "
            f"are always stacked and scanned now (one param layout); delete the field.")

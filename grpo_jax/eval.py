@@ -12,16 +12,18 @@ import json
 import time
 
 import jax
-from absl import app, flags
+from absl import flags
 
 from grpo_jax import config as config_lib
-from grpo_jax.main import _CONFIG, _WORKDIR, _fail, check_flags, parse_flags
+from grpo_jax.errors import RunStopped
+from grpo_jax.main import _CONFIG, _WORKDIR, _fail, check_flags, start
 
 
 def main(argv):
   del argv
   from grpo_jax.host_allocator import tune_host_allocator
   tune_host_allocator()  # before JAX starts its threads (see the module)
+  from grpo_jax.parallel.platform import check_xla_flags, start_backend
   from grpo_jax.train.evaluation import evaluate
   from grpo_jax.train.samples import format_samples
   from grpo_jax.train.setup import build_model, build_task, check_task_fits_model
@@ -29,6 +31,8 @@ def main(argv):
   check_flags()
   config = _CONFIG.value
   try:
+    check_xla_flags()  # before this process starts XLA, which aborts on a flag it rejects
+    start_backend()
     config_lib.validate(config)
     check_workdir(_WORKDIR.value)
     task = build_task(config)
@@ -39,11 +43,14 @@ def main(argv):
     _fail(e, 2)
   samples = []
   start = time.perf_counter()
-  metrics = evaluate(params, task, model_cfg, config.train, config.rollout,
-                     jax.random.fold_in(key, 3), prompt_bucket=config.data.prompt_bucket,
-                     samples_out=samples, progress=lambda done, total: print(
-                         f"eval: {done}/{total} prompts, {time.perf_counter() - start:.0f} s",
-                         flush=True))
+  try:
+    metrics = evaluate(params, task, model_cfg, config.train, config.rollout,
+                       jax.random.fold_in(key, 3), prompt_bucket=config.data.prompt_bucket,
+                       samples_out=samples, progress=lambda done, total: print(
+                           f"eval: {done}/{total} prompts, {time.perf_counter() - start:.0f} s",
+                           flush=True))
+  except RunStopped as e:  # a reward that raises or is not finite (train.on_reward_error)
+    _fail(e, 1)
   from grpo_jax.train import files  # noqa: PLC0415
   files.makedirs(_WORKDIR.value)
   files.write_atomic(files.path(_WORKDIR.value, "eval.json"), json.dumps(metrics, indent=2))
@@ -57,4 +64,4 @@ def main(argv):
 
 if __name__ == "__main__":
   del flags  # the flags are those of grpo_jax.main
-  app.run(main, flags_parser=parse_flags)
+  start(main)

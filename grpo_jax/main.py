@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging as std_logging
 import os
 import runpy
 import sys
@@ -9,8 +10,22 @@ import sys
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from grpo_jax.config import ConfigError
 from grpo_jax.errors import first_line, last_word_stream, mute_after_a_failed_save
+
+
+def _import_jax() -> None:
+  """JAX reads its JAX_* variables when imported and raises on a value it rejects (e.g.
+  JAX_DEFAULT_MATMUL_PRECISION=bogus): one line and exit 2, not its traceback."""
+  try:
+    import jax  # noqa: F401,PLC0415
+  except Exception as e:  # noqa: BLE001
+    print(f"error: JAX could not start under this environment ({first_line(e)}); fix or unset "
+          f"that variable.", file=sys.stderr)
+    sys.exit(2)
+
+
+_import_jax()
+from grpo_jax.config import ConfigError  # noqa: E402  (after JAX's own start-up)
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Path to an ml_collections config.",
                                           lock_config=True)
@@ -138,6 +153,9 @@ def main(argv):
       except ValueError:
         raise ConfigError(f"--vmap_seeds={','.join(_VMAP_SEEDS.value)} must be integers, e.g. "
                           f"--vmap_seeds=0,1,2.") from None
+      if not all(0 <= s <= 2**32 - 1 for s in seeds):
+        raise ConfigError(f"--vmap_seeds={','.join(_VMAP_SEEDS.value)}: use whole numbers in "
+                          f"[0, {2**32 - 1}] (jax.random.key keeps 32 bits of a seed).")
     train(_CONFIG.value, _WORKDIR.value, seeds=seeds, seed_axis=_SEED_AXIS.value)
 
   run_command(argv, run)
@@ -153,9 +171,17 @@ def run_command(argv, run) -> None:
   mute_after_a_failed_save()  # the run's own sentence is the whole error (grpo_jax/errors.py)
   if not flags.FLAGS["verbosity"].present:
     logging.set_verbosity(logging.WARNING)  # orbax logs every save at INFO
+    # Orbax and tfds log through absl's logger: their warnings and errors (a resume's "Metadata
+    # file does not exist", "Failed to read Metadata file" before our sentence on an unreadable
+    # checkpoint, tfds's before its errors) would stand around the run's own lines and its
+    # one-sentence errors, which say what happened. JAX's warnings (its own loggers) still
+    # show; --verbosity=0 shows all.
+    logging.get_absl_logger().setLevel(std_logging.CRITICAL)
   from grpo_jax.train import faults  # imported late so that --help stays fast
   check_flags()
+  from grpo_jax.parallel.platform import check_xla_flags  # noqa: PLC0415
   try:
+    check_xla_flags()  # before this process starts XLA, which aborts on a flag it rejects
     run()
   except ConfigError as e:
     _fail(e, 2)
@@ -169,5 +195,13 @@ def run_command(argv, run) -> None:
           "resume from the newest checkpoint, if there is one.", faults.INTERRUPTED_EXIT_CODE)
 
 
+def start(entry) -> None:
+  """`python -m` of a command (this one, grpo_jax.train_sft, grpo_jax.train_rm, grpo_jax.eval):
+  absl's app.run with our flag parsing, the run surviving a console closed under it."""
+  from grpo_jax.console import survive_a_closed_console  # noqa: PLC0415
+  survive_a_closed_console()
+  app.run(entry, flags_parser=parse_flags)
+
+
 if __name__ == "__main__":
-  app.run(main, flags_parser=parse_flags)
+  start(main)

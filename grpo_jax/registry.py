@@ -32,7 +32,7 @@ import os
 import sys
 from typing import Any, Callable
 
-from grpo_jax.errors import ConfigError
+from grpo_jax.errors import ConfigError, first_line
 
 
 class UnknownName(ConfigError):
@@ -147,13 +147,24 @@ def import_plugins(spec: str, log: Callable = print) -> list[str]:
       if not os.path.isfile(item):
         raise UnknownName(f"imports: {item} is not a file (cwd {os.getcwd()}); give a path to a "
                           f".py file or an importable module name.")
-      load_file_module(item)
+      try:
+        load_file_module(item)
+      except Exception as e:  # noqa: BLE001  a researcher's module may raise anything
+        raise UnknownName(f"imports: {item} raised {first_line(e)} while being imported; fix "
+                          f"that file.") from None
     else:
       try:
         importlib.import_module(item)
       except ModuleNotFoundError as e:
+        if e.name is not None and item != e.name and not item.startswith(f"{e.name}."):
+          raise UnknownName(f"imports: module {item!r} could not be imported: it imports "
+                            f"{e.name!r}, which is not installed; install it or fix that "
+                            f"module.") from None
         raise UnknownName(f"imports: module {item!r} cannot be imported ({e}); give an "
                           f"importable module name or a path to a .py file.") from None
+      except Exception as e:  # noqa: BLE001
+        raise UnknownName(f"imports: module {item!r} raised {first_line(e)} while being "
+                          f"imported; fix that module.") from None
     done.append(item)
     log(f"imported {item}")
   return done

@@ -4,9 +4,7 @@ of grpo_jax.main; resumes from WORKDIR's newest checkpoint)."""
 
 from __future__ import annotations
 
-from absl import app
-
-from grpo_jax.main import _CONFIG, _WORKDIR, parse_flags, run_command
+from grpo_jax.main import _CONFIG, _WORKDIR, run_command, start
 
 
 def main(argv):
@@ -17,4 +15,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main, flags_parser=parse_flags)
+  start(main)

@@ -98,12 +98,35 @@ CONFIG_CASES = [
     ("mesh.tensor=0", "mesh.tensor=0"),
     ("distributed.mode=cluster", "distributed.mode='cluster'"),
     ("lora.rank=-1", "lora.rank=-1"),
+    ("rollout.max_new_tokens=3", "rollout.max_new_tokens=3 is shorter than the longest answer"),
+    ("seed=-1", "seed=-1; use a whole number in [0, 4294967295]"),
+    ("seed=4294967296", "seed=4294967296"),
+    ("train.steps=2147483648", "train.steps=2147483648 is beyond what JAX's 32-bit integers"),
+    ("rollout.group_size=10000000000", "rollout.group_size=10000000000"),
+    ("optim.warmup_steps=-1", "optim.warmup_steps=-1"),
+    ("data.prompt_bucket=-1", "data.prompt_bucket=-1"),
+    ("data.max_prompt_tokens=0", "data.max_prompt_tokens=0"),
+    ("rl.ref_update_every=-1", "rl.ref_update_every=-1"),
+    ("rl.max_extra_rollouts=-1", "rl.max_extra_rollouts=-1"),
+    ("train.num_samples=-1", "train.num_samples=-1"),
+    ("train.samples_every=-1", "train.samples_every=-1"),
 ]
 
 
 @pytest.mark.parametrize("override,needle", CONFIG_CASES, ids=[c[0] for c in CONFIG_CASES])
 def test_a_bad_config_field_is_one_sentence(capfd, tmp_path, override, needle):
   _expect(capfd, [f"--config={TINY}", f"--config.{override}"], str(tmp_path / "run"), needle)
+
+
+def test_no_samples_is_a_valid_setting(capfd, tmp_path):
+  """train.num_samples=0 (no sample completions) used to end in an IndexError at the first
+  evaluation."""
+  code = cli([f"--config={TINY}", f"--workdir={tmp_path / 'run'}", "--config.warmup.steps=1",
+              "--config.train.steps=1", "--config.train.eval_size=8",
+              "--config.train.eval_batch_size=8", "--config.rollout.num_prompts=2",
+              "--config.rollout.group_size=2", "--config.train.num_samples=0"])
+  assert code == 0, capfd.readouterr().err[-3000:]
+  assert not (tmp_path / "run" / "samples.jsonl").exists()
 
 
 # ----------------------------------------------------------------------------- command lines
@@ -130,9 +153,24 @@ def test_a_broken_config_file_is_named(capfd, tmp_path, body, needle):
     (["--config.rl.nope=1"], "rl has no field 'nope'"),
     (["--config.train.steps=many"], "config.train.steps"),
     (["--vmap_seeds=a,b"], "--vmap_seeds=a,b"),
-], ids=["unknown_field", "bad_value", "bad_seeds"])
+    (["--vmap_seeds=0,-1"], "--vmap_seeds=0,-1: use whole numbers in [0, 4294967295]"),
+], ids=["unknown_field", "bad_value", "bad_seeds", "negative_seed"])
 def test_a_bad_command_line_is_one_sentence(capfd, tmp_path, argv, needle):
   _expect(capfd, [f"--config={TINY}", *argv], str(tmp_path / "run"), needle)
+
+
+@pytest.mark.parametrize("where", ["module", "file", "missing_dependency"])
+def test_a_config_imports_module_that_fails_to_import_is_one_sentence(capfd, tmp_path,
+                                                                     monkeypatch, where):
+  body = ("import grpo_jax_no_such_package\n" if where == "missing_dependency" else
+          "raise RuntimeError('boom in my module')\n")
+  (tmp_path / "my_rewards_x.py").write_text(body)
+  monkeypatch.syspath_prepend(str(tmp_path))
+  item = str(tmp_path / "my_rewards_x.py") if where == "file" else "my_rewards_x"
+  needles = (("'grpo_jax_no_such_package', which is not installed",) if where ==
+             "missing_dependency" else ("RuntimeError: boom in my module", "fix that"))
+  _expect(capfd, [f"--config={TINY}", f"--config.imports={item}"], str(tmp_path / "run"),
+          f"imports: {item}" if where == "file" else f"imports: module {item!r}", *needles)
 
 
 def test_missing_flags_are_named(capfd, tmp_path):
@@ -245,6 +283,15 @@ def test_an_unprepared_tfds_folder_names_data_tfds_dir(capfd, tmp_path, checkpoi
   empty.mkdir()
   _gsm8k(capfd, tmp_path, "not prepared", f"data.tfds_dir='{empty}'", f"data_dir='{empty}'",
          model=checkpoint, extra=["--config.data.source=tfds", f"--config.data.tfds_dir={empty}"])
+  # Through `python -m`: tfds's absl warning ("... has no dataset_info.json") used to stand
+  # before the sentence.
+  out = subprocess.run(
+      [sys.executable, "-m", "grpo_jax.main", f"--config={GSM8K}", f"--workdir={tmp_path / 'r'}",
+       f"--config.model.path={checkpoint}", *GSM8K_SMALL, "--config.data.source=tfds",
+       f"--config.data.tfds_dir={empty}"], cwd=ROOT, capture_output=True, text=True,
+      timeout=300)
+  lines = out.stderr.strip().splitlines()
+  assert out.returncode == 2 and len(lines) == 1 and "not prepared" in lines[0], out.stderr
 
 
 def _edit_config(folder, **changes):
@@ -360,6 +407,27 @@ def test_the_command_itself_prints_one_line_and_exits_2(tmp_path, argv, needle):
                        text=True, timeout=300, env={**os.environ, "PYTHONPATH": ROOT})
   lines = out.stderr.strip().splitlines()
   assert out.returncode == 2 and len(lines) == 1 and needle in lines[0], out.stderr
+  assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("variable,value,needle", [
+    ("JAX_PLATFORMS", "cuda", "JAX_PLATFORMS='cuda' names a platform that JAX cannot start"),
+    ("JAX_PLATFORMS", "gpu", "JAX_PLATFORMS='gpu' names a platform that JAX cannot start"),
+    ("XLA_FLAGS", "--xla_no_such_flag=1", "XLA rejects XLA_FLAGS='--xla_no_such_flag=1': it "
+     "does not know --xla_no_such_flag=1"),
+    ("JAX_DEFAULT_MATMUL_PRECISION", "bogus", "JAX could not start under this environment "
+     "(ValueError: Invalid value \"bogus\" for JAX flag jax_default_matmul_precision)"),
+], ids=["jax_platforms_cuda", "jax_platforms_gpu", "xla_flags", "jax_variable"])
+def test_an_environment_jax_cannot_start_is_one_sentence(tmp_path, variable, value, needle):
+  """Variables that JAX reads at start-up (a platform this machine lacks; a flag XLA rejects,
+  on which it aborts the process from C++): one line, exit 2, nothing written."""
+  if variable == "JAX_PLATFORMS" and os.path.exists("/dev/nvidia0"):
+    pytest.skip("this machine has a GPU")
+  out = subprocess.run([sys.executable, "-m", "grpo_jax.main", f"--config={TINY}",
+                        f"--workdir={tmp_path / 'run'}"], cwd=ROOT, capture_output=True,
+                       text=True, timeout=300, env={**os.environ, variable: value})
+  lines = out.stderr.strip().splitlines()
+  assert out.returncode == 2 and len(lines) == 1 and needle in lines[0], out.stderr[-3000:]
   assert not (tmp_path / "run").exists()
 
 

@@ -51,6 +51,49 @@ def test_a_reward_of_the_wrong_shape_names_the_function(mode, value, got):
                             f"shape (6,).")
 
 
+class _NanOnEmpty:
+  """The addition task whose held-out scoring returns NaN for an empty completion."""
+
+  def __init__(self, task):
+    self.task = task
+
+  def __getattr__(self, name):
+    return getattr(self.task, name)
+
+  def eval_scores(self, batch, tokens, mask):
+    scores = self.task.eval_scores(batch, tokens, mask)
+    empty = ~np.asarray(mask).any(1)
+    return {k: np.where(empty, np.nan, v) for k, v in scores.items()}
+
+
+@pytest.mark.parametrize("mode", ["raise", "zero"])
+def test_evaluation_scores_take_the_training_rewards_error_policy(mode):
+  """A held-out score that is not finite: one sentence showing the prompt and completion, or
+  (train.on_reward_error='zero') scored 0 and counted in eval_reward_errors; never a NaN in the
+  figures (they used to print 'eval_acc nan' and exit 0)."""
+  from grpo_jax.train.evaluation import evaluate_models  # noqa: PLC0415
+  task = AdditionTask(2, 100, 4, fixed_width=True, reverse_answer=True)
+  batch = task.test_batch(4)
+  right = batch.target_tokens.copy()  # the right answers, one of them emptied
+  mask = batch.target_mask.copy()
+  mask[2] = False
+  rollout = types.SimpleNamespace(completion_tokens=right[None], completion_mask=mask[None])
+  train_cfg = types.SimpleNamespace(eval_size=4, eval_batch_size=4, eval_pass_k=0,
+                                    num_samples=0, on_reward_error=mode)
+  generate = lambda *_: rollout  # noqa: E731
+  if mode == "raise":
+    with pytest.raises(faults.RewardError) as err:
+      evaluate_models(generate, 1, _NanOnEmpty(task), train_cfg)
+    assert str(err.value).startswith("evaluation: the reward function gave eval_accuracy=nan "
+                                     "for the held-out prompt ")
+    assert str(err.value).endswith("and the completion ''; fix the reward function, or set "
+                                   "train.on_reward_error='zero' to score such completions 0 "
+                                   "and count them (eval_reward_errors).")
+  else:
+    (metrics,) = evaluate_models(generate, 1, _NanOnEmpty(task), train_cfg)
+    assert metrics == {"eval_accuracy": 0.75, "eval_reward_errors": 1.0}
+
+
 def test_too_many_failed_rewards_stop_the_step():
   faults.check_reward_error_fraction(3, 6, 0.5, 4)  # half: goes on
   with pytest.raises(faults.RunStopped) as err:
@@ -122,11 +165,13 @@ def test_a_second_run_on_a_locked_workdir_stops_naming_the_holder(tmp_path):
 
 
 @pytest.mark.slow
-def test_an_unreadable_newest_checkpoint_falls_back_and_resumes_exactly(reference, tmp_path, env,
-                                                                        monkeypatch):
+def test_an_unreadable_newest_checkpoint_stops_the_run_and_stays_in_place(reference, tmp_path,
+                                                                           env, monkeypatch):
   """The newest checkpoint's files made unreadable (chmod 0; as root, who reads through any
-  mode, its reads also refused with PermissionError): it is moved aside, the one before it is
-  restored, and the resumed command reproduces the uninterrupted run."""
+  mode, its reads also refused with PermissionError): the checkpoint is intact, so the run
+  stops in one sentence naming the permission problem and moves nothing (it used to be taken
+  for a damaged one and moved aside, its steps lost to the resume). Readable again, the workdir
+  resumes from it and reproduces the uninterrupted run."""
   import builtins  # noqa: PLC0415
   import shutil  # noqa: PLC0415
   from grpo_jax.train.checkpoint import Checkpoints  # noqa: PLC0415
@@ -145,13 +190,19 @@ def test_an_unreadable_newest_checkpoint_falls_back_and_resumes_exactly(referenc
         raise PermissionError(13, "Permission denied", str(file))
       return real_open(file, *args, **kwargs)
     monkeypatch.setattr(builtins, "open", open_unless_refused)
+  before = sorted(os.listdir(workdir / "checkpoints"))
   ckpts = Checkpoints(workdir / "checkpoints", 3, log=(logged := []).append)
-  state = ckpts.restore_latest(template())
+  with pytest.raises(faults.RunStopped) as err:
+    ckpts.restore_latest(template())
   ckpts.close()
   monkeypatch.undo()
-  assert int(state.step) == N
-  assert len(logged) == 1 and "PermissionError" in logged[0], logged
-  assert sorted(os.listdir(workdir / "checkpoints")) == ["0", str(N), f"{2 * N}.unreadable"]
-  stdout = run(workdir, env)
-  assert f"resumed from checkpoint {workdir}/checkpoints/{N}" in stdout
+  assert str(err.value).startswith(f"checkpoint {workdir}/checkpoints/{2 * N} cannot be read "
+                                   f"by this user (PermissionError: ")
+  assert str(err.value).endswith(f"fix its permissions (e.g. chmod -R u+rwX {workdir}/"
+                                 f"checkpoints) and run again; nothing was moved.")
+  assert logged == [] and sorted(os.listdir(workdir / "checkpoints")) == before
+  for path in files:
+    path.chmod(0o644)
+  stdout = run(workdir, env, f"--config.train.steps={2 * N}")
+  assert f"resumed from checkpoint {workdir}/checkpoints/{2 * N}" in stdout
   assert strip(records(workdir)) == strip(ref_records)

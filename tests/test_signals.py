@@ -14,24 +14,47 @@ from tests.tiny_runs import N, ROOT, command, records, run, start_and_signal, st
 
 
 @pytest.mark.slow
-def test_sigint_saves_the_step_and_the_resume_equals_the_uninterrupted_run(reference, tmp_path,
-                                                                           env):
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGHUP], ids=["SIGINT", "SIGHUP"])
+def test_sigint_or_sighup_saves_the_step_and_the_resume_equals_the_uninterrupted_run(
+    reference, tmp_path, env, sig):
+  """Ctrl-C, or SIGHUP (the terminal or ssh session that started the run closed), saves like
+  SIGTERM; the resume prints nothing on stderr (no orbax warning lines)."""
   _, ref_records = reference
   workdir = tmp_path / "run"
-  code, stderr, _ = start_and_signal(workdir, env, signal.SIGINT, 2, 0.0,
+  code, stderr, _ = start_and_signal(workdir, env, sig, 2, 0.0,
                                      "--config.train.checkpoint_every=100")
-  assert code == faults.INTERRUPTED_EXIT_CODE == 130, stderr[-2000:]
+  assert code == 128 + sig, stderr[-2000:]
+  assert faults.INTERRUPTED_EXIT_CODE == 130
   stopped = records(workdir)[-1]["step"]
   assert stderr.strip().splitlines() == [
-      f"SIGINT: saved checkpoint {workdir}/checkpoints/{stopped}; run the same command again to "
-      f"resume from it."]
-  stdout = run(workdir, env, "--config.train.checkpoint_every=100")
-  assert f"resumed from checkpoint {workdir}/checkpoints/{stopped}" in stdout
+      f"{signal.Signals(sig).name}: saved checkpoint {workdir}/checkpoints/{stopped}; run the "
+      f"same command again to resume from it."]
+  out = subprocess.run(command(workdir, "--config.train.checkpoint_every=100"), cwd=ROOT,
+                       capture_output=True, text=True, timeout=600, env=env)
+  assert out.returncode == 0 and out.stderr == "", out.stderr[-2000:]
+  assert f"resumed from checkpoint {workdir}/checkpoints/{stopped}" in out.stdout
   assert strip(records(workdir)) == strip(ref_records)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_a_console_closed_under_the_run_does_not_stop_it(reference, tmp_path, env):
+  """Standard output closed after the first line (a closed terminal, `| head -1`): the run goes
+  on to the end, exits 0, and its records equal the uninterrupted run's."""
+  _, ref_records = reference
+  workdir = tmp_path / "run"
+  proc = subprocess.Popen(command(workdir), cwd=ROOT, stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, text=True, env=env)
+  assert proc.stdout.readline()
+  proc.stdout.close()
+  _, stderr = proc.communicate(timeout=600)
+  assert proc.returncode == 0, stderr[-3000:]
+  assert stderr == ""
+  assert strip(records(workdir)) == strip(ref_records)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP],
+                         ids=["SIGTERM", "SIGINT", "SIGHUP"])
 def test_a_signal_during_the_warm_up_stops_within_seconds(tmp_path, env, sig):
   """A warm-up of 10^6 steps (hours) stopped by the signal: the run ends at the end of the
   warm-up step in flight, well within a TPU VM's ~30 s notice, with nothing saved (a resume

@@ -21,6 +21,7 @@ import numpy as np
 
 from grpo_jax.data.arithmetic import AdditionTask, PromptBatch
 from grpo_jax.data.task import register_task
+from grpo_jax.errors import ConfigError
 from grpo_jax.data.tokenizer import pad_rows
 
 
@@ -43,12 +44,12 @@ class AdditionWorkTask(AdditionTask):
                work_fraction: float, length_penalty: float):
     work_len = 2 * num_digits + 1
     if max_new_tokens < num_digits + 2 + work_len:
-      raise ValueError(f"rollout.max_new_tokens={max_new_tokens} is shorter than an answer "
+      raise ConfigError(f"rollout.max_new_tokens={max_new_tokens} is shorter than an answer "
                        f"with its work ({num_digits + 2 + work_len} tokens); raise it.")
     super().__init__(num_digits, test_size, max_new_tokens, fixed_width=True,
                      reverse_answer=True)
     if not 0 <= work_fraction <= 1 or length_penalty < 0:
-      raise ValueError(f"task.work_fraction={work_fraction} must be in [0, 1] and "
+      raise ConfigError(f"task.work_fraction={work_fraction} must be in [0, 1] and "
                        f"task.length_penalty={length_penalty} >= 0.")
     self.work_fraction, self.length_penalty = work_fraction, length_penalty
 

@@ -62,7 +62,7 @@ class AdditionTask:
                reward: str = "exact_match"):
     self.reward = get_reward(reward, "tokens", "addition")
     if num_digits < 1:
-      raise ValueError(f"task.num_digits={num_digits}; use an integer >= 1.")
+      raise ConfigError(f"task.num_digits={num_digits}; use an integer >= 1.")
     self.num_digits = num_digits
     self.fixed_width = fixed_width
     self.reverse_answer = reverse_answer
@@ -70,7 +70,7 @@ class AdditionTask:
     self.prompt_len = 1 + 2 * num_digits + 2
     self.answer_len = num_digits + 2  # digits of a sum of two d-digit numbers, plus <eos>
     if max_new_tokens < self.answer_len:
-      raise ValueError(f"rollout.max_new_tokens={max_new_tokens} is shorter than the longest "
+      raise ConfigError(f"rollout.max_new_tokens={max_new_tokens} is shorter than the longest "
                        f"answer of {num_digits}-digit addition ({self.answer_len} tokens with "
                        f"<eos>); set it to at least {self.answer_len}.")
     self.max_new_tokens = max_new_tokens
@@ -78,7 +78,7 @@ class AdditionTask:
     a, b = np.triu_indices(n)  # unordered pairs a <= b
     num_pairs = len(a)
     if not 0 < test_size < num_pairs:
-      raise ValueError(f"task.test_size={test_size} must be in (0, {num_pairs}) for "
+      raise ConfigError(f"task.test_size={test_size} must be in (0, {num_pairs}) for "
                        f"{num_digits}-digit operands.")
     order = np.random.default_rng(_SPLIT_SEED).permutation(num_pairs)
     test_idx, train_idx = order[:test_size], order[test_size:]

@@ -5,9 +5,15 @@ with the CPU wheel of jax trains, slowly, without an error)."""
 from __future__ import annotations
 
 import glob
+import os
+import re
 import shutil
+import subprocess
+import sys
 
 import jax
+
+from grpo_jax.errors import ConfigError, first_line
 
 # Device files and tools an accelerator leaves on a machine, by kind.
 _ACCELERATOR_SIGNS = {"GPU": ("/dev/nvidia0", "/dev/kfd"), "TPU": ("/dev/accel0", "/dev/vfio/0")}
@@ -39,3 +45,48 @@ def cpu_fallback_warning() -> str | None:
     return None
   return (f"warning: this machine shows a {kind} but jax runs on the CPU (the jax installed "
           f"has no {kind} support); for the {kind}: {_INSTALL[kind]}.")
+
+
+def start_backend() -> list:
+  """jax.devices(): the call that starts JAX's backend (after the multi-host start-up). A
+  platform JAX cannot start here (JAX_PLATFORMS naming one this machine or the installed jax
+  lacks) is one ConfigError sentence instead of JAX's traceback."""
+  try:
+    return jax.devices()
+  except (RuntimeError, AssertionError) as e:
+    asked = os.environ.get("JAX_PLATFORMS", "")
+    what = f"JAX_PLATFORMS={asked!r} names a platform" if asked else "the platform"
+    reason = first_line(e).split(" (set JAX_PLATFORMS")[0]
+    raise ConfigError(f"{what} that JAX cannot start on this machine ({reason}); unset "
+                      f"JAX_PLATFORMS to let JAX pick what is here, or install the jax build "
+                      f"for it (GPU: {_INSTALL['GPU']}; TPU: {_INSTALL['TPU']}).") from None
+
+
+def check_xla_flags() -> None:
+  """XLA aborts the process (a C++ fatal error, before Python can catch anything) on a flag in
+  XLA_FLAGS it does not know. When XLA_FLAGS is set, a child process starts XLA's CPU client
+  under it first (about a second) and a flag it rejects becomes one ConfigError sentence."""
+  flags = os.environ.get("XLA_FLAGS", "").strip()
+  if not flags:
+    return
+  env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+  try:
+    out = subprocess.run([sys.executable, "-c", "import jax; jax.devices()"], env=env,
+                         capture_output=True, text=True, timeout=120)
+  except (OSError, subprocess.TimeoutExpired):
+    return  # the run itself will say what is wrong
+  if out.returncode == 0:
+    return
+  found = re.search(r"Unknown flags? in XLA_FLAGS: (.*)", out.stderr)
+  detail = (f"it does not know {found.group(1).strip()}" if found else
+            (out.stderr.strip().splitlines() or ["it failed to start"])[-1][:300])
+  raise ConfigError(f"XLA rejects XLA_FLAGS={flags!r}: {detail}; remove or fix that flag.")
+
+
+def devices_record(mesh=None) -> dict:
+  """What a run's numbers depend on about the devices (recorded in run_info.json at each start,
+  compared at a resume): platform, device kind and count, processes, and the mesh's shape."""
+  devices = jax.devices()
+  return {"platform": jax.default_backend(), "kind": devices[0].device_kind,
+          "count": len(devices), "processes": jax.process_count(),
+          "mesh": list(mesh.shape.values()) if mesh is not None else None}

@@ -87,3 +87,59 @@ def guarded_score(task, prompts, tokens, mask, group_size: int, on_error: str):
         f"{_text(task.tokenizer, tokens[row], mask[row])!r}; fix the reward function, or set "
         f"train.on_reward_error='zero' to score such completions 0 and count them.") from error
   return rewards, np.isin(np.arange(tokens.shape[0]), list(failures))
+
+
+def _eval_row_failure(task, batch, tokens, mask, row: int):
+  """What went wrong scoring one held-out completion alone (None if nothing)."""
+  try:
+    scores = task.eval_scores(take_rows(batch, np.array([row])), tokens[row:row + 1],
+                              mask[row:row + 1])
+  except Exception as e:  # noqa: BLE001  a user's reward function may raise anything
+    return f"raised {type(e).__name__}: {e}"
+  for name, values in scores.items():
+    value = np.asarray(values, np.float64).reshape(-1)
+    if value.size != 1 or not np.isfinite(value[0]):
+      return f"gave {name}={value.tolist() if value.size != 1 else value[0]}"
+  return None
+
+
+def guarded_eval_scores(task, batch, tokens, mask, on_error: str):
+  """task.eval_scores(batch, tokens, mask) -> ({metric: (B,) array}, failed (B,) bool), under
+  train.on_reward_error as training rewards are: a held-out completion whose scoring raises or
+  is not finite stops the run with a RewardError showing it ("raise"), or scores 0 in every
+  metric and is marked ("zero"), so that no NaN reaches metrics.jsonl."""
+  tokens, mask = np.asarray(tokens), np.asarray(mask)
+  rows = tokens.shape[0]
+  try:
+    scores = {k: np.asarray(v) for k, v in task.eval_scores(batch, tokens, mask).items()}
+    ok = all(v.shape == (rows,) and np.isfinite(np.asarray(v, np.float64)).all()
+             for v in scores.values())  # (the scores keep their dtype: the figures as before)
+  except Exception:  # noqa: BLE001
+    scores, ok = None, False
+  if ok:
+    return scores, np.zeros(rows, bool)
+  failures = {r: what for r in range(rows)
+              if (what := _eval_row_failure(task, batch, tokens, mask, r)) is not None}
+  if not failures:
+    raise RewardError(f"the held-out scoring of {reward_name(task)!r} failed on the whole batch "
+                      f"but on no completion alone; fix its batch handling.")
+  if on_error == "raise":
+    row, what = min(failures.items())
+    one = take_rows(batch, np.array([row]))
+    prompt = _text(task.tokenizer, one.prompt_tokens[0], one.prompt_mask[0])
+    raise RewardError(
+        f"evaluation: the reward function {what} for the held-out prompt {prompt!r} and the "
+        f"completion {_text(task.tokenizer, tokens[row], mask[row])!r}; fix the reward "
+        f"function, or set train.on_reward_error='zero' to score such completions 0 and count "
+        f"them (eval_reward_errors).")
+  failed = np.isin(np.arange(rows), list(failures))
+  if scores is None:  # the batch call raised: score the rows that work one at a time
+    ok_rows = [r for r in range(rows) if r not in failures]
+    parts = [task.eval_scores(take_rows(batch, np.array([r])), tokens[r:r + 1], mask[r:r + 1])
+             for r in ok_rows]
+    scores = {k: np.zeros(rows) for k in parts[0]} if parts else {"eval_accuracy":
+                                                                    np.zeros(rows)}
+    for r, part in zip(ok_rows, parts):
+      for k, v in part.items():
+        scores[k][r] = float(np.asarray(v, np.float64).reshape(-1)[0])
+  return {k: np.where(failed, 0.0, np.nan_to_num(v)) for k, v in scores.items()}, failed

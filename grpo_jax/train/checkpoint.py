@@ -169,6 +169,19 @@ def _stack_layers(tree, abstract):
                       stacked, abstract)
 
 
+def _permission_denied(error: BaseException) -> bool:
+  """Whether `error`, or one it was raised from, is a permission error (orbax and tensorstore
+  wrap the OSError in their own types, keeping its text)."""
+  seen = set()
+  while error is not None and id(error) not in seen:
+    seen.add(id(error))
+    if isinstance(error, PermissionError) or any(
+        s in str(error) for s in ("Permission denied", "PERMISSION_DENIED")):
+      return True
+    error = error.__cause__ or error.__context__
+  return False
+
+
 def _short(error: Exception) -> str:
   text = str(error).strip().splitlines()
   return f"{type(error).__name__}: {text[0][:200] if text else ''}"
@@ -285,6 +298,10 @@ class Checkpoints:
       try:
         state = self.restore(step, template)
       except Exception as e:  # noqa: BLE001  orbax / tensorstore raise many types
+        if _permission_denied(e):  # intact but not readable by this user: move nothing
+          raise RunStopped(f"checkpoint {self.directory}/{step} cannot be read by this user "
+                           f"({_short(e)}); fix its permissions (e.g. chmod -R u+rwX "
+                           f"{self.directory}) and run again; nothing was moved.") from None
         error = e
         damaged.append(step)
         self.log(f"warning: checkpoint {self.directory}/{step} cannot be restored "

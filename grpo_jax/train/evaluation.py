@@ -10,6 +10,7 @@ from grpo_jax.models.config import ModelConfig
 from grpo_jax.parallel.distributed import to_host
 from grpo_jax.parallel.mesh import shard_batch
 from grpo_jax.prompt_batch import take_rows
+from grpo_jax.rewards.guard import guarded_eval_scores, guarded_score
 from grpo_jax.rollout.sampler import Sampling
 from grpo_jax.train.samples import describe
 
@@ -65,11 +66,14 @@ def evaluate_models(generate_fn, num_models: int, task, train_cfg,
   evaluation key folded with chunk_start. Each chunk's prompts are cut to its longest prompt,
   rounded up to a multiple of prompt_bucket (0: not cut). With a list `samples_out`, each
   model's first train.num_samples greedy completions are appended to it as sample records
-  (grpo_jax/train/samples.py; step -1, for the caller to set), one list per model.
+  (grpo_jax/train/samples.py; step -1, for the caller to set), one list per model. Scores go
+  through train.on_reward_error as training rewards do (grpo_jax/rewards/guard.py): a
+  non-finite one stops the run in one sentence, or scores 0 and is counted in
+  eval_reward_errors; never a NaN in the figures.
   """
   batch = task.test_batch(train_cfg.eval_size)
   size, chunk = train_cfg.eval_size, train_cfg.eval_batch_size
-  pass_k = train_cfg.eval_pass_k
+  pass_k, on_error = train_cfg.eval_pass_k, train_cfg.on_reward_error
   tokens, masks, passed = [], [], []
   for start in range(0, size, chunk):
     # Every chunk has the same static shape: the last one is padded with repeated rows.
@@ -85,14 +89,17 @@ def evaluate_models(generate_fn, num_models: int, task, train_cfg,
       s = generate_fn(prompts, prompt_mask, start, True)  # pass_k rows per prompt
       chunk_rows = take_rows(batch, rows)
       passed.append(np.stack([
-          (task.score(chunk_rows, s.completion_tokens[m], s.completion_mask[m], pass_k)
-           .reshape(chunk, pass_k) >= 1.0).any(1)[:keep] for m in range(num_models)]))
+          (guarded_score(task, chunk_rows, s.completion_tokens[m], s.completion_mask[m],
+                         pass_k, on_error)[0].reshape(chunk, pass_k) >= 1.0).any(1)[:keep]
+          for m in range(num_models)]))
     if progress is not None:
       progress(start + keep, size)
   results = []
   for m in range(num_models):
-    scores = task.eval_scores(batch, np.concatenate([t[m] for t in tokens]),
-                              np.concatenate([k[m] for k in masks]))
+    scores, failed = guarded_eval_scores(task, batch, np.concatenate([t[m] for t in tokens]),
+                                         np.concatenate([k[m] for k in masks]), on_error)
+    if failed.any():  # train.on_reward_error='zero': scored 0, counted
+      scores["eval_reward_errors"] = failed.sum(keepdims=True).astype(np.float64)
     if pass_k:
       scores[f"eval_pass_at_{pass_k}"] = np.concatenate([p[m] for p in passed])
     results.append({name: float(np.mean(values)) for name, values in scores.items()})
@@ -101,7 +108,8 @@ def evaluate_models(generate_fn, num_models: int, task, train_cfg,
     for m in range(num_models):
       tokens_m = np.concatenate([t[m] for t in tokens])[:count]
       mask_m = np.concatenate([k[m] for k in masks])[:count]
-      rewards = task.score(take_rows(batch, list(range(count))), tokens_m, mask_m, 1)
+      rewards, _ = guarded_score(task, take_rows(batch, list(range(count))), tokens_m, mask_m,
+                                 1, on_error)
       samples_out.append(describe(task, batch, range(count), tokens_m, mask_m, rewards, "eval",
                                   -1))
   return results

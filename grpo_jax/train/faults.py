@@ -16,7 +16,7 @@ INTERRUPTED_EXIT_CODE = 128 + signal.SIGINT  # 130
 
 
 class Preempted(Exception):
-  """SIGTERM or SIGINT arrived; the state of the step reached was checkpointed (or, during the
+  """SIGTERM, SIGINT or SIGHUP arrived; the state of the step reached was checkpointed (or, during the
   warm-up, nothing was: a resume runs the warm-up again, a pure function of the seed)."""
 
   def __init__(self, message: str, signum: int = signal.SIGTERM):
@@ -25,12 +25,13 @@ class Preempted(Exception):
 
 
 class TerminationFlag:
-  """While entered, SIGTERM and SIGINT (Ctrl-C) only set `self.requested` and `self.signal`:
-  the loop saves and stops at the end of the step, the warm-up at the end of its step. A second
-  Ctrl-C stops at once (KeyboardInterrupt). Installs nothing outside the main thread, where
-  signals cannot be handled."""
+  """While entered, SIGTERM, SIGINT (Ctrl-C) and SIGHUP (the terminal or ssh session that
+  started the run closed) only set `self.requested` and `self.signal`: the loop saves and stops
+  at the end of the step, the warm-up at the end of its step. A second Ctrl-C stops at once
+  (KeyboardInterrupt). Installs nothing outside the main thread, where signals cannot be
+  handled."""
 
-  SIGNALS = (signal.SIGTERM, signal.SIGINT)
+  SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
   def __init__(self):
     self.requested = False

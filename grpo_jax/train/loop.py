@@ -23,7 +23,8 @@ from grpo_jax.models.partitioning import place
 from grpo_jax.models.value_head import critic_from_reward_model, init_value_params
 from grpo_jax.parallel import distributed
 from grpo_jax.parallel.distributed import to_host
-from grpo_jax.parallel.platform import cpu_fallback_warning, platform_line
+from grpo_jax.parallel.platform import (cpu_fallback_warning, devices_record, platform_line,
+                                        start_backend)
 from grpo_jax.parallel.mesh import batch_axis_size, bytes_per_device, make_mesh, split_heads_note
 from grpo_jax.rewards.estimator_inputs import uses_greedy
 from grpo_jax.rewards.guard import reward_name
@@ -47,7 +48,7 @@ from grpo_jax.train.step import StepSpec
 from grpo_jax.train.wandb_logging import start_wandb
 from grpo_jax.train.warmup import run_warmup
 from grpo_jax.train.workdir import (WorkdirLock, check_resume_config, check_workdir,
-                                     config_changes, record_start, write_config)
+                                     config_changes, record_changes, record_start, write_config)
 
 
 def initial_state(config, model_cfg: ModelConfig, params, optimizer, base_key,
@@ -129,12 +130,16 @@ def _train(config, workdir: str, log, axis: SeedAxis, mesh, task, configs, base_
   directory = ("checkpoints" if not axis.stacked else
                f"checkpoints_seeds_{'_'.join(map(str, axis.seeds))}")
   ckpts = Checkpoints(os.path.join(workdir, directory), t_cfg.keep_checkpoints, log)
-  # A workdir with checkpoints is resumed: under its recorded config only (workdir.py),
-  # checked before config.json is rewritten.
-  changes = [config_changes(c, wd) if ckpts.steps() else {} for c, wd in zip(configs, workdirs)]
+  # A workdir with checkpoints is resumed: under its recorded config, on its recorded devices,
+  # with its record intact (workdir.py), checked before config.json is rewritten.
+  allow, devices = bool(t_cfg.allow_config_change), devices_record(mesh)
+  changes = [{} for _ in workdirs]
+  if main_process and ckpts.steps():
+    changes = [{**config_changes(c, wd, allow), **record_changes(wd, devices, allow)}
+               for c, wd in zip(configs, workdirs)]
+    for wd, changed in zip(workdirs, changes):
+      check_resume_config(changed, wd, allow, log)
   if main_process:
-    for c, wd, changed in zip(configs, workdirs, changes):
-      check_resume_config(changed, wd, bool(t_cfg.allow_config_change))
     for c, wd in zip(configs, workdirs):
       write_config(c, wd)
   try:
@@ -145,7 +150,7 @@ def _train(config, workdir: str, log, axis: SeedAxis, mesh, task, configs, base_
       state = ckpts.restore_latest(jax.eval_shape(states, params))
       resumed = state is not None
       for wd, changed in zip(workdirs, changes) if main_process else ():
-        record_start(wd, step_of(state) if resumed else None, changed)
+        record_start(wd, step_of(state) if resumed else None, changed, devices)
         dropped = keep_records_until(files.path(wd, "metrics.jsonl"),
                                      step_of(state) if resumed else -1)
         if files.exists(files.path(wd, "samples.jsonl")):
@@ -200,8 +205,10 @@ def _start_devices(config, axis: SeedAxis):
       raise config_lib.ConfigError(
           f"distributed.mode={dist.mode!r}: stacked seeds run in one process on one device; "
           f"set distributed.mode='none' or run the seeds separately.")
+    start_backend()
     return None
   distributed.initialize(dist)
+  start_backend()
   try:
     mesh = make_mesh(config.mesh)
   except ValueError as e:
@@ -273,7 +280,7 @@ def _run(run: Run, state, resumed: bool, ckpts, sigterm) -> TrainState:
     evals = run_eval(policy_params(state), per_model)
     for sink, samples in zip(samplers, per_model):
       sink.write([dict(s, step=step) for s in samples])
-    if not axis.stacked:
+    if not axis.stacked and per_model:  # (none with train.num_samples=0)
       for line in format_samples([dict(s, step=step) for s in per_model[0]]):
         log(line)
     return evals

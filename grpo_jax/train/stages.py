@@ -30,6 +30,7 @@ from grpo_jax.data.supervised import (PairData, SupervisedData, addition_prefere
 from grpo_jax.errors import ConfigError
 from grpo_jax.models.reward_model import (export_reward_model, init_reward_model,
                                           sequence_reward)
+from grpo_jax.parallel.platform import devices_record, start_backend
 from grpo_jax.rl.preference import bradley_terry_loss, pair_accuracy
 from grpo_jax.train import files
 from grpo_jax.train.checkpoint import Checkpoints, step_of
@@ -41,7 +42,8 @@ from grpo_jax.train.seed_axis import SeedAxis
 from grpo_jax.train.setup import build_model, build_task, check_task_fits_model, uses_checkpoint
 from grpo_jax.train.state import apply_if_finite, create_train_state, make_optimizer
 from grpo_jax.train.warmup import make_warmup_step, warmup_log_due
-from grpo_jax.train.workdir import WorkdirLock, check_workdir, write_config
+from grpo_jax.train.workdir import (WorkdirLock, check_resume_config, check_workdir,
+                                     config_changes, record_changes, record_start, write_config)
 
 
 def export_model_type(config, model_cfg) -> str:
@@ -52,17 +54,26 @@ def export_model_type(config, model_cfg) -> str:
 
 
 def run_stage(name: str, config, workdir: str, fresh, advance, evaluate, write,
-              schedule: Schedule, log=print):
+              schedule: Schedule, log=print, free: tuple = ()):
   """A supervised stage on the loop skeleton (train/runner.py), inside the caller's workdir
   lock: the config recorded, the newest checkpoint restored (the records trimmed to its step)
   or `fresh()` started, `run_steps` with SIGTERM / SIGINT handled, the records written by
-  write(writer, state, first, records, tokens, seconds, clock) to metrics.jsonl. Returns the
-  last state."""
+  write(writer, state, first, records, tokens, seconds, clock) to metrics.jsonl. A resume
+  follows the RL run's rules (train/workdir.py), `free` naming the stage's own fields that may
+  change (its length). Returns the last state."""
   with TerminationFlag() as sigterm:
-    write_config(config, workdir)
     ckpts = Checkpoints(os.path.join(workdir, "checkpoints"), config.train.keep_checkpoints, log)
+    # Resumed like the RL run: under its recorded config, on its devices, its record intact.
+    allow, devices = bool(config.train.allow_config_change), devices_record()
+    changes = {}
+    if ckpts.steps():
+      changes = {**config_changes(config, workdir, allow),
+                 **record_changes(workdir, devices, allow)}
+      check_resume_config(changes, workdir, allow, log, free)
+    write_config(config, workdir)
     try:
       state = ckpts.restore_latest(jax.eval_shape(fresh))
+      record_start(workdir, step_of(state) if state is not None else None, changes, devices)
       writer = MetricsWriter(workdir, schedule.steps, stream=None)
       resumed = state is not None
       if resumed:
@@ -89,6 +100,7 @@ def train_sft(config, workdir: str, log=print):
   newest checkpoint exactly. Returns the trained params."""
   config_lib.validate(config)
   check_workdir(workdir)
+  start_backend()
   steps = config.warmup.steps
   if steps <= 0:
     raise ConfigError(f"warmup.steps={steps}: the SFT stage trains warmup.steps steps; set it "
@@ -258,8 +270,9 @@ def train_reward_model(config, workdir: str, log=print):
   """The RM stage (module docstring); resumes from the newest checkpoint. Returns the state."""
   config_lib.validate(config)
   check_workdir(workdir)
+  start_backend()
   rm = config.rm
-  for name in ("steps", "batch_size"):
+  for name in ("steps", "batch_size", "eval_every", "train_pairs", "test_pairs"):
     if rm[name] < 1:
       raise ConfigError(f"rm.{name}={rm[name]}; use at least 1.")
   check_pair_sources(config)
@@ -294,7 +307,8 @@ def train_reward_model(config, workdir: str, log=print):
     state = run_stage(
         "rm", config, workdir, fresh, advance,
         lambda state, step: [evaluate_pairs(rewards, state.params, test, rm.batch_size)], write,
-        Schedule(rm.steps, rm.eval_every, config.train.checkpoint_every), log)
+        Schedule(rm.steps, rm.eval_every, config.train.checkpoint_every), log,
+        free=("rm.steps", "rm.eval_every", "rm.export"))  # (a constant rate after warm-up)
     if rm.export:
       out = os.path.join(workdir, "hf_export")
       with files.local_folder(out) as folder:

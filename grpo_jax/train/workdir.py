@@ -69,6 +69,32 @@ def check_workdir(workdir: str) -> None:
   if not os.access(existing, os.W_OK | os.X_OK):
     raise InputError(f"--workdir={workdir} is not writable ({existing} denies writing to this "
                      f"user); pass a folder you can write to.")
+  if os.path.isdir(path):
+    for name in sorted(os.listdir(path)) if os.access(path, os.R_OK) else ():
+      if name.startswith("checkpoints") and os.path.isdir(os.path.join(path, name)):
+        check_checkpoints_access(os.path.join(path, name))
+
+
+def check_checkpoints_access(folder: str) -> None:
+  """Raises InputError, before any compute, when this user cannot write `folder` (a run's
+  checkpoints) or read everything in it: found otherwise only at the first save, after the
+  work, or taken for a damaged checkpoint at the restore."""
+  def refuse(path: str, what: str):
+    raise InputError(f"{path} is not {what} by this user, so the run could not "
+                     f"{'save' if what == 'writable' else 'resume from'} its checkpoints; fix "
+                     f"the permissions (e.g. chmod -R u+rwX {folder}) or pass another "
+                     f"--workdir.")
+  if not os.access(folder, os.R_OK | os.X_OK):
+    refuse(folder, "readable")
+  if not os.access(folder, os.W_OK):
+    refuse(folder, "writable")
+  for root, dirs, names in os.walk(folder):
+    for name in dirs:
+      if not os.access(os.path.join(root, name), os.R_OK | os.X_OK):
+        refuse(os.path.join(root, name), "readable")
+    for name in names:
+      if not os.access(os.path.join(root, name), os.R_OK):
+        refuse(os.path.join(root, name), "readable")
 
 
 class WorkdirBusy(RunStopped):
@@ -152,18 +178,47 @@ def _flat(tree, prefix: str = "") -> dict:
   return out
 
 
-def config_changes(config, workdir: str) -> dict:
+class RecordDamaged(InputError):
+  """A workdir with checkpoints whose config.json or run_info.json is missing or damaged."""
+
+
+def _read_json(workdir: str, name: str):
+  """(the parsed JSON object, None) or (None, what is wrong with the file)."""
+  text = files.read_text(files.path(workdir, name))
+  if text is None:
+    return None, "missing"
+  try:
+    value = json.loads(text)
+  except ValueError as e:
+    return None, f"damaged ({first_line(e, 120)})"
+  if not isinstance(value, dict):
+    return None, f"damaged (it holds a JSON {type(value).__name__}, not an object)"
+  return value, None
+
+
+def _damaged_record(workdir: str, name: str, problem: str, allow: bool, consequence: str,
+                    allowed: str, after: str) -> dict:
+  """RecordDamaged for workdir/name, or with `allow` the change {name: [problem, after]}."""
+  if not allow:
+    raise RecordDamaged(f"{workdir}/{name} is {problem}{consequence}; restore the file, pass "
+                        f"another --workdir, or pass --config.train.allow_config_change=True "
+                        f"to {allowed}.")
+  return {name: [problem.split(" (")[0], after]}
+
+
+def config_changes(config, workdir: str, allow: bool = False) -> dict:
   """{field: [recorded value, new value]} for every field of `config` that differs from
   workdir/config.json (a field only one side has counts, with None on the other, except a
   field the record lacks that holds its default: one added to grpo_jax since the record was
-  written); empty when there is no record."""
-  text = files.read_text(files.path(workdir, "config.json"))
-  if text is None:
-    return {}
-  try:
-    old = _flat(json.loads(text))
-  except ValueError:
-    return {"config.json": ["unreadable", "replaced"]}
+  written). Called for a workdir with checkpoints: a missing or damaged config.json raises
+  RecordDamaged, or with `allow` (train.allow_config_change) counts as the change
+  {"config.json": [what was wrong, "rewritten"]}."""
+  old, problem = _read_json(workdir, "config.json")
+  if problem:
+    return _damaged_record(workdir, "config.json", problem, allow,
+                           ", so the config its checkpoints were made with cannot be checked",
+                           "resume under this config (recorded in run_info.json)", "rewritten")
+  old = _flat(old)
   new = _flat(json.loads(config.to_json_best_effort(sort_keys=True)))
   from grpo_jax.defaults import get_defaults  # noqa: PLC0415
   default = _flat(json.loads(get_defaults().to_json_best_effort(sort_keys=True)))
@@ -172,37 +227,76 @@ def config_changes(config, workdir: str) -> dict:
           and not (k not in old and k in default and new[k] == default[k])}
 
 
-def check_resume_config(changes: dict, workdir: str, allow: bool) -> None:
-  """Refuses to resume `workdir` under a config whose changes go beyond FREE_TO_CHANGE,
-  unless `allow` (train.allow_config_change); before anything of the workdir is rewritten."""
+def record_changes(workdir: str, devices: dict, allow: bool = False) -> dict:
+  """What the start record of a workdir with checkpoints says changed: {"devices": [recorded,
+  now]} when the last start ran on other devices (another count, mesh or kind: the losses would
+  differ by rounding). A missing or damaged run_info.json raises RecordDamaged, or with `allow`
+  counts as the change {"run_info.json": [what was wrong, "new record"]}."""
+  info, problem = _read_json(workdir, "run_info.json")
+  if problem is None and not isinstance(info.get("starts"), list):
+    problem = "damaged (it has no list of starts)"
+  if problem:
+    return _damaged_record(workdir, "run_info.json", problem, allow,
+                           ": it records every start of the run", "resume and start a new "
+                           "record (a damaged one is kept as run_info.json.damaged)",
+                           "new record")
+  recorded = next((s.get("devices") for s in reversed(info["starts"])
+                   if isinstance(s, dict) and s.get("devices")), None)
+  return {"devices": [recorded, devices]} if recorded and recorded != devices else {}
+
+
+def check_resume_config(changes: dict, workdir: str, allow: bool, log=print,
+                        free: tuple = ()) -> None:
+  """Refuses to resume `workdir` under a config (or on devices) whose changes go beyond
+  FREE_TO_CHANGE and the stage's own `free` fields (its length), unless `allow`
+  (train.allow_config_change), which then lists them in one line; before anything of the
+  workdir is rewritten."""
   from grpo_jax.errors import ConfigError  # noqa: PLC0415
-  refused = {k: v for k, v in changes.items() if not k.startswith(FREE_TO_CHANGE)}
-  if refused and not allow:
-    listed = ", ".join(f"{k} {json.dumps(a)} -> {json.dumps(b)}" for k, (a, b) in
-                       list(refused.items())[:8])
-    more = f" and {len(refused) - 8} more" if len(refused) > 8 else ""
+  refused = {k: v for k, v in changes.items() if not k.startswith(FREE_TO_CHANGE + free)}
+  listed = ", ".join(f"{k} {json.dumps(a)} -> {json.dumps(b)}" for k, (a, b) in
+                     list(refused.items())[:8])
+  more = f" and {len(refused) - 8} more" if len(refused) > 8 else ""
+  if refused and allow:
+    log(f"resuming {workdir} with changes allowed by train.allow_config_change: {listed}{more} "
+        f"(recorded in run_info.json)")
+  elif set(refused) == {"devices"}:
+    old, new = refused["devices"]
+    raise ConfigError(f"resuming {workdir} on other devices than its last start ({_devices(new)} "
+                      f"now, {_devices(old)} then), so its losses would differ by rounding; run "
+                      f"on the same devices, pass another --workdir, or pass "
+                      f"--config.train.allow_config_change=True to resume anyway (recorded in "
+                      f"run_info.json).")
+  elif refused:
     raise ConfigError(f"resuming {workdir} under a config that differs from its config.json "
                       f"({listed}{more}); run with its recorded config, pass another "
                       f"--workdir, or pass --config.train.allow_config_change=True to resume "
                       f"anyway (the changes are recorded in run_info.json).")
 
 
+def _devices(d: dict) -> str:
+  mesh = f", mesh {tuple(d['mesh'])}" if d.get("mesh") else ""
+  return (f"{d.get('count')} x {d.get('kind')} in {d.get('processes')} process(es){mesh}"
+          if isinstance(d, dict) else str(d))
+
+
 def record_start(workdir: str, resumed_from_step: int | None,
-                 config_changes: dict | None = None) -> dict:
-  """Appends this start (time, resumed step, versions, code, and the config fields it changed
-  from the previous start) to workdir/run_info.json, whose "starts" list then tells which code
-  and settings produced which part of the run."""
+                 config_changes: dict | None = None, devices: dict | None = None) -> dict:
+  """Appends this start (time, resumed step, host, devices and mesh, versions, code, and the
+  changes from the previous start that train.allow_config_change let through) to
+  workdir/run_info.json, whose "starts" list then tells which code, machine and settings
+  produced which part of the run. A damaged record (let through by the caller) is first kept
+  as run_info.json.damaged."""
   path = files.path(workdir, "run_info.json")
-  info = {"starts": []}
-  text = files.read_text(path)
-  if text is not None:
-    try:
-      info = json.loads(text)
-    except ValueError:
-      info = {"starts": []}
+  info, problem = _read_json(workdir, "run_info.json")
+  if info is None or not isinstance(info.get("starts"), list):
+    if problem != "missing":
+      files.write_atomic(files.path(workdir, "run_info.json.damaged"),
+                         files.read_text(path) or "")
+    info = {"starts": []}
   entry = {"time": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-           "resumed_from_step": resumed_from_step, "versions": package_versions(),
+           "resumed_from_step": resumed_from_step, "host": platform.node(),
+           "devices": devices, "versions": package_versions(),
            **code_version(), "config_changes": config_changes or {}}
-  info["starts"] = [*info.get("starts", []), entry]
+  info["starts"] = [*info["starts"], entry]
   files.write_atomic(path, json.dumps(info, indent=2))
   return entry

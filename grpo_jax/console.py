@@ -1,0 +1,52 @@
+"""A run outlives its console: standard output or error closed under it (a closed terminal, an
+ssh session that dropped, `... | head` that exited) must not kill it. Its record is the
+workdir, so what it would have printed is dropped and the run goes on."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+
+class SurvivingStream:
+  """Wraps sys.stdout or sys.stderr: the first write or flush that fails (EPIPE, EIO, a closed
+  file) points the file descriptor at /dev/null (so that the interpreter's flush at exit is
+  quiet too) and drops everything from then on."""
+
+  def __init__(self, stream):
+    self._stream = stream
+    self.closed_under_us = False
+
+  def _drop(self) -> None:
+    self.closed_under_us = True
+    try:
+      null = os.open(os.devnull, os.O_WRONLY)
+      os.dup2(null, self._stream.fileno())
+      os.close(null)
+    except (OSError, ValueError, AttributeError):
+      pass
+    self._stream = open(os.devnull, "w")  # noqa: SIM115  (for the rest of the process)
+
+  def write(self, text: str) -> int:
+    try:
+      return self._stream.write(text)
+    except (OSError, ValueError):
+      self._drop()
+      return len(text)
+
+  def flush(self) -> None:
+    try:
+      self._stream.flush()
+    except (OSError, ValueError):
+      self._drop()
+
+  def __getattr__(self, name):
+    return getattr(self._stream, name)
+
+
+def survive_a_closed_console() -> None:
+  """Called by the command line before the run: stdout and stderr become SurvivingStreams."""
+  for name in ("stdout", "stderr"):
+    stream = getattr(sys, name)
+    if stream is not None and not isinstance(stream, SurvivingStream):
+      setattr(sys, name, SurvivingStream(stream))

@@ -1,0 +1,120 @@
+"""The run's record (config.json, run_info.json) is checked like its checkpoints: a workdir with
+checkpoints whose record is missing or damaged, or that is resumed on other devices, stops in
+one sentence with nothing rewritten; train.allow_config_change lets it through, says what it
+let through, and keeps a damaged record aside. Permissions on checkpoints are found before any
+compute (an unreadable checkpoint is never taken for a damaged one: tests/test_faults.py)."""
+
+import json
+import os
+import shutil
+
+import numpy as np
+import pytest
+
+from grpo_jax.main import cli
+from grpo_jax.train import workdir as workdir_lib
+from tests.tiny_runs import N, command
+
+pytestmark = pytest.mark.slow
+
+
+def _argv(workdir, *extra):
+  return [a for a in command(workdir, *extra)[3:]]
+
+
+def _snapshot(folder):
+  return {p: (folder / p).read_bytes() for p in sorted(os.listdir(folder))
+          if (folder / p).is_file() and p != ".lock"}  # .lock: the PID of the last holder
+
+
+def _refused(capfd, workdir, *needles, extra=()):
+  before = _snapshot(workdir)
+  code = cli(_argv(workdir, *extra))
+  err = capfd.readouterr().err
+  lines = err.strip().splitlines()
+  assert code == 2 and len(lines) == 1 and lines[0].startswith("error: "), err[-3000:]
+  for needle in needles:
+    assert needle in lines[0], (needle, lines[0])
+  assert _snapshot(workdir) == before, "the workdir's record changed"
+  return lines[0]
+
+
+@pytest.fixture
+def copy(reference, tmp_path):
+  ref_dir, _ = reference
+  workdir = tmp_path / "run"
+  shutil.copytree(ref_dir, workdir)
+  return workdir
+
+
+@pytest.mark.parametrize("case", ["config_missing", "config_damaged", "config_not_object",
+                                  "info_missing", "info_damaged", "info_without_starts"])
+def test_a_missing_or_damaged_record_is_one_sentence_and_nothing_is_rewritten(capfd, copy,
+                                                                              case):
+  name = "config.json" if case.startswith("config") else "run_info.json"
+  path = copy / name
+  if case.endswith("missing"):
+    path.unlink()
+    what = "is missing"
+  elif case.endswith("damaged"):
+    path.write_text(path.read_text()[:40])  # cut short
+    what = "is damaged (JSONDecodeError"
+  else:
+    path.write_text("[1, 2]" if name == "config.json" else '{"starts": 3}')
+    what = "is damaged ("
+  line = _refused(capfd, copy, f"{copy}/{name} {what}",
+                  "pass --config.train.allow_config_change=True")
+  # Said as what it is, never as a config change.
+  assert "differs from its config.json" not in line
+
+
+def test_allow_config_change_lets_a_damaged_record_through_says_so_and_keeps_it(capfd, copy):
+  (copy / "config.json").unlink()
+  damaged = (copy / "run_info.json").read_text()[:40]
+  (copy / "run_info.json").write_text(damaged)
+  code = cli(_argv(copy, f"--config.train.steps={2 * N + 1}",
+                   "--config.train.allow_config_change=True"))
+  out = capfd.readouterr().out
+  assert code == 0
+  assert (f"resuming {copy} with changes allowed by train.allow_config_change: config.json "
+          f"\"missing\" -> \"rewritten\", run_info.json \"damaged\" -> \"new record\"") in out
+  assert (copy / "run_info.json.damaged").read_text() == damaged
+  starts = json.loads((copy / "run_info.json").read_text())["starts"]
+  assert len(starts) == 1 and starts[0]["resumed_from_step"] == 2 * N
+  assert starts[0]["config_changes"] == {"config.json": ["missing", "rewritten"],
+                                         "run_info.json": ["damaged", "new record"]}
+  assert starts[0]["devices"] == {"platform": "cpu", "kind": "cpu", "count": 1, "processes": 1,
+                                  "mesh": [1, 1, 1]}
+  assert starts[0]["host"]
+  assert json.loads((copy / "config.json").read_text())["train"]["steps"] == 2 * N + 1
+
+
+def test_a_resume_on_other_devices_is_refused_naming_both(capfd, copy):
+  info = json.loads((copy / "run_info.json").read_text())
+  assert info["starts"][-1]["devices"]["count"] == 1  # recorded at every start
+  info["starts"][-1]["devices"].update(count=2, mesh=[2, 1, 1])
+  (copy / "run_info.json").write_text(json.dumps(info))
+  _refused(capfd, copy, f"resuming {copy} on other devices than its last start (1 x cpu in 1 "
+           f"process(es), mesh (1, 1, 1) now, 2 x cpu in 1 process(es), mesh (2, 1, 1) then)",
+           "losses would differ by rounding")
+
+
+@pytest.mark.parametrize("what", ["readable", "writable"])
+def test_checkpoints_this_user_cannot_use_are_found_before_any_compute(capfd, copy, monkeypatch,
+                                                                      what):
+  """(As root, as CI runs, permissions cannot be taken away: os.access is made to say no.)"""
+  folder = str(copy / "checkpoints")
+  real = os.access
+  denied = os.R_OK if what == "readable" else os.W_OK
+  target = folder if what == "writable" else os.path.join(folder, str(N))
+  monkeypatch.setattr(workdir_lib.os, "access", lambda p, mode: not (
+      os.path.abspath(p) == target and mode & denied) and real(p, mode))
+  _refused(capfd, copy, f"{target} is not {what} by this user", f"chmod -R u+rwX {folder}")
+
+
+def test_the_record_of_a_fresh_workdir_holds_devices_and_host(reference):
+  ref_dir, _ = reference
+  start = json.loads((ref_dir / "run_info.json").read_text())["starts"][0]
+  assert set(start) >= {"time", "resumed_from_step", "host", "devices", "versions",
+                        "git_commit", "config_changes"}
+  assert start["devices"]["count"] == 1 and np.isscalar(start["devices"]["processes"])
