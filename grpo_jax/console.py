@@ -45,8 +45,21 @@ class SurvivingStream:
 
 
 def survive_a_closed_console() -> None:
-  """Called by the command line before the run: stdout and stderr become SurvivingStreams."""
-  for name in ("stdout", "stderr"):
+  """Called by the command line before the run: a standard file descriptor closed at the start
+  (`2>&-`) is pointed at /dev/null, so that no file the run opens later takes its number and
+  receives what is written to it (XLA's and absl's logs to fd 2); stdout and stderr become
+  SurvivingStreams."""
+  for fd in (0, 1, 2):
+    try:
+      os.fstat(fd)
+    except OSError:
+      null = os.open(os.devnull, os.O_RDWR)
+      if null != fd:
+        os.dup2(null, fd)
+        os.close(null)
+  for fd, name in ((1, "stdout"), (2, "stderr")):
     stream = getattr(sys, name)
-    if stream is not None and not isinstance(stream, SurvivingStream):
+    if stream is None:  # Python found the descriptor closed at its start
+      stream = open(fd, "w", closefd=False)  # noqa: SIM115  (for the rest of the process)
+    if not isinstance(stream, SurvivingStream):
       setattr(sys, name, SurvivingStream(stream))

@@ -37,18 +37,25 @@ def test_sigint_or_sighup_saves_the_step_and_the_resume_equals_the_uninterrupted
 
 
 @pytest.mark.slow
-def test_a_console_closed_under_the_run_does_not_stop_it(reference, tmp_path, env):
-  """Standard output closed after the first line (a closed terminal, `| head -1`): the run goes
-  on to the end, exits 0, and its records equal the uninterrupted run's."""
+@pytest.mark.parametrize("how", ["stdout_closed_midway", "stderr_closed_at_start"])
+def test_a_console_closed_under_the_run_does_not_stop_it(reference, tmp_path, env, how):
+  """Standard output closed after the first line (a closed terminal, `| head -1`), or standard
+  error closed from the start (`2>&-`, which made the first save fail): the run goes on to the
+  end, exits 0, and its records equal the uninterrupted run's."""
   _, ref_records = reference
   workdir = tmp_path / "run"
-  proc = subprocess.Popen(command(workdir), cwd=ROOT, stdout=subprocess.PIPE,
-                          stderr=subprocess.PIPE, text=True, env=env)
-  assert proc.stdout.readline()
-  proc.stdout.close()
-  _, stderr = proc.communicate(timeout=600)
+  if how == "stdout_closed_midway":
+    proc = subprocess.Popen(command(workdir), cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env)
+    assert proc.stdout.readline()
+    proc.stdout.close()
+    _, stderr = proc.communicate(timeout=600)
+    assert stderr == ""
+  else:
+    proc = subprocess.run(command(workdir), cwd=ROOT, stdout=subprocess.PIPE, text=True,
+                          env=env, timeout=600, preexec_fn=lambda: os.close(2))
+    stderr = proc.stdout
   assert proc.returncode == 0, stderr[-3000:]
-  assert stderr == ""
   assert strip(records(workdir)) == strip(ref_records)
 
 
