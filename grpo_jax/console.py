@@ -1,6 +1,7 @@
-"""A run outlives its console: standard output or error closed under it (a closed terminal, an
-ssh session that dropped, `... | head` that exited) must not kill it. Its record is the
-workdir, so what it would have printed is dropped and the run goes on."""
+"""A run outlives its console: standard output or error closed under it (`... | head -1` that
+exited, a terminal gone under a `nohup` run, `2>&-`) must not kill it. Its record is the
+workdir, so what it would have printed is dropped and the run goes on. (A closed terminal also
+sends SIGHUP, which saves and stops the run like SIGTERM unless it is ignored: train/faults.py.)"""
 
 from __future__ import annotations
 
@@ -30,9 +31,16 @@ class SurvivingStream:
   def write(self, text: str) -> int:
     try:
       return self._stream.write(text)
+    except UnicodeEncodeError:  # a console that cannot show a character: escape it
+      encoding = getattr(self._stream, "encoding", None) or "ascii"
+      return self.write(text.encode(encoding, "backslashreplace").decode(encoding))
     except (OSError, ValueError):
       self._drop()
       return len(text)
+
+  def writelines(self, lines) -> None:
+    for line in lines:
+      self.write(line)
 
   def flush(self) -> None:
     try:

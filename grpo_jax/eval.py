@@ -34,7 +34,7 @@ def main(argv):
     check_xla_flags()  # before this process starts XLA, which aborts on a flag it rejects
     start_backend()
     config_lib.validate(config)
-    check_workdir(_WORKDIR.value)
+    check_workdir(_WORKDIR.value, checkpoints=False)
     task = build_task(config)
     key = jax.random.key(config.seed)
     model_cfg, params = build_model(config, jax.random.fold_in(key, 0))

@@ -94,6 +94,31 @@ def test_evaluation_scores_take_the_training_rewards_error_policy(mode):
     assert metrics == {"eval_accuracy": 0.75, "eval_reward_errors": 1.0}
 
 
+def test_held_out_scores_of_shape_b_by_1_still_count_and_a_wrong_shape_is_named():
+  from grpo_jax.train.evaluation import evaluate_models  # noqa: PLC0415
+  task = AdditionTask(2, 100, 4, fixed_width=True, reverse_answer=True)
+  batch = task.test_batch(4)
+  rollout = types.SimpleNamespace(completion_tokens=batch.target_tokens[None],
+                                  completion_mask=batch.target_mask[None])
+  train_cfg = types.SimpleNamespace(eval_size=4, eval_batch_size=4, eval_pass_k=0,
+                                    num_samples=0, on_reward_error="raise")
+
+  class Column(_NanOnEmpty):
+    def eval_scores(self, batch, tokens, mask):
+      return {k: np.asarray(v)[:, None] for k, v in
+              self.task.eval_scores(batch, tokens, mask).items()}
+
+  class Short(_NanOnEmpty):
+    def eval_scores(self, batch, tokens, mask):
+      return {k: np.asarray(v)[:-1] for k, v in
+              self.task.eval_scores(batch, tokens, mask).items()}
+  assert evaluate_models(lambda *_: rollout, 1, Column(task), train_cfg) == [
+      {"eval_accuracy": 1.0}]
+  with pytest.raises(faults.RewardError, match=r"returned eval_accuracy of shape \(3,\) for 4 "
+                     r"completions; it must return one number per completion, shape \(4,\)"):
+    evaluate_models(lambda *_: rollout, 1, Short(task), train_cfg)
+
+
 def test_too_many_failed_rewards_stop_the_step():
   faults.check_reward_error_fraction(3, 6, 0.5, 4)  # half: goes on
   with pytest.raises(faults.RunStopped) as err:

@@ -61,3 +61,14 @@ def test_two_processes_equal_one_process_with_as_many_devices(tmp_path):
         bad.append((multi_row["step"], key, value, single_row[key]))
   assert not bad, bad
   assert multi_metrics[2]["grad_norm"] > 0.1 and multi_metrics[2]["kl"] > 0  # it trained
+  # Process 0 alone reads the record: its refusal (a damaged config.json) stops every process
+  # in one sentence each, instead of the others waiting at the restore.
+  (tmp_path / "multi" / "config.json").write_text("{cut")
+  refused = subprocess.run(["bash", "launch/local_multihost.sh", "2", "2", *SMALL,
+                            "--config.train.steps=3", f"--workdir={tmp_path / 'multi'}"],
+                           cwd=ROOT, env=dict(env, JAX_PORT=str(int(env["JAX_PORT"]) + 1)),
+                           capture_output=True, text=True, timeout=300)
+  lines = sorted(refused.stderr.strip().splitlines())
+  assert refused.returncode == 2 and len(lines) == 2, refused.stderr[-3000:]
+  assert lines[0].startswith(f"error: {tmp_path / 'multi'}/config.json is damaged")
+  assert lines[1].startswith("error: process 0 refused to resume this workdir")

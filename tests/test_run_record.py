@@ -15,7 +15,6 @@ from grpo_jax.main import cli
 from grpo_jax.train import workdir as workdir_lib
 from tests.tiny_runs import N, command
 
-pytestmark = pytest.mark.slow
 
 
 def _argv(workdir, *extra):
@@ -47,8 +46,10 @@ def copy(reference, tmp_path):
   return workdir
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", ["config_missing", "config_damaged", "config_not_object",
-                                  "info_missing", "info_damaged", "info_without_starts"])
+                                  "config_not_utf8", "info_missing", "info_damaged",
+                                  "info_without_starts"])
 def test_a_missing_or_damaged_record_is_one_sentence_and_nothing_is_rewritten(capfd, copy,
                                                                               case):
   name = "config.json" if case.startswith("config") else "run_info.json"
@@ -59,6 +60,9 @@ def test_a_missing_or_damaged_record_is_one_sentence_and_nothing_is_rewritten(ca
   elif case.endswith("damaged"):
     path.write_text(path.read_text()[:40])  # cut short
     what = "is damaged (JSONDecodeError"
+  elif case.endswith("utf8"):
+    path.write_bytes(b"\xff\xfe{}")
+    what = "is damaged (UnicodeDecodeError"
   else:
     path.write_text("[1, 2]" if name == "config.json" else '{"starts": 3}')
     what = "is damaged ("
@@ -68,6 +72,7 @@ def test_a_missing_or_damaged_record_is_one_sentence_and_nothing_is_rewritten(ca
   assert "differs from its config.json" not in line
 
 
+@pytest.mark.slow
 def test_allow_config_change_lets_a_damaged_record_through_says_so_and_keeps_it(capfd, copy):
   (copy / "config.json").unlink()
   damaged = (copy / "run_info.json").read_text()[:40]
@@ -89,6 +94,7 @@ def test_allow_config_change_lets_a_damaged_record_through_says_so_and_keeps_it(
   assert json.loads((copy / "config.json").read_text())["train"]["steps"] == 2 * N + 1
 
 
+@pytest.mark.slow
 def test_a_resume_on_other_devices_is_refused_naming_both(capfd, copy):
   info = json.loads((copy / "run_info.json").read_text())
   assert info["starts"][-1]["devices"]["count"] == 1  # recorded at every start
@@ -99,6 +105,7 @@ def test_a_resume_on_other_devices_is_refused_naming_both(capfd, copy):
            "losses would differ by rounding")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("what", ["readable", "writable"])
 def test_checkpoints_this_user_cannot_use_are_found_before_any_compute(capfd, copy, monkeypatch,
                                                                       what):
@@ -112,9 +119,73 @@ def test_checkpoints_this_user_cannot_use_are_found_before_any_compute(capfd, co
   _refused(capfd, copy, f"{target} is not {what} by this user", f"chmod -R u+rwX {folder}")
 
 
+@pytest.mark.slow
 def test_the_record_of_a_fresh_workdir_holds_devices_and_host(reference):
   ref_dir, _ = reference
   start = json.loads((ref_dir / "run_info.json").read_text())["starts"][0]
   assert set(start) >= {"time", "resumed_from_step", "host", "devices", "versions",
                         "git_commit", "config_changes"}
   assert start["devices"]["count"] == 1 and np.isscalar(start["devices"]["processes"])
+
+
+def test_a_record_without_usable_devices_or_an_old_stage_record_is_no_change(tmp_path):
+  """Starts whose "devices" is not an object (damaged by hand) are skipped, not a crash; the
+  SFT and RM stages wrote no run_info.json before, so theirs may be missing."""
+  now = {"platform": "cpu", "kind": "cpu", "count": 1, "processes": 1, "mesh": None}
+  (tmp_path / "run_info.json").write_text(json.dumps({"starts": [{"devices": "2 x cpu"}]}))
+  assert workdir_lib.record_changes(str(tmp_path), now) == {}
+  (tmp_path / "run_info.json").unlink()
+  assert workdir_lib.record_changes(str(tmp_path), now, missing_ok=True) == {}
+  with pytest.raises(workdir_lib.RecordDamaged):
+    workdir_lib.record_changes(str(tmp_path), now)
+
+
+def test_nohup_keeps_sighup_ignored():
+  """Under `nohup` (SIGHUP ignored) the run outlives its terminal: the flag does not take
+  SIGHUP over; otherwise SIGHUP saves and stops like SIGTERM."""
+  import signal  # noqa: PLC0415
+  from grpo_jax.train.faults import TerminationFlag  # noqa: PLC0415
+  previous = signal.signal(signal.SIGHUP, signal.SIG_IGN)
+  try:
+    with TerminationFlag():
+      assert signal.getsignal(signal.SIGHUP) is signal.SIG_IGN
+      assert signal.getsignal(signal.SIGTERM) is not signal.SIG_IGN
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
+    with TerminationFlag() as flag:
+      assert signal.getsignal(signal.SIGHUP) == flag._handle
+  finally:
+    signal.signal(signal.SIGHUP, previous)
+
+
+def test_a_console_that_cannot_show_a_character_escapes_it_and_a_closed_one_is_dropped():
+  import io  # noqa: PLC0415
+  from grpo_jax.console import SurvivingStream  # noqa: PLC0415
+  raw = io.BytesIO()
+  stream = SurvivingStream(io.TextIOWrapper(raw, encoding="ascii"))
+  stream.writelines(["3 + 4 = 7 \u2713\n"])
+  stream.flush()
+  assert raw.getvalue() == b"3 + 4 = 7 \\u2713\n" and not stream.closed_under_us
+
+  class Closed(io.StringIO):
+    def write(self, text):
+      raise BrokenPipeError(32, "Broken pipe")
+  dead = SurvivingStream(Closed())
+  assert dead.write("step 1\n") == 7 and dead.closed_under_us
+  dead.write("step 2\n")  # dropped, no error
+
+
+def test_only_a_platform_choice_is_blamed_on_jax_platforms(monkeypatch):
+  import jax  # noqa: PLC0415
+  from grpo_jax.errors import ConfigError  # noqa: PLC0415
+  from grpo_jax.parallel import platform  # noqa: PLC0415
+  monkeypatch.delenv("JAX_PLATFORMS", raising=False)
+  def fail(message):
+    def devices():
+      raise RuntimeError(message)
+    return devices
+  monkeypatch.setattr(jax, "devices", fail("DEADLINE_EXCEEDED: barrier timed out"))
+  with pytest.raises(RuntimeError, match="barrier timed out"):
+    platform.start_backend()
+  monkeypatch.setattr(jax, "devices", fail("Unable to initialize backend 'cuda': no GPU"))
+  with pytest.raises(ConfigError, match="names a platform|the platform that JAX cannot start"):
+    platform.start_backend()

@@ -55,11 +55,14 @@ def start_backend() -> list:
     return jax.devices()
   except (RuntimeError, AssertionError) as e:
     asked = os.environ.get("JAX_PLATFORMS", "")
+    if not asked and "Unable to initialize backend" not in str(e):
+      raise  # not a platform choice (e.g. a multi-host start-up timeout): JAX's own error
     what = f"JAX_PLATFORMS={asked!r} names a platform" if asked else "the platform"
     reason = first_line(e).split(" (set JAX_PLATFORMS")[0]
-    raise ConfigError(f"{what} that JAX cannot start on this machine ({reason}); unset "
-                      f"JAX_PLATFORMS to let JAX pick what is here, or install the jax build "
-                      f"for it (GPU: {_INSTALL['GPU']}; TPU: {_INSTALL['TPU']}).") from None
+    unset = "unset JAX_PLATFORMS to let JAX pick what is here, or " if asked else ""
+    raise ConfigError(f"{what} that JAX cannot start on this machine ({reason}); {unset}install "
+                      f"the jax build for it (GPU: {_INSTALL['GPU']}; TPU: "
+                      f"{_INSTALL['TPU']}).") from None
 
 
 def check_xla_flags() -> None:

@@ -112,10 +112,22 @@ def guarded_eval_scores(task, batch, tokens, mask, on_error: str):
   rows = tokens.shape[0]
   try:
     scores = {k: np.asarray(v) for k, v in task.eval_scores(batch, tokens, mask).items()}
-    ok = all(v.shape == (rows,) and np.isfinite(np.asarray(v, np.float64)).all()
-             for v in scores.values())  # (the scores keep their dtype: the figures as before)
   except Exception:  # noqa: BLE001
-    scores, ok = None, False
+    scores = None
+  if scores is not None:  # one score per prompt, as (B,) or e.g. (B, 1)
+    scores = {k: v.reshape(rows) if v.size == rows else v for k, v in scores.items()}
+    for name, v in scores.items():
+      if v.shape != (rows,):
+        raise RewardError(f"the held-out scoring of {reward_name(task)!r} returned {name} of "
+                          f"shape {v.shape} for {rows} completions; it must return one number "
+                          f"per completion, shape ({rows},).")
+  # (the scores keep their dtype: the figures as before)
+  try:
+    ok = scores is not None and all(np.isfinite(np.asarray(v, np.float64)).all()
+                                    for v in scores.values())
+  except (TypeError, ValueError):
+    raise RewardError(f"the held-out scoring of {reward_name(task)!r} returned values that are "
+                      f"not numbers; it must return one number per completion.") from None
   if ok:
     return scores, np.zeros(rows, bool)
   failures = {r: what for r in range(rows)

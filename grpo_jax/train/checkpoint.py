@@ -126,7 +126,10 @@ def _stderr_held():
       if not failed:
         os.lseek(held, 0, os.SEEK_SET)
         while chunk := os.read(held, 1 << 16):
-          os.write(2, chunk)
+          try:
+            os.write(2, chunk)
+          except OSError:  # stderr gone (a hung-up terminal): the save itself succeeded
+            break
     os.close(held)
 
 
@@ -191,7 +194,8 @@ class Checkpoints:
   """Saves every state handed to `save` under `directory/<step>`, keeping the newest `keep`."""
 
   def __init__(self, directory: str, keep: int, log=print):
-    self.directory = os.path.abspath(directory)
+    # (a URI stays one: orbax writes gs:// itself; abspath made it a local "gs:" folder)
+    self.directory = directory if files.is_uri(directory) else os.path.abspath(directory)
     self.log = log
     options = ocp.CheckpointManagerOptions(max_to_keep=keep, create=True,
                                            enable_async_checkpointing=False,

@@ -29,7 +29,7 @@ class TerminationFlag:
   started the run closed) only set `self.requested` and `self.signal`: the loop saves and stops
   at the end of the step, the warm-up at the end of its step. A second Ctrl-C stops at once
   (KeyboardInterrupt). Installs nothing outside the main thread, where signals cannot be
-  handled."""
+  handled, and leaves a signal that is ignored when entered (SIGHUP under `nohup`) ignored."""
 
   SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
@@ -52,8 +52,11 @@ class TerminationFlag:
     return Preempted(f"{self.name}: {message}", self.signal or signal.SIGTERM)
 
   def __enter__(self):
+    # A signal set to be ignored stays ignored: `nohup` (or `trap '' HUP`) asks a run to
+    # outlive its terminal, so SIGHUP must not stop it there.
     if threading.current_thread() is threading.main_thread():
-      self._previous = {s: signal.signal(s, self._handle) for s in self.SIGNALS}
+      self._previous = {s: signal.signal(s, self._handle) for s in self.SIGNALS
+                        if signal.getsignal(s) is not signal.SIG_IGN}
     return self
 
   def __exit__(self, *exc):

@@ -133,12 +133,16 @@ def _train(config, workdir: str, log, axis: SeedAxis, mesh, task, configs, base_
   # A workdir with checkpoints is resumed: under its recorded config, on its recorded devices,
   # with its record intact (workdir.py), checked before config.json is rewritten.
   allow, devices = bool(t_cfg.allow_config_change), devices_record(mesh)
-  changes = [{} for _ in workdirs]
+  changes, refusal = [{} for _ in workdirs], None
   if main_process and ckpts.steps():
-    changes = [{**config_changes(c, wd, allow), **record_changes(wd, devices, allow)}
-               for c, wd in zip(configs, workdirs)]
-    for wd, changed in zip(workdirs, changes):
-      check_resume_config(changed, wd, allow, log)
+    try:
+      changes = [{**config_changes(c, wd, allow), **record_changes(wd, devices, allow)}
+                 for c, wd in zip(configs, workdirs)]
+      for wd, changed in zip(workdirs, changes):
+        check_resume_config(changed, wd, allow, log)
+    except config_lib.ConfigError as e:
+      refusal = e
+  _all_processes_stop_with(refusal)
   if main_process:
     for c, wd in zip(configs, workdirs):
       write_config(c, wd)
@@ -194,6 +198,19 @@ def _train(config, workdir: str, log, axis: SeedAxis, mesh, task, configs, base_
         return _run(run, state, resumed, ckpts, sigterm)
   finally:
     ckpts.close()
+
+
+def _all_processes_stop_with(refusal: Exception | None) -> None:
+  """Raises `refusal` (process 0's, which alone reads the workdir's record) in every process,
+  so that none goes on to wait at the restore for the others."""
+  if jax.process_count() > 1:
+    from jax.experimental import multihost_utils  # noqa: PLC0415
+    refused = bool(multihost_utils.broadcast_one_to_all(np.int32(refusal is not None)))
+    if refused and refusal is None:
+      raise config_lib.ConfigError("process 0 refused to resume this workdir (its console says "
+                                   "why); fix what it names and start every process again.")
+  if refusal is not None:
+    raise refusal
 
 
 def _start_devices(config, axis: SeedAxis):

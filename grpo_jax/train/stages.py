@@ -68,7 +68,7 @@ def run_stage(name: str, config, workdir: str, fresh, advance, evaluate, write,
     changes = {}
     if ckpts.steps():
       changes = {**config_changes(config, workdir, allow),
-                 **record_changes(workdir, devices, allow)}
+                 **record_changes(workdir, devices, allow, missing_ok=True)}
       check_resume_config(changes, workdir, allow, log, free)
     write_config(config, workdir)
     try:

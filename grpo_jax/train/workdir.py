@@ -47,10 +47,10 @@ def code_version(directory: str | None = None) -> dict:
           "code_dir": directory}
 
 
-def check_workdir(workdir: str) -> None:
+def check_workdir(workdir: str, checkpoints: bool = True) -> None:
   """Raises InputError, before anything is written, when `workdir` cannot hold a run: it is a
-  file, an ancestor is a file, or the folder (or the nearest existing ancestor that would hold
-  it) is not writable."""
+  file, an ancestor is a file, the folder (or the nearest existing ancestor that would hold
+  it) is not writable, or (with `checkpoints`) its checkpoint folders cannot be used."""
   if not workdir:
     raise InputError("--workdir is empty; pass the folder for the run's outputs, e.g. "
                      "--workdir=/tmp/grpo_tiny.")
@@ -69,7 +69,7 @@ def check_workdir(workdir: str) -> None:
   if not os.access(existing, os.W_OK | os.X_OK):
     raise InputError(f"--workdir={workdir} is not writable ({existing} denies writing to this "
                      f"user); pass a folder you can write to.")
-  if os.path.isdir(path):
+  if checkpoints and os.path.isdir(path):  # (grpo_jax.eval saves none)
     for name in sorted(os.listdir(path)) if os.access(path, os.R_OK) else ():
       if name.startswith("checkpoints") and os.path.isdir(os.path.join(path, name)):
         check_checkpoints_access(os.path.join(path, name))
@@ -184,7 +184,10 @@ class RecordDamaged(InputError):
 
 def _read_json(workdir: str, name: str):
   """(the parsed JSON object, None) or (None, what is wrong with the file)."""
-  text = files.read_text(files.path(workdir, name))
+  try:
+    text = files.read_text(files.path(workdir, name))
+  except (OSError, UnicodeDecodeError) as e:  # unreadable, a folder, not UTF-8
+    return None, f"damaged ({first_line(e, 120)})"
   if text is None:
     return None, "missing"
   try:
@@ -227,12 +230,16 @@ def config_changes(config, workdir: str, allow: bool = False) -> dict:
           and not (k not in old and k in default and new[k] == default[k])}
 
 
-def record_changes(workdir: str, devices: dict, allow: bool = False) -> dict:
+def record_changes(workdir: str, devices: dict, allow: bool = False,
+                   missing_ok: bool = False) -> dict:
   """What the start record of a workdir with checkpoints says changed: {"devices": [recorded,
   now]} when the last start ran on other devices (another count, mesh or kind: the losses would
   differ by rounding). A missing or damaged run_info.json raises RecordDamaged, or with `allow`
-  counts as the change {"run_info.json": [what was wrong, "new record"]}."""
+  counts as the change {"run_info.json": [what was wrong, "new record"]}; `missing_ok`: a
+  missing one is no record yet (the SFT and RM stages wrote none before 2026-11-25)."""
   info, problem = _read_json(workdir, "run_info.json")
+  if problem == "missing" and missing_ok:
+    return {}
   if problem is None and not isinstance(info.get("starts"), list):
     problem = "damaged (it has no list of starts)"
   if problem:
@@ -240,8 +247,8 @@ def record_changes(workdir: str, devices: dict, allow: bool = False) -> dict:
                            ": it records every start of the run", "resume and start a new "
                            "record (a damaged one is kept as run_info.json.damaged)",
                            "new record")
-  recorded = next((s.get("devices") for s in reversed(info["starts"])
-                   if isinstance(s, dict) and s.get("devices")), None)
+  recorded = next((s["devices"] for s in reversed(info["starts"])
+                   if isinstance(s, dict) and isinstance(s.get("devices"), dict)), None)
   return {"devices": [recorded, devices]} if recorded and recorded != devices else {}
 
 
@@ -253,7 +260,8 @@ def check_resume_config(changes: dict, workdir: str, allow: bool, log=print,
   workdir is rewritten."""
   from grpo_jax.errors import ConfigError  # noqa: PLC0415
   refused = {k: v for k, v in changes.items() if not k.startswith(FREE_TO_CHANGE + free)}
-  listed = ", ".join(f"{k} {json.dumps(a)} -> {json.dumps(b)}" for k, (a, b) in
+  listed = ", ".join(f"{k} ({_devices(a)}) -> ({_devices(b)})" if k == "devices" else
+                     f"{k} {json.dumps(a)} -> {json.dumps(b)}" for k, (a, b) in
                      list(refused.items())[:8])
   more = f" and {len(refused) - 8} more" if len(refused) > 8 else ""
   if refused and allow:
@@ -274,9 +282,10 @@ def check_resume_config(changes: dict, workdir: str, allow: bool, log=print,
 
 
 def _devices(d: dict) -> str:
-  mesh = f", mesh {tuple(d['mesh'])}" if d.get("mesh") else ""
-  return (f"{d.get('count')} x {d.get('kind')} in {d.get('processes')} process(es){mesh}"
-          if isinstance(d, dict) else str(d))
+  if not isinstance(d, dict):
+    return str(d)
+  mesh = f", mesh {tuple(d['mesh'])}" if isinstance(d.get("mesh"), list) else ""
+  return f"{d.get('count')} x {d.get('kind')} in {d.get('processes')} process(es){mesh}"
 
 
 def record_start(workdir: str, resumed_from_step: int | None,
@@ -290,8 +299,10 @@ def record_start(workdir: str, resumed_from_step: int | None,
   info, problem = _read_json(workdir, "run_info.json")
   if info is None or not isinstance(info.get("starts"), list):
     if problem != "missing":
-      files.write_atomic(files.path(workdir, "run_info.json.damaged"),
-                         files.read_text(path) or "")
+      try:
+        files.path(workdir, "run_info.json.damaged").write_bytes(path.read_bytes())
+      except OSError:
+        pass  # unreadable: nothing to keep
     info = {"starts": []}
   entry = {"time": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
            "resumed_from_step": resumed_from_step, "host": platform.node(),
