@@ -1,6 +1,6 @@
 """Where the time goes: one call of the sampler or of the update under the JAX profiler, with
 the time of each XLA op summed by the JAX operation it came from (the op_name metadata of the
-compiled HLO; layer indices folded, so the 4 layers' q_proj are one row).
+compiled HLO; layer indices folded, so the layers' q_proj are one row).
 
     python benchmarks/profile_ops.py --what generate --batch 32            # greedy
     python benchmarks/profile_ops.py --what generate --batch 32 --temperature 1
@@ -63,6 +63,10 @@ def main():
   parser.add_argument("--prompt-len", type=int, default=32)
   parser.add_argument("--new-tokens", type=int, default=64)
   parser.add_argument("--temperature", type=float, default=0.0, help="generate: 0 = greedy")
+  parser.add_argument("--group-size", type=int, default=1,
+                      help="generate: sampled rows per prompt (batch / G prompts, each prefilled once)")
+  parser.add_argument("--decode-block", type=int, default=0,
+                      help="generate: rollout.decode_block (0: every step reads the whole cache)")
   parser.add_argument("--top", type=int, default=25, help="rows to print")
   parser.add_argument("--trace-dir", default=os.path.join(common.bench_dir(), "trace"))
   args = parser.parse_args()
@@ -72,15 +76,17 @@ def main():
     from grpo_jax.models.hf import load_hf_checkpoint
     from grpo_jax.rollout.sampler import generate
     cfg, params = load_hf_checkpoint(args.checkpoint or common.checkpoint(args.model))
-    tokens, mask = common.random_prompts(args.batch, args.prompt_len)
+    tokens, mask = common.random_prompts(args.batch // args.group_size, args.prompt_len)
     kw = dict(model_cfg=cfg, max_new_tokens=args.new_tokens, temperature=args.temperature,
-              eos_id=-1, pad_id=common.PAD_ID)
+              eos_id=-1, pad_id=common.PAD_ID, group_size=args.group_size,
+              decode_block=args.decode_block)
     call = (params, tokens, mask, jax.random.key(0))
     sampler = jax.jit(lambda *a: generate(*a, **kw))  # the one jitted sampler call inside
     hlo = sampler.lower(*call).compile().as_text()
     fn = lambda: jax.block_until_ready(sampler(*call))  # noqa: E731
-    what = (f"generate: batch {args.batch}, prompt {args.prompt_len}, {args.new_tokens} new "
-            f"tokens, temperature {args.temperature}")
+    what = (f"generate: batch {args.batch} (G {args.group_size}), prompt {args.prompt_len}, "
+            f"{args.new_tokens} new tokens, temperature {args.temperature}, decode_block "
+            f"{args.decode_block}")
   else:
     run_step, info = grpo_step.build(args.model, 8, 4, args.prompt_len, args.new_tokens)
     run_step()
@@ -94,7 +100,7 @@ def main():
   names = op_names(hlo)
   by_source = collections.defaultdict(lambda: [0.0, 0])
   for ms, n, name in ops:
-    source = re.sub(r"layers_\d+", "layers_N", names.get(name, name))
+    source = re.sub(r"(layers|DecoderLayer)_\d+", r"\1_N", names.get(name, name))
     source = re.sub(r"^jit\([\w]+\)/", "", source)
     by_source[source][0] += ms
     by_source[source][1] += n

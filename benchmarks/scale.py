@@ -36,7 +36,7 @@ of model size is ever allocated, so a 7B shape "runs" on a laptop (compile time 
         [--remat none|full|save_dots|...] [--logits-chunk C] [--mesh D,F,T] \\
         [--decode-block S] [--no-prefix-sharing]
 
-  --shape        qwen2.5-0.5b | qwen2.5-1.5b | qwen2.5-7b (their HF configs), or one of the
+  --shape        qwen2.5-0.5b | qwen2.5-1.5b | qwen2.5-7b | smollm2-135m (their HF configs), or one of the
                  small random checkpoints of benchmarks/common.py (qwen2-4L-256, ...)
   --layers L     override the shape's layer count (compile time grows with it; per-layer
                  costs are linear, so a few layers extrapolate)
@@ -98,6 +98,11 @@ QWEN25 = {
                        num_kv_heads=4, head_dim=128, intermediate_size=18_944,
                        tie_embeddings=False, qkv_bias=True, rope_theta=1_000_000.0,
                        rms_norm_eps=1e-6),
+    # HuggingFaceTB/SmolLM2-135M-Instruct (the real model of configs/grpo_smollm2.py)
+    "smollm2-135m": dict(vocab_size=49_152, hidden_size=576, num_layers=30, num_heads=9,
+                         num_kv_heads=3, head_dim=64, intermediate_size=1536,
+                         tie_embeddings=True, qkv_bias=False, rope_theta=100_000.0,
+                         rms_norm_eps=1e-5),
 }
 
 
@@ -134,6 +139,11 @@ def parse_args(argv=None):
   p.add_argument("--what", default="update")
   p.add_argument("--remat", default=None, help="none | full | save_dots | ... (if supported)")
   p.add_argument("--logits-chunk", type=int, default=None)
+  p.add_argument("--time", type=int, default=0,
+                 help="also run each compiled call this many times on dummy values (allocates "
+                      "the model) and print its seconds")
+  p.add_argument("--compute-dtype", default="bfloat16",
+                 help="model.compute_dtype (the GSM8K recipe's bfloat16; float32 on this CPU)")
   p.add_argument("--scan-layers", action="store_true",
                  help="layers as one nn.scan over stacked params (model.scan_layers of "
                       "versions that had both layouts; always on since)")
@@ -180,7 +190,7 @@ def model_config(args):
   kw = dict(table[args.shape])
   if args.layers is not None:
     kw["num_layers"] = args.layers
-  cfg = ModelConfig(**kw, param_dtype="float32", compute_dtype="bfloat16")
+  cfg = ModelConfig(**kw, param_dtype="float32", compute_dtype=args.compute_dtype)
   fields = {f.name for f in dataclasses.fields(ModelConfig)}
   for option, field, value in (("--remat", "remat", args.remat),
                                ("--logits-chunk", "logits_chunk", args.logits_chunk),
@@ -205,8 +215,24 @@ def cost_flops(compiled) -> float:
   return float(sum(c.get("flops", 0.0) for c in cost if c))
 
 
-def measure(fn, abstract_args, donate=(), jit_kwargs=None) -> dict:
-  """Lowers and compiles jit(fn) on abstract inputs; compile time, memory and FLOPs."""
+def concrete(abstract):
+  """Arrays of the abstract tree's shapes (tokens 5, masks True, floats 0.01, keys of seed 0):
+  values for timing, where only the shapes matter."""
+  import jax
+  import jax.numpy as jnp
+  def fill(x):
+    if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
+      return jnp.broadcast_to(jax.random.key(0), x.shape)
+    if x.dtype == jnp.bool_:
+      return jnp.ones(x.shape, bool)
+    return jnp.full(x.shape, 5 if jnp.issubdtype(x.dtype, jnp.integer) else 0.01, x.dtype)
+  return jax.tree.map(fill, abstract)
+
+
+def measure(fn, abstract_args, donate=(), jit_kwargs=None, time_calls=0) -> dict:
+  """Lowers and compiles jit(fn) on abstract inputs; compile time, memory and FLOPs. With
+  time_calls > 0 it also runs the compiled call that many times on `concrete` inputs (a
+  donated first argument replaced by the first output) and reports each call's seconds."""
   import jax
   start = time.perf_counter()
   lowered = jax.jit(fn, donate_argnums=donate, **(jit_kwargs or {})).lower(*abstract_args)
@@ -225,6 +251,15 @@ def measure(fn, abstract_args, donate=(), jit_kwargs=None) -> dict:
                output_gib=round(outb / GIB, 4), alias_gib=round(alias / GIB, 4),
                peak_gib=round((arg + outb - alias + temp) / GIB, 4))
   out["gflop"] = round(cost_flops(compiled) / 1e9, 2)
+  if time_calls:
+    args, seconds = concrete(abstract_args), []
+    for _ in range(time_calls):
+      start = time.perf_counter()
+      result = jax.block_until_ready(compiled(*args))
+      seconds.append(round(time.perf_counter() - start, 2))
+      if donate == 0:
+        args = (result[0],) + tuple(args[1:])
+    out["call_s"] = seconds
   # XLA's cost analysis counts each while loop's body once: with loops, gflop is a lower bound.
   try:
     out["while_loops"] = len(re.findall(r"\bwhile\(", compiled.as_text()))
@@ -319,7 +354,8 @@ def run(args) -> list:
         state = with_shardings(state, state_shardings)
         rollout, inputs = rows_sharded(rollout), rows_sharded(inputs)
         jit_kwargs["out_shardings"] = (state_shardings, None)  # as train/loop.py
-      m = measure(step, (state, rollout, inputs), donate=0, jit_kwargs=jit_kwargs)
+      m = measure(step, (state, rollout, inputs), donate=0, jit_kwargs=jit_kwargs,
+                  time_calls=args.time)
     else:
       p_abs, (tok, msk) = params, sampler_prompts
       if args.lora_rank:  # the sampler's policy under LoRA: base + adapters, never merged
@@ -353,7 +389,7 @@ def run(args) -> list:
              f"{'' if mesh is None else ' mesh=' + 'x'.join(map(str, args.mesh))}: "
              f"compile {m['compile_s']:.1f} s, temp {m['temp_gib']} GiB, args "
              f"{m['argument_gib']} GiB, out {m['output_gib']} GiB, alias {m['alias_gib']} GiB, "
-             f"{m['gflop']} GFLOP")
+             f"{m['gflop']} GFLOP" + (f", calls {m['call_s']} s" if "call_s" in m else ""))
     print(human, flush=True)
     print(json.dumps(result), flush=True)
   return results

@@ -62,10 +62,11 @@ def _run_on(mesh, batch_inputs, micro, shared, sample):
     batch, _ = prepare(state, rollout, inputs)
     state, metrics = update(state, batch)
   if sample:
-    # The KV cache (B, kv_heads, S, head_dim) the sampler's prefill leaves: its shard shape.
+    # The KV cache the sampler's prefill leaves: the shard shape of its values (B, kv_heads, S,
+    # head_dim); the keys are stored transposed (models/decoder.init_cache).
     fill = functools.partial(prefill, model_cfg=cfg, max_new_tokens=6, mesh=mesh)
     _, cache, _ = jax.jit(fill)(state.params, prompts, mask)
-    k = cache[0]["k"]  # one cache per layer (the sampler runs the stacked layers unrolled)
+    k = cache[0]["v"]  # one cache per layer (the sampler runs the stacked layers unrolled)
     cache_shard = list(k.sharding.shard_shape(k.shape))
     greedy, sampled = (np.asarray(r.completion_tokens) for r in (greedy, sampled))
   params = jax.device_get(state.params)

@@ -16,15 +16,17 @@ The KV cache is an explicit argument and an explicit output: ``apply`` is a pure
 * ``tokens`` (B, T) int32, ``positions`` (B, T) int32 (the rotary position of each token);
 * without a cache (``cache=None``) the T tokens attend causally to each other, keys restricted
   to ``kv_mask`` (B, T) (False for padding);
-* with a cache (a tuple of per-layer ``{"k", "v"}`` arrays of shape (B, kv_heads, S, head_dim))
+* with a cache (a tuple of per-layer ``{"kt", "v"}`` arrays, `init_cache`: the keys
+  (B, kv_heads, head_dim, S), the values (B, kv_heads, S, head_dim))
   the T tokens are written at cache slots ``[offset, offset + T)`` (``offset`` a scalar, or
   (B,) for rows at different positions) and attend to every slot
   ``s <= their own slot`` with ``kv_mask[:, s]`` True; ``kv_mask`` then has shape (B, S') with
   offset + T <= S' <= S, and only the first S' slots are read (the sampler passes the filled
   part, so a decode step does not read the empty tail of the cache).
 
-The cache is head-major (B, kv_heads, S, head_dim) so that a decode step's attention reads it
-as a batched matrix without transposing the whole cache each step. ``logits_window=(start, n)``
+The cache is head-major, the keys transposed (B, kv_heads, head_dim, S) and the values
+(B, kv_heads, S, head_dim), so that a decode step's two attention products read it as batched
+matrices in the layout the matmul kernels take, without transposing the cache each step. ``logits_window=(start, n)``
 normalises and projects only positions ``[start, start + n)`` onto the vocabulary (the logits,
 and the hidden states with ``return_hidden``, are then (B, n, ...)): the sampler's prefill needs
 only the last position, teacher-forced scoring only the completion's.
@@ -43,7 +45,10 @@ from grpo_jax.models.layout import per_layer, stack_layers
 from grpo_jax.models.lora import LoraParams, adapted
 from grpo_jax.parallel.mesh import constrain
 
-Cache = tuple  # tuple of {"k": (B, Hkv, S, D), "v": (B, Hkv, S, D)} per layer
+Cache = tuple  # tuple of {"kt": (B, Hkv, D, S), "v": (B, Hkv, S, D)} per layer
+# The slot axis of each cache array: the sampler's keys are stored transposed ("kt",
+# init_cache); shared-prompt scoring's per-layer cache keeps them as "k" (B, Hkv, S, D).
+CACHE_SLOT_AXIS = {"k": 2, "kt": 3, "v": 2}
 
 # model.remat: what a layer keeps for its backward pass (MaxText's names); the rest is
 # recomputed. "none" keeps every activation; "full" keeps only the layer's input; "save_dots"
@@ -94,11 +99,12 @@ def rotary_embedding(x: jax.Array, positions: jax.Array, theta: float) -> jax.Ar
   return (x32 * jnp.cos(angles) + rotated * jnp.sin(angles)).astype(x.dtype)
 
 
-def grouped_query_attention(q, k, v, mask):
+def grouped_query_attention(q, k, v, mask, keys_transposed: bool = False):
   """softmax(q k^T / sqrt(D) + mask) v with kv heads shared by groups of query heads.
 
-  q: (B, Tq, H, D); k, v: (B, Hkv, Tk, D) (head-major, the cache's layout); mask: (B, Tq, Tk)
-  bool (True = may attend). Scores and softmax are float32. Returns (B, Tq, H, D).
+  q: (B, Tq, H, D); k, v: (B, Hkv, Tk, D) (head-major), or with keys_transposed k is
+  (B, Hkv, D, Tk) (the sampler's cache layout); mask: (B, Tq, Tk) bool (True = may attend).
+  Scores and softmax are float32. Returns (B, Tq, H, D).
   Both products are plain batched matmuls over (B, Hkv) with the G = H / Hkv query heads of a
   group and the Tq queries folded into one row axis: XLA:CPU hands that form to its fast
   matmul kernels, while the 5-d einsums it replaced ran as slow generic dots (several times
@@ -109,7 +115,8 @@ def grouped_query_attention(q, k, v, mask):
   group = heads // kv_heads
   q = q.reshape(batch, tq, kv_heads, group, dim).transpose(0, 2, 3, 1, 4)
   q = q.reshape(batch, kv_heads, group * tq, dim)  # rows (g, t)
-  scores = jnp.einsum("bhqd,bhkd->bhqk", q, k, preferred_element_type=jnp.float32)
+  scores = jnp.einsum("bhqd,bhdk->bhqk" if keys_transposed else "bhqd,bhkd->bhqk", q, k,
+                      preferred_element_type=jnp.float32)
   scores = scores / jnp.sqrt(jnp.float32(dim))
   scores = scores.reshape(batch, kv_heads, group, tq, -1)
   scores = jnp.where(mask[:, None, None, :, :], scores, jnp.finfo(jnp.float32).min)
@@ -144,13 +151,19 @@ class Attention(nn.Module):
     q = rotary_embedding(q, positions, cfg.rope_theta)
     k = rotary_embedding(k, positions, cfg.rope_theta).transpose(0, 2, 1, 3)  # (B, Hkv, T, D)
     v = v.transpose(0, 2, 1, 3)
+    keys_transposed = layer_cache is not None and "kt" in layer_cache
     if layer_cache is not None:
-      write = lambda c, x: write_cache(c, x, offset)  # noqa: E731
-      k_all, v_all = write(layer_cache["k"], k), write(layer_cache["v"], v)
-      layer_cache = {"k": k_all, "v": v_all}
       filled = mask.shape[-1]  # read only the slots the mask covers (the filled ones)
-      k, v = k_all[:, :, :filled].astype(cfg.dtype), v_all[:, :, :filled].astype(cfg.dtype)
-    out = constrain(grouped_query_attention(q, k, v, mask), ("batch", None, "heads", None))
+      keys = "kt" if keys_transposed else "k"
+      if keys_transposed:
+        k = k.transpose(0, 1, 3, 2)  # (B, Hkv, D, T)
+      layer_cache = {keys: write_cache(layer_cache[keys], k, offset, CACHE_SLOT_AXIS[keys]),
+                     "v": write_cache(layer_cache["v"], v, offset)}
+      k = jax.lax.slice_in_dim(layer_cache[keys], 0, filled, axis=CACHE_SLOT_AXIS[keys])
+      v = layer_cache["v"][:, :, :filled]
+      k, v = k.astype(cfg.dtype), v.astype(cfg.dtype)
+    out = constrain(grouped_query_attention(q, k, v, mask, keys_transposed),
+                    ("batch", None, "heads", None))
     o_proj = nn.DenseGeneral(cfg.hidden_size, axis=(-2, -1), use_bias=False, dtype=cfg.dtype,
                              param_dtype=cfg.param_dtype,
                              kernel_init=_axes(_init, "heads", "head_dim", "embed"),
@@ -216,15 +229,22 @@ class DecoderLayer(nn.Module):
     return (prompt_x, completion_x), None
 
 
-def write_cache(cache: jax.Array, x: jax.Array, offset) -> jax.Array:
-  """cache (B, Hkv, S, D) with x (B, Hkv, T, D) written at slots [offset, offset + T): one
-  offset for every row (a scalar), or one per row ((B,) int32: the slot-refill sampler's rows
-  are at different positions)."""
+def write_cache(cache: jax.Array, x: jax.Array, offset, axis: int = 2) -> jax.Array:
+  """cache (B, Hkv, S, D) with x (B, Hkv, T, D) written at slots [offset, offset + T) of
+  `axis` (3 for the transposed keys, (B, Hkv, D, S)): one offset for every row (a scalar), or
+  one per row ((B,) int32: the slot-refill sampler's rows are at different positions)."""
   x = x.astype(cache.dtype)
   if jnp.ndim(offset) == 0:
-    return jax.lax.dynamic_update_slice_in_dim(cache, x, offset, axis=2)
-  return jax.vmap(lambda c, u, o: jax.lax.dynamic_update_slice_in_dim(c, u, o, axis=1))(
+    return jax.lax.dynamic_update_slice_in_dim(cache, x, offset, axis=axis)
+  return jax.vmap(lambda c, u, o: jax.lax.dynamic_update_slice_in_dim(c, u, o, axis=axis - 1))(
       cache, x, offset)
+
+
+def map_cache(fn, *caches) -> Cache:
+  """fn(array, slot_axis, *others) over a cache's arrays (and those of caches shaped like it),
+  each told the axis of its slots (`CACHE_SLOT_AXIS`)."""
+  return tuple({name: fn(layer[name], CACHE_SLOT_AXIS[name], *(c[i][name] for c in caches[1:]))
+                for name in layer} for i, layer in enumerate(caches[0]))
 
 
 def attention_mask(kv_mask: jax.Array, num_queries: int, offset) -> jax.Array:
@@ -329,11 +349,15 @@ def decoder_apply(model_cfg: ModelConfig, params, *args, **kwargs):
 
 
 def init_cache(cfg: ModelConfig, batch: int, length: int, dtype=None) -> Cache:
-  """A zeroed KV cache for `length` slots: a tuple of per-layer dicts of (B, kv_heads, length,
-  head_dim) arrays (cached forwards run the stacked layers unrolled)."""
+  """A zeroed KV cache for `length` slots: a tuple of per-layer dicts (cached forwards run the
+  stacked layers unrolled) of the keys transposed, "kt" (B, kv_heads, head_dim, length), and
+  the values, "v" (B, kv_heads, length, head_dim). A decode step's scores q k^T are then a
+  plain matmul of q by kt: with keys as (length, head_dim) rows, XLA:CPU transposed the filled
+  cache in every step (5x slower scores, a quarter of a 700-slot decode step)."""
   dtype = dtype or cfg.dtype
   shape = (batch, cfg.num_kv_heads, length, cfg.head_dim)
-  return tuple({"k": jnp.zeros(shape, dtype), "v": jnp.zeros(shape, dtype)}
+  keys = (batch, cfg.num_kv_heads, cfg.head_dim, length)
+  return tuple({"kt": jnp.zeros(keys, dtype), "v": jnp.zeros(shape, dtype)}
                for _ in range(cfg.num_layers))
 
 

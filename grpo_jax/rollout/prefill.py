@@ -9,11 +9,11 @@ import jax.numpy as jnp
 from jax.sharding import NamedSharding
 
 from grpo_jax.models.config import ModelConfig
-from grpo_jax.models.decoder import decoder_apply, init_cache, positions_from_mask
+from grpo_jax.models.decoder import decoder_apply, init_cache, map_cache, positions_from_mask
 
 
 def constrain_cache(cache, mesh):
-  """KV cache (B, kv_heads, S, head_dim): rows over the batch axes (data x fsdp) and kv heads
+  """KV cache (B, kv_heads, ...): rows over the batch axes (data x fsdp) and kv heads
   over `tensor` (each only when it divides)."""
   if mesh is None:
     return cache
@@ -32,10 +32,20 @@ def repeat_rows(tree, group_size: int, axis: int = 0):
   return jax.tree.map(lambda x: jnp.repeat(x, group_size, axis=axis), tree)
 
 
+def grow_cache(cache, slots: int):
+  """The cache with empty slots appended up to `slots` slots."""
+  def grow(c, axis):
+    widths = [(0, 0)] * c.ndim
+    widths[axis] = (0, slots - c.shape[axis])
+    return jnp.pad(c, widths)
+  return map_cache(grow, cache)
+
+
 def prefill(params, prompt_tokens, prompt_mask, *, model_cfg: ModelConfig,
-            max_new_tokens: int, mesh=None, group_size: int = 1):
-  """One forward pass over the left-padded prompts (B / G, P) into a cache of P + N slots for
-  their B = prompts x G sample rows.
+            max_new_tokens: int, mesh=None, group_size: int = 1, cache_slots: int = 0):
+  """One forward pass over the left-padded prompts (B / G, P) into a cache of P + N slots (or
+  `cache_slots`, >= P, if given: the static engine grows it segment by segment) for their
+  B = prompts x G sample rows.
 
   Returns (logits of the last prompt position (B, V), cache, kv_mask (B, P + N)); only the last
   position is projected onto the vocabulary. Each prompt is computed once; its cache rows,
@@ -44,7 +54,7 @@ def prefill(params, prompt_tokens, prompt_mask, *, model_cfg: ModelConfig,
   """
   prompts, prompt_len = prompt_tokens.shape
   prompt_mask = prompt_mask.astype(bool)
-  cache = init_cache(model_cfg, prompts, prompt_len + max_new_tokens)
+  cache = init_cache(model_cfg, prompts, cache_slots or prompt_len + max_new_tokens)
   logits, cache = decoder_apply(
       model_cfg, params, prompt_tokens, positions_from_mask(prompt_mask), prompt_mask,
       cache, 0, logits_window=(prompt_len - 1, 1))

@@ -23,7 +23,7 @@ of P + N slots is never too small and never fragments; the row that takes a slot
 overwrites it. Paging pays when rows of very different capacities share memory, or prefixes
 are shared in place; here the shared prefix is one prefill per prompt, copied into a slot
 when a row starts (P x layers x kv bytes per refill, small next to the row's decode), and the
-cache stays a plain (S, kv_heads, P + N, head_dim) array that the existing decoder and mesh
+cache stays plain (S, kv_heads, ...) arrays of P + N slots that the existing decoder and mesh
 rules handle. The cost: each decode step's attention reads all P + N slots of every slot
 (masked), where the static engine's segments read only the filled part.
 
@@ -40,7 +40,7 @@ import jax
 import jax.numpy as jnp
 
 from grpo_jax.models.config import ModelConfig
-from grpo_jax.models.decoder import decoder_apply, init_cache, positions_from_mask
+from grpo_jax.models.decoder import decoder_apply, init_cache, map_cache, positions_from_mask
 from grpo_jax.rollout.prefill import constrain_cache, repeat_rows
 from grpo_jax.rollout.types import DecodeStats, Rollout, finish
 from grpo_jax.rollout.sampling import choose_tokens, token_uniforms, truncates
@@ -49,14 +49,14 @@ from grpo_jax.rollout.sampling import choose_tokens, token_uniforms, truncates
 def _copy_prompts(slot_cache, prompt_cache, prompt_of_slot, assign):
   """Slot cache with the prompt cache rows prompt_of_slot[s] in slots [0, P) of every slot s
   where assign[s]; the other slots unchanged."""
-  def copy(slot, prompt):
-    prompt_len = prompt.shape[2]
+  def copy(slot, axis, prompt):
+    prompt_len = prompt.shape[axis]
     gathered = jnp.take(prompt, prompt_of_slot, axis=0)
-    head = jax.lax.slice_in_dim(slot, 0, prompt_len, axis=2)
+    head = jax.lax.slice_in_dim(slot, 0, prompt_len, axis=axis)
     select = assign.reshape((-1, 1, 1, 1))
     return jax.lax.dynamic_update_slice_in_dim(slot, jnp.where(select, gathered, head), 0,
-                                               axis=2)
-  return jax.tree.map(copy, slot_cache, prompt_cache)
+                                               axis=axis)
+  return map_cache(copy, slot_cache, prompt_cache)
 
 
 def shrink_phases(slots: int, floor_ratio: int = 32) -> list:
@@ -80,7 +80,7 @@ class _Slots(NamedTuple):
   token: jax.Array  # (S,) int32: the current token (drawn, not yet recorded)
   logp: jax.Array  # (S,) float32: its log-prob
   kept: Any  # None, or its truncation's (cutoff, kept_logmass), (S,) float32 each
-  cache: Any  # the KV cache, (S, kv_heads, P + N, head_dim) per layer
+  cache: Any  # the KV cache of S rows and P + N slots (models/decoder.init_cache)
   kv_mask: jax.Array  # (S, P + N) bool
   outs: tuple  # (tokens (B, N) int32, logprobs (B, N) float32, mask (B, N) bool, None or
   # (keep_cutoff, kept_logmass) (B, N) float32)

@@ -10,7 +10,7 @@ import jax.numpy as jnp
 
 from grpo_jax.models.config import ModelConfig
 from grpo_jax.models.decoder import decoder_apply
-from grpo_jax.rollout.prefill import constrain_cache, prefill, repeat_rows
+from grpo_jax.rollout.prefill import constrain_cache, grow_cache, prefill, repeat_rows
 from grpo_jax.rollout.sampling import choose_tokens, token_uniforms
 from grpo_jax.rollout.types import DecodeStats, Rollout, finish
 
@@ -39,9 +39,14 @@ def generate_static(params, prompt_tokens, prompt_mask, key, row_limits, *,
   """
   prompt_len = prompt_tokens.shape[1]
   prompt_mask = prompt_mask.astype(bool)
+  segments = decode_segments(max_new_tokens, decode_block)
+  # The cache holds P + end slots in the segment ending at `end` and grows between segments:
+  # a decode step's attention then reads its whole cache, where a slice of a longer one was a
+  # copy of the filled part in every step (XLA:CPU materialises it; 2/3 of the attention's
+  # memory traffic at 700 slots).
   logits, cache, kv_mask = prefill(params, prompt_tokens, prompt_mask, model_cfg=model_cfg,
                                    max_new_tokens=max_new_tokens, mesh=mesh,
-                                   group_size=group_size)
+                                   group_size=group_size, cache_slots=prompt_len + segments[0])
   prompt_tokens, prompt_mask = repeat_rows((prompt_tokens, prompt_mask), group_size)
   batch = prompt_tokens.shape[0]
   row_ids = jnp.arange(batch, dtype=jnp.int32)
@@ -84,7 +89,9 @@ def generate_static(params, prompt_tokens, prompt_mask, key, row_limits, *,
   outs = (jnp.full((batch, max_new_tokens), pad_id, jnp.int32), zeros(),
           jnp.zeros((batch, max_new_tokens), bool), None if kept is None else (zeros(), zeros()))
   carry = (jnp.int32(0), token, logp, kept, cache, jnp.zeros((batch,), bool), kv_mask, outs)
-  for end in decode_segments(max_new_tokens, decode_block):
+  for end in segments:
+    cache = constrain_cache(grow_cache(carry[4], prompt_len + end), mesh)
+    carry = carry[:4] + (cache,) + carry[5:]
     carry = jax.lax.while_loop(functools.partial(cond, end), functools.partial(body, end),
                                carry)
   step, token, logp, kept, _, done, kv_mask, outs = carry
