@@ -64,7 +64,8 @@ def main():
   parser.add_argument("--new-tokens", type=int, default=64)
   parser.add_argument("--temperature", type=float, default=0.0, help="generate: 0 = greedy")
   parser.add_argument("--group-size", type=int, default=1,
-                      help="generate: sampled rows per prompt (batch / G prompts, each prefilled once)")
+                      help="generate: sampled rows per prompt (batch / G prompts, each "
+                           "prefilled once)")
   parser.add_argument("--decode-block", type=int, default=0,
                       help="generate: rollout.decode_block (0: every step reads the whole cache)")
   parser.add_argument("--top", type=int, default=25, help="rows to print")

@@ -36,8 +36,8 @@ of model size is ever allocated, so a 7B shape "runs" on a laptop (compile time 
         [--remat none|full|save_dots|...] [--logits-chunk C] [--mesh D,F,T] \\
         [--decode-block S] [--no-prefix-sharing]
 
-  --shape        qwen2.5-0.5b | qwen2.5-1.5b | qwen2.5-7b | smollm2-135m (their HF configs), or one of the
-                 small random checkpoints of benchmarks/common.py (qwen2-4L-256, ...)
+  --shape        qwen2.5-0.5b | qwen2.5-1.5b | qwen2.5-7b | smollm2-135m (their HF configs),
+                 or one of the small random checkpoints of benchmarks/common.py (qwen2-4L-256, ...)
   --layers L     override the shape's layer count (compile time grows with it; per-layer
                  costs are linear, so a few layers extrapolate)
   --rows         completion rows B = prompts x G (a multiple of G and of K)

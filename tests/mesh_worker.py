@@ -63,7 +63,7 @@ def _run_on(mesh, batch_inputs, micro, shared, sample):
     state, metrics = update(state, batch)
   if sample:
     # The KV cache the sampler's prefill leaves: the shard shape of its values (B, kv_heads, S,
-    # head_dim); the keys are stored transposed (models/decoder.init_cache).
+    # head_dim); the keys are stored transposed (models/kv_cache.init_cache).
     fill = functools.partial(prefill, model_cfg=cfg, max_new_tokens=6, mesh=mesh)
     _, cache, _ = jax.jit(fill)(state.params, prompts, mask)
     k = cache[0]["v"]  # one cache per layer (the sampler runs the stacked layers unrolled)

@@ -3,7 +3,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from grpo_jax.models.decoder import Decoder, init_cache, positions_from_mask
+from grpo_jax.models.decoder import Decoder, positions_from_mask
+from grpo_jax.models.kv_cache import init_cache
 from tests import numpy_reference
 from tests.fixtures import perturbed_params, tiny_model_config
 

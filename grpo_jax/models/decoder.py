@@ -16,7 +16,7 @@ The KV cache is an explicit argument and an explicit output: ``apply`` is a pure
 * ``tokens`` (B, T) int32, ``positions`` (B, T) int32 (the rotary position of each token);
 * without a cache (``cache=None``) the T tokens attend causally to each other, keys restricted
   to ``kv_mask`` (B, T) (False for padding);
-* with a cache (a tuple of per-layer ``{"kt", "v"}`` arrays, `init_cache`: the keys
+* with a cache (a tuple of per-layer ``{"kt", "v"}`` arrays, models/kv_cache.py: the keys
   (B, kv_heads, head_dim, S), the values (B, kv_heads, S, head_dim))
   the T tokens are written at cache slots ``[offset, offset + T)`` (``offset`` a scalar, or
   (B,) for rows at different positions) and attend to every slot
@@ -26,10 +26,11 @@ The KV cache is an explicit argument and an explicit output: ``apply`` is a pure
 
 The cache is head-major, the keys transposed (B, kv_heads, head_dim, S) and the values
 (B, kv_heads, S, head_dim), so that a decode step's two attention products read it as batched
-matrices in the layout the matmul kernels take, without transposing the cache each step. ``logits_window=(start, n)``
-normalises and projects only positions ``[start, start + n)`` onto the vocabulary (the logits,
-and the hidden states with ``return_hidden``, are then (B, n, ...)): the sampler's prefill needs
-only the last position, teacher-forced scoring only the completion's.
+matrices in the layout the matmul kernels take, without transposing the cache each step.
+``logits_window=(start, n)`` normalises and projects only positions ``[start, start + n)``
+onto the vocabulary (the logits, and the hidden states with ``return_hidden``, are then
+(B, n, ...)): the sampler's prefill needs only the last position, teacher-forced scoring only
+the completion's.
 """
 
 from __future__ import annotations
@@ -41,14 +42,11 @@ import jax
 import jax.numpy as jnp
 
 from grpo_jax.models.config import ModelConfig
+from grpo_jax.models.kv_cache import CACHE_SLOT_AXIS, Cache, write_cache
 from grpo_jax.models.layout import per_layer, stack_layers
 from grpo_jax.models.lora import LoraParams, adapted
 from grpo_jax.parallel.mesh import constrain
 
-Cache = tuple  # tuple of {"kt": (B, Hkv, D, S), "v": (B, Hkv, S, D)} per layer
-# The slot axis of each cache array: the sampler's keys are stored transposed ("kt",
-# init_cache); shared-prompt scoring's per-layer cache keeps them as "k" (B, Hkv, S, D).
-CACHE_SLOT_AXIS = {"k": 2, "kt": 3, "v": 2}
 
 # model.remat: what a layer keeps for its backward pass (MaxText's names); the rest is
 # recomputed. "none" keeps every activation; "full" keeps only the layer's input; "save_dots"
@@ -229,24 +227,6 @@ class DecoderLayer(nn.Module):
     return (prompt_x, completion_x), None
 
 
-def write_cache(cache: jax.Array, x: jax.Array, offset, axis: int = 2) -> jax.Array:
-  """cache (B, Hkv, S, D) with x (B, Hkv, T, D) written at slots [offset, offset + T) of
-  `axis` (3 for the transposed keys, (B, Hkv, D, S)): one offset for every row (a scalar), or
-  one per row ((B,) int32: the slot-refill sampler's rows are at different positions)."""
-  x = x.astype(cache.dtype)
-  if jnp.ndim(offset) == 0:
-    return jax.lax.dynamic_update_slice_in_dim(cache, x, offset, axis=axis)
-  return jax.vmap(lambda c, u, o: jax.lax.dynamic_update_slice_in_dim(c, u, o, axis=axis - 1))(
-      cache, x, offset)
-
-
-def map_cache(fn, *caches) -> Cache:
-  """fn(array, slot_axis, *others) over a cache's arrays (and those of caches shaped like it),
-  each told the axis of its slots (`CACHE_SLOT_AXIS`)."""
-  return tuple({name: fn(layer[name], CACHE_SLOT_AXIS[name], *(c[i][name] for c in caches[1:]))
-                for name in layer} for i, layer in enumerate(caches[0]))
-
-
 def attention_mask(kv_mask: jax.Array, num_queries: int, offset) -> jax.Array:
   """(B, Tq, S) bool: query i of row b (at slot offset + i, offset a scalar or (B,)) may see
   key slot s iff s <= offset + i and kv_mask[b, s]."""
@@ -346,19 +326,6 @@ def decoder_apply(model_cfg: ModelConfig, params, *args, **kwargs):
     return Decoder(model_cfg).apply({"params": params.base}, *args, adapters=params.adapters,
                                     **kwargs)
   return Decoder(model_cfg).apply({"params": params}, *args, **kwargs)
-
-
-def init_cache(cfg: ModelConfig, batch: int, length: int, dtype=None) -> Cache:
-  """A zeroed KV cache for `length` slots: a tuple of per-layer dicts (cached forwards run the
-  stacked layers unrolled) of the keys transposed, "kt" (B, kv_heads, head_dim, length), and
-  the values, "v" (B, kv_heads, length, head_dim). A decode step's scores q k^T are then a
-  plain matmul of q by kt: with keys as (length, head_dim) rows, XLA:CPU transposed the filled
-  cache in every step (5x slower scores, a quarter of a 700-slot decode step)."""
-  dtype = dtype or cfg.dtype
-  shape = (batch, cfg.num_kv_heads, length, cfg.head_dim)
-  keys = (batch, cfg.num_kv_heads, cfg.head_dim, length)
-  return tuple({"kt": jnp.zeros(keys, dtype), "v": jnp.zeros(shape, dtype)}
-               for _ in range(cfg.num_layers))
 
 
 class _OneModulePerLayer(nn.Module):

@@ -9,7 +9,8 @@ import jax.numpy as jnp
 from jax.sharding import NamedSharding
 
 from grpo_jax.models.config import ModelConfig
-from grpo_jax.models.decoder import decoder_apply, init_cache, map_cache, positions_from_mask
+from grpo_jax.models.decoder import decoder_apply, positions_from_mask
+from grpo_jax.models.kv_cache import init_cache
 
 
 def constrain_cache(cache, mesh):
@@ -30,15 +31,6 @@ def repeat_rows(tree, group_size: int, axis: int = 0):
   if group_size == 1:
     return tree
   return jax.tree.map(lambda x: jnp.repeat(x, group_size, axis=axis), tree)
-
-
-def grow_cache(cache, slots: int):
-  """The cache with empty slots appended up to `slots` slots."""
-  def grow(c, axis):
-    widths = [(0, 0)] * c.ndim
-    widths[axis] = (0, slots - c.shape[axis])
-    return jnp.pad(c, widths)
-  return map_cache(grow, cache)
 
 
 def prefill(params, prompt_tokens, prompt_mask, *, model_cfg: ModelConfig,

@@ -40,7 +40,8 @@ import jax
 import jax.numpy as jnp
 
 from grpo_jax.models.config import ModelConfig
-from grpo_jax.models.decoder import decoder_apply, init_cache, map_cache, positions_from_mask
+from grpo_jax.models.decoder import decoder_apply, positions_from_mask
+from grpo_jax.models.kv_cache import init_cache, map_cache
 from grpo_jax.rollout.prefill import constrain_cache, repeat_rows
 from grpo_jax.rollout.types import DecodeStats, Rollout, finish
 from grpo_jax.rollout.sampling import choose_tokens, token_uniforms, truncates
@@ -80,7 +81,7 @@ class _Slots(NamedTuple):
   token: jax.Array  # (S,) int32: the current token (drawn, not yet recorded)
   logp: jax.Array  # (S,) float32: its log-prob
   kept: Any  # None, or its truncation's (cutoff, kept_logmass), (S,) float32 each
-  cache: Any  # the KV cache of S rows and P + N slots (models/decoder.init_cache)
+  cache: Any  # the KV cache of S rows and P + N slots (models/kv_cache.init_cache)
   kv_mask: jax.Array  # (S, P + N) bool
   outs: tuple  # (tokens (B, N) int32, logprobs (B, N) float32, mask (B, N) bool, None or
   # (keep_cutoff, kept_logmass) (B, N) float32)

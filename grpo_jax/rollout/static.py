@@ -10,7 +10,8 @@ import jax.numpy as jnp
 
 from grpo_jax.models.config import ModelConfig
 from grpo_jax.models.decoder import decoder_apply
-from grpo_jax.rollout.prefill import constrain_cache, grow_cache, prefill, repeat_rows
+from grpo_jax.models.kv_cache import grow_cache
+from grpo_jax.rollout.prefill import constrain_cache, prefill, repeat_rows
 from grpo_jax.rollout.sampling import choose_tokens, token_uniforms
 from grpo_jax.rollout.types import DecodeStats, Rollout, finish
 
