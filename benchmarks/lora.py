@@ -40,7 +40,7 @@ def main(argv=None):
   import numpy as np
 
   from benchmarks import common
-  from benchmarks.scale import shape_table
+  from benchmarks.shapes import shape_table
   from grpo_jax.defaults import rl_defaults
   from grpo_jax.models import lora
   from grpo_jax.models.config import ModelConfig
