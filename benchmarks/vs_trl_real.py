@@ -22,7 +22,10 @@ the dataloader's prompts tokenized by its own call.
 Row "gsm8k" (--recipe gsm8k): configs/grpo_gsm8k.py scaled down to 4 prompts x G = 4, one
 minibatch and one micro-batch (the recipe's 4 x 4 split is for 128 prompts), compute in
 float32 (the recipe's bfloat16 is for accelerators), prompts padded to one width of 192 tokens
-(data.prompt_bucket 192: nothing compiles after the first step), with GSM8K's own lengths (512 prompt
+(data.prompt_bucket 192), the teacher-forced passes on the real completion tokens only
+(rl.pack_tokens 8, a single-device option: each step's capacity is one of 8, so a step may
+compile the RL step for a new capacity, as a long run does at most 8 times; TRL pads each batch
+to its longest completion), with GSM8K's own lengths (512 prompt
 tokens at most, 512 new tokens), temperature 1, lr 1e-6 after 10 warm-up steps, weight decay
 0.01 (TRL's AdamW skips biases and norm weights; ours decays every weight), k3 KL in the loss
 with beta 0.001 (a reference model on both sides) and the gsm8k_strict reward. Data:
@@ -33,6 +36,8 @@ Each side runs in its own process, ours first: ours is `python -m grpo_jax.main`
 workdir (evaluation at step 0 and at the end only, no checkpoints but the final one), read back
 from its metrics.jsonl; TRL's is GRPOTrainer.train() with its generation and reward calls timed.
 Per side: seconds per step (median over the steps after the first, which compiles / warms up;
+the GSM8K row runs 4 steps, so that a later step compiling a new packed capacity is one of
+three in the median; every step's seconds are in the JSON's steps_s;
 the first reported apart), split into rollout (ours: the sampler; TRL: `_generate`, tokenizing,
 sampling and decoding), reward (ours: decoding and scoring; TRL: `_calculate_rewards`) and
 update (the rest: reference / old log-probs where needed, loss, backward, optimizer); the
@@ -44,7 +49,7 @@ eval_format, eval_strict). torch: --torch-threads threads, OMP_WAIT_POLICY=PASSI
 vs_trl.py).
 
     python benchmarks/vs_trl_real.py                       # 10 steps, 200 held-out prompts
-    python benchmarks/vs_trl_real.py --recipe gsm8k        # 3 steps of the GSM8K row
+    python benchmarks/vs_trl_real.py --recipe gsm8k        # 4 steps of the GSM8K row
     python benchmarks/vs_trl_real.py --seed 1              # another seed (data order, sampling)
 
 A table and one JSON line end the output.
@@ -69,7 +74,7 @@ ROOT = common.ROOT
 MODEL = "smollm2-135m-instruct"
 RECIPES = {  # recipe -> (config file, default steps)
     "chat_arithmetic": ("configs/grpo_smollm2.py", 10),
-    "gsm8k": ("configs/grpo_gsm8k.py", 3),
+    "gsm8k": ("configs/grpo_gsm8k.py", 4),
 }
 
 
@@ -86,7 +91,9 @@ def overrides(args) -> dict:
                 # One compiled prompt width (GSM8K prompts in SmolLM2's chat template are
                 # 70-189 tokens), so that the steps after the first compile nothing; TRL pads
                 # each batch to its longest prompt.
-                "data.prompt_bucket": 192})
+                "data.prompt_bucket": 192,
+                # Per-token work on the real completion tokens only (a single-device option).
+                "rl.pack_tokens": 8})
   else:
     out.update({"train.eval_size": args.eval_size, "train.eval_batch_size": args.eval_size})
   if args.new_tokens:
@@ -282,7 +289,7 @@ def default_model_path() -> str | None:
 def main():
   parser = argparse.ArgumentParser()
   parser.add_argument("--recipe", choices=sorted(RECIPES), default="chat_arithmetic")
-  parser.add_argument("--steps", type=int, help="RL steps (default 10; gsm8k: 3)")
+  parser.add_argument("--steps", type=int, help="RL steps (default 10; gsm8k: 4)")
   parser.add_argument("--model-path", help=f"a HF folder (default: the fetched {MODEL})")
   parser.add_argument("--new-tokens", type=int,
                       help="new tokens per completion (default: the recipe's, 16 / 512)")
@@ -361,7 +368,9 @@ def main():
       ours_eval_start=a["eval_start"] or None, trl_eval_start=b["eval_start"] or None,
       ours_eval_end=a["eval_end"] or None, trl_eval_end=b["eval_end"] or None,
       ours_reward_means=a["reward_means"], trl_reward_means=b["reward_means"],
-      ours_mean_lengths=a["mean_lengths"], trl_mean_lengths=b["mean_lengths"])))
+      ours_mean_lengths=a["mean_lengths"], trl_mean_lengths=b["mean_lengths"],
+      ours_steps_s=[round(x, 2) for x in a["steps_s"]],
+      trl_steps_s=[round(x, 2) for x in b["steps_s"]])))
 
 
 if __name__ == "__main__":

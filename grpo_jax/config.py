@@ -129,6 +129,8 @@ def validate(config) -> None:
              f"completions; pick rl.num_minibatches x rl.num_micro_batches so that a micro-batch "
              f"holds whole groups, or set rl.shared_prompt_forward=False.")
   _require(rl.num_iterations >= 1, f"rl.num_iterations={rl.num_iterations}; use at least 1.")
+  _require(rl.pack_tokens >= 0, f"rl.pack_tokens={rl.pack_tokens}; use 0 (off) or the number "
+           f"of packed capacities a run may compile (8 is plenty).")
   _require(r.temperature >= 0, f"rollout.temperature={r.temperature}; use >= 0 (0 = greedy).")
   _require(0 < r.top_p <= 1, f"rollout.top_p={r.top_p}; use a value in (0, 1].")
   _require(r.top_k >= 0, f"rollout.top_k={r.top_k}; use 0 (off) or the number of most likely "

@@ -70,6 +70,13 @@ def rl_defaults(**overrides) -> ml_collections.ConfigDict:
       # then whole groups. False: every row runs its own copy of the prompt (the same values
       # up to rounding).
       shared_prompt_forward=False,
+      # Packed tokens (models/packing.py): the teacher-forced passes' per-token work
+      # (projections, MLPs, vocabulary) runs only on the completion tokens that exist, packed
+      # into a capacity the host picks per step from the rows' lengths, rounded up to one of
+      # pack_tokens values (so at most pack_tokens compiled steps); attention still sees whole
+      # rows. The same values up to rounding. 0 = off (every slot of every row). The host
+      # experience source on one data x fsdp device.
+      pack_tokens=0,
       # GFPO (arXiv 2508.09726): keep the gfpo_keep = k of each prompt's G' =
       # rollout.group_size samples with the best gfpo_metric ("length": shortest,
       # "token_efficiency": highest reward / length); advantages over the kept k. 0 = off.

@@ -41,10 +41,13 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from grpo_jax.models.attention import (causal_blocked_attention, grouped_query_attention,
+                                       rotary_embedding)
 from grpo_jax.models.config import ModelConfig
 from grpo_jax.models.kv_cache import CACHE_SLOT_AXIS, Cache, write_cache
 from grpo_jax.models.layout import per_layer, stack_layers
 from grpo_jax.models.lora import LoraParams, adapted
+from grpo_jax.models.packing import pack_tokens, unpack_tokens
 from grpo_jax.parallel.mesh import constrain
 
 
@@ -80,56 +83,19 @@ class RMSNorm(nn.Module):
     return (y * weight.astype(jnp.float32)).astype(x.dtype)
 
 
-def rotary_embedding(x: jax.Array, positions: jax.Array, theta: float) -> jax.Array:
-  """Applies RoPE in HF's rotate-half layout.
-
-  With inv_freq_i = theta^(-2i/D), angle = position * inv_freq, cos/sin tiled twice over D:
-      rope(x) = x * cos + rotate_half(x) * sin,  rotate_half([x1, x2]) = [-x2, x1].
-  x: (B, T, H, D); positions: (B, T).
-  """
-  head_dim = x.shape[-1]
-  inv_freq = 1.0 / (theta ** (jnp.arange(0, head_dim, 2, dtype=jnp.float32) / head_dim))
-  angles = positions.astype(jnp.float32)[..., None] * inv_freq  # (B, T, D/2)
-  angles = jnp.concatenate([angles, angles], axis=-1)[:, :, None, :]  # (B, T, 1, D)
-  x32 = x.astype(jnp.float32)
-  x1, x2 = jnp.split(x32, 2, axis=-1)
-  rotated = jnp.concatenate([-x2, x1], axis=-1)
-  return (x32 * jnp.cos(angles) + rotated * jnp.sin(angles)).astype(x.dtype)
-
-
-def grouped_query_attention(q, k, v, mask, keys_transposed: bool = False):
-  """softmax(q k^T / sqrt(D) + mask) v with kv heads shared by groups of query heads.
-
-  q: (B, Tq, H, D); k, v: (B, Hkv, Tk, D) (head-major), or with keys_transposed k is
-  (B, Hkv, D, Tk) (the sampler's cache layout); mask: (B, Tq, Tk) bool (True = may attend).
-  Scores and softmax are float32. Returns (B, Tq, H, D).
-  Both products are plain batched matmuls over (B, Hkv) with the G = H / Hkv query heads of a
-  group and the Tq queries folded into one row axis: XLA:CPU hands that form to its fast
-  matmul kernels, while the 5-d einsums it replaced ran as slow generic dots (several times
-  slower per decode step).
-  """
-  batch, tq, heads, dim = q.shape
-  kv_heads = k.shape[1]
-  group = heads // kv_heads
-  q = q.reshape(batch, tq, kv_heads, group, dim).transpose(0, 2, 3, 1, 4)
-  q = q.reshape(batch, kv_heads, group * tq, dim)  # rows (g, t)
-  scores = jnp.einsum("bhqd,bhdk->bhqk" if keys_transposed else "bhqd,bhkd->bhqk", q, k,
-                      preferred_element_type=jnp.float32)
-  scores = scores / jnp.sqrt(jnp.float32(dim))
-  scores = scores.reshape(batch, kv_heads, group, tq, -1)
-  scores = jnp.where(mask[:, None, None, :, :], scores, jnp.finfo(jnp.float32).min)
-  probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
-  out = jnp.einsum("bhqk,bhkd->bhqd", probs.reshape(batch, kv_heads, group * tq, -1), v)
-  out = out.reshape(batch, kv_heads, group, tq, dim).transpose(0, 3, 1, 2, 4)
-  return out.reshape(batch, tq, heads, dim)
-
-
 class Attention(nn.Module):
+  """Self-attention; query_blocks: a teacher-forced pass, whose causal queries are taken in
+  blocks (causal_blocked_attention); the sampler's cached passes are not."""
   cfg: ModelConfig
+  query_blocks: bool = False
 
   @nn.compact
-  def __call__(self, x, positions, mask, layer_cache, offset, adapters=None):
-    """adapters: this module's LoRA adapters ({"q_proj": {"lora_a", "lora_b"}, ...}) or None."""
+  def __call__(self, x, positions, mask, layer_cache, offset, adapters=None,
+               token_index=None):
+    """adapters: this module's LoRA adapters ({"q_proj": {"lora_a", "lora_b"}, ...}) or None.
+    token_index (C,): x is (1, C, embed), the packed tokens of the (B, T) rows that `mask`
+    (B, T, S) describes (models/packing.py); the projections run on the C tokens, attention
+    on the rows."""
     cfg = self.cfg
     lora = lambda y, x_, name: adapted(y, x_, adapters, name, cfg.lora_scale, cfg.dtype)  # noqa
     # Kernels keep the heads as a dimension, (embed, heads, head_dim) and o_proj's (heads,
@@ -147,8 +113,10 @@ class Attention(nn.Module):
       q = RMSNorm(cfg.rms_norm_eps, cfg.param_dtype, name="q_norm")(q)
       k = RMSNorm(cfg.rms_norm_eps, cfg.param_dtype, name="k_norm")(k)
     q = rotary_embedding(q, positions, cfg.rope_theta)
-    k = rotary_embedding(k, positions, cfg.rope_theta).transpose(0, 2, 1, 3)  # (B, Hkv, T, D)
-    v = v.transpose(0, 2, 1, 3)
+    k = rotary_embedding(k, positions, cfg.rope_theta)
+    if token_index is not None:  # packed tokens -> their rows (zeros at the unused slots)
+      q, k, v = (unpack_tokens(a, token_index, *mask.shape[:2]) for a in (q, k, v))
+    k, v = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)  # (B, Hkv, T, D)
     keys_transposed = layer_cache is not None and "kt" in layer_cache
     if layer_cache is not None:
       filled = mask.shape[-1]  # read only the slots the mask covers (the filled ones)
@@ -160,8 +128,16 @@ class Attention(nn.Module):
       k = jax.lax.slice_in_dim(layer_cache[keys], 0, filled, axis=CACHE_SLOT_AXIS[keys])
       v = layer_cache["v"][:, :, :filled]
       k, v = k.astype(cfg.dtype), v.astype(cfg.dtype)
-    out = constrain(grouped_query_attention(q, k, v, mask, keys_transposed),
-                    ("batch", None, "heads", None))
+    # The queries' first slot, where it is static: 0 without a cache (the tokens attend to each
+    # other), the prompt's length for shared-prompt completions (an int), else unknown.
+    first_slot = 0 if layer_cache is None else offset if isinstance(offset, int) else None
+    if self.query_blocks and first_slot is not None and not keys_transposed:
+      out = causal_blocked_attention(q, k, v, mask, first_slot)
+    else:
+      out = grouped_query_attention(q, k, v, mask, keys_transposed)
+    out = constrain(out, ("batch", None, "heads", None))
+    if token_index is not None:
+      out = pack_tokens(out, token_index)
     o_proj = nn.DenseGeneral(cfg.hidden_size, axis=(-2, -1), use_bias=False, dtype=cfg.dtype,
                              param_dtype=cfg.param_dtype,
                              kernel_init=_axes(_init, "heads", "head_dim", "embed"),
@@ -194,22 +170,25 @@ class DecoderLayer(nn.Module):
   first, writing their keys and values into a fresh per-layer cache; the cache is repeated G
   times and the B completion rows run against it at slot P (offset is unused). Both streams go
   through this layer's weights in one scan step, so the scan and its rematerialisation hold one
-  stacked copy of the layer gradients, not one per pass. Returns ((prompt, completion), None)."""
+  stacked copy of the layer gradients, not one per pass. Returns ((prompt, completion), None).
+  With token_index (C,) the completion stream is packed: (1, C, embed), the real tokens of the
+  B rows of `mask` (models/packing.py); only attention sees the rows."""
   cfg: ModelConfig
   group: int = 0
+  query_blocks: bool = False  # a teacher-forced pass (see Attention)
 
   @nn.compact
-  def __call__(self, x, positions, mask, layer_cache, offset, adapters=None):
+  def __call__(self, x, positions, mask, layer_cache, offset, adapters=None, token_index=None):
     cfg = self.cfg
     adapters = adapters or {}
-    attn = Attention(cfg, name="self_attn")
+    attn = Attention(cfg, self.query_blocks, name="self_attn")
     mlp = MLP(cfg, name="mlp")
     attn_norm = RMSNorm(cfg.rms_norm_eps, cfg.param_dtype, name="input_layernorm")
     mlp_norm = RMSNorm(cfg.rms_norm_eps, cfg.param_dtype, name="post_attention_layernorm")
 
-    def block(x, positions, mask, layer_cache, offset):
+    def block(x, positions, mask, layer_cache, offset, token_index=None):
       h, layer_cache = attn(attn_norm(x), positions, mask, layer_cache, offset,
-                            adapters.get("self_attn"))
+                            adapters.get("self_attn"), token_index)
       x = constrain(x + h, ("batch", None, None))
       x = x + mlp(mlp_norm(x), adapters.get("mlp"))
       return constrain(x, ("batch", None, None)), layer_cache
@@ -223,7 +202,8 @@ class DecoderLayer(nn.Module):
     cache = {"k": jnp.zeros(shape, cfg.dtype), "v": jnp.zeros(shape, cfg.dtype)}
     prompt_x, cache = block(prompt_x, prompt_pos, prompt_mask, cache, 0)
     cache = jax.tree.map(lambda c: jnp.repeat(c, self.group, axis=0), cache)
-    completion_x, _ = block(completion_x, completion_pos, completion_mask, cache, prompt_len)
+    completion_x, _ = block(completion_x, completion_pos, completion_mask, cache, prompt_len,
+                            token_index)
     return (prompt_x, completion_x), None
 
 
@@ -253,7 +233,7 @@ class Decoder(nn.Module):
   @nn.compact
   def __call__(self, tokens, positions, kv_mask, cache: Optional[Cache] = None, offset=0,
                return_hidden: bool = False, logits_window: Optional[tuple] = None,
-               project: bool = True, adapters=None, prompt_group: int = 0):
+               project: bool = True, adapters=None, prompt_group: int = 0, token_index=None):
     """project=False returns (normed hidden states of the window, cache) without the
     vocabulary projection (chunked scoring projects them itself, grpo_jax/models/scoring.py).
     adapters: LoRA adapters (grpo_jax/models/lora.py) added to the projections, or None.
@@ -263,7 +243,9 @@ class Decoder(nn.Module):
     positions and kv_mask are (prompt, completion) pairs: (B/G, P) distinct prompts and (B, T)
     completion inputs, kv_mask (B/G, P) and (B, P + T); cache is None. Returns (the normed
     hidden states (B, 1 + T, H): each prompt's last position repeated G times, then the
-    completion's, None); see DecoderLayer."""
+    completion's, None); see DecoderLayer. With token_index (C,) (models/packing.py) the
+    completion inputs are packed, tokens[1] and positions[1] (1, C), and so is the result:
+    ((B, 1, H) the prompts' last positions, (1, C, H) the packed tokens'), None."""
     cfg = self.cfg
     embed = _embedding(cfg)
     # activations: rows over data x fsdp
@@ -272,7 +254,7 @@ class Decoder(nn.Module):
       prompt_len = tokens[0].shape[1]
       x = tuple(embedded(t) for t in tokens)
       mask = (attention_mask(kv_mask[0], prompt_len, 0),
-              attention_mask(kv_mask[1], tokens[1].shape[1], prompt_len))
+              attention_mask(kv_mask[1], kv_mask[1].shape[1] - prompt_len, prompt_len))
     else:
       x = embedded(tokens)
       mask = attention_mask(kv_mask, tokens.shape[1], offset)
@@ -296,14 +278,18 @@ class Decoder(nn.Module):
       if REMAT_POLICIES[cfg.remat] is not None:
         layer_cls = nn.remat(DecoderLayer, policy=REMAT_POLICIES[cfg.remat], prevent_cse=False)
       scanned = nn.scan(layer_cls, variable_axes={"params": 0}, split_rngs={"params": True},
-                        in_axes=(nn.broadcast, nn.broadcast, 0, nn.broadcast, 0),
+                        in_axes=(nn.broadcast, nn.broadcast, 0, nn.broadcast, 0,
+                                 nn.broadcast),
                         length=cfg.num_layers, metadata_params={nn.PARTITION_NAME: "layers"})
       layer_adapters = None if adapters is None else adapters["layers"]
-      x, new_cache = scanned(cfg, prompt_group, name="layers")(x, positions, mask, cache,
-                                                               offset, layer_adapters)
+      x, new_cache = scanned(cfg, prompt_group, True, name="layers")(x, positions, mask, cache,
+                                                               offset, layer_adapters,
+                                                               token_index)
     if prompt_group:
       norm = RMSNorm(cfg.rms_norm_eps, cfg.param_dtype, name="norm")
       last = jnp.repeat(norm(x[0][:, -1:]), prompt_group, axis=0)
+      if token_index is not None:
+        return (last, norm(x[1])), None
       return jnp.concatenate([last, norm(x[1])], axis=1), None
     if logits_window is not None:
       start, length = logits_window

@@ -3,7 +3,7 @@ run the stacked layers unrolled, one cache per layer), its layout and the operat
 
 The keys are stored transposed, "kt" (B, kv_heads, head_dim, S), the values as "v"
 (B, kv_heads, S, head_dim): a decode step's scores q k^T and its weighted sum of values are then
-plain batched matmuls on the cache as it lies (models/decoder.grouped_query_attention). With the
+plain batched matmuls on the cache as it lies (models/attention.grouped_query_attention). With the
 keys as (S, head_dim) rows XLA:CPU transposed the filled cache in every decode step. Slots are
 axis 3 of the keys and axis 2 of the values (`CACHE_SLOT_AXIS`); `map_cache` hands each array
 its slot axis, so code that copies, grows or writes slots never spells the layout out.

@@ -10,6 +10,7 @@ import jax.numpy as jnp
 from grpo_jax.models.config import ModelConfig
 from grpo_jax.models.decoder import decoder_apply, positions_from_mask
 from grpo_jax.models.lora import base_params
+from grpo_jax.models.packing import pack_tokens, packed_index
 
 
 def completion_logits(params, model_cfg: ModelConfig, prompt_tokens, prompt_mask,
@@ -100,8 +101,50 @@ def chunked_logprobs_and_entropy(params, model_cfg: ModelConfig, hidden, tokens,
   return join(logp), join(entropy)
 
 
+def packed_completion_scores(params, model_cfg: ModelConfig, seqs, temperature: float,
+                             return_hidden: bool, group: int, capacity: int):
+  """completion_scores with the completion tokens packed (models/packing.py): each prompt runs
+  once for its `group` rows (shared_prompt_hidden's two streams; group 1 = each row its own),
+  and the completion stream's per-token work runs on at most `capacity` tokens, those of
+  completion_mask[:, :N-1] (the inputs that predict tokens 1..N-1), gathered into one packed
+  row. The log-probs come back (B, N) (0 where masked), as from completion_scores."""
+  rows, num_new = seqs.completion_tokens.shape
+  prompt_len = seqs.prompt_tokens.shape[1]
+  inputs = seqs.completion_mask[:, :num_new - 1].astype(bool)
+  index = packed_index(inputs, capacity)
+  kv_mask = jnp.concatenate([seqs.prompt_mask.astype(bool), inputs], axis=1)
+  positions = positions_from_mask(kv_mask)[:, prompt_len:]
+  firsts = seqs.prompt_mask[::group].astype(bool)
+  (last, packed), _ = decoder_apply(
+      model_cfg, params, (seqs.prompt_tokens[::group],
+                          pack_tokens(seqs.completion_tokens[:, :num_new - 1], index)),
+      (positions_from_mask(firsts), pack_tokens(positions, index)), (firsts, kv_mask),
+      project=False, prompt_group=group, token_index=index)
+  # Where each hidden state's prediction lands in the (B, N) completion: a prompt's last
+  # position predicts token 0 of each of its rows, input (b, t) predicts token (b, t + 1).
+  row, col = index // (num_new - 1), index % (num_new - 1)
+  target = jnp.concatenate([jnp.arange(rows, dtype=jnp.int32) * num_new,
+                            jnp.where(row < rows, row * num_new + col + 1, rows * num_new)])
+  hidden = jnp.concatenate([last[:, 0], packed[0]])[None]  # (1, B + C, H)
+  take = lambda x: jnp.take(x.reshape(-1), target, mode="fill", fill_value=0)[None]  # noqa
+  cutoff = getattr(seqs, "keep_cutoff", None)
+  cutoff = None if cutoff is None else take(cutoff)
+  if model_cfg.logits_chunk:  # the same (rows, chunk, V) bound as the unpacked passes
+    logp, entropy = chunked_logprobs_and_entropy(
+        params, model_cfg, hidden, take(seqs.completion_tokens), temperature,
+        model_cfg.logits_chunk * rows, cutoff)
+  else:
+    logp, entropy = token_logprobs_and_entropy(vocab_logits(params, model_cfg, hidden),
+                                               take(seqs.completion_tokens), temperature,
+                                               cutoff)
+  place = lambda x: jnp.zeros((rows * num_new, *x.shape[2:]), x.dtype).at[target].set(  # noqa
+      x[0], mode="drop").reshape(rows, num_new, *x.shape[2:])
+  return place(logp), place(entropy), place(hidden) if return_hidden else None
+
+
 def completion_scores(params, model_cfg: ModelConfig, seqs, temperature: float = 1.0,
-                      return_hidden: bool = False, prompt_group: int = 1):
+                      return_hidden: bool = False, prompt_group: int = 1,
+                      token_capacity: int | None = None):
   """(log-probs, entropies, hidden or None) of a batch's completion tokens (seqs has
   prompt_tokens, prompt_mask, completion_tokens, completion_mask), unmasked. With
   model_cfg.logits_chunk = C > 0 the vocabulary is reached C positions at a time
@@ -109,7 +152,11 @@ def completion_scores(params, model_cfg: ModelConfig, seqs, temperature: float =
   come in runs of G with the same prompt, and each prompt is run once (shared_prompt_hidden).
   With seqs.keep_cutoff (the keep-sampling mask: a Rollout's or Batch's), the log-probs are of
   the policy renormalised over the tokens the sampler's truncation left available
-  (token_logprobs_and_entropy)."""
+  (token_logprobs_and_entropy). token_capacity = C: the completion tokens packed into C
+  slots (packed_completion_scores; the values up to rounding)."""
+  if token_capacity:
+    return packed_completion_scores(params, model_cfg, seqs, temperature, return_hidden,
+                                    prompt_group, token_capacity)
   args = (params, model_cfg, seqs.prompt_tokens, seqs.prompt_mask, seqs.completion_tokens,
           seqs.completion_mask)
   cutoff = getattr(seqs, "keep_cutoff", None)

@@ -93,9 +93,11 @@ def in_row_chunks(fn, rows_tree, pieces: int):
 
 
 def make_prepare_batch(model_cfg: ModelConfig, rl, group_size: int, temperature: float,
-                       max_new_tokens: int):
+                       max_new_tokens: int, token_capacity: int | None = None):
   """prepare(state, rollout, inputs: RewardInputs) -> (Batch, metrics), a pure function (the RL
-  step jits it with the rest)."""
+  step jits it with the rest). token_capacity: the forward passes' completion tokens packed
+  into that many slots per piece of a micro-batch's rows (rl.pack_tokens, models/packing.py);
+  the passes then take the rows in micro-batch-sized pieces, which the capacity bounds."""
 
   reuse = reuses_current_logprobs(rl)
   critic = rl.value_head != "none"
@@ -104,7 +106,8 @@ def make_prepare_batch(model_cfg: ModelConfig, rl, group_size: int, temperature:
 
   def prepare(state, rollout: Rollout, inputs: RewardInputs):
     mask = rollout.completion_mask.astype(bool)
-    passes = _forward_passes(model_cfg, rl)
+    passes = (rl.num_minibatches * rl.num_micro_batches if token_capacity
+              else _forward_passes(model_cfg, rl))
     if reuse:  # the update computes the old log-probs (see reuses_current_logprobs)
       old_logp, old_values = None, None
       if rl.value_head == "separate":
@@ -114,13 +117,13 @@ def make_prepare_batch(model_cfg: ModelConfig, rl, group_size: int, temperature:
     else:
       old_logp, _, old_values = in_row_chunks(lambda r: policy_and_values(
           policy_params(state), state.value_params, r, model_cfg, rl.value_head, temperature,
-          group), rollout, passes)
+          group, token_capacity), rollout, passes)
       old_logp = jax.lax.stop_gradient(old_logp)
     ref_logp = None
     if rl.kl_coef > 0:
       ref_logp, _, _ = in_row_chunks(lambda r: policy_and_values(
-          reference_params(state), None, r, model_cfg, "none", temperature, group), rollout,
-          passes)
+          reference_params(state), None, r, model_cfg, "none", temperature, group,
+          token_capacity), rollout, passes)
     rewards = inputs.rewards.astype(jnp.float32)
     if rl.overlong_buffer > 0:
       rewards = rewards + overlong_penalty(jnp.sum(mask, axis=1), max_new_tokens,

@@ -18,16 +18,18 @@ def prompt_group(rl, group_size: int) -> int:
 
 
 def policy_and_values(params, value_params, seqs, model_cfg: ModelConfig, value_head: str,
-                      temperature: float, group: int = 1):
+                      temperature: float, group: int = 1, token_capacity: int | None = None):
   """seqs has prompt_tokens, prompt_mask, completion_tokens, completion_mask; group > 1: its
-  rows come in runs of `group` with one prompt (see prompt_group).
+  rows come in runs of `group` with one prompt (see prompt_group); token_capacity: the
+  completion tokens packed into that many slots (rl.pack_tokens, models/packing.py).
 
   Returns (logprobs, entropy, values), each (B, N) and 0 where the completion is masked;
   values is None without a critic.
   """
   shared = value_head == "shared"
   logp, entropy, hidden = completion_scores(params, model_cfg, seqs, temperature,
-                                            return_hidden=shared, prompt_group=group)
+                                            return_hidden=shared, prompt_group=group,
+                                            token_capacity=token_capacity)
   mask = seqs.completion_mask.astype(bool)
   values = None
   if shared:

@@ -4,11 +4,13 @@ inputs, reward sources), then runs the one jitted RL step with the state donated
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import jax
 import numpy as np
 
+from grpo_jax.models.packing import token_capacity
 from grpo_jax.parallel.distributed import to_host
 from grpo_jax.parallel.mesh import shard_batch
 from grpo_jax.rollout.sampler import Sampling
@@ -37,7 +39,22 @@ def make_host_advance(run: Run, state, samples_out=None):
       greedy=axis.compile(lambda p, t, m: sampling.greedy()(p, *place(t, m),
                                                             jax.random.key(0))))
   rollout_keys = axis.compile(lambda s: step_key(s, 0))
-  rl_step = axis.compile(make_rl_step(run.spec), **state_jit_options(state, run))
+  rl_steps = {}  # token capacity (None: unpacked) -> the RL step compiled for it
+
+  def rl_step_for(rollout):
+    """The jitted RL step for this rollout: with rl.pack_tokens, the one of its packed token
+    capacity (models/packing.py: at most rl.pack_tokens of them over a run)."""
+    capacity = None
+    if config.rl.pack_tokens:
+      rows, width = np.shape(rollout.completion_mask)[-2:]
+      lengths = np.sum(to_host(rollout.completion_mask), axis=-1)
+      capacity = token_capacity(lengths, rows // (config.rl.num_minibatches *
+                                                  config.rl.num_micro_batches),
+                                width - 1, config.rl.pack_tokens)
+    if capacity not in rl_steps:
+      spec = dataclasses.replace(run.spec, token_capacity=capacity)
+      rl_steps[capacity] = axis.compile(make_rl_step(spec), **state_jit_options(state, run))
+    return capacity, rl_steps[capacity]
 
   def advance(state):
     positions = np.atleast_1d(to_host(state.data_position)).tolist()
@@ -56,6 +73,7 @@ def make_host_advance(run: Run, state, samples_out=None):
         [c.inputs for c in collected])
     if mesh is not None:
       rollout, inputs = shard_batch((rollout, inputs), mesh)
+    capacity, rl_step = rl_step_for(rollout)
     collected_at = time.perf_counter()
     state, metrics = rl_step(state, rollout, inputs)
     metrics = to_host(metrics)  # waits for the step
@@ -73,6 +91,7 @@ def make_host_advance(run: Run, state, samples_out=None):
                | dict(decode_slot_utilisation=c.decoded_tokens / max(c.slot_steps, 1),
                       rollout_tokens_per_s=rollout_speed,
                       prompt_width=int(np.shape(c.rollout.prompt_tokens)[-1]))
+               | ({} if capacity is None else {"packed_token_capacity": capacity})
                | per_reward(c) | timings
                for m, c in zip(axis.unstack(metrics), collected)]
     return state, [records], [sum(step_tokens(c.rollout) for c in collected)]

@@ -85,7 +85,7 @@ def train(config, workdir: str, log=print, seeds=None, seed_axis: str = "vmap") 
   faults.RunStopped (RewardError included) when the run cannot go on.
   """
   config_lib.validate(config)
-  _check_source(config.train)
+  _check_source(config.train, config.rl)
   check_workdir(workdir)
   axis = (SeedAxis((int(config.seed),)) if seeds is None else
           SeedAxis(tuple(int(s) for s in seeds), seed_axis))
@@ -234,10 +234,16 @@ def _start_devices(config, axis: SeedAxis):
   return mesh
 
 
-def _check_source(t_cfg) -> None:
-  """The experience source is registered, and train.fused_steps runs only on "fused"."""
+def _check_source(t_cfg, rl) -> None:
+  """The experience source is registered, train.fused_steps runs only on "fused", and
+  rl.pack_tokens only on "host" (its capacity is chosen on the host from each batch)."""
   name = source_name(t_cfg)
   EXPERIENCE_SOURCES.get(name)  # one sentence listing the valid names when unknown
+  if rl.pack_tokens and name != "host":
+    raise config_lib.ConfigError(
+        f"rl.pack_tokens={rl.pack_tokens} sizes each step's packed tokens on the host, but "
+        f"train.experience_source={name!r} has no host between rollout and update; set "
+        f"rl.pack_tokens=0 or train.experience_source='host'.")
   if t_cfg.fused_steps and name != "fused":
     raise config_lib.ConfigError(
         f"train.fused_steps={t_cfg.fused_steps} runs on the fused experience source but "
@@ -257,6 +263,11 @@ def _check_batches_fit_mesh(config, mesh) -> None:
   """Every batch must split evenly over the mesh's data x fsdp devices (checked up front)."""
   size = batch_axis_size(mesh)
   r, t = config.rollout, config.train
+  if config.rl.pack_tokens and size > 1:
+    raise config_lib.ConfigError(
+        f"rl.pack_tokens={config.rl.pack_tokens} packs a micro-batch's tokens into one row, "
+        f"which does not split over the {size} data x fsdp devices of the mesh; set "
+        f"rl.pack_tokens=0 on a data-parallel mesh.")
   batch = r.num_prompts * config_lib.update_group_size(config)
   for name, value in ((f"the rollout batch (rollout.num_prompts={r.num_prompts} x "
                        f"rollout.group_size={r.group_size}"

@@ -39,14 +39,17 @@ class StepSpec:
   group_size: int
   temperature: float  # the sampler's: log-probs are of the tempered policy
   max_new_tokens: int
+  # The forward passes' completion tokens packed into this many slots per micro-batch
+  # (rl.pack_tokens; models/packing.py); None: every slot of every row.
+  token_capacity: int | None = None
 
 
 def make_rl_step(spec: StepSpec):
   """rl_step(state, rollout, reward_inputs) -> (state, metrics), pure and un-jitted."""
   prepare = make_prepare_batch(spec.model_cfg, spec.rl, spec.group_size, spec.temperature,
-                               spec.max_new_tokens)
+                               spec.max_new_tokens, spec.token_capacity)
   update = make_update(spec.model_cfg, spec.rl, spec.optimizer, spec.temperature,
-                       spec.group_size)
+                       spec.group_size, spec.token_capacity)
 
   def rl_step(state: TrainState, rollout: Rollout, reward_inputs: RewardInputs):
     batch, prep_metrics = prepare(state, rollout, reward_inputs)

@@ -41,17 +41,19 @@ _COMPLETION_SUMS = ("rollout_kl", "sampler_logprob_gap")
 
 
 def loss_and_sums(trainable, mb: Batch, normalizer, kl_coef, *, model_cfg: ModelConfig, rl,
-                  temperature: float, base=None, group: int = 1, objective=None):
+                  temperature: float, base=None, group: int = 1, objective=None,
+                  token_capacity: int | None = None):
   """The loss of (part of) a minibatch, normalised by `normalizer` (the whole minibatch's), and
   metric numerators, so that both add up exactly over micro-batches: the model's forward, then
   the objective of grpo_jax/rl/objective.py on its arrays. Under LoRA `base` is the frozen base
   (not differentiated) and trainable's policy part the adapters. group: see
-  forward.prompt_group. objective: make_objective(rl), made here when not given."""
+  forward.prompt_group. objective: make_objective(rl), made here when not given.
+  token_capacity: the completion tokens packed (forward.policy_and_values)."""
   params, value_params = trainable
   if base is not None:
     params = LoraParams(base, params)
   logp, entropy, values = policy_and_values(params, value_params, mb, model_cfg, rl.value_head,
-                                            temperature, group)
+                                            temperature, group, token_capacity)
   old_logp, is_weights = mb.old_logprobs, mb.is_weights
   reuse = reuses_current_logprobs(rl)
   if reuse:  # see reuses_current_logprobs: what preparation would have computed, exactly
@@ -95,12 +97,13 @@ def minibatch_order(key, batch_size: int, passes: int, num_minibatches: int, gro
 
 
 def make_update(model_cfg: ModelConfig, rl, optimizer, temperature: float,
-                group_size: int = 1):
+                group_size: int = 1, token_capacity: int | None = None):
   """update(state, batch) -> (state, metrics) for a config (the rl section is read at trace
   time): a pure function that the RL step (grpo_jax/train/step.py) jits with the rest.
   group_size: the batch's completions per prompt (consecutive rows). With
   rl.shared_prompt_forward the minibatches are drawn as whole groups, so that each prompt's
-  rows stay side by side and run their prompt once."""
+  rows stay side by side and run their prompt once. token_capacity: each micro-batch's
+  completion tokens packed into that many slots (rl.pack_tokens, models/packing.py)."""
   mu, num_mb, num_micro = rl.num_iterations, rl.num_minibatches, rl.num_micro_batches
   group = prompt_group(rl, group_size)
   grad_fn = jax.value_and_grad(loss_and_sums, has_aux=True)
@@ -115,7 +118,8 @@ def make_update(model_cfg: ModelConfig, rl, optimizer, temperature: float,
 
     def grad_of(part):
       return grad_fn(trainable, part, normalizer, kl_coef, model_cfg=model_cfg, rl=rl,
-                     temperature=temperature, base=base, group=group, objective=objective)
+                     temperature=temperature, base=base, group=group, objective=objective,
+                     token_capacity=token_capacity)
 
     def one(acc, part):
       (_, sums), grads = grad_of(part)
