@@ -10,7 +10,7 @@ import jax.numpy as jnp
 from grpo_jax.models.config import ModelConfig
 from grpo_jax.models.decoder import decoder_apply, positions_from_mask
 from grpo_jax.models.lora import base_params
-from grpo_jax.models.packing import pack_tokens, packed_index
+from grpo_jax.models.packing import pack_tokens, packed_index, unpack_tokens
 
 
 def completion_logits(params, model_cfg: ModelConfig, prompt_tokens, prompt_mask,
@@ -126,7 +126,7 @@ def packed_completion_scores(params, model_cfg: ModelConfig, seqs, temperature: 
   target = jnp.concatenate([jnp.arange(rows, dtype=jnp.int32) * num_new,
                             jnp.where(row < rows, row * num_new + col + 1, rows * num_new)])
   hidden = jnp.concatenate([last[:, 0], packed[0]])[None]  # (1, B + C, H)
-  take = lambda x: jnp.take(x.reshape(-1), target, mode="fill", fill_value=0)[None]  # noqa
+  take = lambda x: pack_tokens(x, target)  # noqa: E731  (B, N) -> (1, B + C)
   cutoff = getattr(seqs, "keep_cutoff", None)
   cutoff = None if cutoff is None else take(cutoff)
   if model_cfg.logits_chunk:  # the same (rows, chunk, V) bound as the unpacked passes
@@ -137,8 +137,7 @@ def packed_completion_scores(params, model_cfg: ModelConfig, seqs, temperature: 
     logp, entropy = token_logprobs_and_entropy(vocab_logits(params, model_cfg, hidden),
                                                take(seqs.completion_tokens), temperature,
                                                cutoff)
-  place = lambda x: jnp.zeros((rows * num_new, *x.shape[2:]), x.dtype).at[target].set(  # noqa
-      x[0], mode="drop").reshape(rows, num_new, *x.shape[2:])
+  place = lambda x: unpack_tokens(x, target, rows, num_new)  # noqa: E731  (1, B + C, ...) -> rows
   return place(logp), place(entropy), place(hidden) if return_hidden else None
 
 
