@@ -94,7 +94,11 @@ def parse_flags(argv: list[str]) -> list[str]:
 
 
 def _fail(message: str, code: int):
-  print(f"error: {' '.join(str(message).splitlines())}", file=last_word_stream(), flush=True)
+  # One write of the whole line: processes of a multi-host job share one stderr, and print()'s
+  # separate write of the newline let another process's line in between.
+  stream = last_word_stream()
+  stream.write(f"error: {' '.join(str(message).splitlines())}\n")
+  stream.flush()
   sys.exit(code)
 
 
