@@ -52,6 +52,60 @@ def grouped_query_attention(q, k, v, mask, keys_transposed: bool = False):
   return out.reshape(batch, tq, heads, dim)
 
 
+def _rows_of_prompts(x: jax.Array, group: int) -> jax.Array:
+  """(B/G, Hkv, G * R, ...) -> (B, Hkv, R, ...): a prompt's G rows stacked in its row axis
+  back to one row each (groups contiguous)."""
+  prompts, kv_heads, stacked = x.shape[:3]
+  x = x.reshape(prompts, kv_heads, group, stacked // group, *x.shape[3:]).swapaxes(1, 2)
+  return x.reshape(prompts * group, kv_heads, stacked // group, *x.shape[4:])
+
+
+def _prompts_of_rows(x: jax.Array, group: int) -> jax.Array:
+  """The inverse of _rows_of_prompts: (B, Hkv, R, ...) -> (B/G, Hkv, G * R, ...)."""
+  batch, kv_heads, rows = x.shape[:3]
+  x = x.reshape(batch // group, group, kv_heads, rows, *x.shape[3:]).swapaxes(1, 2)
+  return x.reshape(batch // group, kv_heads, group * rows, *x.shape[4:])
+
+
+def shared_prompt_attention(q, prompt_kt, prompt_v, kt, v, prompt_mask, mask):
+  """grouped_query_attention for B = prompts x G rows (groups contiguous) whose keys are their
+  prompt's P slots and then their own S slots, with each prompt's keys and values held once:
+
+      out = (exp(s_p - m) v_p + exp(s_c - m) v_c) / (sum exp(s_p - m) + sum exp(s_c - m)),
+      s = q k^T / sqrt(D) + mask bias,  m = max(max s_p, max s_c)  per row, head and query,
+
+  the prompt products taken for the G rows of a prompt together, (B/G, Hkv, G x group x Tq, D)
+  against (B/G, Hkv, D, P): a decode step reads the prompt's cache once, not G times.
+  q (B, Tq, H, D); prompt_kt (B/G, Hkv, D, P) and prompt_v (B/G, Hkv, P, D); kt (B, Hkv, D, S)
+  and v (B, Hkv, S, D) the rows' own slots (the sampler's cache layout); prompt_mask (B/G, P),
+  mask (B, Tq, S) bool. Returns (B, Tq, H, D)."""
+  batch, tq, heads, dim = q.shape
+  prompts, kv_heads = prompt_kt.shape[:2]
+  group, per_kv = batch // prompts, heads // kv_heads
+  minimum, scale = jnp.finfo(jnp.float32).min, 1.0 / jnp.sqrt(jnp.float32(dim))
+  q = q.reshape(batch, tq, kv_heads, per_kv, dim).transpose(0, 2, 3, 1, 4)
+  q = q.reshape(batch, kv_heads, per_kv * tq, dim)  # rows (g, t)
+  own = jnp.einsum("bhqd,bhdk->bhqk", q, kt, preferred_element_type=jnp.float32) * scale
+  own = (own.reshape(batch, kv_heads, per_kv, tq, -1)
+         + jnp.where(mask, 0.0, minimum)[:, None, None]).reshape(batch, kv_heads, per_kv * tq, -1)
+  shared = jnp.einsum("bhqd,bhdk->bhqk", _prompts_of_rows(q, group), prompt_kt,
+                      preferred_element_type=jnp.float32) * scale
+  shared = shared + jnp.where(prompt_mask, 0.0, minimum)[:, None, None]
+  top = jax.lax.stop_gradient(jnp.maximum(
+      _rows_of_prompts(jnp.max(shared, axis=-1, keepdims=True), group),
+      jnp.max(own, axis=-1, keepdims=True)))  # (B, Hkv, rows, 1)
+  shared_w = jnp.exp(shared - _prompts_of_rows(top, group))
+  own_w = jnp.exp(own - top)
+  total = (_rows_of_prompts(jnp.sum(shared_w, axis=-1, keepdims=True), group)
+           + jnp.sum(own_w, axis=-1, keepdims=True))
+  out = (_rows_of_prompts(jnp.einsum("bhqk,bhkd->bhqd", shared_w.astype(v.dtype), prompt_v,
+                                     preferred_element_type=jnp.float32), group)
+         + jnp.einsum("bhqk,bhkd->bhqd", own_w.astype(v.dtype), v,
+                      preferred_element_type=jnp.float32)) / total
+  out = out.astype(v.dtype).reshape(batch, kv_heads, per_kv, tq, dim).transpose(0, 3, 1, 2, 4)
+  return out.reshape(batch, tq, heads, dim)
+
+
 # Teacher-forced passes (no cache) take their queries in blocks of this many, each block against
 # the keys up to its last query's slot only (causal_blocked_attention).
 QUERY_BLOCK = 128

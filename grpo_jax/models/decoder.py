@@ -22,7 +22,11 @@ The KV cache is an explicit argument and an explicit output: ``apply`` is a pure
   (B,) for rows at different positions) and attend to every slot
   ``s <= their own slot`` with ``kv_mask[:, s]`` True; ``kv_mask`` then has shape (B, S') with
   offset + T <= S' <= S, and only the first S' slots are read (the sampler passes the filled
-  part, so a decode step does not read the empty tail of the cache).
+  part, so a decode step does not read the empty tail of the cache);
+* a shared-prompt cache (each layer also holds ``prompt_kt`` (B/G, kv_heads, head_dim, P) and
+  ``prompt_v``: the G rows of a prompt read its keys once, kv_cache.py) takes ``kv_mask`` as
+  the pair (the prompts' (B/G, P), the rows' own slots (B, S')); ``offset`` counts the rows'
+  own slots.
 
 The cache is head-major, the keys transposed (B, kv_heads, head_dim, S) and the values
 (B, kv_heads, S, head_dim), so that a decode step's two attention products read it as batched
@@ -42,7 +46,7 @@ import jax
 import jax.numpy as jnp
 
 from grpo_jax.models.attention import (causal_blocked_attention, grouped_query_attention,
-                                       rotary_embedding)
+                                       rotary_embedding, shared_prompt_attention)
 from grpo_jax.models.config import ModelConfig
 from grpo_jax.models.kv_cache import CACHE_SLOT_AXIS, Cache, write_cache
 from grpo_jax.models.layout import per_layer, stack_layers
@@ -118,12 +122,16 @@ class Attention(nn.Module):
       q, k, v = (unpack_tokens(a, token_index, *mask.shape[:2]) for a in (q, k, v))
     k, v = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)  # (B, Hkv, T, D)
     keys_transposed = layer_cache is not None and "kt" in layer_cache
+    shared_prompt = layer_cache is not None and "prompt_kt" in layer_cache
+    if shared_prompt:  # the prompts' keys held once (kv_cache.py); mask = (prompts', rows')
+      prompt_mask, mask = mask
     if layer_cache is not None:
       filled = mask.shape[-1]  # read only the slots the mask covers (the filled ones)
       keys = "kt" if keys_transposed else "k"
       if keys_transposed:
         k = k.transpose(0, 1, 3, 2)  # (B, Hkv, D, T)
-      layer_cache = {keys: write_cache(layer_cache[keys], k, offset, CACHE_SLOT_AXIS[keys]),
+      layer_cache = {**layer_cache,
+                     keys: write_cache(layer_cache[keys], k, offset, CACHE_SLOT_AXIS[keys]),
                      "v": write_cache(layer_cache["v"], v, offset)}
       k = jax.lax.slice_in_dim(layer_cache[keys], 0, filled, axis=CACHE_SLOT_AXIS[keys])
       v = layer_cache["v"][:, :, :filled]
@@ -131,7 +139,11 @@ class Attention(nn.Module):
     # The queries' first slot, where it is static: 0 without a cache (the tokens attend to each
     # other), the prompt's length for shared-prompt completions (an int), else unknown.
     first_slot = 0 if layer_cache is None else offset if isinstance(offset, int) else None
-    if self.query_blocks and first_slot is not None and not keys_transposed:
+    if shared_prompt:
+      out = shared_prompt_attention(q, layer_cache["prompt_kt"].astype(cfg.dtype),
+                                    layer_cache["prompt_v"].astype(cfg.dtype), k, v,
+                                    prompt_mask, mask)
+    elif self.query_blocks and first_slot is not None and not keys_transposed:
       out = causal_blocked_attention(q, k, v, mask, first_slot)
     else:
       out = grouped_query_attention(q, k, v, mask, keys_transposed)
@@ -255,6 +267,9 @@ class Decoder(nn.Module):
       x = tuple(embedded(t) for t in tokens)
       mask = (attention_mask(kv_mask[0], prompt_len, 0),
               attention_mask(kv_mask[1], kv_mask[1].shape[1] - prompt_len, prompt_len))
+    elif isinstance(kv_mask, tuple):  # a shared-prompt cache: (the prompts', the rows' own)
+      x = embedded(tokens)
+      mask = (kv_mask[0].astype(bool), attention_mask(kv_mask[1], tokens.shape[1], offset))
     else:
       x = embedded(tokens)
       mask = attention_mask(kv_mask, tokens.shape[1], offset)

@@ -20,6 +20,7 @@ Cache = tuple  # tuple of {"kt": (B, Hkv, D, S), "v": (B, Hkv, S, D)} per layer
 # The slot axis of each cache array: the sampler's keys are stored transposed ("kt",
 # init_cache); shared-prompt scoring's per-layer cache keeps them as "k" (B, Hkv, S, D).
 CACHE_SLOT_AXIS = {"k": 2, "kt": 3, "v": 2}
+SHARED_PROMPT = ("prompt_kt", "prompt_v")  # a shared-prompt cache's prompt part (below)
 
 
 def init_cache(cfg: ModelConfig, batch: int, length: int, dtype=None) -> Cache:
@@ -51,9 +52,20 @@ def map_cache(fn, *caches) -> Cache:
 
 
 def grow_cache(cache, slots: int):
-  """The cache with empty slots appended up to `slots` slots."""
+  """The cache with empty slots appended up to `slots` slots (a shared prompt's part, whole
+  from the prefill, as it is)."""
   def grow(c, axis):
     widths = [(0, 0)] * c.ndim
     widths[axis] = (0, slots - c.shape[axis])
     return jnp.pad(c, widths)
-  return map_cache(grow, cache)
+  return tuple({name: c if name in SHARED_PROMPT else grow(c, CACHE_SLOT_AXIS[name])
+                for name, c in layer.items()} for layer in cache)
+
+
+def share_prompt_cache(prompt_cache: Cache, rows_cache: Cache) -> Cache:
+  """A shared-prompt cache: per layer the prompts' keys and values (B/G rows, P slots) as
+  "prompt_kt" / "prompt_v" next to the B rows' own "kt" / "v" (their completions' slots).
+  The decoder then attends each row to its prompt's slots and to its own
+  (models/attention.shared_prompt_attention), reading a prompt's cache once for its G rows."""
+  return tuple({"prompt_kt": p["kt"], "prompt_v": p["v"], **r}
+               for p, r in zip(prompt_cache, rows_cache))

@@ -10,7 +10,7 @@ from jax.sharding import NamedSharding
 
 from grpo_jax.models.config import ModelConfig
 from grpo_jax.models.decoder import decoder_apply, positions_from_mask
-from grpo_jax.models.kv_cache import init_cache
+from grpo_jax.models.kv_cache import init_cache, share_prompt_cache
 
 
 def constrain_cache(cache, mesh):
@@ -34,7 +34,8 @@ def repeat_rows(tree, group_size: int, axis: int = 0):
 
 
 def prefill(params, prompt_tokens, prompt_mask, *, model_cfg: ModelConfig,
-            max_new_tokens: int, mesh=None, group_size: int = 1, cache_slots: int = 0):
+            max_new_tokens: int, mesh=None, group_size: int = 1, cache_slots: int = 0,
+            shared_prompt: bool = False):
   """One forward pass over the left-padded prompts (B / G, P) into a cache of P + N slots (or
   `cache_slots`, >= P, if given: the static engine grows it segment by segment) for their
   B = prompts x G sample rows.
@@ -43,14 +44,23 @@ def prefill(params, prompt_tokens, prompt_mask, *, model_cfg: ModelConfig,
   position is projected onto the vocabulary. Each prompt is computed once; its cache rows,
   logits and mask are then repeated G = group_size times (prefix sharing). With a `mesh`, the
   cache is laid out by the mesh rules (`constrain_cache`).
+  shared_prompt: the prompts' cache is not repeated but shared (kv_cache.share_prompt_cache):
+  the rows' own cache has `cache_slots` - P (or N) slots, and kv_mask is the pair (the prompts'
+  (B / G, P), the rows' own (B, N)), as the decoder takes it with that cache.
   """
   prompts, prompt_len = prompt_tokens.shape
   prompt_mask = prompt_mask.astype(bool)
-  cache = init_cache(model_cfg, prompts, cache_slots or prompt_len + max_new_tokens)
+  slots = cache_slots or prompt_len + max_new_tokens
+  cache = init_cache(model_cfg, prompts, prompt_len if shared_prompt else slots)
   logits, cache = decoder_apply(
       model_cfg, params, prompt_tokens, positions_from_mask(prompt_mask), prompt_mask,
       cache, 0, logits_window=(prompt_len - 1, 1))
+  rows = prompts * group_size
+  if shared_prompt:
+    cache = share_prompt_cache(cache, init_cache(model_cfg, rows, slots - prompt_len))
+    kv_mask = (prompt_mask, jnp.zeros((rows, max_new_tokens), bool))
+    return repeat_rows(logits[:, 0], group_size), constrain_cache(cache, mesh), kv_mask
   cache = constrain_cache(repeat_rows(cache, group_size), mesh)
   kv_mask = jnp.concatenate([repeat_rows(prompt_mask, group_size),
-                             jnp.zeros((prompts * group_size, max_new_tokens), bool)], axis=1)
+                             jnp.zeros((rows, max_new_tokens), bool)], axis=1)
   return repeat_rows(logits[:, 0], group_size), cache, kv_mask

@@ -41,13 +41,19 @@ def generate_static(params, prompt_tokens, prompt_mask, key, row_limits, *,
   prompt_len = prompt_tokens.shape[1]
   prompt_mask = prompt_mask.astype(bool)
   segments = decode_segments(max_new_tokens, decode_block)
+  # G > 1: the G rows of a prompt share its cache (prefill's shared_prompt), so that a decode
+  # step reads each prompt's keys once; the rows' own slots then start at 0, not at P.
+  shared = group_size > 1
+  first_slot = 0 if shared else prompt_len
   # The cache holds P + end slots in the segment ending at `end` and grows between segments:
   # a decode step's attention then reads its whole cache, where a slice of a longer one was a
   # copy of the filled part in every step (XLA:CPU materialises it; 2/3 of the attention's
   # memory traffic at 700 slots).
   logits, cache, kv_mask = prefill(params, prompt_tokens, prompt_mask, model_cfg=model_cfg,
                                    max_new_tokens=max_new_tokens, mesh=mesh,
-                                   group_size=group_size, cache_slots=prompt_len + segments[0])
+                                   group_size=group_size, cache_slots=prompt_len + segments[0],
+                                   shared_prompt=shared)
+  prompts_kv_mask, kv_mask = kv_mask if shared else (None, kv_mask)
   prompt_tokens, prompt_mask = repeat_rows((prompt_tokens, prompt_mask), group_size)
   batch = prompt_tokens.shape[0]
   row_ids = jnp.arange(batch, dtype=jnp.int32)
@@ -66,7 +72,7 @@ def generate_static(params, prompt_tokens, prompt_mask, key, row_limits, *,
     outs = (tokens_out.at[:, step].set(token),
             logp_out.at[:, step].set(jnp.where(live, logp, 0.0)),
             mask_out.at[:, step].set(live), kept_out)
-    kv_mask = kv_mask.at[:, prompt_len + step].set(live)
+    kv_mask = kv_mask.at[:, first_slot + step].set(live)
     return token, done | (token == eos_id) | (step + 1 >= row_limits), kv_mask, outs
 
   def cond(end, carry):
@@ -77,10 +83,10 @@ def generate_static(params, prompt_tokens, prompt_mask, key, row_limits, *,
     step, token, logp, kept, cache, done, kv_mask, outs = carry
     token, done, kv_mask, outs = record(step, token, logp, kept, done, kv_mask, outs)
     # Slots >= P + end are empty in this segment: the decoder reads the first kv_len of them.
-    kv_len = prompt_len + end
+    kv_len = first_slot + end
+    read = (prompts_kv_mask, kv_mask[:, :kv_len]) if shared else kv_mask[:, :kv_len]
     logits, cache = decoder_apply(model_cfg, params, token[:, None],
-                                (next_position + step)[:, None], kv_mask[:, :kv_len], cache,
-                                prompt_len + step)
+                                (next_position + step)[:, None], read, cache, first_slot + step)
     cache = constrain_cache(cache, mesh)
     token, logp, kept = choose(logits[:, 0], step + 1)
     return (step + 1, token, logp, kept, cache, done, kv_mask, outs)
@@ -91,7 +97,7 @@ def generate_static(params, prompt_tokens, prompt_mask, key, row_limits, *,
           jnp.zeros((batch, max_new_tokens), bool), None if kept is None else (zeros(), zeros()))
   carry = (jnp.int32(0), token, logp, kept, cache, jnp.zeros((batch,), bool), kv_mask, outs)
   for end in segments:
-    cache = constrain_cache(grow_cache(carry[4], prompt_len + end), mesh)
+    cache = constrain_cache(grow_cache(carry[4], first_slot + end), mesh)
     carry = carry[:4] + (cache,) + carry[5:]
     carry = jax.lax.while_loop(functools.partial(cond, end), functools.partial(body, end),
                                carry)
