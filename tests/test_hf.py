@@ -184,10 +184,6 @@ def test_model_config_from_older_config_files():
 @pytest.mark.parametrize("change, message", [
     (dict(model_type="gpt2"), "config.json model_type='gpt2' is not supported; use a "
      "checkpoint of one of llama, mistral, qwen2, qwen3."),
-    (dict(rope_parameters={"rope_type": "llama3", "rope_theta": 5e5}), "config.json "
-     "rope_type='llama3' is not supported yet; use a checkpoint with default (unscaled) RoPE."),
-    (dict(rope_scaling={"type": "yarn", "factor": 4.0}), "config.json rope_type='yarn' is not "
-     "supported yet; use a checkpoint with default (unscaled) RoPE."),
     (dict(attention_bias=True), "config.json attention_bias=true puts a bias on o_proj, which "
      "the decoder does not have; only Qwen2-style q/k/v biases are supported."),
     (dict(model_type="mistral", sliding_window=4096), "config.json asks for sliding-window "

@@ -6,23 +6,47 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 
-def rotary_embedding(x: jax.Array, positions: jax.Array, theta: float) -> jax.Array:
+def rotary_embedding(x: jax.Array, positions: jax.Array, theta: float,
+                     inv_freq: np.ndarray | None = None,
+                     attention_factor: float = 1.0) -> jax.Array:
   """Applies RoPE in HF's rotate-half layout.
 
-  With inv_freq_i = theta^(-2i/D), angle = position * inv_freq, cos/sin tiled twice over D:
+  With inv_freq_i = theta^(-2i/D) (or the given inverse frequencies of a scaled rope type,
+  models/rope.py), angle = position * inv_freq, cos/sin tiled twice over D and scaled by the
+  attention factor (YaRN's; 1 otherwise):
       rope(x) = x * cos + rotate_half(x) * sin,  rotate_half([x1, x2]) = [-x2, x1].
   x: (B, T, H, D); positions: (B, T).
   """
   head_dim = x.shape[-1]
-  inv_freq = 1.0 / (theta ** (jnp.arange(0, head_dim, 2, dtype=jnp.float32) / head_dim))
+  if inv_freq is None:
+    inv_freq = 1.0 / (theta ** (jnp.arange(0, head_dim, 2, dtype=jnp.float32) / head_dim))
   angles = positions.astype(jnp.float32)[..., None] * inv_freq  # (B, T, D/2)
   angles = jnp.concatenate([angles, angles], axis=-1)[:, :, None, :]  # (B, T, 1, D)
+  cos, sin = jnp.cos(angles), jnp.sin(angles)
+  if attention_factor != 1.0:
+    cos, sin = cos * attention_factor, sin * attention_factor
   x32 = x.astype(jnp.float32)
   x1, x2 = jnp.split(x32, 2, axis=-1)
   rotated = jnp.concatenate([-x2, x1], axis=-1)
-  return (x32 * jnp.cos(angles) + rotated * jnp.sin(angles)).astype(x.dtype)
+  return (x32 * cos + rotated * sin).astype(x.dtype)
+
+
+def _fold_query_heads(q: jax.Array, kv_heads: int) -> jax.Array:
+  """(B, Tq, H, D) -> (B, Hkv, G x Tq, D): a kv head's G = H / Hkv query heads and the Tq
+  queries as one row axis, rows (g, t)."""
+  batch, tq, heads, dim = q.shape
+  q = q.reshape(batch, tq, kv_heads, heads // kv_heads, dim).transpose(0, 2, 3, 1, 4)
+  return q.reshape(batch, kv_heads, heads // kv_heads * tq, dim)
+
+
+def _unfold_query_heads(out: jax.Array, tq: int) -> jax.Array:
+  """The inverse of _fold_query_heads: (B, Hkv, G x Tq, D) -> (B, Tq, H, D)."""
+  batch, kv_heads, rows, dim = out.shape
+  out = out.reshape(batch, kv_heads, rows // tq, tq, dim).transpose(0, 3, 1, 2, 4)
+  return out.reshape(batch, tq, kv_heads * (rows // tq), dim)
 
 
 def grouped_query_attention(q, k, v, mask, keys_transposed: bool = False):
@@ -39,8 +63,7 @@ def grouped_query_attention(q, k, v, mask, keys_transposed: bool = False):
   batch, tq, heads, dim = q.shape
   kv_heads = k.shape[1]
   group = heads // kv_heads
-  q = q.reshape(batch, tq, kv_heads, group, dim).transpose(0, 2, 3, 1, 4)
-  q = q.reshape(batch, kv_heads, group * tq, dim)  # rows (g, t)
+  q = _fold_query_heads(q, kv_heads)
   scores = jnp.einsum("bhqd,bhdk->bhqk" if keys_transposed else "bhqd,bhkd->bhqk", q, k,
                       preferred_element_type=jnp.float32)
   scores = scores / jnp.sqrt(jnp.float32(dim))
@@ -48,8 +71,7 @@ def grouped_query_attention(q, k, v, mask, keys_transposed: bool = False):
   scores = jnp.where(mask[:, None, None, :, :], scores, jnp.finfo(jnp.float32).min)
   probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
   out = jnp.einsum("bhqk,bhkd->bhqd", probs.reshape(batch, kv_heads, group * tq, -1), v)
-  out = out.reshape(batch, kv_heads, group, tq, dim).transpose(0, 3, 1, 2, 4)
-  return out.reshape(batch, tq, heads, dim)
+  return _unfold_query_heads(out, tq)
 
 
 def _rows_of_prompts(x: jax.Array, group: int) -> jax.Array:
@@ -83,8 +105,7 @@ def shared_prompt_attention(q, prompt_kt, prompt_v, kt, v, prompt_mask, mask):
   prompts, kv_heads = prompt_kt.shape[:2]
   group, per_kv = batch // prompts, heads // kv_heads
   minimum, scale = jnp.finfo(jnp.float32).min, 1.0 / jnp.sqrt(jnp.float32(dim))
-  q = q.reshape(batch, tq, kv_heads, per_kv, dim).transpose(0, 2, 3, 1, 4)
-  q = q.reshape(batch, kv_heads, per_kv * tq, dim)  # rows (g, t)
+  q = _fold_query_heads(q, kv_heads)
   own = jnp.einsum("bhqd,bhdk->bhqk", q, kt, preferred_element_type=jnp.float32) * scale
   own = (own.reshape(batch, kv_heads, per_kv, tq, -1)
          + jnp.where(mask, 0.0, minimum)[:, None, None]).reshape(batch, kv_heads, per_kv * tq, -1)
@@ -102,8 +123,7 @@ def shared_prompt_attention(q, prompt_kt, prompt_v, kt, v, prompt_mask, mask):
                                      preferred_element_type=jnp.float32), group)
          + jnp.einsum("bhqk,bhkd->bhqd", own_w.astype(v.dtype), v,
                       preferred_element_type=jnp.float32)) / total
-  out = out.astype(v.dtype).reshape(batch, kv_heads, per_kv, tq, dim).transpose(0, 3, 1, 2, 4)
-  return out.reshape(batch, tq, heads, dim)
+  return _unfold_query_heads(out.astype(v.dtype), tq)
 
 
 # Teacher-forced passes (no cache) take their queries in blocks of this many, each block against

@@ -6,6 +6,8 @@ import dataclasses
 
 import jax.numpy as jnp
 
+from grpo_jax.models.rope import check_rope, rope_frequencies
+
 
 def platform_compute_dtype(platform: str | None = None) -> str:
   """model.compute_dtype="auto": float32 on CPU, bfloat16 on GPU and TPU. Measured
@@ -28,6 +30,11 @@ class ModelConfig:
   num_kv_heads: int
   head_dim: int
   rope_theta: float = 10_000.0
+  # config.json's rope_parameters: the type (models/rope.py ROPE_TYPES) and its other entries as
+  # sorted (key, value) pairs (hashable), e.g. llama3's factor, low/high_freq_factor and
+  # original_max_position_embeddings.
+  rope_type: str = "default"
+  rope_scaling: tuple = ()
   rms_norm_eps: float = 1e-6
   tie_embeddings: bool = True
   qkv_bias: bool = False  # Qwen2 has biases on q/k/v.
@@ -57,6 +64,17 @@ class ModelConfig:
       raise ValueError(
           f"model.num_heads={self.num_heads} is not a multiple of model.num_kv_heads="
           f"{self.num_kv_heads}; grouped-query attention needs heads = kv_heads * group.")
+    if self.rope_type != "default" or self.rope_scaling:
+      object.__setattr__(self, "rope_scaling", tuple(sorted(dict(self.rope_scaling).items())))
+      check_rope(self.rope_type, dict(self.rope_scaling), self.max_position_embeddings)
+
+  def rope_frequencies(self) -> tuple:
+    """(inverse frequencies or None for the default ones, attention factor) for
+    attention.rotary_embedding."""
+    if self.rope_type == "default":
+      return None, 1.0
+    return rope_frequencies(self.rope_type, dict(self.rope_scaling), self.rope_theta,
+                            self.head_dim, self.max_position_embeddings)
 
   @property
   def dtype(self):

@@ -116,8 +116,8 @@ class Attention(nn.Module):
     if cfg.qk_norm:
       q = RMSNorm(cfg.rms_norm_eps, cfg.param_dtype, name="q_norm")(q)
       k = RMSNorm(cfg.rms_norm_eps, cfg.param_dtype, name="k_norm")(k)
-    q = rotary_embedding(q, positions, cfg.rope_theta)
-    k = rotary_embedding(k, positions, cfg.rope_theta)
+    q = rotary_embedding(q, positions, cfg.rope_theta, *cfg.rope_frequencies())
+    k = rotary_embedding(k, positions, cfg.rope_theta, *cfg.rope_frequencies())
     if token_index is not None:  # packed tokens -> their rows (zeros at the unused slots)
       q, k, v = (unpack_tokens(a, token_index, *mask.shape[:2]) for a in (q, k, v))
     k, v = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)  # (B, Hkv, T, D)

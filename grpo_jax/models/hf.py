@@ -34,6 +34,7 @@ from grpo_jax.errors import InputError, first_line
 from grpo_jax.models.config import ModelConfig
 from grpo_jax.models.decoder import init_params
 from grpo_jax.models.lora import input_dims
+from grpo_jax.models.rope import check_rope
 from grpo_jax.models.families import MODEL_FAMILIES, ModelFamily, find_model_family, model_types
 
 EXPORT_DTYPES = ("float32", "bfloat16", "float16")
@@ -43,8 +44,8 @@ TOKENIZER_FILES = (
     "chat_template.jinja")
 _EXAMPLE_REPO = "Qwen/Qwen2.5-0.5B-Instruct"
 ARCHITECTURE_FIELDS = ("vocab_size", "hidden_size", "intermediate_size", "num_layers",
-                        "num_heads", "num_kv_heads", "head_dim", "rope_theta", "rms_norm_eps",
-                        "tie_embeddings", "qkv_bias", "qk_norm")
+                        "num_heads", "num_kv_heads", "head_dim", "rope_theta", "rope_type",
+                        "rope_scaling", "rms_norm_eps", "tie_embeddings", "qkv_bias", "qk_norm")
 
 
 # ----------------------------------------------------------------------------- config.json
@@ -75,7 +76,7 @@ def model_config_from_hf(hf_config: dict, param_dtype: str = "float32",
       num_heads=heads,
       num_kv_heads=hf_config.get("num_key_value_heads") or heads,
       head_dim=_head_dim(hf_config, family),
-      rope_theta=_rope_theta(hf_config),
+      **_rope(hf_config),
       rms_norm_eps=float(hf_config.get("rms_norm_eps", 1e-6)),
       tie_embeddings=bool(hf_config.get("tie_word_embeddings", False)),
       qkv_bias=family.qkv_bias,
@@ -89,6 +90,8 @@ def hf_config_from_model_config(model_cfg: ModelConfig, model_type: str = "qwen2
                                 dtype: str = "float32") -> dict:
   """A minimal config.json (transformers-5 style, plus rope_theta for 4.x) for model_cfg."""
   family = _export_family(model_cfg, model_type)
+  rope_parameters = {"rope_type": model_cfg.rope_type, "rope_theta": model_cfg.rope_theta,
+                     **dict(model_cfg.rope_scaling)}
   hf_config = {
       "architectures": [family.architecture],
       "model_type": family.model_type,
@@ -102,10 +105,12 @@ def hf_config_from_model_config(model_cfg: ModelConfig, model_type: str = "qwen2
       "hidden_act": "silu",
       "rms_norm_eps": model_cfg.rms_norm_eps,
       "tie_word_embeddings": model_cfg.tie_embeddings,
-      "rope_parameters": {"rope_type": "default", "rope_theta": model_cfg.rope_theta},
+      "rope_parameters": rope_parameters,
       "rope_theta": model_cfg.rope_theta,
       "dtype": dtype,
   }
+  if model_cfg.rope_type != "default":  # transformers 4.x reads the scaling from rope_scaling
+    hf_config["rope_scaling"] = rope_parameters
   if model_cfg.max_position_embeddings:
     hf_config["max_position_embeddings"] = model_cfg.max_position_embeddings
   hf_config.update(family.export_extras)
@@ -130,14 +135,17 @@ def _head_dim(hf_config: dict, family: ModelFamily) -> int:
   return _require(hf_config, "hidden_size") // _require(hf_config, "num_attention_heads")
 
 
-def _rope_theta(hf_config: dict) -> float:
-  """rope_theta from rope_parameters (transformers 5) or rope_theta / rope_scaling (older)."""
-  rope = hf_config.get("rope_parameters") or hf_config.get("rope_scaling") or {}
-  rope_type = rope.get("rope_type", rope.get("type", "default"))
-  if rope_type != "default":
-    raise ValueError(f"config.json rope_type={rope_type!r} is not supported yet; use a "
-                     f"checkpoint with default (unscaled) RoPE.")
-  return float(rope.get("rope_theta", hf_config.get("rope_theta", 10_000.0)))
+def _rope(hf_config: dict) -> dict:
+  """ModelConfig's rope_theta, rope_type and rope_scaling from rope_parameters (transformers 5)
+  or rope_theta / rope_scaling (older files); models/rope.py checks the type and parameters."""
+  rope = dict(hf_config.get("rope_parameters") or hf_config.get("rope_scaling") or {})
+  rope_type = rope.pop("rope_type", rope.pop("type", "default"))
+  theta = float(rope.pop("rope_theta", hf_config.get("rope_theta", 10_000.0)))
+  try:
+    check_rope(rope_type, rope, int(hf_config.get("max_position_embeddings") or 0))
+  except ValueError as err:
+    raise ValueError(f"config.json {err}") from None
+  return dict(rope_theta=theta, rope_type=rope_type, rope_scaling=tuple(sorted(rope.items())))
 
 
 def _check_supported_features(hf_config: dict, family: ModelFamily) -> None:
