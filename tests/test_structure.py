@@ -25,7 +25,8 @@ FLOORS = [
     ["config"],
     ["defaults"],
     ["train"],
-    ["main", "eval", "train_rm", "train_sft"],
+    ["training_free"],
+    ["main", "eval", "train_rm", "train_sft", "train_training_free"],
 ]
 
 
