@@ -21,18 +21,17 @@ with the library at step 0 (empty: the base model; tfgrpo.seed_library, one less
 it with lessons written elsewhere) and at each evaluation.
 
 The library after step k is written to DIR/library/step_k.json (and the summariser's prompts and
-replies of that step to calls_k.json); a rerun resumes from the newest one, and since every sample's key comes from (seed, step) the resumed run equals an
-uninterrupted one. Records (metrics.jsonl): tfgrpo_kept_groups, tfgrpo_train_accuracy,
-tfgrpo_critiques_parsed, tfgrpo_added / _modified / _merged / _skipped, tfgrpo_library_size and
-the eval_* scores.
+replies of that step to calls_k.json); a rerun resumes from the newest one, and since every
+sample's key comes from (seed, step) the resumed run equals an uninterrupted one. Records
+(metrics.jsonl): tfgrpo_kept_groups, tfgrpo_train_accuracy, tfgrpo_critiques_parsed,
+tfgrpo_revision_parsed, tfgrpo_added / _modified / _merged / _skipped, tfgrpo_library_size, the
+eval_* scores and time_step_s.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
-import os
-import pathlib
 from typing import Callable
 
 import jax
@@ -43,6 +42,7 @@ from grpo_jax.errors import ConfigError
 from grpo_jax.prompt_batch import take_rows
 from grpo_jax.rollout.sampler import sample
 from grpo_jax.training_free import library as lib
+from grpo_jax.train import files
 from grpo_jax.train.faults import TerminationFlag
 from grpo_jax.train.metrics import MetricsWriter, keep_records_until
 from grpo_jax.train.runner import Schedule, run_steps
@@ -59,29 +59,29 @@ class LibraryState:
 
 
 class LibraryFiles:
-  """The loop skeleton's checkpoints for a library: DIR/library/step_k.json."""
+  """The loop skeleton's checkpoints for a library: DIR/library/step_k.json (train/files.py:
+  local or gs://, written atomically)."""
 
   def __init__(self, workdir: str):
-    self.directory = os.path.join(workdir, "library")
+    self.directory = files.path(workdir, "library")
+
+  def _write(self, name: str, value) -> None:
+    files.makedirs(self.directory)
+    files.write_atomic(self.directory / name, json.dumps(value, indent=1))
 
   def save(self, state: LibraryState) -> None:
-    os.makedirs(self.directory, exist_ok=True)
-    path = os.path.join(self.directory, f"step_{state.step}.json")
-    with open(path + ".tmp", "w") as f:
-      json.dump({"step": state.step, "library": state.library}, f, indent=1)
-    os.replace(path + ".tmp", path)
+    self._write(f"step_{state.step}.json", {"step": state.step, "library": state.library})
 
   def save_calls(self, step: int, calls: list) -> None:
     """The summariser's prompts and replies of a step, for reading: DIR/library/calls_k.json."""
-    os.makedirs(self.directory, exist_ok=True)
-    with open(os.path.join(self.directory, f"calls_{step}.json"), "w") as f:
-      json.dump(calls, f, indent=1)
+    self._write(f"calls_{step}.json", calls)
 
   def latest(self):
-    steps = sorted(int(p.stem[5:]) for p in pathlib.Path(self.directory).glob("step_*.json"))
+    found = self.directory.glob("step_*.json") if files.exists(self.directory) else []
+    steps = sorted(int(p.stem[5:]) for p in found)
     if not steps:
       return None
-    data = json.loads(pathlib.Path(self.directory, f"step_{steps[-1]}.json").read_text())
+    data = json.loads(files.read_text(self.directory / f"step_{steps[-1]}.json"))
     return LibraryState(int(data["step"]), dict(data["library"]))
 
 
@@ -165,7 +165,7 @@ def train_training_free(config, workdir: str, chat: Chat | None = None, log=prin
                       f"{config.rollout.group_size}: a step needs >= 1 problem and >= 2 "
                       f"completions per problem to compare.")
   check_workdir(workdir)
-  files = LibraryFiles(workdir)
+  library_files = LibraryFiles(workdir)
   task = build_task(config, log)
   key = jax.random.key(config.seed)
   model_cfg, params = build_model(config, jax.random.fold_in(key, 0))
@@ -211,7 +211,7 @@ def train_training_free(config, workdir: str, chat: Chat | None = None, log=prin
 
     library, record = update_library(state.library, list(batch.user_text), list(batch.gold),
                                      texts.tolist(), correct.tolist(), traced, t.prompts)
-    files.save_calls(state.step + 1, calls)
+    library_files.save_calls(state.step + 1, calls)
     return LibraryState(state.step + 1, library), [[record]], None
 
   def evaluate(state, step):
@@ -229,16 +229,16 @@ def train_training_free(config, workdir: str, chat: Chat | None = None, log=prin
 
   with WorkdirLock(workdir), TerminationFlag() as sigterm:
     write_config(config, workdir)
-    state = files.latest()
+    state = library_files.latest()
     writer = MetricsWriter(workdir, t.steps, stream=None)
     keep_records_until(writer.path, state.step if state else -1)
     if state is not None:
-      log(f"tfgrpo: resumed from {files.directory}/step_{state.step}.json")
+      log(f"tfgrpo: resumed from {library_files.directory}/step_{state.step}.json")
     seed_library = lib.renumber(dict(enumerate(
         line.strip() for line in t.seed_library.splitlines() if line.strip())))
     state = run_steps(state or LibraryState(0, seed_library), advance, evaluate,
                       lambda *a: write(writer, *a),
-                      schedule=Schedule(t.steps, config.train.eval_every, 1), ckpts=files,
+                      schedule=Schedule(t.steps, config.train.eval_every, 1), ckpts=library_files,
                       sigterm=sigterm, resumed=state is not None)
     writer.close()
   log(f"tfgrpo: the library after step {state.step}:\n{lib.render(state.library)}")
