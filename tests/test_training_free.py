@@ -185,3 +185,23 @@ def test_seed_library_is_the_prompt_of_step_0(tmp_path, monkeypatch):
   library = train_training_free(c, str(tmp_path / "run"), scripted_chat([]), log=lambda *a: None)
   assert library == {"G0": "Answer with the number only.", "G1": "Check the sum twice."}
   assert prompts and all(p == library for p in prompts)
+
+
+def test_summariser_from_another_folder(tmp_path, monkeypatch):
+  """No scripted chat: the summariser is another HF folder answering through our sampler."""
+  def eval_scores(self, batch, tokens, mask):
+    return {"eval_accuracy": (np.asarray(tokens)[:, 0] % 2 == 0).astype(np.float32)}
+  monkeypatch.setattr(ChatArithmeticTask, "eval_scores", eval_scores)
+  c = _config(save_tiny_qwen2(str(tmp_path / "policy")), 1)
+  c.tfgrpo.update(dict(summariser_path=save_tiny_qwen2(str(tmp_path / "other"), seed=1),
+                       summary_max_new_tokens=8, chat_batch_size=4))
+  train_training_free(c, str(tmp_path / "run"), log=lambda *a: None)
+  record = json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[1])
+  calls = json.loads((tmp_path / "run" / "library" / "calls_1.json").read_text())
+  kept = record["tfgrpo_kept_groups"]
+  assert kept > 0
+  # G summaries and one critique per kept group; a random model writes no JSON, so no
+  # operation and no revision call.
+  assert len(calls) == kept * (3 + 1) and record["tfgrpo_critiques_parsed"] == 0
+  assert all(isinstance(c["reply"], str) for c in calls)
+  assert any(c["reply"] for c in calls)  # the sampler answered
