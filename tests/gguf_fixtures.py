@@ -47,7 +47,7 @@ def tokenizer_metadata(directory):
   return tokens, types, merges
 
 
-def tiny_llama(vocab_size: int, tie: bool, seed: int = 0):
+def tiny_llama(vocab_size: int, tie: bool, seed: int = 0, rope_parameters=None):
   """A random float32 transformers Llama (GQA) whose norm weights are not ones."""
   import torch  # noqa: PLC0415
   import transformers  # noqa: PLC0415
@@ -55,7 +55,8 @@ def tiny_llama(vocab_size: int, tie: bool, seed: int = 0):
   config = transformers.LlamaConfig(
       vocab_size=vocab_size, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
       num_attention_heads=4, num_key_value_heads=2, rope_theta=500_000.0, rms_norm_eps=1e-5,
-      max_position_embeddings=256, tie_word_embeddings=tie, initializer_range=0.1)
+      max_position_embeddings=256, tie_word_embeddings=tie, initializer_range=0.1,
+      **({"rope_parameters": rope_parameters} if rope_parameters else {}))
   model = transformers.LlamaForCausalLM(config).eval()
   with torch.no_grad():
     for name, p in model.named_parameters():
@@ -65,14 +66,16 @@ def tiny_llama(vocab_size: int, tie: bool, seed: int = 0):
 
 
 def write_tiny_gguf(path, qtype: str = "F32", tie: bool = True, seed: int = 0,
-                    arch: str = "llama", norm_dtype=np.float32):
-  """Writes a tiny Llama GGUF at path (2-d weights as qtype); returns the transformers model
-  it was made from."""
+                    arch: str = "llama", norm_dtype=np.float32, rope_parameters=None,
+                    rope_factors=None):
+  """Writes a tiny Llama GGUF at path (2-d weights as qtype; rope_factors, when given, as its
+  rope_freqs tensor); returns the transformers model it was made from (with
+  rope_parameters)."""
   tok_dir = path.parent / f"{path.stem}_tokenizer"
   tok_dir.mkdir(parents=True, exist_ok=True)
   tokenizer = save_tiny_tokenizer(tok_dir, vocab_size=320)
   tokens, types, merges = tokenizer_metadata(tok_dir)
-  model = tiny_llama(len(tokens), tie, seed)
+  model = tiny_llama(len(tokens), tie, seed, rope_parameters)
   cfg = model.config
   writer = gguf.GGUFWriter(str(path), arch)
   writer.add_name("tiny-llama")
@@ -97,6 +100,8 @@ def write_tiny_gguf(path, qtype: str = "F32", tie: bool = True, seed: int = 0,
   writer.add_add_bos_token(False)
   writer.add_chat_template(CHATML)
   qt = gguf.GGMLQuantizationType[qtype]
+  if rope_factors is not None:
+    writer.add_tensor("rope_freqs.weight", np.asarray(rope_factors, np.float32))
   for name, tensor in model.state_dict().items():
     if tie and name == "lm_head.weight":
       continue

@@ -3,6 +3,7 @@ llama.cpp's converter writes them (tests/gguf_fixtures.py), imported and run by 
 against transformers loading the same GGUF file; the folder loads in transformers too."""
 
 import json
+import math
 import subprocess
 import sys
 
@@ -165,3 +166,46 @@ def test_large_models_are_sharded_and_load(tmp_path, monkeypatch):
   assert not (out / "model.safetensors").exists()
   _, sharded = hf.load_hf_checkpoint(out)
   jax.tree.map(np.testing.assert_array_equal, sharded, params)
+
+
+LLAMA3 = {"rope_type": "llama3", "rope_theta": 500_000.0, "factor": 8.0, "low_freq_factor": 1.0,
+          "high_freq_factor": 4.0, "original_max_position_embeddings": 64}
+
+
+def llama_cpp_rope_factors(theta, dim, factor, low, high, context):
+  """The divisors llama.cpp's convert_hf_to_gguf.py writes as rope_freqs for llama3 scaling."""
+  out = []
+  for i in range(0, dim, 2):
+    wavelength = 2 * math.pi * theta ** (i / dim)
+    if wavelength < context / high:
+      out.append(1.0)
+    elif wavelength > context / low:
+      out.append(factor)
+    else:
+      smooth = (context / wavelength - low) / (high - low)
+      out.append(1 / ((1 - smooth) / factor + smooth))
+  return np.array(out, np.float32)
+
+
+def test_llama3_rope_freqs_import_as_rope_type_llama3(tmp_path):
+  path = tmp_path / "llama3.gguf"
+  factors = llama_cpp_rope_factors(500_000.0, 16, 8.0, 1.0, 4.0, 64)
+  assert 1.0 < factors[1] < 8.0 and factors[0] == 1.0 and factors[-1] == 8.0  # all 3 regimes
+  original = write_tiny_gguf(path, "F32", rope_parameters=LLAMA3, rope_factors=factors)
+  out = gguf_import.import_gguf(path, tmp_path / "out")
+  assert json.loads((out / "config.json").read_text())["rope_parameters"] == LLAMA3
+  model_cfg, _, logits = ours(out)
+  assert model_cfg.rope_type == "llama3"
+  assert max_diff(logits, torch_logits(original)) <= 1e-4
+  plain = write_tiny_gguf(tmp_path / "plain.gguf", "F32")  # same weights, default RoPE
+  assert max_diff(torch_logits(plain), torch_logits(original)) > 1e-2
+
+
+def test_rope_freqs_of_no_llama3_scaling_is_one_sentence(tmp_path):
+  path = tmp_path / "odd.gguf"
+  write_tiny_gguf(path, "F32", rope_factors=np.linspace(1.0, 3.0, 8))
+  with pytest.raises(InputError) as err:
+    gguf_import.import_gguf(path, tmp_path / "out")
+  assert str(err.value) == (f"{path} has a rope_freqs tensor (divisors 1 to 3) that matches no "
+                            f"llama3 RoPE scaling; import a Llama GGUF with default or Llama 3.x "
+                            f"RoPE.")

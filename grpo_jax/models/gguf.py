@@ -17,7 +17,8 @@ no torch is needed (transformers' `from_pretrained(gguf_file=...)` path imports 
 transformers that lacks that module, its `AutoTokenizer.from_pretrained(gguf_file=...)` is used.
 
 Only the `llama` architecture (Llama, SmolLM, Mistral without sliding window, ...) with
-default RoPE is imported; anything else is one InputError sentence.
+default RoPE, or Llama 3.x's (its rope_freqs tensor read back as rope_type llama3), is
+imported; anything else is one InputError sentence.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ import sys
 import numpy as np
 
 from grpo_jax.errors import InputError, cli_status, first_line
+from grpo_jax.models.rope import llama3_parameters_from_factors
 
 DTYPES = ("float32", "bfloat16", "float16")
 SHARD_BYTES = 4 << 30  # one model.safetensors up to 4 GiB, shards of at most this beyond
@@ -59,9 +61,11 @@ def _float32(value) -> float:
   return float(np.format_float_positional(np.float32(value), unique=True, trim="-"))
 
 
-def hf_config_from_gguf(metadata: dict, tensor_names, gguf_path, dtype: str = "float32") -> dict:
-  """config.json (LlamaForCausalLM) from a llama GGUF's metadata; raises InputError on an
-  architecture or feature our decoder does not have."""
+def hf_config_from_gguf(metadata: dict, tensor_names, gguf_path, dtype: str = "float32",
+                        rope_factors=None) -> dict:
+  """config.json (LlamaForCausalLM) from a llama GGUF's metadata (and its rope_freqs tensor,
+  `rope_factors`, Llama 3.x's RoPE scaling as llama.cpp stores it: read back as rope_type
+  llama3); raises InputError on an architecture or feature our decoder does not have."""
   arch = metadata.get("general.architecture")
   if arch != "llama":
     raise InputError(f"{gguf_path} holds architecture {arch!r}; only 'llama' GGUF files (Llama, "
@@ -83,8 +87,7 @@ def hf_config_from_gguf(metadata: dict, tensor_names, gguf_path, dtype: str = "f
                  (f"llama.rope.dimension_count={rope_dim} != head dim {head_dim} (partial RoPE)"
                   if rope_dim != head_dim else None) or
                  (f"llama.rope.scaling.type={scaling!r}" if scaling != "none" else None) or
-                 ("a rope_freqs tensor (Llama-3.1 RoPE scaling)"
-                  if "rope_freqs.weight" in tensor_names else None) or
+
                  (f"llama.attention.value_length={metadata['llama.attention.value_length']} != "
                   f"key_length {head_dim}" if metadata.get("llama.attention.value_length",
                                                            head_dim) != head_dim else None))
@@ -96,6 +99,13 @@ def hf_config_from_gguf(metadata: dict, tensor_names, gguf_path, dtype: str = "f
     raise InputError(f"{gguf_path} has neither llama.vocab_size nor tokenizer.ggml.tokens; use "
                      f"a GGUF written by llama.cpp's convert_hf_to_gguf.py.")
   theta = _float32(metadata.get("llama.rope.freq_base", 10_000.0))
+  rope = {}
+  if rope_factors is not None:
+    rope = llama3_parameters_from_factors(rope_factors, theta, head_dim)
+    if rope is None:
+      raise InputError(f"{gguf_path} has a rope_freqs tensor (divisors {np.min(rope_factors):g} "
+                       f"to {np.max(rope_factors):g}) that matches no llama3 RoPE scaling; "
+                       f"import a Llama GGUF with default or Llama 3.x RoPE.")
   config = {
       "architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": int(vocab),
       "hidden_size": hidden, "intermediate_size": int(get("feed_forward_length")),
@@ -103,7 +113,8 @@ def hf_config_from_gguf(metadata: dict, tensor_names, gguf_path, dtype: str = "f
       "num_key_value_heads": int(metadata.get("llama.attention.head_count_kv", heads)),
       "head_dim": head_dim, "hidden_act": "silu",
       "rms_norm_eps": _float32(get("attention.layer_norm_rms_epsilon")),
-      "rope_parameters": {"rope_type": "default", "rope_theta": theta}, "rope_theta": theta,
+      "rope_parameters": {"rope_type": "default", "rope_theta": theta, **rope},
+      "rope_theta": theta,
       "tie_word_embeddings": "output.weight" not in tensor_names,
       "attention_bias": False, "mlp_bias": False, "dtype": dtype}
   if metadata.get("llama.context_length"):
@@ -163,8 +174,9 @@ def _gguf_version() -> str:
 
 
 def hf_tensors(reader, config: dict, gguf_path):
-  """Yields (HF name, float32 array in torch's layout) for each tensor of the file."""
-  for tensor in reader.tensors:
+  """Yields (HF name, float32 array in torch's layout) for each parameter tensor of the file
+  (rope_freqs, read into config.json, is none)."""
+  for tensor in weight_tensors(reader):
     name = hf_name(tensor.name, gguf_path)
     array = dequantized(tensor, gguf_path)
     if name.endswith("self_attn.q_proj.weight"):
@@ -266,6 +278,13 @@ def _reader(gguf_path: pathlib.Path):
                      f"not a GGUF file; download it again.") from None
 
 
+ROPE_FREQS = "rope_freqs.weight"
+
+
+def weight_tensors(reader) -> list:
+  return [t for t in reader.tensors if t.name != ROPE_FREQS]
+
+
 def import_gguf(gguf_path, out_dir, dtype: str = "float32") -> pathlib.Path:
   """Writes the llama GGUF at gguf_path as a Hugging Face checkpoint folder out_dir (weights in
   `dtype`, config, generation config, tokenizer); returns out_dir. Everything is checked
@@ -279,14 +298,16 @@ def import_gguf(gguf_path, out_dir, dtype: str = "float32") -> pathlib.Path:
     raise InputError(f"{gguf_path} is one of {metadata['split.count']} split files; merge them "
                      f"first with `llama-gguf-split --merge {gguf_path.name} merged.gguf`.")
   names = [t.name for t in reader.tensors]
+  factors = [dequantized(t, gguf_path) for t in reader.tensors if t.name == ROPE_FREQS]
   try:
-    config = hf_config_from_gguf(metadata, names, gguf_path, dtype)
+    config = hf_config_from_gguf(metadata, names, gguf_path, dtype,
+                                 factors[0].reshape(-1) if factors else None)
   except InputError:
     raise
   except (TypeError, ValueError) as e:  # a per-layer list where a number belongs, and such
     raise InputError(f"{gguf_path} has llama metadata the importer cannot read "
                      f"({first_line(e)}); import a plain Llama-architecture GGUF.") from None
-  for tensor in reader.tensors:  # names and types, before writing anything
+  for tensor in weight_tensors(reader):  # names and types, before writing anything
     hf_name(tensor.name, gguf_path)
     dequantized_first_row(tensor, gguf_path)
   tokenizer = gguf_tokenizer(metadata, gguf_path)

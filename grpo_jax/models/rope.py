@@ -159,3 +159,25 @@ def rope_frequencies(rope_type: str, scaling: Mapping[str, Any], theta: float, h
   """(inverse frequencies (head_dim / 2,) float32, attention factor) of a checked rope type."""
   inv_freq, factor = ROPE_TYPES[rope_type].frequencies(scaling, theta, head_dim, max_position)
   return np.asarray(inv_freq, np.float32), float(factor)
+
+
+def llama3_parameters_from_factors(factors, theta: float, head_dim: int):
+  """The llama3 rope_parameters whose per-frequency divisors (default / scaled inverse
+  frequency) are `factors`, as llama.cpp stores them in a GGUF's rope_freqs tensor; None when
+  no (factor = max divisor, low_freq_factor 1 or 2, high_freq_factor 2, 4 or 8, an original
+  context of 2^4 .. 2^17) reproduces them within 1e-5. All ones: {} (default RoPE)."""
+  factors = np.asarray(factors, np.float64)
+  if factors.shape != (head_dim // 2,):
+    return None
+  if np.allclose(factors, 1.0, rtol=1e-6):
+    return {}
+  default = default_inverse_frequencies(theta, head_dim)
+  for context in (8192, *(2 ** k for k in range(4, 18) if k != 13)):  # Llama 3.x's first
+    for low in (1.0, 2.0):
+      for high in (4.0, 8.0, 2.0):
+        params = dict(factor=float(np.float32(factors.max())), low_freq_factor=low,
+                      high_freq_factor=high, original_max_position_embeddings=context)
+        scaled, _ = _llama3(params, theta, head_dim, 0)
+        if np.allclose(default / scaled, factors, rtol=1e-5):
+          return {"rope_type": "llama3", **params}
+  return None
