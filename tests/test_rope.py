@@ -79,6 +79,30 @@ def tiny_llama(case, tmp_path):
   return model
 
 
+@pytest.mark.parametrize("family, case", [("qwen2", "yarn"), ("qwen3", "linear"),
+                                          ("mistral", "llama3")])
+def test_every_family_takes_the_scaling(family, case, tmp_path):
+  """Qwen2.5's long-context checkpoints use yarn; the scaling is the families' shared RoPE."""
+  config_cls, model_cls = {
+      "qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM),
+      "qwen3": (transformers.Qwen3Config, transformers.Qwen3ForCausalLM),
+      "mistral": (transformers.MistralConfig, transformers.MistralForCausalLM)}[family]
+  base = llama_config(case).to_dict()
+  keys = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+          "num_attention_heads", "num_key_value_heads", "head_dim", "initializer_range",
+          "max_position_embeddings", "tie_word_embeddings", "rope_parameters", "eos_token_id",
+          "pad_token_id")
+  torch.manual_seed(0)
+  model = model_cls(config_cls(**{k: base[k] for k in keys}, attn_implementation="eager",
+                               **({"sliding_window": None} if family == "mistral" else {}))).eval()
+  model.save_pretrained(tmp_path)
+  tokens, mask = batch()
+  model_cfg, params = hf.load_hf_checkpoint(tmp_path)
+  assert model_cfg.rope_type == rope_parameters(case)["rope_type"]
+  diff = np.abs(our_logits(model_cfg, params, tokens, mask) - torch_logits(model, tokens, mask))
+  assert diff[mask].max() <= 1e-4
+
+
 def torch_logits(model, tokens, mask):
   mask_t = torch.tensor(mask.astype(np.int64))
   with torch.no_grad():
