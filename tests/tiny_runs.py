@@ -4,6 +4,7 @@ the session's uninterrupted reference run (the `reference` fixture in conftest.p
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -57,8 +58,11 @@ def start_and_signal(workdir, env, sig, at_step, delay: float, *extra):
   "step <at_step>/"; a str: the first stdout line starting with it); returns (exit status,
   stderr, seconds from the signal to the exit)."""
   err = open(os.path.join(workdir.parent, f"{workdir.name}.stderr"), "w+")
+  # The run gets SIGINT's default disposition whatever the launcher's: a test suite started
+  # in the background of a non-interactive shell inherits SIGINT ignored, and so would the run.
   proc = subprocess.Popen(command(workdir, *extra), cwd=ROOT, stdout=subprocess.PIPE,
-                          stderr=err, text=True, env=env)
+                          stderr=err, text=True, env=env,
+                          preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
   prefix = at_step if isinstance(at_step, str) else f"step {at_step:>4}/"
   sent = None
   for line in proc.stdout:

@@ -116,10 +116,6 @@ def _train(config, workdir: str, log, axis: SeedAxis, mesh, task, configs, base_
   workdirs = (workdir,) if not axis.stacked else tuple(seed_workdir(workdir, s)
                                                        for s in axis.seeds)
   main_process = distributed.is_main_process()
-  count = sum(x.size for x in jax.tree.leaves(params)) // len(axis)
-  log(f"model: {count:,} parameters, {model_cfg.param_dtype} weights, "
-      f"{model_cfg.compute_dtype} compute" + (f", {len(axis)} seeds {list(axis.seeds)} in one "
-                                        f"program ({axis.mode})" if axis.stacked else ""))
   r_cfg, t_cfg = config.rollout, config.train
   rl = for_source(config.rl, t_cfg)  # no reuse of old log-probs for an off-policy source
   optimizer = make_optimizer(config.optim, t_cfg.steps * rl.num_iterations * rl.num_minibatches)
@@ -148,6 +144,14 @@ def _train(config, workdir: str, log, axis: SeedAxis, mesh, task, configs, base_
       write_config(c, wd)
   try:
     with TerminationFlag() as sigterm:
+      # Printed once SIGTERM / SIGINT / SIGHUP only set the flag: a signal after this line
+      # stops the run at a step's end (before it, SIGINT's KeyboardInterrupt could land in a
+      # library that swallows it, and a 10^6-step warm-up would then run on).
+      count = sum(x.size for x in jax.tree.leaves(params)) // len(axis)
+      log(f"model: {count:,} parameters, {model_cfg.param_dtype} weights, "
+          f"{model_cfg.compute_dtype} compute" + (
+              f", {len(axis)} seeds {list(axis.seeds)} in one program ({axis.mode})"
+              if axis.stacked else ""))
       states = lambda p: axis.stack([  # noqa: E731
           initial_state(config, model_cfg, q, optimizer, k, run.sources)
           for q, k in zip(axis.unstack(p), base_keys)])
