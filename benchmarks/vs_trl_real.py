@@ -51,6 +51,9 @@ vs_trl.py).
     python benchmarks/vs_trl_real.py                       # 10 steps, 200 held-out prompts
     python benchmarks/vs_trl_real.py --recipe gsm8k        # 4 steps of the GSM8K row
     python benchmarks/vs_trl_real.py --seed 1              # another seed (data order, sampling)
+    XLA_PYTHON_CLIENT_PREALLOCATE=false python benchmarks/vs_trl_real.py --trl-device cuda
+                                                           # on a GPU: ours on JAX's GPU, TRL on
+                                                           # CUDA (float32, TF32 matmuls on both)
 
 A table and one JSON line end the output.
 """
@@ -161,11 +164,11 @@ def hf_greedy_eval(model, task, size: int, new_tokens: int, batch_size: int) -> 
   model.eval()
   with torch.inference_mode():
     for i in range(0, size, batch_size):
-      out = model.generate(input_ids=torch.from_numpy(tokens[i:i + batch_size]),
-                           attention_mask=torch.from_numpy(mask[i:i + batch_size]),
+      out = model.generate(input_ids=torch.from_numpy(tokens[i:i + batch_size]).to(model.device),
+                           attention_mask=torch.from_numpy(mask[i:i + batch_size]).to(model.device),
                            do_sample=False, max_new_tokens=new_tokens, use_cache=True,
                            pad_token_id=task.pad_id, eos_token_id=task.eos_id)
-      new = out[:, width:].numpy()
+      new = out[:, width:].cpu().numpy()
       completions[i:i + len(new), :new.shape[1]] = new
   eos = completions == task.eos_id
   first = np.where(eos.any(1), eos.argmax(1), new_tokens)
@@ -214,6 +217,11 @@ def trl(args, spec: dict) -> dict:
   theirs = theirs[0] if theirs and isinstance(theirs[0], list) else list(theirs)
   mine = np.asarray(prompts.prompt_tokens[0])[np.asarray(prompts.prompt_mask[0])].tolist()
   model = AutoModelForCausalLM.from_pretrained(cfg.model.path, dtype=torch.float32)
+  if args.trl_device == "cuda":
+    # float32 matrix products in TF32, as XLA does by default on this GPU for ours.
+    torch.set_float32_matmul_precision("high")
+    model.to("cuda")
+    settings += f", {torch.cuda.get_device_name()}, float32 matmuls in TF32"
   evaluate = args.eval_size > 0 and cfg.task.name == "chat_arithmetic"
   eval_args = (task, cfg.train.eval_size, r.max_new_tokens, cfg.train.eval_batch_size)
   eval_start = hf_greedy_eval(model, *eval_args) if evaluate else {}
@@ -246,7 +254,8 @@ def trl(args, spec: dict) -> dict:
       adam_beta2=o.b2, adam_epsilon=1e-8, weight_decay=o.weight_decay,
       max_grad_norm=o.max_grad_norm, optim="adamw_torch",
       gradient_checkpointing=cfg.model.remat != "none", disable_dropout=True, use_vllm=False,
-      use_cpu=True, bf16=False, fp16=False, max_steps=args.steps * minibatches,
+      use_cpu=args.trl_device == "cpu", bf16=False, fp16=False,
+      max_steps=args.steps * minibatches,
       logging_steps=1, save_strategy="no", report_to=[], disable_tqdm=True,
       shuffle_dataset=False, seed=cfg.seed, data_seed=cfg.seed, dataloader_num_workers=0)
   trainer = GRPOTrainer(model=model, reward_funcs=reward, args=config, train_dataset=data,
@@ -301,6 +310,8 @@ def main():
   parser.add_argument("--omp-wait-policy", default="PASSIVE")
   parser.add_argument("--peer-malloc", choices=["default", "tuned"], default="default",
                       help="TRL's process: glibc's default malloc, or ours (common.TUNED_GLIBC)")
+  parser.add_argument("--trl-device", choices=["cpu", "cuda"], default="cpu",
+                      help="where TRL runs (ours runs on JAX's default device)")
   parser.add_argument("--side", choices=["ours", "trl"], help=argparse.SUPPRESS)
   parser.add_argument("--spec", help=argparse.SUPPRESS)
   args = parser.parse_args()
@@ -328,7 +339,8 @@ def main():
   with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
     json.dump(spec, f)
   side_args = ["--recipe", args.recipe, "--steps", str(args.steps), "--eval-size",
-               str(args.eval_size), "--torch-threads", str(args.torch_threads), "--spec", f.name]
+               str(args.eval_size), "--torch-threads", str(args.torch_threads), "--trl-device",
+               args.trl_device, "--spec", f.name]
   try:
     a = common.run_side(__file__, ["--side", "ours", *side_args])
     b = common.run_side(__file__, ["--side", "trl", *side_args],
