@@ -6,4 +6,4 @@ from grpo_jax.data import addition_work, arithmetic, chat_arithmetic, gsm8k, tab
 from grpo_jax.models import families  # noqa: F401  model families
 from grpo_jax.rewards import exact_match, number_answer  # noqa: F401  token, text rewards
 from grpo_jax.rewards import gsm8k as gsm8k_rewards  # noqa: F401  text rewards
-from grpo_jax.rl import drpo, estimators, kl, losses  # noqa: F401  objectives, advantages, KL, losses
+from grpo_jax.rl import drpo, estimators, kl, losses, online_dpo  # noqa: F401  objectives, advantages, KL, losses

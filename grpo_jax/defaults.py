@@ -23,7 +23,7 @@ def rl_defaults(**overrides) -> ml_collections.ConfigDict:
   objectives declare with their defaults (advantage_eps, lam, whiten_advantages, clip_eps_low,
   clip_eps_high, dual_clip_c, log_ratio_clamp, drpo_*; grpo_jax/rl/estimators.py, losses.py,
   drpo.py)."""
-  from grpo_jax.rl import drpo  # noqa: F401,PLC0415  registers rl.objective "drpo"
+  from grpo_jax.rl import drpo, online_dpo  # noqa: F401,PLC0415  rl.objective "drpo", "online_dpo"
   from grpo_jax.rl.estimators import ESTIMATORS  # noqa: PLC0415
   from grpo_jax.rl.losses import POLICY_LOSSES  # noqa: PLC0415
   from grpo_jax.rl.objective import OBJECTIVES  # noqa: PLC0415
@@ -32,7 +32,9 @@ def rl_defaults(**overrides) -> ml_collections.ConfigDict:
       gamma=1.0,  # the discount of returns (verl: 1.0)
       loss="ppo_clip",  # a registered policy loss (grpo_jax/rl/losses.py): ppo_clip, gspo
       # A registered objective (grpo_jax/rl/objective.py): "policy_gradient" (rl.loss, KL,
-      # entropy and value terms, aggregated) or "drpo" (grpo_jax/rl/drpo.py; its drpo_* fields)
+      # entropy and value terms, aggregated), "drpo" (grpo_jax/rl/drpo.py; its drpo_* fields) or
+      # "online_dpo" (grpo_jax/rl/online_dpo.py: DPO on each group's best and worst sample,
+      # beta = kl_coef)
       objective="policy_gradient",
       tis_cap=0.0,  # truncated importance sampling cap (e.g. 2.0); 0 = off
       entropy_coef=0.0,
@@ -40,6 +42,13 @@ def rl_defaults(**overrides) -> ml_collections.ConfigDict:
       kl_coef=0.04,  # beta; 0 = no KL (no reference forward pass, no reference copy held)
       kl_estimator="k3", kl_clamp=20.0,  # |logp - ref| clamp (verl: 20); 0 = off
       kl_in="loss",  # "loss" (GRPO) or "reward" (PPO / InstructGPT per-token penalty)
+      # On-policy distillation (grpo_jax/rl/distill.py): a frozen teacher (an HF folder with the
+      # policy's tokenizer) scores the policy's own samples; the per-token reverse KL
+      # log pi(a_t) - log pi_T(a_t), weighted by distill_coef, is a per-token reward ("reward":
+      # -coef * KL_t added to each token's advantage, as Tinker's on-policy distillation) or a
+      # loss term ("loss": + coef * the rl.kl_estimator of KL(pi || pi_T), as the KL to the
+      # reference); 0 = off. Mixed with the task's rewards, which still give the advantages.
+      distill_teacher="", distill_coef=0.0, distill_in="reward",
       # DeepSeek-V3.2 (grpo_jax/rl/off_policy.py): the KL term weighted by pi / pi_old, eq. (7)
       unbiased_kl=False,
       # ... and off-policy sequence masking, eq. (9): no policy-gradient loss on a completion
@@ -91,6 +100,28 @@ def rl_defaults(**overrides) -> ml_collections.ConfigDict:
   rl = ml_collections.ConfigDict(declared_defaults(entries, section))
   rl.update(overrides)
   return rl
+
+
+def dpo_defaults() -> ml_collections.ConfigDict:
+  """Every field of `config.dpo`: the section's own, then the hyperparameters the registered
+  preference losses declare (beta, label_smoothing, rpo_alpha, simpo_gamma, desirable_weight,
+  undesirable_weight)."""
+  from grpo_jax.rl.dpo import PREFERENCE_LOSSES  # noqa: PLC0415
+  section = dict(
+      loss="dpo",  # a registered preference loss
+      train_path="", test_path="", train_pairs=20_000, test_pairs=500,
+      policy_fraction=0.5,  # made pairs: this share from the starting policy's wrong samples
+      steps=300, batch_size=64, eval_every=100,
+      # The reference's log-probs of the training pairs: "cached" (computed once, before the
+      # first step, as TRL's precompute_ref_log_probs) or "on_the_fly" (each step).
+      reference="cached",
+      # Iterative RPO: rounds > 0 rounds of `steps` steps, each on pairs of the round's start
+      # policy's own correct and wrong samples (rollout.group_size samples of round_prompts
+      # prompts, up to pairs_per_prompt pairs each), its reference that start; 0 = offline.
+      rounds=0, round_prompts=1024, pairs_per_prompt=1,
+      export=True)  # write the policy to workdir/hf_export (a *ForCausalLM folder)
+  entries = [fn for _, fn in PREFERENCE_LOSSES.items() if fn.__module__.startswith("grpo_jax.")]
+  return ml_collections.ConfigDict(declared_defaults(entries, section))
 
 
 def get_defaults() -> ml_collections.ConfigDict:
@@ -192,6 +223,13 @@ def get_defaults() -> ml_collections.ConfigDict:
       steps=600, batch_size=64, margin=0.0, eval_every=100,
       export=True))  # write workdir/hf_export (a *ForSequenceClassification folder)
 
+  # Preference optimisation (python -m grpo_jax.train_dpo; grpo_jax/train/preference.py): a
+  # loss of the DPO family (grpo_jax/rl/dpo.py: dpo, cdpo, rdpo, ipo, kto, simpo, orpo, rpo) on
+  # {prompt, chosen, rejected} pairs, made as the reward model's are when the paths are "",
+  # from the warm-up's SFT policy (warmup.steps > 0) or model.path, which is also the frozen
+  # reference; this config's optim section, train.checkpoint_every / keep_checkpoints.
+  c.dpo = dpo_defaults()
+
   c.rollout = ml_collections.ConfigDict(dict(
       num_prompts=16,  # prompts per step
       group_size=8,  # G completions per prompt
@@ -233,7 +271,7 @@ def get_defaults() -> ml_collections.ConfigDict:
       # Sample completions as text in workdir/samples.jsonl (a few printed): num_samples
       # training and evaluation samples every samples_every steps (0 = at every evaluation).
       num_samples=4, samples_every=0,
-      export=False,  # write the policy as a HF checkpoint to workdir/hf_export (model.path runs)
+      export=False,  # write the policy as a HF checkpoint to workdir/hf_export
       # ... in this dtype (float32, bfloat16, float16), in files of at most this many MiB
       # (model-0000i-of-0000n.safetensors + index, as transformers writes them; 0 = one file)
       export_dtype="float32", export_max_shard_mb=0.0,

@@ -50,6 +50,27 @@ def test_sweep_file_gives_arms_overrides_and_commands(tmp_path):
   assert len(jobs) == 2 and "--vmap_seeds=0,1,2" in jobs[0].command
 
 
+def test_recipes_pick_each_arms_config_and_program(tmp_path):
+  """The grid key "recipe" selects a named config and program per arm (not a --config flag)."""
+  sweep = load_sweep(_sweep_file(
+      tmp_path, base_config="configs/grpo_tiny.py", overrides={"train.steps": 5},
+      recipes={"grpo": {"config": "configs/grpo_tiny.py"},
+               "dpo": {"config": "configs/dpo_tiny.py", "program": "grpo_jax.train_dpo"}},
+      grid={"recipe": ["grpo", "dpo"]}, seeds=[0]))
+  jobs, _ = pending_jobs(sweep, str(tmp_path / "out"))
+  assert [j.command[:4] for j in jobs] == [
+      ("python", "-m", "grpo_jax.main", "--config=configs/grpo_tiny.py"),
+      ("python", "-m", "grpo_jax.train_dpo", "--config=configs/dpo_tiny.py")]
+  assert all(not any(c.startswith("--config.recipe") for c in j.command) for j in jobs)
+  assert "--config.train.steps=5" in jobs[1].command
+  for bad, words in ((dict(recipes={}), "recipes does not define"),
+                     (dict(seed_axis="vmap"), "seed_axis='none'")):
+    fields = dict(base_config="c.py", grid={"recipe": ["dpo"]},
+                  recipes={"dpo": {"config": "d.py", "program": "grpo_jax.train_dpo"}})
+    with pytest.raises(SweepError, match=words):
+      load_sweep(_sweep_file(tmp_path, **{**fields, **bad}))
+
+
 @pytest.mark.parametrize("fields,message", [
     (dict(grid={}), "must name base_config"),
     (dict(base_config="c.py", grids={}), "unknown sweep field"),

@@ -40,9 +40,11 @@ def run_figures(directory: str) -> dict:
   lengths = [r["eval_length"] for r in records if "eval_length" in r]
   with open(os.path.join(directory, DONE_FILE)) as f:
     done = json.load(f)
-  return dict(final_reward=float(np.mean([r["reward_mean"] for r in tail])),
-              eval_accuracy=float(evals[-1]) if evals else float("nan"),
-              kl=float(np.mean([r["kl"] for r in tail])), wall_s=float(done["wall_s"]),
+  nan = float("nan")  # a run without RL steps (the DPO stage): no reward or KL figures
+  return dict(final_reward=float(np.mean([r["reward_mean"] for r in tail])) if tail else nan,
+              eval_accuracy=float(evals[-1]) if evals else nan,
+              kl=float(np.mean([r["kl"] for r in tail])) if tail else nan,
+              wall_s=float(done["wall_s"]),
               steps=int(steps[-1]["step"]) if steps else 0,
               eval_length=float(lengths[-1]) if lengths else float("nan"))
 
@@ -88,14 +90,15 @@ def markdown_table(sweep: Sweep, arms: list[dict]) -> str:
   lines = [f"Sweep `{sweep.name}`: base `{sweep.base_config}`, seeds {list(sweep.seeds)}, "
            f"seed axis `{sweep.seed_axis}`; mean ± std over seeds.", "",
            "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+  def cell(a, figure, digits):  # "-" where the arm has no such figure (no RL steps)
+    mean, std = a[f"{figure}_mean"], a[f"{figure}_std"]
+    return "-" if np.isnan(mean) else f"{mean:.{digits}f} ± {std:.{digits}f}"
+
   for a in arms:
-    cells = [a["arm"], str(a["seeds"]),
-             f"{a['final_reward_mean']:.3f} ± {a['final_reward_std']:.3f}",
-             f"{a['eval_accuracy_mean']:.3f} ± {a['eval_accuracy_std']:.3f}",
-             f"{a['kl_mean']:.4f} ± {a['kl_std']:.4f}",
-             f"{a['wall_s_mean']:.0f} ± {a['wall_s_std']:.0f}"]
+    cells = [a["arm"], str(a["seeds"]), cell(a, "final_reward", 3), cell(a, "eval_accuracy", 3),
+             cell(a, "kl", 4), cell(a, "wall_s", 0)]
     if with_length:
-      cells.append(f"{a['eval_length_mean']:.2f} ± {a['eval_length_std']:.2f}")
+      cells.append(cell(a, "eval_length", 2))
     lines.append("| " + " | ".join(cells) + " |")
   return "\n".join(lines) + "\n"
 
@@ -135,7 +138,7 @@ def plot_curves(sweep: Sweep, sweep_dir: str, key: str, path: str, smooth: int =
     ax.fill_between(steps, mean - std, mean + std, color=line.get_color(), alpha=0.2)
     drawn = True
   if drawn:
-    ax.set_xlabel("RL step")
+    ax.set_xlabel("step (an RL step, or an optimizer step of the DPO stage)")
     ax.set_ylabel(key + (f" ({smooth}-step moving average)" if smooth > 1 else ""))
     ax.set_title(f"{sweep.name}: {key}, mean ± std over seeds")
     ax.grid(alpha=0.3)

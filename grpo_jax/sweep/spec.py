@@ -10,6 +10,11 @@ A sweep file is a Python file with `get_sweep()` returning a dict:
     seeds         [0, 1, 2]
     seed_axis     "vmap" or "map": the seeds of an arm run as one program
                   (grpo_jax/train/seeds.py); "none": one process per seed (default)
+    recipes       {"dpo": {"config": "configs/dpo_tiny.py", "program": "grpo_jax.train_dpo"}}:
+                  named starting points, chosen per arm by the grid key "recipe" (optional):
+                  an arm with a recipe starts from its config file and runs its program
+                  (default grpo_jax.main) instead of base_config's; so that GRPO, online DPO
+                  and the DPO stage's runs share one sweep, one table and one plot
 
 Runs live in WORKDIR/<arm>/seed_<s>/ whichever way they ran; an arm is named by its grid
 values, e.g. "advantage=rloo" (the last part of each key, or the whole key where that is
@@ -35,6 +40,8 @@ class Arm:
   name: str
   values: dict  # grid key -> value
   overrides: dict  # every override of this arm (common ones, grid values, arm extras)
+  config: str = ""  # its config file ("" = the sweep's base_config)
+  program: str = "grpo_jax.main"  # the module its processes run
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,7 +75,7 @@ def load_sweep(path: str) -> Sweep:
     raise SweepError(f"{path} has no get_sweep() function; define one returning a dict "
                      f"(see grpo_jax/sweep/spec.py).")
   raw = dict(module["get_sweep"]())
-  known = {"base_config", "overrides", "grid", "arm_overrides", "seeds", "seed_axis"}
+  known = {"base_config", "overrides", "grid", "arm_overrides", "seeds", "seed_axis", "recipes"}
   unknown = sorted(set(raw) - known)
   if unknown:
     raise SweepError(f"{path}: unknown sweep field(s) {unknown}; valid: {sorted(known)}.")
@@ -87,15 +94,26 @@ def load_sweep(path: str) -> Sweep:
       raise SweepError(f"{path}: grid[{key!r}]={values!r}; give a non-empty list of values.")
   common = dict(raw.get("overrides", {}))
   extras = dict(raw.get("arm_overrides", {}))
+  recipes = dict(raw.get("recipes", {}))
+  for recipe in grid.get("recipe", ()):
+    if recipe not in recipes or "config" not in recipes[recipe]:
+      raise SweepError(f"{path}: grid['recipe'] names {recipe!r}, which recipes does not define "
+                       f"with a config; add recipes={{{recipe!r}: {{'config': ..., 'program': "
+                       f"...}}}}.")
   combos = list(itertools.product(*grid.values()))
   arms = []
   for name, combo in zip(_arm_names(tuple(grid), combos), combos):
     values = dict(zip(grid, combo))
-    overrides = {**common, **values}
+    recipe = recipes.get(values.get("recipe"), {})
+    overrides = {**common, **{k: v for k, v in values.items() if k != "recipe"}}
     for pattern, extra in extras.items():
       if pattern in name:
         overrides.update(extra)
-    arms.append(Arm(name, values, overrides))
+    program = recipe.get("program", "grpo_jax.main")
+    if program != "grpo_jax.main" and seed_axis != "none":
+      raise SweepError(f"{path}: recipe {values['recipe']!r} runs {program}, which takes one seed "
+                       f"per process; set seed_axis='none'.")
+    arms.append(Arm(name, values, overrides, recipe.get("config", ""), program))
   stem = os.path.splitext(os.path.basename(path))[0]
   return Sweep(stem, raw["base_config"], tuple(arms), seeds, seed_axis, tuple(grid))
 
@@ -124,7 +142,7 @@ def jobs(sweep: Sweep, sweep_dir: str, seeds_to_run: dict) -> list[Job]:
     if not seeds:
       continue
     flags = [f"--config.{k}={_format(v)}" for k, v in arm.overrides.items()]
-    base = ["python", "-m", "grpo_jax.main", f"--config={sweep.base_config}"]
+    base = ["python", "-m", arm.program, f"--config={arm.config or sweep.base_config}"]
     if sweep.seed_axis == "none":
       for s in seeds:
         workdir = run_dir(sweep_dir, arm, s)

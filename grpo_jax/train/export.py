@@ -3,7 +3,9 @@ its adapters in PEFT's format (grpo_jax/models/hf_export.py)."""
 
 from __future__ import annotations
 
+import json
 import os
+import pathlib
 
 import jax
 
@@ -12,14 +14,21 @@ from grpo_jax.models.lora import merge
 from grpo_jax.parallel import distributed
 from grpo_jax.parallel.distributed import to_host
 from grpo_jax.train import files
-from grpo_jax.train.setup import uses_lora
+from grpo_jax.train.setup import uses_checkpoint, uses_lora
+
+
+def export_model_type(config, model_cfg) -> str:
+  """The model_type an exported folder gets: model.path's, else the family of the features."""
+  if uses_checkpoint(config):
+    return json.loads((pathlib.Path(config.model.path) / "config.json").read_text())["model_type"]
+  return "qwen3" if model_cfg.qk_norm else ("qwen2" if model_cfg.qkv_bias else "llama")
 
 
 def export_policy(config, state, model_cfg: ModelConfig, workdir: str, log) -> None:
   """train.export: the policy as a full HF checkpoint in workdir/hf_export (under LoRA the
   adapters merged into the base); lora.export_adapter (LoRA only): the adapters in PEFT's
   format in workdir/peft_adapter."""
-  lora = uses_lora(config) and config.lora.export_adapter
+  lora = uses_lora(config) and config.lora.export_adapter and uses_checkpoint(config)
   if not (config.train.export or lora):
     return
   # Collective: every process takes part.
@@ -37,8 +46,8 @@ def export_policy(config, state, model_cfg: ModelConfig, workdir: str, log) -> N
         full = merge(base, params, model_cfg.lora_scale)
     t = config.train
     with files.local_folder(out) as folder:
-      export_hf_checkpoint(full, model_cfg, folder, source_dir=config.model.path,
-                           dtype=t.export_dtype,
+      export_hf_checkpoint(full, model_cfg, folder, source_dir=config.model.path or None,
+                           model_type=export_model_type(config, model_cfg), dtype=t.export_dtype,
                            max_shard_bytes=int(t.export_max_shard_mb * 2**20))
     log(f"exported the trained policy as a Hugging Face checkpoint ({t.export_dtype}): {out}"
         + (" (LoRA adapters merged)" if base is not None else ""))

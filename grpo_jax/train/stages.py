@@ -16,9 +16,7 @@
 from __future__ import annotations
 
 import functools
-import json
 import os
-import pathlib
 
 import jax
 import jax.numpy as jnp
@@ -35,32 +33,28 @@ from grpo_jax.rl.preference import bradley_terry_loss, pair_accuracy
 from grpo_jax.train import files
 from grpo_jax.train.checkpoint import Checkpoints, step_of
 from grpo_jax.train.evaluation import make_evaluator
+from grpo_jax.train.export import export_model_type
 from grpo_jax.train.faults import TerminationFlag
 from grpo_jax.train.metrics import MetricsWriter, keep_records_until
 from grpo_jax.train.runner import Schedule, run_steps
 from grpo_jax.train.seed_axis import SeedAxis
-from grpo_jax.train.setup import build_model, build_task, check_task_fits_model, uses_checkpoint
+from grpo_jax.train.setup import build_model, build_task, check_task_fits_model
 from grpo_jax.train.state import apply_if_finite, create_train_state, make_optimizer
 from grpo_jax.train.warmup import make_warmup_step, warmup_log_due
 from grpo_jax.train.workdir import (WorkdirLock, check_resume_config, check_workdir,
                                      config_changes, record_changes, record_start, write_config)
 
 
-def export_model_type(config, model_cfg) -> str:
-  """The model_type an exported folder gets: model.path's, else the family of the features."""
-  if uses_checkpoint(config):
-    return json.loads((pathlib.Path(config.model.path) / "config.json").read_text())["model_type"]
-  return "qwen3" if model_cfg.qk_norm else ("qwen2" if model_cfg.qkv_bias else "llama")
-
-
 def run_stage(name: str, config, workdir: str, fresh, advance, evaluate, write,
-              schedule: Schedule, log=print, free: tuple = ()):
+              schedule: Schedule, log=print, free: tuple = (), fresh_shape=None):
   """A supervised stage on the loop skeleton (train/runner.py), inside the caller's workdir
   lock: the config recorded, the newest checkpoint restored (the records trimmed to its step)
   or `fresh()` started, `run_steps` with SIGTERM / SIGINT handled, the records written by
   write(writer, state, first, records, tokens, seconds, clock) to metrics.jsonl. A resume
   follows the RL run's rules (train/workdir.py), `free` naming the stage's own fields that may
-  change (its length). Returns the last state."""
+  change (its length); `fresh_shape` (default `fresh`) builds a state of the same structure
+  cheaply, for restoring (a `fresh` that trains, a warm-up, is not traced). Returns the last
+  state."""
   with TerminationFlag() as sigterm:
     ckpts = Checkpoints(os.path.join(workdir, "checkpoints"), config.train.keep_checkpoints, log)
     # Resumed like the RL run: under its recorded config, on its devices, its record intact.
@@ -72,7 +66,7 @@ def run_stage(name: str, config, workdir: str, fresh, advance, evaluate, write,
       check_resume_config(changes, workdir, allow, log, free)
     write_config(config, workdir)
     try:
-      state = ckpts.restore_latest(jax.eval_shape(fresh))
+      state = ckpts.restore_latest(jax.eval_shape(fresh_shape or fresh))
       record_start(workdir, step_of(state) if state is not None else None, changes, devices)
       writer = MetricsWriter(workdir, schedule.steps, stream=None)
       resumed = state is not None
@@ -156,34 +150,35 @@ def train_sft(config, workdir: str, log=print):
 # ----------------------------------------------------------------------------- reward model
 
 
-def check_pair_sources(config) -> None:
-  """Where each split's preference pairs come from, against what the task declared: a file
-  needs a task that tokenises {prompt, response} text, no file one that makes pairs itself."""
+def check_pair_sources(config, section: str = "rm") -> None:
+  """Where each split's preference pairs come from (config.<section>: rm, dpo), against what
+  the task declared: a file needs a task that tokenises {prompt, response} text, no file one
+  that makes pairs itself."""
   from grpo_jax.data.task import TASKS  # noqa: PLC0415
   entry = TASKS.get(config.task.name)
   for split in ("train", "test"):
-    path = config.rm[f"{split}_path"]
+    path = config[section][f"{split}_path"]
     if path:
-      entry.require("supervised", f"rm.{split}_path={path!r}", "use a task that tokenises "
+      entry.require("supervised", f"{section}.{split}_path={path!r}", "use a task that tokenises "
                     "text pairs (addition, gsm8k)")
     else:
-      entry.require("preference_pairs", f"rm.{split}_path='' (pairs made by the task)",
+      entry.require("preference_pairs", f"{section}.{split}_path='' (pairs made by the task)",
                     "give a jsonl file of {prompt, chosen, rejected}")
 
 
-def rm_pairs(config, task, split: str, policy=None) -> list[dict]:
-  """rm.train_path / rm.test_path's pairs, or (empty path) pairs made from the task: with a
-  starting `policy` (model_cfg, params) a share rm.policy_fraction of them on-policy (the
-  right answer against the policy's own wrong samples, `policy_pairs`: the mistakes PPO will
-  meet), the rest synthetic (`addition_preference_pairs`)."""
-  path = config.rm[f"{split}_path"]
+def preference_pairs(config, section: str, task, split: str, policy=None) -> list[dict]:
+  """config.<section>'s (rm, dpo) train_path / test_path pairs, or (empty path) pairs made
+  from the task: with a starting `policy` (model_cfg, params) a share policy_fraction of them
+  on-policy (the right answer against the policy's own wrong samples, `policy_pairs`: the
+  mistakes RL will meet), the rest synthetic (`addition_preference_pairs`)."""
+  c = config[section]
+  path = c[f"{split}_path"]
   if path:
     return read_jsonl(path, ("prompt", "chosen", "rejected"))
-  count = config.rm.train_pairs if split == "train" else config.rm.test_pairs
+  count = c.train_pairs if split == "train" else c.test_pairs
   on_policy = []
-  if policy is not None and config.rm.policy_fraction > 0:
-    on_policy = policy_pairs(config, task, split, *policy,
-                             int(count * config.rm.policy_fraction))
+  if policy is not None and c.policy_fraction > 0:
+    on_policy = policy_pairs(config, task, split, *policy, int(count * c.policy_fraction))
   return on_policy + addition_preference_pairs(task, split, count - len(on_policy),
                                                int(config.seed))
 
@@ -280,8 +275,8 @@ def train_reward_model(config, workdir: str, log=print):
   key = jax.random.key(config.seed)
   model_cfg, policy = build_model(config, jax.random.fold_in(key, 0))
   n = config.rollout.max_new_tokens
-  train = PairData(task, rm_pairs(config, task, "train", (model_cfg, policy)), n)
-  test = PairData(task, rm_pairs(config, task, "test", (model_cfg, policy)), n)
+  train = PairData(task, preference_pairs(config, "rm", task, "train", (model_cfg, policy)), n)
+  test = PairData(task, preference_pairs(config, "rm", task, "test", (model_cfg, policy)), n)
   params = init_reward_model(model_cfg, jax.random.fold_in(key, 5), backbone=policy)
   del policy
   optimizer = make_optimizer(config.optim, rm.steps)

@@ -1,0 +1,111 @@
+"""The preference-optimisation stage (grpo_jax/train/preference.py, python -m
+grpo_jax.train_dpo) at a few steps: exact resume, the start's loss, the cached reference against
+the on-the-fly one, KTO's and the reference-free losses' paths, bad configs."""
+
+import json
+import math
+import os
+
+import jax
+import numpy as np
+import pytest
+
+from configs import dpo_tiny
+from grpo_jax.errors import ConfigError
+
+
+def _records(workdir):
+  with open(os.path.join(workdir, "metrics.jsonl")) as f:
+    return [json.loads(line) for line in f]
+
+
+def _config(steps, **fields):
+  config = dpo_tiny.get_config()
+  values = {"warmup.steps": 30, "warmup.batch_size": 32, "dpo.steps": steps,
+            "dpo.batch_size": 16, "dpo.train_pairs": 160, "dpo.test_pairs": 32,
+            "dpo.eval_every": 3, "train.checkpoint_every": 3, "train.eval_size": 24,
+            "train.eval_batch_size": 24, "dpo.export": False, **fields}
+  for key, value in values.items():
+    section, leaf = key.split(".")
+    config[section][leaf] = value
+  return config
+
+
+def _train(config, workdir, log=lambda *a: None):
+  from grpo_jax.train.preference import train_dpo  # noqa: PLC0415
+  return train_dpo(config, str(workdir), log=log)
+
+
+@pytest.fixture(scope="module")
+def straight(tmp_path_factory):
+  workdir = tmp_path_factory.mktemp("dpo") / "straight"
+  return workdir, _train(_config(6), workdir)
+
+
+def test_dpo_stage_starts_at_log2_and_records_the_start_and_the_end(straight):
+  """At step 1 the policy is the reference: Δ = 0 for every pair, the loss log 2 and every
+  implicit reward 0; the held-out accuracy of the SFT start at step 0 and at the end."""
+  records = _records(straight[0])
+  assert [r["step"] for r in records] == list(range(7))
+  assert records[1]["loss"] == pytest.approx(math.log(2), abs=1e-6)
+  assert records[1]["reward_margin"] == pytest.approx(0.0, abs=1e-6)
+  for r in (records[0], records[3], records[6]):
+    assert {"eval_accuracy", "eval_pair_accuracy", "eval_reward_margin"} <= set(r)
+  assert records[6]["eval_reward_margin"] > 0.0 and records[6]["loss"] < math.log(2)
+
+
+def test_dpo_stage_resumes_exactly(straight, tmp_path):
+  _train(_config(3), tmp_path)
+  lines = []
+  resumed = _train(_config(6), tmp_path, log=lines.append)
+  assert any("resumed from checkpoint" in line for line in lines)
+  jax.tree.map(np.testing.assert_array_equal, straight[1].params, resumed.params)
+  assert _records(straight[0]) == _records(tmp_path)
+
+
+def test_on_the_fly_reference_equals_the_cached_one(straight, tmp_path):
+  _train(_config(3, **{"dpo.reference": "on_the_fly"}), tmp_path)
+  a, b = _records(straight[0])[1:4], _records(tmp_path)[1:4]
+  for x, y in zip(a, b):
+    for key in ("loss", "reward_margin", "pair_accuracy"):
+      assert x[key] == pytest.approx(y[key], abs=1e-5), key
+
+
+@pytest.mark.parametrize("loss", ["kto", "orpo"])
+def test_kto_and_a_reference_free_loss_run(loss, tmp_path):
+  _train(_config(2, **{"dpo.loss": loss, "dpo.eval_every": 2}), tmp_path)
+  records = _records(tmp_path)
+  assert all(math.isfinite(r["loss"]) for r in records[1:])
+  if loss == "kto":  # the policy is the reference at step 1: z0 = 0, every 1 - σ(0) = 1/2
+    assert records[1]["kl"] == 0.0 and records[1]["loss"] == pytest.approx(0.5, abs=1e-6)
+  else:  # β × the per-token log-probs, no reference in the rewards
+    assert records[1]["rewards_chosen"] < 0.0
+
+
+@pytest.mark.parametrize("field, value, message", [
+    ("dpo.loss", "dpoo", "dpo.loss"),
+    ("dpo.reference", "cache", "dpo.reference='cache'"),
+    ("dpo.label_smoothing", 0.5, "dpo.label_smoothing=0.5"),
+    ("dpo.batch_size", 0, "dpo.batch_size=0")])
+def test_bad_dpo_configs_fail_in_one_sentence_before_compute(field, value, message, tmp_path):
+  with pytest.raises(ConfigError, match=message.replace(".", r"\.").replace("(", r"\(")):
+    _train(_config(2, **{field: value, **({"dpo.loss": "cdpo"} if "smoothing" in field
+                                          else {})}), tmp_path)
+
+
+def test_iterative_rpo_rounds_resume_exactly(tmp_path):
+  """Two rounds of 2 steps on the policy's own samples: stopped after step 3 (mid round 2) and
+  run again, the run ends where the straight one ends; each round logs its own pairs."""
+  fields = {"dpo.loss": "rpo", "dpo.rounds": 2, "dpo.steps": 2, "dpo.round_prompts": 128,
+            "warmup.steps": 200,
+            "dpo.eval_every": 2, "train.checkpoint_every": 1, "train.keep_checkpoints": 10}
+  lines = []
+  straight = _train(_config(2, **fields), tmp_path / "straight", log=lines.append)
+  assert sum("round" in line and "pairs of the policy's own" in line for line in lines) == 2
+  import shutil  # noqa: PLC0415
+  shutil.copytree(tmp_path / "straight", tmp_path / "split")
+  shutil.rmtree(tmp_path / "split" / "checkpoints" / "4")  # as if stopped after step 3
+  resumed = _train(_config(2, **fields), tmp_path / "split")
+  jax.tree.map(np.testing.assert_array_equal, straight.params, resumed.params)
+  jax.tree.map(np.testing.assert_array_equal, straight.ref_params, resumed.ref_params)
+  assert _records(tmp_path / "straight") == _records(tmp_path / "split")
