@@ -145,6 +145,7 @@ def validate(config) -> None:
   _require(not rl.adaptive_kl or (rl.kl_target > 0 and rl.kl_horizon > 0 and rl.kl_coef > 0),
            f"rl.adaptive_kl needs rl.kl_coef > 0, rl.kl_target > 0 and rl.kl_horizon > 0 "
            f"(got {rl.kl_coef}, {rl.kl_target}, {rl.kl_horizon}).")
+  _validate_distill(config)
   _require(0 < rl.ref_mix <= 1, f"rl.ref_mix={rl.ref_mix}; use a value in (0, 1].")
   _require(rl.tis_cap >= 0, f"rl.tis_cap={rl.tis_cap}; use 0 (off) or a positive cap.")
   _require(not rl.unbiased_kl or (rl.kl_in == "loss" and rl.kl_coef > 0),
@@ -292,6 +293,27 @@ def _validate_capabilities(config, task) -> None:
     task.require("warmup", f"warmup.steps={w.steps} (a supervised warm-up on the task's own "
                  f"data)", "set warmup.steps=0 (a real checkpoint needs none), or give "
                  "warmup.data_path, a jsonl file of {prompt, response}")
+
+
+def _validate_distill(config) -> None:
+  """rl.distill_*: on-policy distillation (grpo_jax/rl/distill.py)."""
+  import os  # noqa: PLC0415
+
+  from grpo_jax.rl.distill import PLACEMENTS  # noqa: PLC0415
+  rl = config.rl
+  _one_of(rl.distill_in, PLACEMENTS, "rl.distill_in")
+  _require(rl.distill_coef >= 0, f"rl.distill_coef={rl.distill_coef}; use 0 (off) or a weight "
+           f"> 0 of the reverse KL to the teacher.")
+  if rl.distill_coef == 0:
+    return
+  _require(os.path.isfile(os.path.join(rl.distill_teacher, "config.json")),
+           f"rl.distill_teacher={rl.distill_teacher!r} is not a Hugging Face model folder (no "
+           f"config.json); rl.distill_coef={rl.distill_coef} needs the teacher's folder.")
+  _require(not config.train.fused_steps, f"rl.distill_coef={rl.distill_coef}: the teacher scores "
+           f"the samples on the host; set train.fused_steps=0.")
+  _require(rl.distill_in == "reward" or rl.objective == "policy_gradient",
+           f"rl.distill_in='loss' adds a term to the policy-gradient objective, but "
+           f"rl.objective={rl.objective!r}; use rl.distill_in='reward'.")
 
 
 def _validate_fused(config, task) -> None:

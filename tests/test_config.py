@@ -93,4 +93,8 @@ def test_the_shipped_configs_are_valid(tmp_path):
     if config.task.name == "table":  # the user's data and reward, by the command line
       config.data.source = os.path.join(ROOT, "tests", "data", "gsm8k")
       config.reward.fns = "answer_number"
+    if config.rl.distill_coef > 0:  # the teacher's folder (validation reads its config.json)
+      os.makedirs(tmp_path / "teacher", exist_ok=True)
+      (tmp_path / "teacher" / "config.json").write_text("{}")
+      config.rl.distill_teacher = str(tmp_path / "teacher")
     validate(config)

@@ -107,6 +107,14 @@ def provide_device(needs, round_: DeviceRound) -> dict:
   return {name: INPUTS.get(name).device(round_) for name in needs}
 
 
+def step_needs(config) -> tuple:
+  """The per-row inputs a run's step reads: its estimator's `needs`, and "teacher_logprobs" when
+  it distils (rl.distill_coef > 0, grpo_jax/rl/distill.py)."""
+  from grpo_jax.rl.estimators import ESTIMATORS  # noqa: PLC0415
+  needs = ESTIMATORS.get(config.rl.advantage).needs
+  return needs + ("teacher_logprobs",) if config.rl.get("distill_coef", 0) > 0 else needs
+
+
 def uses_greedy(needs) -> bool:
   """Whether any needed input reads a greedy completion per prompt."""
   return any(INPUTS.get(name).uses_greedy for name in needs)
@@ -176,3 +184,18 @@ def step_rewards(r: HostRound) -> Provided:
   failed = r.failed | bad
   value = (np.where(failed[:, None], 0.0, rewards).astype(np.float32), end_index, step_mask)
   return Provided(value, failed=bad if bad.any() else None, errors=int(bad.sum()))
+
+
+@register_input("teacher_logprobs")
+def teacher_logprobs(r: HostRound) -> Provided:
+  """(B, N) the distillation teacher's log-probs of the sampled tokens, 0 outside the
+  completions (rl.distill_teacher; grpo_jax/rl/distill.py). Non-finite values fail their row."""
+  tokens, mask = np.asarray(r.rollout.completion_tokens), np.asarray(r.rollout.completion_mask)
+  values = np.asarray(r.sources.teacher.logprobs(r.prompts, tokens, mask, r.group_size),
+                      np.float32)
+  bad = ~np.all(np.isfinite(values), axis=1) & ~r.failed
+  if bad.any() and r.on_reward_error == "raise":
+    raise RewardError(f"the distillation teacher's log-probs are not finite for "
+                      f"{int(bad.sum())} completion(s) (e.g. row {int(np.argmax(bad))}); check "
+                      f"rl.distill_teacher's weights, or set train.on_reward_error='zero'.")
+  return Provided(np.where(np.isfinite(values), values, 0.0), failed=bad, errors=int(bad.sum()))

@@ -70,6 +70,19 @@ class ProcessModelSource:
 
 
 @dataclasses.dataclass(frozen=True)
+class TeacherSource:
+  """A frozen distillation teacher (rl.distill_teacher; grpo_jax/rl/distill.py) with the policy's
+  tokenizer: logprobs(prompts, tokens, mask, group_size) -> (B, N) its log-probs of the tokens."""
+  params: Any
+  logprob_fn: Callable  # jitted (params, prompt_tokens, prompt_mask, tokens, mask) -> (B, N)
+
+  def logprobs(self, prompts, tokens, mask, group_size: int) -> np.ndarray:
+    prompt_tokens = np.repeat(np.asarray(prompts.prompt_tokens), group_size, 0)
+    prompt_mask = np.repeat(np.asarray(prompts.prompt_mask), group_size, 0)
+    return np.asarray(self.logprob_fn(self.params, prompt_tokens, prompt_mask, tokens, mask))
+
+
+@dataclasses.dataclass(frozen=True)
 class RemoteSource:
   name: str
   weight: float
@@ -85,6 +98,7 @@ class RewardSources:
   remote: tuple = ()
   combine: str = "sum"
   process_model: ProcessModelSource | None = None  # step rewards from a PRM, or the task's
+  teacher: TeacherSource | None = None  # the distillation teacher (rl.distill_coef > 0)
 
   @property
   def only_rule(self) -> bool:
@@ -252,7 +266,7 @@ def build_reward_sources(config, task, mesh=None, rule_name: str = RULE) -> Rewa
   """The run's RewardSources: reward models loaded (frozen, on the mesh like the policy)."""
   reward = config.get("reward")
   if reward is None:
-    return RewardSources(rule_name=rule_name)
+    return RewardSources(rule_name=rule_name, teacher=_teacher(config, task, mesh))
   check_reward_config(config)
   from grpo_jax.models.reward_model import load_reward_model, sequence_reward  # noqa: PLC0415
   models = []
@@ -280,7 +294,34 @@ def build_reward_sources(config, task, mesh=None, rule_name: str = RULE) -> Rewa
                          _remote_config(r, i)) for i, r in enumerate(_entries(reward, "remote"))]
   return RewardSources(float(reward.rule_weight), rule_name, tuple(models),
                        tuple(remote), reward.combine,
-                       _process_model(config, mesh))
+                       _process_model(config, mesh), _teacher(config, task, mesh))
+
+
+def _teacher(config, task, mesh) -> TeacherSource | None:
+  """rl.distill_teacher's model (any HF causal LM folder with the policy's tokenizer), frozen and
+  placed like the policy, or None when the run does not distil."""
+  rl = config.get("rl")
+  if rl is None or not rl.get("distill_coef", 0) > 0:
+    return None
+  from grpo_jax.models.hf import load_hf_checkpoint  # noqa: PLC0415
+  from grpo_jax.models.scoring import completion_logprobs  # noqa: PLC0415
+  path = pathlib.Path(rl.distill_teacher)
+  if not _same_vocabulary(path, task.tokenizer):
+    raise ConfigError(f"rl.distill_teacher={str(path)!r} has another tokenizer than the policy's; "
+                      f"on-policy distillation compares log-probs token by token, so the "
+                      f"teacher must share the policy's vocabulary.")
+  cfg, params = load_hf_checkpoint(path, config.model.param_dtype, config.model.compute_dtype)
+  if cfg.vocab_size != config.model.vocab_size and not config.model.path:
+    raise ConfigError(f"rl.distill_teacher={str(path)!r} has vocab_size={cfg.vocab_size}, the "
+                      f"policy {config.model.vocab_size}; the teacher must share the policy's "
+                      f"tokenizer.")
+  if mesh is not None:
+    from grpo_jax.models.partitioning import place  # noqa: PLC0415
+    params = place(params, mesh)
+
+  def logprobs(p, pt, pm, t, tm):
+    return completion_logprobs(p, cfg, pt, pm, t, tm)[0]
+  return TeacherSource(params, jax.jit(logprobs))
 
 
 def uses_process_model(config) -> bool:

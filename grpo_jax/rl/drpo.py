@@ -36,11 +36,10 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from grpo_jax.errors import ConfigError
 from grpo_jax.rl._checks import as_token_mask, require_shape
 from grpo_jax.rl.aggregation import masked_sum
 from grpo_jax.rl.kl import kl_penalty
-from grpo_jax.rl.objective import register_objective
+from grpo_jax.rl.objective import check_objective_rules, register_objective
 
 
 def drpo_weights(correct: jax.Array, valid: jax.Array, lengths: jax.Array, max_length: int,
@@ -108,13 +107,8 @@ def _check(rl, group_size: int, drpo_lambda, drpo_tau, drpo_delta, drpo_beta, dr
       (rl.num_micro_batches == 1, f"rl.num_micro_batches={rl.num_micro_batches} with "
        f"rl.objective='drpo': its trust-region weight depends on the whole minibatch's KL, so "
        f"micro-batches would not add up; use 1 (smaller minibatches instead)."),
-      (rl.value_head == "none" and not rl.tis_cap and not rl.opsm_delta and not rl.unbiased_kl,
-       "rl.objective='drpo' has no value loss, truncated importance weights or DeepSeek-V3.2 "
-       "switches; set rl.value_head='none', rl.tis_cap=0, rl.opsm_delta=0, rl.unbiased_kl=False."),
   ]
-  for ok, sentence in rules:
-    if not ok:
-      raise ConfigError(sentence)
+  check_objective_rules(rl, "drpo", rules)
 
 
 @register_objective("drpo", whole_groups=True)

@@ -32,6 +32,7 @@ from typing import Callable
 import jax
 import jax.numpy as jnp
 
+from grpo_jax.errors import ConfigError
 from grpo_jax.registry import Registry
 from grpo_jax.rl.aggregation import aggregate, loss_normalizer, masked_sum
 from grpo_jax.rl.kl import kl_penalty
@@ -41,7 +42,7 @@ from grpo_jax.rl.off_policy import importance_weighted_kl, off_policy_sequence_m
 # The objective's metric sums that are divided by the token count (`tokens`) once summed over
 # micro-batches and minibatches; the others (pg_loss, value_loss, loss) are already normalised.
 TOKEN_SUMS = ("kl", "clip_frac", "dual_clip_frac", "entropy", "ratio", "value_clip_frac",
-              "opsm_masked_frac")
+              "opsm_masked_frac", "distill_kl")
 
 Objective = Callable[..., tuple[jax.Array, dict]]
 
@@ -66,6 +67,20 @@ def register_objective(name: str, *, whole_groups: bool = False, replace: bool =
     OBJECTIVES.register(name, ObjectiveEntry(build, whole_groups), replace=replace)
     return build
   return add
+
+
+def check_objective_rules(rl, name: str, rules: list) -> None:
+  """Raises ConfigError with the first broken rule's sentence: `rules` are (holds, sentence)
+  pairs, and the rule every objective other than "policy_gradient" shares (no value loss, no
+  truncated importance weights, none of DeepSeek-V3.2's switches) is checked last."""
+  rules = list(rules) + [(
+      rl.value_head == "none" and not rl.tis_cap and not rl.opsm_delta and not rl.unbiased_kl,
+      f"rl.objective={name!r} has no value loss, truncated importance weights or DeepSeek-V3.2 "
+      f"switches; set rl.value_head='none', rl.tis_cap=0, rl.opsm_delta=0, "
+      f"rl.unbiased_kl=False.")]
+  for holds, sentence in rules:
+    if not holds:
+      raise ConfigError(sentence)
 
 
 def make_objective(rl, group_size: int = 1) -> Objective:
@@ -102,11 +117,13 @@ def policy_gradient_objective(rl, group_size: int) -> Objective:
   kl_estimator, kl_clamp = rl.kl_estimator, rl.kl_clamp or None
   unbiased_kl, opsm_delta = rl.unbiased_kl, rl.opsm_delta
   entropy_coef, value_coef, value_clip = rl.entropy_coef, rl.value_coef, rl.value_clip_eps
+  distill_coef = rl.get("distill_coef", 0.0)
+  distill_in_loss = distill_coef > 0 and rl.get("distill_in") == "loss"
   del group_size  # rows are independent here
 
   def objective(logp, old_logp, advantages, loss_mask, entropy, *, kl_coef, ref_logp=None,
                 is_weights=None, sampler_logp=None, values=None, old_values=None,
-                returns=None, normalizer=None, rewards=None):
+                returns=None, normalizer=None, rewards=None, teacher_logp=None):
     del rewards  # the advantages carry them
     mask = loss_mask.astype(bool)
     if normalizer is None:
@@ -127,6 +144,9 @@ def policy_gradient_objective(rl, group_size: int) -> Objective:
       per_token = per_token + kl_coef * kl
     if entropy_coef:
       per_token = per_token + entropy_bonus(entropy, mask, entropy_coef)
+    if distill_in_loss:  # on-policy distillation's loss term (grpo_jax/rl/distill.py)
+      distill_kl = kl_penalty(logp, teacher_logp, mask, kl_estimator, kl_clamp)
+      per_token = per_token + distill_coef * distill_kl
     loss = aggregate(per_token, mask, mode, normalizer)
     sums = dict(pg_loss=aggregate(pg, mask, mode, normalizer), kl=masked_sum(kl, mask),
                 clip_frac=masked_sum(pm["clipped"], mask),
@@ -135,6 +155,8 @@ def policy_gradient_objective(rl, group_size: int) -> Objective:
                 tokens=jnp.sum(mask).astype(jnp.float32))
     if opsm_delta:
       sums["opsm_masked_frac"] = masked_sum(1.0 - kept, mask)
+    if distill_in_loss:
+      sums["distill_kl"] = masked_sum(distill_kl, mask)
     if values is not None:
       vl, vm = value_loss(values, old_values, returns, mask, value_clip)
       v_agg = aggregate(vl, mask, mode, normalizer)

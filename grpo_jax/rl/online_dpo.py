@@ -23,10 +23,9 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from grpo_jax.errors import ConfigError
 from grpo_jax.rl.aggregation import masked_sum
 from grpo_jax.rl.kl import kl_penalty
-from grpo_jax.rl.objective import register_objective
+from grpo_jax.rl.objective import check_objective_rules, register_objective
 
 
 def best_and_worst(rewards: jax.Array, group_size: int):
@@ -66,14 +65,8 @@ def _check(rl, group_size: int) -> None:
        f"pair; use group_size >= 2 (TRL samples 2)."),
       (rl.num_micro_batches == 1, f"rl.num_micro_batches={rl.num_micro_batches} with "
        f"rl.objective='online_dpo': the loss is a mean over the minibatch's pairs; use 1."),
-      (rl.value_head == "none" and not rl.tis_cap and not rl.opsm_delta and not rl.unbiased_kl,
-       "rl.objective='online_dpo' has no value loss, truncated importance weights or "
-       "DeepSeek-V3.2 switches; set rl.value_head='none', rl.tis_cap=0, rl.opsm_delta=0, "
-       "rl.unbiased_kl=False."),
   ]
-  for ok, sentence in rules:
-    if not ok:
-      raise ConfigError(sentence)
+  check_objective_rules(rl, "online_dpo", rules)
 
 
 @register_objective("online_dpo", whole_groups=True)

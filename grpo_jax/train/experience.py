@@ -17,6 +17,7 @@ from grpo_jax.models.config import ModelConfig
 from grpo_jax.models.value_head import separate_critic_values
 from grpo_jax.rl import advantages as adv_lib
 from grpo_jax.rl.aggregation import masked_mean
+from grpo_jax.rl.distill import distilled_advantages, reverse_kl_per_token
 from grpo_jax.rl.estimators import make_estimator
 from grpo_jax.rl.kl import kl_penalty
 from grpo_jax.rl.losses import truncated_is_weights
@@ -55,6 +56,9 @@ class Batch(NamedTuple):
   is_weights: jax.Array | None = None
   # (B,) the outcome rewards before any shaping; for objectives that read them (rl/drpo.py).
   outcome_rewards: jax.Array | None = None
+  # (B, N) the distillation teacher's log-probs of the sampled tokens, for its loss term
+  # (rl.distill_in = "loss"); None otherwise (grpo_jax/rl/distill.py).
+  teacher_logprobs: jax.Array | None = None
   # (B, N) the keep-sampling mask's cutoffs (Rollout.keep_cutoff); None when off. With it, every
   # log-prob of the update is of its policy renormalised over the sampler's kept tokens
   # (models/scoring.py), sampler_logprobs included.
@@ -142,6 +146,13 @@ def make_prepare_batch(model_cfg: ModelConfig, rl, group_size: int, temperature:
     sampler_logp = rollout.logprobs
     if rollout.kept_logmass is not None:  # the sampler's policy renormalised over its kept set
       sampler_logp = sampler_logp - rollout.kept_logmass
+    teacher_logp = inputs.extras.get("teacher_logprobs")
+    distill = teacher_logp is not None and rl.distill_coef > 0
+    if distill:
+      teacher_logp = jnp.where(mask, teacher_logp.astype(jnp.float32), 0.0)
+      if rl.distill_in == "reward":
+        advantages = distilled_advantages(advantages, sampler_logp, teacher_logp, mask,
+                                          rl.distill_coef)
     is_weights = None
     if rl.tis_cap > 0 and not reuse:
       is_weights = truncated_is_weights(old_logp, sampler_logp, mask, rl.tis_cap)
@@ -151,9 +162,13 @@ def make_prepare_batch(model_cfg: ModelConfig, rl, group_size: int, temperature:
                   ref_logprobs=ref_logp, old_values=old_values,
                   returns=jnp.where(mask, returns, 0.0) if critic else None,
                   is_weights=is_weights, outcome_rewards=inputs.rewards.astype(jnp.float32),
-                  keep_cutoff=rollout.keep_cutoff)
+                  keep_cutoff=rollout.keep_cutoff,
+                  teacher_logprobs=teacher_logp if distill and rl.distill_in == "loss" else None)
     metrics = dict(shaped_reward_mean=jnp.mean(rewards),
                    advantage_abs_mean=masked_mean(jnp.abs(advantages), mask))
+    if distill:  # the sampling policy's reverse KL to the teacher, per completion token
+      metrics["distill_reverse_kl"] = masked_mean(
+          reverse_kl_per_token(sampler_logp, teacher_logp, mask), mask)
     if not reuse:  # otherwise the update reports these two
       metrics.update(rollout_kl=masked_mean(kl, mask), sampler_logprob_gap=masked_mean(
           jnp.abs(old_logp - sampler_logp), mask))

@@ -30,8 +30,8 @@ from typing import Callable
 
 from grpo_jax.models.partitioning import shardings
 from grpo_jax.registry import Registry
+from grpo_jax.rewards.estimator_inputs import step_needs
 from grpo_jax.rewards.sources import RewardSources
-from grpo_jax.rl.estimators import ESTIMATORS
 from grpo_jax.train.seed_axis import SeedAxis
 from grpo_jax.train.step import StepSpec
 
@@ -85,7 +85,7 @@ class Run:
 
   @property
   def needs(self) -> tuple:
-    return ESTIMATORS.get(self.config.rl.advantage).needs
+    return step_needs(self.config)
 
 
 def state_jit_options(state, run: Run) -> dict:

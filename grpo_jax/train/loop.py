@@ -357,7 +357,7 @@ def _run(run: Run, state, resumed: bool, ckpts, sigterm) -> TrainState:
   finally:
     for writer in writers:
       writer.close()
-  if uses_checkpoint(config) and not axis.stacked:
+  if not axis.stacked:
     export_policy(config, state, run.spec.model_cfg, run.workdirs[0], log)
   return state
 

@@ -66,7 +66,7 @@ def loss_and_sums(trainable, mb: Batch, normalizer, kl_coef, *, model_cfg: Model
                          ref_logp=mb.ref_logprobs, is_weights=is_weights,
                          sampler_logp=mb.sampler_logprobs, values=values,
                          old_values=mb.old_values, returns=mb.returns, normalizer=normalizer,
-                         rewards=mb.outcome_rewards)
+                         rewards=mb.outcome_rewards, teacher_logp=mb.teacher_logprobs)
   if reuse:  # the rollout metrics preparation reports otherwise, over the completion tokens
     # Without a reference (rl.kl_coef == 0) the KL metric is measured against the old policy.
     ref_logp = old_logp if mb.ref_logprobs is None else mb.ref_logprobs
