@@ -1,5 +1,5 @@
 """The teacher of the tiny on-policy distillation demo (configs/distill_tiny.py): the tiny
-recipe (configs/grpo_tiny.py: warm-up, then 300 GRPO steps) on a model 8 times larger (2.9M
+recipe (configs/grpo_tiny.py: warm-up, then 300 GRPO steps) on a model 8 times larger (3.2M
 parameters: 4 layers of width 256 against 2 of 128), exported as a Hugging Face folder to
 ROOT/teacher/hf_export.
 
