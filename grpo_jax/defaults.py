@@ -294,7 +294,11 @@ def get_defaults() -> ml_collections.ConfigDict:
       # Weights & Biases logging besides metrics.jsonl and TensorBoard: a project name ("" =
       # off; needs pip install -e '.[wandb]') and its mode: "online", "offline" (no network:
       # written under workdir/wandb, uploaded later with `wandb sync`) or "disabled".
-      wandb_project="", wandb_mode="online"))
+      wandb_project="", wandb_mode="online",
+      # JAX's persistent compilation cache: "auto" = ~/.cache/grpo_jax/xla (or
+      # $GRPO_JAX_COMPILATION_CACHE) on a GPU or TPU, off on the CPU; "" = off; or a folder.
+      # A second run of the same program starts from it (one H200: a first step of 140 s -> 6 s).
+      compilation_cache="auto"))
 
   # Devices: (data, fsdp, tensor) sizes, -1 = the rest; multi-host start-up (see README).
   c.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, tensor=1))

@@ -32,7 +32,7 @@ def main(argv):
   config = _CONFIG.value
   try:
     check_xla_flags()  # before this process starts XLA, which aborts on a flag it rejects
-    start_backend()
+    start_backend(config.train.compilation_cache)
     config_lib.validate(config)
     check_workdir(_WORKDIR.value, checkpoints=False)
     task = build_task(config)

@@ -7,6 +7,8 @@ compute (an unreadable checkpoint is never taken for a damaged one: tests/test_f
 import json
 import os
 import shutil
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -189,3 +191,37 @@ def test_only_a_platform_choice_is_blamed_on_jax_platforms(monkeypatch):
   monkeypatch.setattr(jax, "devices", fail("Unable to initialize backend 'cuda': no GPU"))
   with pytest.raises(ConfigError, match="names a platform|the platform that JAX cannot start"):
     platform.start_backend()
+
+
+def test_compilation_cache_folder_by_setting_and_platform(monkeypatch):
+  from grpo_jax.parallel.platform import compilation_cache_dir  # noqa: PLC0415
+  monkeypatch.delenv("GRPO_JAX_COMPILATION_CACHE", raising=False)
+  home = os.path.expanduser(os.path.join("~", ".cache", "grpo_jax", "xla"))
+  assert compilation_cache_dir("auto", "cpu") is None
+  assert compilation_cache_dir("auto", "gpu") == home
+  assert compilation_cache_dir("auto", "tpu") == home
+  assert compilation_cache_dir("", "gpu") is None
+  assert compilation_cache_dir("/data/xla", "cpu") == "/data/xla"
+  monkeypatch.setenv("GRPO_JAX_COMPILATION_CACHE", "/scratch/xla")
+  assert compilation_cache_dir("auto", "gpu") == "/scratch/xla"
+
+
+@pytest.mark.parametrize("user_dir", [False, True])
+def test_a_compilation_lands_in_the_configured_cache(tmp_path, user_dir):
+  """start_backend(folder) makes the process's compilations persistent there; a user's own
+  JAX_COMPILATION_CACHE_DIR wins over train.compilation_cache."""
+  ours, theirs = tmp_path / "ours", tmp_path / "theirs"
+  env = {**os.environ, "JAX_PLATFORMS": "cpu", "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
+         "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "-1"}
+  env.pop("JAX_COMPILATION_CACHE_DIR", None)
+  if user_dir:
+    env["JAX_COMPILATION_CACHE_DIR"] = str(theirs)
+  code = ("import jax, jax.numpy as jnp; from grpo_jax.parallel import platform; "
+          f"platform.start_backend({str(ours)!r}); "
+          "print(jax.jit(lambda x: jnp.sin(x) * 3 + 1)(jnp.ones(5)).sum())")
+  done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                        timeout=300)
+  assert done.returncode == 0, done.stderr[-2000:]
+  written, unused = (theirs, ours) if user_dir else (ours, theirs)
+  assert written.is_dir() and any(written.iterdir())
+  assert not unused.exists()

@@ -47,12 +47,16 @@ def cpu_fallback_warning() -> str | None:
           f"has no {kind} support); for the {kind}: {_INSTALL[kind]}.")
 
 
-def start_backend() -> list:
+def start_backend(compilation_cache: str = "") -> list:
   """jax.devices(): the call that starts JAX's backend (after the multi-host start-up). A
   platform JAX cannot start here (JAX_PLATFORMS naming one this machine or the installed jax
-  lacks) is one ConfigError sentence instead of JAX's traceback."""
+  lacks) is one ConfigError sentence instead of JAX's traceback. Then JAX's persistent
+  compilation cache goes where `compilation_cache` (train.compilation_cache) says, before the
+  run's first compilation (compilation_cache_dir)."""
   try:
-    return jax.devices()
+    devices = jax.devices()
+    use_compilation_cache(compilation_cache)
+    return devices
   except (RuntimeError, AssertionError) as e:
     asked = os.environ.get("JAX_PLATFORMS", "")
     if not asked and "Unable to initialize backend" not in str(e):
@@ -63,6 +67,33 @@ def start_backend() -> list:
     raise ConfigError(f"{what} that JAX cannot start on this machine ({reason}); {unset}install "
                       f"the jax build for it (GPU: {_INSTALL['GPU']}; TPU: "
                       f"{_INSTALL['TPU']}).") from None
+
+
+def compilation_cache_dir(setting: str, backend: str) -> str | None:
+  """Where JAX's persistent compilation cache lives for train.compilation_cache = `setting`:
+  "auto" = $GRPO_JAX_COMPILATION_CACHE, else ~/.cache/grpo_jax/xla, on a GPU or TPU and off
+  (None) on the CPU; "" = off; anything else is the folder. On one H200 the real-model recipe's
+  first step took 140 s cold, most of it XLA's GEMM autotuning, and 6 s from a warm cache
+  (benchmarks/RESULTS.md); on the CPU a compile costs far less than it does there, and the
+  tests compile thousands of small programs, so "auto" leaves the CPU alone. The cache's key
+  holds the program, the flags, the jax version and the devices, so a stale entry is never
+  used."""
+  if setting == "auto":
+    if backend == "cpu":
+      return None
+    setting = (os.environ.get("GRPO_JAX_COMPILATION_CACHE")
+               or os.path.join("~", ".cache", "grpo_jax", "xla"))
+  return os.path.expanduser(setting) if setting else None
+
+
+def use_compilation_cache(setting: str) -> None:
+  """Points JAX's persistent compilation cache at compilation_cache_dir(setting), unless the
+  user already set jax_compilation_cache_dir (e.g. $JAX_COMPILATION_CACHE_DIR), which wins."""
+  if not setting or jax.config.jax_compilation_cache_dir:
+    return
+  path = compilation_cache_dir(setting, jax.default_backend())
+  if path is not None:
+    jax.config.update("jax_compilation_cache_dir", path)
 
 
 def check_xla_flags() -> None:

@@ -226,10 +226,10 @@ def _start_devices(config, axis: SeedAxis):
       raise config_lib.ConfigError(
           f"distributed.mode={dist.mode!r}: stacked seeds run in one process on one device; "
           f"set distributed.mode='none' or run the seeds separately.")
-    start_backend()
+    start_backend(config.train.compilation_cache)
     return None
   distributed.initialize(dist)
-  start_backend()
+  start_backend(config.train.compilation_cache)
   try:
     mesh = make_mesh(config.mesh)
   except ValueError as e:

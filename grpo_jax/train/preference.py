@@ -212,7 +212,7 @@ def train_dpo(config, workdir: str, log=print):
   config_lib.validate(config)
   check_workdir(workdir)
   check_dpo_config(config)
-  start_backend()
+  start_backend(config.train.compilation_cache)
   d = config.dpo
   task = build_task(config, log)
   key = jax.random.key(config.seed)

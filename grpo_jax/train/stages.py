@@ -94,7 +94,7 @@ def train_sft(config, workdir: str, log=print):
   newest checkpoint exactly. Returns the trained params."""
   config_lib.validate(config)
   check_workdir(workdir)
-  start_backend()
+  start_backend(config.train.compilation_cache)
   steps = config.warmup.steps
   if steps <= 0:
     raise ConfigError(f"warmup.steps={steps}: the SFT stage trains warmup.steps steps; set it "
@@ -265,7 +265,7 @@ def train_reward_model(config, workdir: str, log=print):
   """The RM stage (module docstring); resumes from the newest checkpoint. Returns the state."""
   config_lib.validate(config)
   check_workdir(workdir)
-  start_backend()
+  start_backend(config.train.compilation_cache)
   rm = config.rm
   for name in ("steps", "batch_size", "eval_every", "train_pairs", "test_pairs"):
     if rm[name] < 1:

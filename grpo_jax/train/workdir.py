@@ -165,7 +165,7 @@ def write_config(config, workdir: str) -> None:
 # on train.steps), and the multi-host start-up (a restarted job may get another coordinator).
 FREE_TO_CHANGE = ("train.steps", "train.eval_every", "train.checkpoint_every",
                   "train.keep_checkpoints", "train.export", "train.allow_config_change",
-                  "train.wandb_", "distributed.")
+                  "train.wandb_", "train.compilation_cache", "distributed.")
 
 
 def _flat(tree, prefix: str = "") -> dict:
