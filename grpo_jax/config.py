@@ -306,9 +306,11 @@ def _validate_distill(config) -> None:
            f"> 0 of the reverse KL to the teacher.")
   if rl.distill_coef == 0:
     return
-  _require(os.path.isfile(os.path.join(rl.distill_teacher, "config.json")),
+  remote = rl.distill_teacher.startswith(("http://", "https://"))  # checked at its /info
+  _require(remote or os.path.isfile(os.path.join(rl.distill_teacher, "config.json")),
            f"rl.distill_teacher={rl.distill_teacher!r} is not a Hugging Face model folder (no "
-           f"config.json); rl.distill_coef={rl.distill_coef} needs the teacher's folder.")
+           f"config.json) or an http(s) URL of a teacher's server; rl.distill_coef="
+           f"{rl.distill_coef} needs one.")
   _require(not config.train.fused_steps, f"rl.distill_coef={rl.distill_coef}: the teacher scores "
            f"the samples on the host; set train.fused_steps=0.")
   _require(rl.distill_in == "reward" or rl.objective == "policy_gradient",

@@ -102,3 +102,61 @@ def test_a_teacher_of_another_vocabulary_is_refused(tmp_path):
   config = _student(_tiny_teacher(tmp_path / "teacher", vocab_size=40))
   with pytest.raises(ConfigError, match="vocab_size=40, the policy 16"):
     build_reward_sources(config, build_task(config))
+
+
+@pytest.fixture
+def served(tmp_path):
+  """serve(folder) -> the URL of a grpo_jax.serve_teacher server for that folder (a thread)."""
+  import threading  # noqa: PLC0415
+
+  from grpo_jax.serve_teacher import Teacher, make_server  # noqa: PLC0415
+  servers = []
+
+  def serve(folder):
+    server = make_server(Teacher(folder), port=0)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    servers.append(server)
+    return f"http://127.0.0.1:{server.server_address[1]}"
+  yield serve
+  for server in servers:
+    server.shutdown()
+
+
+def test_a_remote_teacher_gives_the_local_teachers_logprobs_and_run(served, tmp_path):
+  """rl.distill_teacher = the URL of `python -m grpo_jax.serve_teacher`: the same per-token
+  log-probs as the folder loaded in the run (within 1e-5: other padding), and a 2-step run with
+  the same reverse KL to the teacher at each step."""
+  from grpo_jax.rewards.sources import build_reward_sources  # noqa: PLC0415
+  from grpo_jax.train.loop import train  # noqa: PLC0415
+  from grpo_jax.train.setup import build_task  # noqa: PLC0415
+  folder = _tiny_teacher(tmp_path / "teacher")
+  url = served(folder)
+  local_cfg, remote_cfg = _student(folder), _student(url)
+  task = build_task(local_cfg)
+  local = build_reward_sources(local_cfg, task).teacher
+  remote = build_reward_sources(remote_cfg, task).teacher
+  prompts = task.train_batch(0, 3, 0)
+  rng = np.random.default_rng(0)
+  tokens = rng.integers(0, 16, (6, 7)).astype(np.int32)
+  mask = np.arange(7)[None] < rng.integers(1, 8, (6, 1))
+  np.testing.assert_allclose(remote.logprobs(prompts, tokens, mask, 2),
+                             local.logprobs(prompts, tokens, mask, 2), atol=1e-5)
+  kls = []
+  for name, config in (("local", local_cfg), ("remote", remote_cfg)):
+    train(config, str(tmp_path / name), log=lambda *a: None)
+    with open(tmp_path / name / "metrics.jsonl") as f:
+      kls.append([r["distill_reverse_kl"] for r in map(json.loads, f) if "distill_reverse_kl" in r])
+  assert len(kls[0]) == 2
+  np.testing.assert_allclose(kls[1], kls[0], atol=1e-5)
+
+
+def test_a_remote_teacher_of_another_vocabulary_or_not_there_is_one_sentence(served, tmp_path):
+  from grpo_jax.rewards.sources import build_reward_sources  # noqa: PLC0415
+  from grpo_jax.train.setup import build_task  # noqa: PLC0415
+  url = served(_tiny_teacher(tmp_path / "teacher", vocab_size=40))
+  config = _student(url)
+  with pytest.raises(ConfigError, match="has another tokenizer than the policy's"):
+    build_reward_sources(config, build_task(config))
+  config = _student("http://127.0.0.1:9")  # nothing listens on the discard port
+  with pytest.raises(ConfigError, match="GET http://127.0.0.1:9/info failed"):
+    build_reward_sources(config, build_task(config))

@@ -157,6 +157,35 @@ def test_kto_equals_trl(pairs):
     assert abs(ours - theirs) <= 1e-6, (shift, ours, theirs)
 
 
+def test_unpaired_kto_equals_trl(pairs):
+  """KTO on unpaired labelled completions (8 desirable, 4 undesirable, interleaved), against
+  KTOTrainer._compute_loss on the same rows and labels."""
+  from trl import KTOTrainer  # noqa: PLC0415
+  rng = np.random.default_rng(2)
+  labels = np.array([1, 1, 0, 1, 1, 0, 1, 1, 0, 1, 1, 0], bool)
+  kl_logps, ref_kl_logps = rng.uniform(-9, -1, 2 * B), rng.uniform(-9, -1, 2 * B)
+  ref = pairs["ref"].sum(1)
+  inputs = {"input_ids": torch.zeros((2 * B, T), dtype=torch.long),
+            "attention_mask": torch.ones((2 * B, T), dtype=torch.long),
+            "completion_mask": torch.from_numpy(pairs["mask"]),
+            "label": torch.from_numpy(labels), "ref_logps": torch.from_numpy(ref),
+            "ref_KL_logps": torch.from_numpy(ref_kl_logps)}
+  for shift in (0.0, 3.0):
+    stub = _trainer_stub(calculate_KL=True, loss_type="kto", beta=0.2, desirable_weight=0.75,
+                         undesirable_weight=1.5,
+                         _compute_kl_logps=lambda model, batch, s=shift: torch.from_numpy(
+                             kl_logps + s))
+    theirs = float(KTOTrainer._compute_loss(stub, _Model(torch.from_numpy(pairs["policy"])),
+                                            inputs, False))
+    z0 = dpo_lib.kto_reference_point(jnp.asarray(kl_logps + shift), jnp.asarray(ref_kl_logps))
+    f = lambda x: jnp.asarray(x, jnp.float32)  # noqa: E731
+    p = PairLogps(chosen=f(pairs["policy"].sum(1)), rejected=None,
+                  chosen_tokens=f(pairs["lengths"]), rejected_tokens=None, ref_chosen=f(ref),
+                  kl=z0, desirable=jnp.asarray(labels))
+    ours = float(_bound("kto", beta=0.2, desirable_weight=0.75, undesirable_weight=1.5)(p))
+    assert abs(ours - theirs) <= 1e-6, (shift, ours, theirs)
+
+
 @pytest.mark.parametrize("smoothing", [0.0, 0.1])
 def test_simpo_equals_trl_cpo(pairs, smoothing):
   from trl.experimental.cpo import CPOTrainer  # noqa: PLC0415

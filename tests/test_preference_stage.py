@@ -73,13 +73,77 @@ def test_on_the_fly_reference_equals_the_cached_one(straight, tmp_path):
 
 @pytest.mark.parametrize("loss", ["kto", "orpo"])
 def test_kto_and_a_reference_free_loss_run(loss, tmp_path):
-  _train(_config(2, **{"dpo.loss": loss, "dpo.eval_every": 2}), tmp_path)
+  state = _train(_config(2, **{"dpo.loss": loss, "dpo.eval_every": 2}), tmp_path)
   records = _records(tmp_path)
   assert all(math.isfinite(r["loss"]) for r in records[1:])
   if loss == "kto":  # the policy is the reference at step 1: z0 = 0, every 1 - σ(0) = 1/2
     assert records[1]["kl"] == 0.0 and records[1]["loss"] == pytest.approx(0.5, abs=1e-6)
-  else:  # β × the per-token log-probs, no reference in the rewards
+  else:  # β × the per-token log-probs, no reference in the rewards, and no copy kept
     assert records[1]["rewards_chosen"] < 0.0
+    assert state.ref_params is None
+
+
+def _unpaired_files(tmp_path, config):
+  """The task's pairs as KTO's unpaired records: every chosen completion desirable, one
+  rejected completion in three undesirable (an imbalanced set, as real feedback is)."""
+  from grpo_jax.data.supervised import write_jsonl  # noqa: PLC0415
+  from grpo_jax.train.setup import build_task  # noqa: PLC0415
+  from grpo_jax.train.stages import preference_pairs  # noqa: PLC0415
+  task = build_task(config, lambda *a: None)
+  paths = {}
+  for split in ("train", "test"):
+    records = []
+    for i, r in enumerate(preference_pairs(config, "dpo", task, split)):
+      records.append({"prompt": r["prompt"], "completion": r["chosen"], "label": True})
+      if i % 3 == 0:
+        records.append({"prompt": r["prompt"], "completion": r["rejected"], "label": False})
+    paths[split] = str(tmp_path / f"{split}.jsonl")
+    write_jsonl(paths[split], records)
+  return paths
+
+
+def test_kto_trains_on_unpaired_labelled_completions(tmp_path):
+  """{prompt, completion, label} files: KTO's step 1 is 1/2 (z0 = 0 and every completion's
+  term 1 - σ(0)), the labelled metrics are recorded, and after 6 steps the desirable
+  completions' implicit reward is above the undesirable ones'; another loss on such a file
+  is one sentence, as is a record without a boolean label."""
+  paths = _unpaired_files(tmp_path, _config(4))
+  fields = {"dpo.loss": "kto", "dpo.train_path": paths["train"], "dpo.test_path": paths["test"],
+            "dpo.eval_every": 6, "optim.learning_rate": 1e-3, "optim.warmup_steps": 1}
+  lines = []
+  _train(_config(6, **fields), tmp_path / "run", log=lines.append)
+  assert any("training labelled completions" in line for line in lines)
+  records = _records(tmp_path / "run")
+  assert records[1]["loss"] == pytest.approx(0.5, abs=1e-6) and records[1]["kl"] == 0.0
+  assert {"eval_label_accuracy", "eval_reward_margin"} <= set(records[6])
+  assert records[6]["reward_margin"] > 0.0 and records[6]["eval_reward_margin"] > 0.0
+  with pytest.raises(ConfigError, match="only dpo.loss='kto' trains on"):
+    _train(_config(2, **{**fields, "dpo.loss": "dpo"}), tmp_path / "dpo")
+  bad = tmp_path / "bad.jsonl"
+  bad.write_text('{"prompt": "1+1=", "completion": "2", "label": "yes"}\n')
+  from grpo_jax.errors import InputError  # noqa: PLC0415
+  with pytest.raises(InputError, match="needs a boolean label"):
+    _train(_config(2, **{**fields, "dpo.train_path": str(bad)}), tmp_path / "bad")
+
+
+def test_dpo_with_lora_starts_at_the_base_and_resumes_exactly(tmp_path):
+  """lora.rank = 4: the state trains the adapters only, the frozen base is the reference (no
+  copy), step 1 is log 2 (B = 0: the policy is the base), and a run stopped after step 2 and
+  run again (the base rebuilt from the warm-up) ends where the straight one ends."""
+  fields = {"lora.rank": 4, "lora.alpha": 8.0, "optim.learning_rate": 1e-3, "dpo.eval_every": 2}
+  straight = _train(_config(4, **fields), tmp_path / "straight")
+  records = _records(tmp_path / "straight")
+  assert records[1]["loss"] == pytest.approx(math.log(2), abs=1e-6)
+  assert records[4]["loss"] < records[1]["loss"] and records[4]["eval_reward_margin"] > 0.0
+  assert straight.ref_params is None and straight.base_params is not None
+  trainable = sum(x.size for x in jax.tree.leaves(straight.params))
+  assert trainable < sum(x.size for x in jax.tree.leaves(straight.base_params)) / 4
+  _train(_config(2, **fields), tmp_path / "split")
+  lines = []
+  resumed = _train(_config(4, **fields), tmp_path / "split", log=lines.append)
+  assert any("frozen base rebuilt" in line for line in lines)
+  jax.tree.map(np.testing.assert_array_equal, straight.params, resumed.params)
+  assert _records(tmp_path / "straight") == _records(tmp_path / "split")
 
 
 @pytest.mark.parametrize("field, value, message", [

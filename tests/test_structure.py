@@ -26,7 +26,7 @@ FLOORS = [
     ["defaults"],
     ["train"],
     ["training_free"],
-    ["main", "eval", "train_dpo", "train_rm", "train_sft", "train_training_free"],
+    ["main", "eval", "serve_teacher", "train_dpo", "train_rm", "train_sft", "train_training_free"],
 ]
 
 

@@ -39,6 +39,41 @@ class PairBatch(NamedTuple):  # (a pytree: jitted steps take it whole)
   rejected_mask: np.ndarray
 
 
+class LabelledBatch(NamedTuple):  # KTO's unpaired completions
+  prompt_tokens: np.ndarray  # (B, P) left-padded
+  prompt_mask: np.ndarray
+  tokens: np.ndarray  # (B, N) right-padded
+  mask: np.ndarray
+  desirable: np.ndarray  # (B,) bool: the completion's label
+
+
+UNPAIRED_FIELDS = ("prompt", "completion", "label")
+
+
+def is_unpaired(path: str) -> bool:
+  """A preference file of {prompt, completion, label} records (KTO's unpaired format), read
+  from its first record; else {prompt, chosen, rejected} pairs."""
+  with open(path) as f:
+    for line in f:
+      if line.strip():
+        try:
+          return "completion" in json.loads(line)
+        except (json.JSONDecodeError, TypeError):
+          return False
+  return False
+
+
+def read_labelled(path: str) -> list[dict]:
+  """{prompt, completion, label} records; label true (desirable) or false, else an InputError
+  naming the line."""
+  records = read_jsonl(path, ("prompt", "completion"))
+  for number, r in enumerate(records, 1):
+    if not isinstance(r.get("label"), bool):
+      raise InputError(f"{path} record {number} has label={r.get('label')!r}; each record needs "
+                       f"a boolean label (true: desirable, false: undesirable).")
+  return records
+
+
 def read_jsonl(path: str, fields: tuple) -> list[dict]:
   """The records of a jsonl file, each with string `fields`; an InputError names the line."""
   if not os.path.isfile(path):
@@ -125,6 +160,26 @@ class PairData:
 
   def stream_batch(self, position: int, count: int, seed: int) -> PairBatch:
     return self.batch(epoch_positions(position, count, len(self.pairs), seed))
+
+
+class LabelledData:
+  """{prompt, completion, label} records tokenised by `task`, as LabelledBatch rows."""
+
+  def __init__(self, task, records: list[dict], max_new_tokens: int):
+    self.rows = [task.supervised_example(r["prompt"], r["completion"]) for r in records]
+    self.labels = np.array([r["label"] for r in records], bool)
+    self.prompt_len = max(len(p) for p, _ in self.rows)
+    self.max_new_tokens = max_new_tokens
+    self.pad_id = task.pad_id
+
+  def __len__(self) -> int:
+    return len(self.rows)
+
+  def batch(self, rows) -> LabelledBatch:
+    n, pad = self.max_new_tokens, self.pad_id
+    pt, pm = pad_rows([self.rows[i][0] for i in rows], self.prompt_len, pad, left=True)
+    ct, cm = pad_rows([self.rows[i][1][:n] for i in rows], n, pad, left=False)
+    return LabelledBatch(pt, pm, ct, cm, self.labels[np.asarray(rows)])
 
 
 def _wrong_answer(rng, a: int, b: int, digits: int) -> int:

@@ -268,11 +268,18 @@ def _steps_field(payload, rows: int, first: int) -> list | None:
 def _request(cfg: RemoteRewardConfig, body: bytes, rows: int, first: int):
   """(rewards, step_rewards or None) of one chunk, posting until an answer reads or the
   attempts run out; raises the last _Fault, with the attempts made."""
+  return post_with_retries(cfg, body, lambda payload: (_rewards_field(payload, rows, first),
+                                                       _steps_field(payload, rows, first)))
+
+
+def post_with_retries(cfg: RemoteRewardConfig, body: bytes, read):
+  """read(the answer's JSON) of a POST of body to cfg.url, retried as the module docstring says
+  (a transport fault, 5xx, 429); raises the last _Fault (.describe() says why), with the
+  attempts made. `read` raises _Fault for an answer that does not read."""
   attempts = 0
   while True:
     try:
-      payload = _decode(_post(cfg, body))
-      return _rewards_field(payload, rows, first), _steps_field(payload, rows, first)
+      return read(_decode(_post(cfg, body)))
     except _Fault as fault:
       attempts += 1
       if not fault.retry or attempts > cfg.max_retries:
@@ -363,3 +370,6 @@ def raise_first(result: RemoteResult) -> None:
   if np.any(result.failed):
     raise RewardError(result.errors[0] + "; fix the server or set train.on_reward_error='zero' "
                       "to score such completions 0 and count them.")
+
+
+RemoteFault = _Fault  # what post_with_retries raises, and what its `read` raises

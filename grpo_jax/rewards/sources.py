@@ -299,10 +299,15 @@ def build_reward_sources(config, task, mesh=None, rule_name: str = RULE) -> Rewa
 
 def _teacher(config, task, mesh) -> TeacherSource | None:
   """rl.distill_teacher's model (any HF causal LM folder with the policy's tokenizer), frozen and
-  placed like the policy, or None when the run does not distil."""
+  placed like the policy, or the teacher served at that URL (RemoteTeacher), or None when the
+  run does not distil."""
   rl = config.get("rl")
   if rl is None or not rl.get("distill_coef", 0) > 0:
     return None
+  from grpo_jax.rewards.remote_teacher import RemoteTeacher, is_url  # noqa: PLC0415
+  if is_url(rl.distill_teacher):  # served elsewhere (python -m grpo_jax.serve_teacher)
+    return RemoteTeacher.connect(rl.distill_teacher, task.tokenizer,
+                                 None if config.model.path else config.model.vocab_size)
   from grpo_jax.models.hf import load_hf_checkpoint  # noqa: PLC0415
   from grpo_jax.models.scoring import completion_logprobs  # noqa: PLC0415
   path = pathlib.Path(rl.distill_teacher)

@@ -20,6 +20,8 @@ the entries are (defaults and conventions: TRL 1.16, whose code they equal, test
                                                               is one desirable and one undesirable
                                                               example; z0 = max(0, mean KL
                                                               estimate), no gradient)
+            or, on unpaired {prompt, completion, label} data (PairLogps.desirable set), the mean
+            over the B completions of the term their label picks (TRL's KTOTrainer)
     simpo   -(1-ε) log σ(βh - γ) - ε log σ(γ - βh),
             h = log π(y_c|x)/|y_c| - log π(y_r|x)/|y_r|
                                                              (Meng et al.; reference-free; TRL
@@ -53,7 +55,9 @@ PREFERENCE_LOSSES = Registry("dpo.loss")
 
 class PairLogps(NamedTuple):
   """Per pair (each (B,)): summed completion log-probs and token counts; the reference's sums
-  (None for a reference-free loss); KTO's reference point z0 (a scalar, else None)."""
+  (None for a reference-free loss); KTO's reference point z0 (a scalar, else None). Unpaired
+  (KTO's labelled completions): `chosen`, `chosen_tokens` and `ref_chosen` hold every
+  completion's, the rejected fields are None and `desirable` (B,) bool is each one's label."""
   chosen: jax.Array
   rejected: jax.Array
   chosen_tokens: jax.Array
@@ -61,6 +65,7 @@ class PairLogps(NamedTuple):
   ref_chosen: jax.Array | None = None
   ref_rejected: jax.Array | None = None
   kl: jax.Array | None = None
+  desirable: jax.Array | None = None
 
 
 def logratios(p: PairLogps):
@@ -134,9 +139,15 @@ def ipo(p: PairLogps, *, beta=0.1):
 
 @PREFERENCE_LOSSES.register("kto", check=check_beta)
 def kto(p: PairLogps, *, beta=0.1, desirable_weight=1.0, undesirable_weight=1.0):
-  """Mean over the 2B completions of w_D (1 - σ(β(Δ_c - z0))) and w_U (1 - σ(β(z0 - Δ_r)))."""
-  c, r = logratios(p)
+  """Mean over the 2B completions of w_D (1 - σ(β(Δ_c - z0))) and w_U (1 - σ(β(z0 - Δ_r)));
+  unpaired, over the B labelled completions, each with its label's term."""
   z0 = jax.lax.stop_gradient(p.kl)
+  if p.desirable is not None:
+    d = p.chosen - p.ref_chosen
+    return jnp.mean(jnp.where(p.desirable,
+                              desirable_weight * (1.0 - jax.nn.sigmoid(beta * (d - z0))),
+                              undesirable_weight * (1.0 - jax.nn.sigmoid(beta * (z0 - d)))))
+  c, r = logratios(p)
   losses = jnp.concatenate([desirable_weight * (1.0 - jax.nn.sigmoid(beta * (c - z0))),
                             undesirable_weight * (1.0 - jax.nn.sigmoid(beta * (z0 - r)))])
   return jnp.mean(losses)
@@ -181,7 +192,9 @@ def rpo(p: PairLogps, *, beta=0.1, rpo_alpha=1.0):
 
 def implicit_rewards(p: PairLogps, beta: float, reference_free: bool):
   """(chosen, rejected) rewards as TRL logs them: β log π/π_ref, or β times the per-token
-  log-prob for a reference-free loss."""
+  log-prob for a reference-free loss (unpaired: every completion's, and None)."""
+  if p.desirable is not None:
+    return beta * (p.chosen - p.ref_chosen), None
   if reference_free:
     return (beta * _per_token(p.chosen, p.chosen_tokens),
             beta * _per_token(p.rejected, p.rejected_tokens))

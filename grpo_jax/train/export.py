@@ -24,12 +24,14 @@ def export_model_type(config, model_cfg) -> str:
   return "qwen3" if model_cfg.qk_norm else ("qwen2" if model_cfg.qkv_bias else "llama")
 
 
-def export_policy(config, state, model_cfg: ModelConfig, workdir: str, log) -> None:
-  """train.export: the policy as a full HF checkpoint in workdir/hf_export (under LoRA the
-  adapters merged into the base); lora.export_adapter (LoRA only): the adapters in PEFT's
-  format in workdir/peft_adapter."""
+def export_policy(config, state, model_cfg: ModelConfig, workdir: str, log,
+                  export: bool | None = None) -> None:
+  """train.export (or `export`, a stage's own switch): the policy as a full HF checkpoint in
+  workdir/hf_export (under LoRA the adapters merged into the base); lora.export_adapter (LoRA
+  only): the adapters in PEFT's format in workdir/peft_adapter."""
   lora = uses_lora(config) and config.lora.export_adapter and uses_checkpoint(config)
-  if not (config.train.export or lora):
+  export = config.train.export if export is None else export
+  if not (export or lora):
     return
   # Collective: every process takes part.
   host = to_host((state.params, state.base_params))
@@ -37,7 +39,7 @@ def export_policy(config, state, model_cfg: ModelConfig, workdir: str, log) -> N
     return
   from grpo_jax.models.hf_export import export_hf_checkpoint, export_peft_adapter  # noqa
   params, base = host
-  if config.train.export:
+  if export:
     out = os.path.join(workdir, "hf_export")
     if base is None:
       full = params

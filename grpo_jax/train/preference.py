@@ -4,7 +4,8 @@ README "DPO and its family"): a loss of grpo_jax/rl/dpo.py on {prompt, chosen, r
   start      the SFT policy: model.path, then the task's warm-up when warmup.steps > 0 (so one
              command goes from a random model to DPO on the tiny task); it is also the frozen
              reference (state.ref_params), kept in every checkpoint.
-  pairs      dpo.train_path / test_path (jsonl), or made from the task as the reward model's
+  pairs      dpo.train_path / test_path (jsonl of {prompt, chosen, rejected}; for KTO also
+             unpaired {prompt, completion, label}: LabelledData), or made from the task as the reward model's
              are (stages.preference_pairs): a share dpo.policy_fraction from the start's own
              wrong samples, the rest synthetic.
   rounds     dpo.rounds = R > 0: Iterative RPO (Pang et al. 2024) instead: R rounds of
@@ -16,7 +17,12 @@ README "DPO and its family"): a loss of grpo_jax/rl/dpo.py on {prompt, chosen, r
              implicit rewards are measured against the current round's reference.
   reference  the reference's summed log-probs of every training pair computed once before the
              first step (dpo.reference="cached") or at each step ("on_the_fly"); none for a
-             reference-free loss (simpo, orpo); KTO's z0 on the batch's mismatched pairs.
+             reference-free loss (simpo, orpo), which then keeps no copy of the weights
+             either; KTO's z0 on the batch's mismatched pairs.
+  LoRA       lora.rank > 0: the state holds the adapters, the frozen start is the base and the
+             reference (no copy; rebuilt from model.path and the warm-up on resume, as in the
+             RL loop), the export merges them and writes the PEFT adapter; with rounds each
+             round's reference is the merged policy at its start.
   metrics    at every step: loss, implicit rewards of the chosen and the rejected completions
              (β log π/π_ref), their margin, pair accuracy, log-probs; at step 0, every
              dpo.eval_every steps and at the end: held-out greedy accuracy (the task's
@@ -36,19 +42,22 @@ import jax.numpy as jnp
 import numpy as np
 
 from grpo_jax import config as config_lib
-from grpo_jax.data.supervised import PairData, epoch_positions
+from grpo_jax.data.supervised import (LabelledBatch, LabelledData, PairData, epoch_positions,
+                                      is_unpaired, read_labelled)
 from grpo_jax.errors import ConfigError
+from grpo_jax.models.lora import LoraParams, merge
 from grpo_jax.models.scoring import completion_logprobs
 from grpo_jax.parallel.platform import start_backend
 from grpo_jax.rl.dpo import PREFERENCE_LOSSES, PairLogps, implicit_rewards, kto_reference_point
-from grpo_jax.train import files
 from grpo_jax.train.evaluation import make_evaluator
 from grpo_jax.train.runner import Schedule
 from grpo_jax.train.seed_axis import SeedAxis
-from grpo_jax.train.setup import build_model, build_task, check_task_fits_model
-from grpo_jax.train.stages import (check_pair_sources, export_model_type, preference_pairs,
-                                   run_stage)
-from grpo_jax.train.state import apply_if_finite, create_train_state, make_optimizer
+from grpo_jax.train.export import export_policy
+from grpo_jax.train.setup import (build_model, build_task, check_task_fits_model,
+                                  initial_adapters, uses_lora)
+from grpo_jax.train.stages import check_pair_sources, preference_pairs, run_stage
+from grpo_jax.train.state import (apply_if_finite, create_train_state, make_optimizer,
+                                  policy_params, reference_params)
 from grpo_jax.train.warmup import run_warmup
 from grpo_jax.train.workdir import WorkdirLock, check_workdir
 
@@ -69,6 +78,12 @@ def check_dpo_config(config) -> None:
     raise ConfigError(f"dpo.reference={d.reference!r}; use one of {', '.join(REFERENCES)}.")
   PREFERENCE_LOSSES.bind(d.loss, d)  # an unknown loss or a bad hyperparameter
   check_pair_sources(config, "dpo")
+  for split in ("train", "test"):
+    path = d[f"{split}_path"]
+    if path and os.path.isfile(path) and is_unpaired(path) and d.loss != "kto":
+      raise ConfigError(f"dpo.{split}_path={path!r} holds unpaired {{prompt, completion, label}} "
+                        f"records, which only dpo.loss='kto' trains on (dpo.loss={d.loss!r}); "
+                        f"use kto or give {{prompt, chosen, rejected}} pairs.")
 
 
 def pair_sums(params, model_cfg, prompt_tokens, prompt_mask, tokens, mask):
@@ -77,8 +92,11 @@ def pair_sums(params, model_cfg, prompt_tokens, prompt_mask, tokens, mask):
   return logp.sum(1)
 
 
-def chosen_and_rejected(params, model_cfg, b):
-  """(chosen sums, rejected sums) of a PairBatch in one pass over its 2B rows."""
+def sequence_sums(params, model_cfg, b):
+  """(chosen sums, rejected sums) of a PairBatch in one pass over its 2B rows; (sums,) of a
+  LabelledBatch."""
+  if isinstance(b, LabelledBatch):
+    return (pair_sums(params, model_cfg, b.prompt_tokens, b.prompt_mask, b.tokens, b.mask),)
   twice = lambda x: jnp.concatenate([x, x])  # noqa: E731
   sums = pair_sums(params, model_cfg, twice(b.prompt_tokens), twice(b.prompt_mask),
                    jnp.concatenate([b.chosen_tokens, b.rejected_tokens]),
@@ -97,16 +115,22 @@ def make_pair_logps(model_cfg, loss_name: str):
   needs_kl = getattr(entry, "needs_kl", False)
 
   def pair_logps(params, ref_params, b, ref=None):
-    chosen, rejected = chosen_and_rejected(params, model_cfg, b)
+    sums = sequence_sums(params, model_cfg, b)
     if not reference_free and ref is None:
-      ref = jax.lax.stop_gradient(chosen_and_rejected(ref_params, model_cfg, b))
+      ref = jax.lax.stop_gradient(sequence_sums(ref_params, model_cfg, b))
     kl = None
-    if needs_kl:
-      shifted = (jnp.roll(b.chosen_tokens, 1, 0), jnp.roll(b.chosen_mask, 1, 0))
+    if needs_kl:  # prompt i with the completion of row i - 1
+      tokens, mask = (b.tokens, b.mask) if isinstance(b, LabelledBatch) else (
+          b.chosen_tokens, b.chosen_mask)
+      shifted = (jnp.roll(tokens, 1, 0), jnp.roll(mask, 1, 0))
       kl = kto_reference_point(
           jax.lax.stop_gradient(pair_sums(params, model_cfg, b.prompt_tokens, b.prompt_mask,
                                           *shifted)),
           pair_sums(ref_params, model_cfg, b.prompt_tokens, b.prompt_mask, *shifted))
+    if isinstance(b, LabelledBatch):
+      return PairLogps(sums[0], None, b.mask.sum(1).astype(jnp.float32), None, ref[0], None,
+                       kl, b.desirable)
+    chosen, rejected = sums
     ref_chosen, ref_rejected = (None, None) if reference_free else ref
     return PairLogps(chosen, rejected, b.chosen_mask.sum(1).astype(jnp.float32),
                      b.rejected_mask.sum(1).astype(jnp.float32), ref_chosen, ref_rejected, kl)
@@ -118,6 +142,15 @@ def reward_metrics(p: PairLogps, beta: float, reference_free: bool, prefix: str 
   """Mean implicit rewards of the chosen and rejected completions, their margin, the share of
   pairs ordered right (a tie counts as wrong) and the mean summed log-probs."""
   chosen, rejected = implicit_rewards(p, beta, reference_free)
+  if p.desirable is not None:  # unpaired: the labels split one set of completions
+    d = p.desirable.astype(jnp.float32)
+    mean = lambda x, w: jnp.sum(x * w) / jnp.maximum(jnp.sum(w), 1.0)  # noqa: E731
+    return {f"{prefix}rewards_chosen": mean(chosen, d),
+            f"{prefix}rewards_rejected": mean(chosen, 1.0 - d),
+            f"{prefix}reward_margin": mean(chosen, d) - mean(chosen, 1.0 - d),
+            f"{prefix}label_accuracy": jnp.mean(((chosen > 0) == p.desirable).astype(jnp.float32)),
+            f"{prefix}logps_chosen": mean(p.chosen, d),
+            f"{prefix}logps_rejected": mean(p.chosen, 1.0 - d)}
   return {f"{prefix}rewards_chosen": jnp.mean(chosen),
           f"{prefix}rewards_rejected": jnp.mean(rejected),
           f"{prefix}reward_margin": jnp.mean(chosen - rejected),
@@ -134,8 +167,10 @@ def make_dpo_step(model_cfg, optimizer, section):
   beta = float(section.beta)
 
   def step(state, b, ref):
-    def objective(params):
-      p = pair_logps(params, state.ref_params, b, ref)
+    def objective(trainable):
+      policy = (trainable if state.base_params is None else
+                LoraParams(state.base_params, trainable))
+      p = pair_logps(policy, reference_params(state), b, ref)
       return loss_fn(p), p
 
     (loss, p), grads = jax.value_and_grad(objective, has_aux=True)(state.params)
@@ -152,26 +187,29 @@ def make_dpo_step(model_cfg, optimizer, section):
   return step
 
 
-def cache_reference(model_cfg, ref_params, data: PairData, batch_size: int):
-  """The reference's (chosen, rejected) sums of every pair of `data`, in pair order."""
-  run = jax.jit(functools.partial(chosen_and_rejected, model_cfg=model_cfg))
-  chosen, rejected = np.zeros(len(data), np.float32), np.zeros(len(data), np.float32)
+def cache_reference(model_cfg, ref_params, data, batch_size: int):
+  """The reference's sums (sequence_sums) of every row of `data` (PairData, LabelledData), in
+  row order."""
+  run = jax.jit(functools.partial(sequence_sums, model_cfg=model_cfg))
+  out = None
   for start in range(0, len(data), batch_size):
     rows = np.arange(start, min(start + batch_size, len(data)))
     padded = np.concatenate([rows, np.zeros(batch_size - len(rows), int)])  # one shape
-    c, r = run(ref_params, b=data.batch(padded))
-    chosen[rows], rejected[rows] = np.asarray(c)[:len(rows)], np.asarray(r)[:len(rows)]
-  return chosen, rejected
+    sums = run(ref_params, b=data.batch(padded))
+    out = out or tuple(np.zeros(len(data), np.float32) for _ in sums)
+    for o, x in zip(out, sums):
+      o[rows] = np.asarray(x)[:len(rows)]
+  return out
 
 
-def evaluate_pairs(pair_logps, reference_free, beta, state, data: PairData,
+def evaluate_pairs(pair_logps, reference_free, beta, state, data,
                    batch_size: int) -> dict:
   """The reward metrics (eval_ prefixed) over every held-out pair once."""
   parts = []
   for start in range(0, len(data), batch_size):
     rows = np.arange(start, min(start + batch_size, len(data)))
     padded = np.concatenate([rows, np.zeros(batch_size - len(rows), int)])
-    p = pair_logps(state.params, state.ref_params, data.batch(padded))
+    p = pair_logps(policy_params(state), reference_params(state), data.batch(padded))
     parts.append(jax.tree.map(lambda x: np.asarray(x)[:len(rows)] if np.ndim(x) else x, p))
   joined = PairLogps(*[None if parts[0][i] is None or not np.ndim(parts[0][i])
                        else np.concatenate([q[i] for q in parts]) for i in range(len(parts[0]))])
@@ -222,16 +260,46 @@ def train_dpo(config, workdir: str, log=print):
   rounds = int(d.rounds)
   total = d.steps * max(rounds, 1)
   optimizer = make_optimizer(config.optim, total)
+  pair_logps, reference_free = make_pair_logps(model_cfg, d.loss)
+  lora = uses_lora(config)
+  starts = {}  # the SFT start, where the state holds no copy of it (see start_params)
 
   def state_from(start):
-    return create_train_state(start, optimizer, jax.random.fold_in(key, 1)).replace(
-        ref_params=jax.tree.map(jnp.copy, start))
+    k = jax.random.fold_in(key, 1)
+    if lora:  # the start is the frozen base and the reference
+      adapters = initial_adapters(config, start, jax.random.fold_in(key, 4))
+      state = create_train_state(adapters, optimizer, k, base_params=start)
+      # Rounds move the reference off the base: a merged copy, there from the start so that
+      # every checkpoint has one structure.
+      return state if rounds == 0 else state.replace(ref_params=jax.tree.map(jnp.copy, start))
+    state = create_train_state(start, optimizer, k)
+    if reference_free and rounds == 0:  # nothing reads a reference
+      return state
+    return state.replace(ref_params=jax.tree.map(jnp.copy, start))
+
+  def warmed():
+    if "start" not in starts:
+      starts["start"] = run_warmup(params, task, model_cfg, config.warmup, axis, log)
+    return starts["start"]
 
   def fresh():
-    return state_from(run_warmup(params, task, model_cfg, config.warmup, axis, log))
+    return state_from(warmed())
+
+  def restored(state):
+    if lora:  # a checkpoint holds the adapters, not the frozen base
+      log("dpo: the frozen base rebuilt from "
+          f"{'model.path' if config.model.path else 'the seed'}"
+          f"{' and the warm-up' if config.warmup.steps else ''}")
+      state = state.replace(base_params=warmed())
+    return state
+
+  def start_params(state):
+    """The SFT start (offline pairs are made from its samples): the reference when the state
+    holds one, else (a reference-free loss) rebuilt once."""
+    ref = reference_params(state)
+    return ref if ref is not None else warmed()
 
   step_fn = jax.jit(make_dpo_step(model_cfg, optimizer, d), donate_argnums=0)
-  pair_logps, reference_free = make_pair_logps(model_cfg, d.loss)
   pair_logps = jax.jit(pair_logps)
   evaluate_policy = make_evaluator(task, model_cfg, config.train, config.rollout,
                                    [jax.random.fold_in(key, 3)], axis)
@@ -243,42 +311,57 @@ def train_dpo(config, workdir: str, log=print):
     sample = jax.jit(Sampling.of(model_cfg, task, config.rollout).grouped(
         config.rollout.group_size))
 
-  def held_out(state) -> PairData:
+  def preference_data(split: str, start):
+    """dpo.<split>_path's unpaired records as LabelledData, else the split's pairs."""
+    path = d[f"{split}_path"]
+    if path and is_unpaired(path):
+      return LabelledData(task, read_labelled(path), n)
+    return PairData(task, preference_pairs(config, "dpo", task, split, start), n)
+
+  def held_out(state):
     """The held-out pairs, made once: a share from the start's own wrong samples offline
     (state.ref_params is the start throughout), only synthetic ones with rounds (whose
     reference moves), so that a resumed run makes the same."""
     if "test" not in data:
-      start = (model_cfg, state.ref_params) if rounds == 0 else None
-      data["test"] = PairData(task, preference_pairs(config, "dpo", task, "test", start), n)
+      start = ((model_cfg, start_params(state)) if rounds == 0 and d.policy_fraction > 0
+               else None)
+      data["test"] = preference_data("test", start)
     return data["test"]
 
   def prepared(state) -> dict:
     """The current round's training pairs (round 0 without rounds), from state.ref_params."""
-    start = (model_cfg, state.ref_params)
     held_out(state)
     r = int(state.step) // d.steps if rounds > 0 else 0
     if data.get("round") != r:
       if rounds > 0:
-        made = self_pairs(config, task, sample, state.ref_params, r)
+        made = self_pairs(config, task, sample, reference_params(state), r)
         if not made:
           raise ConfigError(f"dpo round {r}: the policy's samples of {d.round_prompts} prompts "
                             f"held no correct-wrong pair; raise dpo.round_prompts or "
                             f"rollout.group_size, or the rollout temperature.")
         log(f"dpo: round {r + 1}/{rounds}: {len(made)} pairs of the policy's own correct and "
             f"wrong samples ({d.round_prompts} prompts x {config.rollout.group_size})")
+        train = PairData(task, made, n)
       else:
-        made = preference_pairs(config, "dpo", task, "train", start)
-        log(f"dpo: {len(made)} training pairs, {len(data['test'])} held-out pairs, loss {d.loss}")
-      data.update(round=r, train=PairData(task, made, n))
+        start = (model_cfg, start_params(state)) if d.policy_fraction > 0 else None
+        train = preference_data("train", start)
+        kind = lambda x: ("labelled completions" if isinstance(x, LabelledData)  # noqa: E731
+                          else "pairs")
+        log(f"dpo: {len(train)} training {kind(train)}, {len(data['test'])} held-out "
+            f"{kind(data['test'])}, loss {d.loss}")
+      data.update(round=r, train=train)
       data.pop("ref", None)
       if d.reference == "cached" and not reference_free:
-        data["ref"] = cache_reference(model_cfg, state.ref_params, data["train"], d.batch_size)
+        data["ref"] = cache_reference(model_cfg, reference_params(state), data["train"],
+                                      d.batch_size)
     return data
 
   def advance(state):
     if rounds > 0 and int(state.step) % d.steps == 0 and int(state.step) > 0:
       # A new round: its reference is the policy now (the last round's result).
-      state = state.replace(ref_params=jax.tree.map(jnp.copy, state.params))
+      now = (jax.tree.map(jnp.copy, state.params) if not lora else
+             merge(state.base_params, state.params, model_cfg.lora_scale))
+      state = state.replace(ref_params=now)
     pairs = prepared(state)
     step = int(state.step)
     position = int(state.data_position) if rounds == 0 else (step % d.steps) * d.batch_size
@@ -288,7 +371,7 @@ def train_dpo(config, workdir: str, log=print):
     return state, [[{k: float(v) for k, v in metrics.items()}]], None
 
   def evaluate(state, step):
-    scores = evaluate_policy(state.params)[0]
+    scores = evaluate_policy(policy_params(state))[0]
     return [{**scores, **evaluate_pairs(pair_logps, reference_free, float(d.beta), state,
                                         held_out(state), d.batch_size)}]
 
@@ -296,9 +379,10 @@ def train_dpo(config, workdir: str, log=print):
     record = records[-1][0]
     if "eval_accuracy" in record:  # step 0 (the start) and every evaluation after it
       loss = f" | loss {record['loss']:.4f}" if "loss" in record else " (the start)"
+      kind = "pair" if "eval_pair_accuracy" in record else "label"
       log(f"dpo step {first:>5}/{total}{loss} | held-out accuracy "
-          f"{record['eval_accuracy']:.3f} | held-out pair accuracy "
-          f"{record['eval_pair_accuracy']:.3f} | margin {record['eval_reward_margin']:.3f}")
+          f"{record['eval_accuracy']:.3f} | held-out {kind} accuracy "
+          f"{record[f'eval_{kind}_accuracy']:.3f} | margin {record['eval_reward_margin']:.3f}")
     writer.write(first, record)
 
   with WorkdirLock(workdir):
@@ -306,12 +390,6 @@ def train_dpo(config, workdir: str, log=print):
                       Schedule(total, d.eval_every, config.train.checkpoint_every), log,
                       free=("dpo.eval_every", "dpo.export") + (("dpo.steps",) if rounds == 0
                                                                else ("dpo.rounds",)),
-                      fresh_shape=lambda: state_from(params))
-    if d.export:
-      from grpo_jax.models.hf_export import export_hf_checkpoint  # noqa: PLC0415
-      out = os.path.join(workdir, "hf_export")
-      with files.local_folder(out) as folder:
-        export_hf_checkpoint(state.params, model_cfg, folder, config.model.path or None,
-                             export_model_type(config, model_cfg))
-      log(f"dpo: exported the policy to {out}")
+                      fresh_shape=lambda: state_from(params), restored=restored)
+    export_policy(config, state, model_cfg, workdir, log, export=bool(d.export))
   return state

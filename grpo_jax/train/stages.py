@@ -46,15 +46,16 @@ from grpo_jax.train.workdir import (WorkdirLock, check_resume_config, check_work
 
 
 def run_stage(name: str, config, workdir: str, fresh, advance, evaluate, write,
-              schedule: Schedule, log=print, free: tuple = (), fresh_shape=None):
+              schedule: Schedule, log=print, free: tuple = (), fresh_shape=None,
+              restored=None):
   """A supervised stage on the loop skeleton (train/runner.py), inside the caller's workdir
   lock: the config recorded, the newest checkpoint restored (the records trimmed to its step)
   or `fresh()` started, `run_steps` with SIGTERM / SIGINT handled, the records written by
   write(writer, state, first, records, tokens, seconds, clock) to metrics.jsonl. A resume
   follows the RL run's rules (train/workdir.py), `free` naming the stage's own fields that may
   change (its length); `fresh_shape` (default `fresh`) builds a state of the same structure
-  cheaply, for restoring (a `fresh` that trains, a warm-up, is not traced). Returns the last
-  state."""
+  cheaply, for restoring (a `fresh` that trains, a warm-up, is not traced); `restored(state)`
+  puts back what a checkpoint does not hold (LoRA's frozen base). Returns the last state."""
   with TerminationFlag() as sigterm:
     ckpts = Checkpoints(os.path.join(workdir, "checkpoints"), config.train.keep_checkpoints, log)
     # Resumed like the RL run: under its recorded config, on its devices, its record intact.
@@ -73,6 +74,7 @@ def run_stage(name: str, config, workdir: str, fresh, advance, evaluate, write,
       if resumed:
         keep_records_until(writer.path, step_of(state))
         log(f"{name}: resumed from checkpoint {ckpts.directory}/{step_of(state)}")
+        state = restored(state) if restored is not None else state
       else:
         state = fresh()
         keep_records_until(writer.path, -1)

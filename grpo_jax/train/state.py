@@ -47,8 +47,9 @@ def policy_params(state: TrainState):
 
 
 def reference_params(state: TrainState):
-  """The KL reference's params: the frozen copy, or under LoRA the base (adapters off)."""
-  return state.ref_params if state.base_params is None else state.base_params
+  """The KL reference's params: the frozen copy when there is one, else under LoRA the base
+  (adapters off; a stage whose reference moves, Iterative RPO's rounds, keeps a merged copy)."""
+  return state.ref_params if state.ref_params is not None else state.base_params
 
 
 def make_optimizer(optim_cfg, total_updates: int) -> optax.GradientTransformation:
