@@ -144,7 +144,11 @@ def get_defaults() -> ml_collections.ConfigDict:
       # Memory only (the same maths): what each layer recomputes in the backward pass
       # (none, full, save_dots, save_dots_no_batch), and completion positions projected onto
       # the vocabulary at a time when scoring (0 = all at once; e.g. 64 at a 150k vocabulary).
-      remat="none", logits_chunk=0))
+      remat="none", logits_chunk=0,
+      # A mixture of experts in every layer's MLP (grpo_jax/models/moe.py; Qwen3-MoE's
+      # fields): num_experts > 0 experts of moe_intermediate_size, experts_per_token per token
+      # (their router weights renormalised when norm_topk_prob). A checkpoint sets them itself.
+      num_experts=0, experts_per_token=0, moe_intermediate_size=0, norm_topk_prob=False))
 
   # "addition" (procedural, no files), "chat_arithmetic" or "gsm8k" (need model.path), then
   # the fields the built-in tasks declare with their defaults (each task's from_config:

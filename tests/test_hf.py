@@ -183,7 +183,7 @@ def test_model_config_from_older_config_files():
 
 @pytest.mark.parametrize("change, message", [
     (dict(model_type="gpt2"), "config.json model_type='gpt2' is not supported; use a "
-     "checkpoint of one of llama, mistral, qwen2, qwen3."),
+     "checkpoint of one of gemma2, gemma3_text, llama, mistral, qwen2, qwen3, qwen3_moe."),
     (dict(attention_bias=True), "config.json attention_bias=true puts a bias on o_proj, which "
      "the decoder does not have; only Qwen2-style q/k/v biases are supported."),
     (dict(model_type="mistral", sliding_window=4096), "config.json asks for sliding-window "
@@ -234,7 +234,8 @@ def test_unknown_model_type_error(tmp_path):
   with pytest.raises(ValueError) as err:
     hf.load_hf_checkpoint(tmp_path)
   assert _message(err) == ("config.json model_type='gemma' is not supported; use a checkpoint "
-                            "of one of llama, mistral, qwen2, qwen3.")
+                            "of one of gemma2, gemma3_text, llama, mistral, qwen2, qwen3, "
+                            "qwen3_moe.")
 
 
 def _rewrite_weights(path, edit):
@@ -252,7 +253,8 @@ def test_missing_and_unexpected_tensor_errors(tmp_path):
     hf.load_hf_checkpoint(tmp_path)
   assert _message(err) == (
       "The checkpoint has tensors model.layers.0.self_attn.o_proj.bias that the decoder has no "
-      "parameter for; only plain llama, mistral, qwen2, qwen3 checkpoints are supported.")
+      "parameter for; only plain gemma2, gemma3_text, llama, mistral, qwen2, qwen3, qwen3_moe "
+      "checkpoints are supported.")
   _rewrite_weights(tmp_path, lambda t: {k: v for k, v in t.items() if k != name})
   with pytest.raises(ValueError) as err:
     hf.load_hf_checkpoint(tmp_path)

@@ -34,6 +34,16 @@ def rotary_embedding(x: jax.Array, positions: jax.Array, theta: float,
   return (x32 * cos + rotated * sin).astype(x.dtype)
 
 
+def soft_cap(x: jax.Array, cap: float) -> jax.Array:
+  """cap * tanh(x / cap) (Gemma 2's attention and final logit soft-capping); x when cap is 0."""
+  return x if not cap else jnp.tanh(x / cap) * cap
+
+
+def score_divisor(dim: int, query_pre_attn_scalar: float = 0.0):
+  """What the scores are divided by: sqrt(head_dim), or sqrt(query_pre_attn_scalar) (Gemma)."""
+  return jnp.sqrt(jnp.float32(query_pre_attn_scalar or dim))
+
+
 def _fold_query_heads(q: jax.Array, kv_heads: int) -> jax.Array:
   """(B, Tq, H, D) -> (B, Hkv, G x Tq, D): a kv head's G = H / Hkv query heads and the Tq
   queries as one row axis, rows (g, t)."""
@@ -49,8 +59,10 @@ def _unfold_query_heads(out: jax.Array, tq: int) -> jax.Array:
   return out.reshape(batch, tq, kv_heads * (rows // tq), dim)
 
 
-def grouped_query_attention(q, k, v, mask, keys_transposed: bool = False):
-  """softmax(q k^T / sqrt(D) + mask) v with kv heads shared by groups of query heads.
+def grouped_query_attention(q, k, v, mask, keys_transposed: bool = False,
+                            query_pre_attn_scalar: float = 0.0, softcap: float = 0.0):
+  """softmax(cap(q k^T / sqrt(D)) + mask) v with kv heads shared by groups of query heads
+  (D: query_pre_attn_scalar when given; cap: soft_cap with `softcap`).
 
   q: (B, Tq, H, D); k, v: (B, Hkv, Tk, D) (head-major), or with keys_transposed k is
   (B, Hkv, D, Tk) (the sampler's cache layout); mask: (B, Tq, Tk) bool (True = may attend).
@@ -66,7 +78,7 @@ def grouped_query_attention(q, k, v, mask, keys_transposed: bool = False):
   q = _fold_query_heads(q, kv_heads)
   scores = jnp.einsum("bhqd,bhdk->bhqk" if keys_transposed else "bhqd,bhkd->bhqk", q, k,
                       preferred_element_type=jnp.float32)
-  scores = scores / jnp.sqrt(jnp.float32(dim))
+  scores = soft_cap(scores / score_divisor(dim, query_pre_attn_scalar), softcap)
   scores = scores.reshape(batch, kv_heads, group, tq, -1)
   scores = jnp.where(mask[:, None, None, :, :], scores, jnp.finfo(jnp.float32).min)
   probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
@@ -89,12 +101,14 @@ def _prompts_of_rows(x: jax.Array, group: int) -> jax.Array:
   return x.reshape(batch // group, kv_heads, group * rows, *x.shape[4:])
 
 
-def shared_prompt_attention(q, prompt_kt, prompt_v, kt, v, prompt_mask, mask):
+def shared_prompt_attention(q, prompt_kt, prompt_v, kt, v, prompt_mask, mask,
+                            query_pre_attn_scalar: float = 0.0, softcap: float = 0.0):
   """grouped_query_attention for B = prompts x G rows (groups contiguous) whose keys are their
   prompt's P slots and then their own S slots, with each prompt's keys and values held once:
 
       out = (exp(s_p - m) v_p + exp(s_c - m) v_c) / (sum exp(s_p - m) + sum exp(s_c - m)),
-      s = q k^T / sqrt(D) + mask bias,  m = max(max s_p, max s_c)  per row, head and query,
+      s = cap(q k^T / sqrt(D)) + mask bias,  m = max(max s_p, max s_c)  per row, head and
+      query (as grouped_query_attention's),
 
   the prompt products taken for the G rows of a prompt together, (B/G, Hkv, G x group x Tq, D)
   against (B/G, Hkv, D, P): a decode step reads the prompt's cache once, not G times.
@@ -104,13 +118,14 @@ def shared_prompt_attention(q, prompt_kt, prompt_v, kt, v, prompt_mask, mask):
   batch, tq, heads, dim = q.shape
   prompts, kv_heads = prompt_kt.shape[:2]
   group, per_kv = batch // prompts, heads // kv_heads
-  minimum, scale = jnp.finfo(jnp.float32).min, 1.0 / jnp.sqrt(jnp.float32(dim))
+  minimum, scale = jnp.finfo(jnp.float32).min, 1.0 / score_divisor(dim, query_pre_attn_scalar)
   q = _fold_query_heads(q, kv_heads)
-  own = jnp.einsum("bhqd,bhdk->bhqk", q, kt, preferred_element_type=jnp.float32) * scale
+  own = soft_cap(jnp.einsum("bhqd,bhdk->bhqk", q, kt, preferred_element_type=jnp.float32)
+                 * scale, softcap)
   own = (own.reshape(batch, kv_heads, per_kv, tq, -1)
          + jnp.where(mask, 0.0, minimum)[:, None, None]).reshape(batch, kv_heads, per_kv * tq, -1)
-  shared = jnp.einsum("bhqd,bhdk->bhqk", _prompts_of_rows(q, group), prompt_kt,
-                      preferred_element_type=jnp.float32) * scale
+  shared = soft_cap(jnp.einsum("bhqd,bhdk->bhqk", _prompts_of_rows(q, group), prompt_kt,
+                               preferred_element_type=jnp.float32) * scale, softcap)
   shared = shared + jnp.where(prompt_mask, 0.0, minimum)[:, None, None]
   top = jax.lax.stop_gradient(jnp.maximum(
       _rows_of_prompts(jnp.max(shared, axis=-1, keepdims=True), group),
@@ -131,20 +146,21 @@ def shared_prompt_attention(q, prompt_kt, prompt_v, kt, v, prompt_mask, mask):
 QUERY_BLOCK = 128
 
 
-def causal_blocked_attention(q, k, v, mask, offset: int, block: int = QUERY_BLOCK):
+def causal_blocked_attention(q, k, v, mask, offset: int, block: int = QUERY_BLOCK, **scores):
   """grouped_query_attention(q, k, v, mask) for queries at slots offset, offset + 1, ... under
   a causal mask (a query sees no slot past its own): the queries in blocks of `block`, each
   against keys [0, offset + its block's end) only. The keys left out are masked for every
   query of the block, weight exp(min - max) = 0 in the softmax, so the values are the same up
   to the order of float32 sums; on a 512-token completion after a 192-token prompt about a
-  quarter of the score and softmax work is not done. k, v: (B, Hkv, Tk, D)."""
+  quarter of the score and softmax work is not done. k, v: (B, Hkv, Tk, D); `scores`:
+  grouped_query_attention's query_pre_attn_scalar and softcap."""
   num_queries, num_keys = q.shape[1], k.shape[2]
   if num_queries <= block:
-    return grouped_query_attention(q, k, v, mask)
+    return grouped_query_attention(q, k, v, mask, **scores)
   outs = []
   for start in range(0, num_queries, block):
     stop = min(start + block, num_queries)
     keys = min(num_keys, offset + stop)
     outs.append(grouped_query_attention(q[:, start:stop], k[:, :, :keys], v[:, :, :keys],
-                                        mask[:, start:stop, :keys]))
+                                        mask[:, start:stop, :keys], **scores))
   return jnp.concatenate(outs, axis=1)

@@ -18,6 +18,9 @@ def platform_compute_dtype(platform: str | None = None) -> str:
   return "float32" if (platform or jax.default_backend()) == "cpu" else "bfloat16"
 
 
+MLP_ACTIVATIONS = ("silu", "gelu_tanh")
+
+
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
   """Hyper-parameters of a Llama/Qwen-family decoder (names follow HF's config.json)."""
@@ -39,6 +42,28 @@ class ModelConfig:
   tie_embeddings: bool = True
   qkv_bias: bool = False  # Qwen2 has biases on q/k/v.
   qk_norm: bool = False  # Qwen3 RMS-normalises q and k per head.
+  # Gemma's differences from Llama (grpo_jax/models/gemma.py); the defaults are Llama's.
+  norm_plus_one: bool = False  # RMSNorm scales by (1 + weight), the weights starting at 0
+  embed_scale: bool = False  # the embeddings times sqrt(hidden_size), in the compute dtype
+  mlp_activation: str = "silu"  # the gate's: "silu" (SwiGLU) or "gelu_tanh" (GeGLU)
+  sandwich_norms: bool = False  # the attention's and the MLP's outputs normed too (4 norms)
+  query_pre_attn_scalar: float = 0.0  # scores scaled by its -1/2 power; 0 = head_dim's
+  attn_softcap: float = 0.0  # scores -> c tanh(scores / c) before the mask; 0 = off
+  final_softcap: float = 0.0  # the same on the logits
+  # Sliding-window attention: a query at slot q sees key slots s with q - s < sliding_window,
+  # on the layers that layer_types marks "sliding_attention" (every layer when layer_types is
+  # empty); 0 = full attention everywhere. rope_local_theta > 0: those layers' RoPE base
+  # (default RoPE; Gemma 3's local layers), the others keep rope_theta and its scaling.
+  sliding_window: int = 0
+  layer_types: tuple = ()
+  rope_local_theta: float = 0.0
+  # Mixture of experts (grpo_jax/models/moe.py; Qwen3-MoE): num_experts > 0 makes every
+  # layer's MLP a router over that many SwiGLU experts of moe_intermediate_size, each token
+  # taking experts_per_token of them (their weights renormalised when norm_topk_prob).
+  num_experts: int = 0
+  experts_per_token: int = 0
+  moe_intermediate_size: int = 0
+  norm_topk_prob: bool = False
   # Positions the checkpoint was trained for (config.json); 0 = no limit (a random model).
   max_position_embeddings: int = 0
   param_dtype: str = "float32"
@@ -64,6 +89,21 @@ class ModelConfig:
       raise ValueError(
           f"model.num_heads={self.num_heads} is not a multiple of model.num_kv_heads="
           f"{self.num_kv_heads}; grouped-query attention needs heads = kv_heads * group.")
+    if self.mlp_activation not in MLP_ACTIVATIONS:
+      raise ValueError(f"model.mlp_activation={self.mlp_activation!r}; use one of "
+                       f"{', '.join(MLP_ACTIVATIONS)}.")
+    if self.num_experts and not (1 <= self.experts_per_token <= self.num_experts and
+                                 self.moe_intermediate_size >= 1):
+      raise ValueError(f"model.num_experts={self.num_experts} needs 1 <= experts_per_token "
+                       f"({self.experts_per_token}) <= num_experts and moe_intermediate_size "
+                       f"({self.moe_intermediate_size}) >= 1.")
+    object.__setattr__(self, "layer_types", tuple(self.layer_types))
+    if self.layer_types and len(self.layer_types) != self.num_layers:
+      raise ValueError(f"model.layer_types has {len(self.layer_types)} entries for "
+                       f"{self.num_layers} layers; give one per layer or none.")
+    if set(self.layer_types) - {"sliding_attention", "full_attention"}:
+      raise ValueError(f"model.layer_types={self.layer_types}: each is 'sliding_attention' or "
+                       f"'full_attention'.")
     if self.rope_type != "default" or self.rope_scaling:
       object.__setattr__(self, "rope_scaling", tuple(sorted(dict(self.rope_scaling).items())))
       check_rope(self.rope_type, dict(self.rope_scaling), self.max_position_embeddings)
@@ -75,6 +115,14 @@ class ModelConfig:
       return None, 1.0
     return rope_frequencies(self.rope_type, dict(self.rope_scaling), self.rope_theta,
                             self.head_dim, self.max_position_embeddings)
+
+  def sliding_layers(self) -> tuple:
+    """Per layer, whether it attends within the sliding window."""
+    if not self.sliding_window:
+      return (False,) * self.num_layers
+    if not self.layer_types:
+      return (True,) * self.num_layers
+    return tuple(t == "sliding_attention" for t in self.layer_types)
 
   @property
   def dtype(self):

@@ -46,11 +46,12 @@ import jax
 import jax.numpy as jnp
 
 from grpo_jax.models.attention import (causal_blocked_attention, grouped_query_attention,
-                                       rotary_embedding, shared_prompt_attention)
+                                       rotary_embedding, shared_prompt_attention, soft_cap)
 from grpo_jax.models.config import ModelConfig
 from grpo_jax.models.kv_cache import CACHE_SLOT_AXIS, Cache, write_cache
 from grpo_jax.models.layout import per_layer, stack_layers
 from grpo_jax.models.lora import LoraParams, adapted
+from grpo_jax.models.moe import MoE
 from grpo_jax.models.packing import pack_tokens, unpack_tokens
 from grpo_jax.parallel.mesh import constrain
 
@@ -74,17 +75,32 @@ def _axes(init, *names):
 
 
 class RMSNorm(nn.Module):
-  """y = x / sqrt(mean(x^2) + eps) * weight, computed in float32."""
+  """y = x / sqrt(mean(x^2) + eps) * weight, computed in float32; plus_one (Gemma): times
+  (1 + weight), the weight starting at 0."""
   eps: float
   param_dtype: Any = jnp.float32
+  plus_one: bool = False
 
   @nn.compact
   def __call__(self, x):
-    weight = self.param("weight", _axes(nn.initializers.ones, "norm"), (x.shape[-1],),
-                        self.param_dtype)
+    init = nn.initializers.zeros_init() if self.plus_one else nn.initializers.ones
+    weight = self.param("weight", _axes(init, "norm"), (x.shape[-1],), self.param_dtype)
     x32 = x.astype(jnp.float32)
     y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
-    return (y * weight.astype(jnp.float32)).astype(x.dtype)
+    scale = weight.astype(jnp.float32)
+    return (y * (1.0 + scale if self.plus_one else scale)).astype(x.dtype)
+
+
+def _norm(cfg: ModelConfig, name: str) -> RMSNorm:
+  return RMSNorm(cfg.rms_norm_eps, cfg.param_dtype, cfg.norm_plus_one, name=name)
+
+
+def _select(flag, if_true, if_false):
+  """if_true where flag (a Python bool, or a traced scalar inside the layer scan), else
+  if_false, leaf by leaf."""
+  if isinstance(flag, bool):
+    return if_true if flag else if_false
+  return jax.tree.map(lambda a, b: jnp.where(flag, a, b), if_true, if_false)
 
 
 class Attention(nn.Module):
@@ -95,11 +111,12 @@ class Attention(nn.Module):
 
   @nn.compact
   def __call__(self, x, positions, mask, layer_cache, offset, adapters=None,
-               token_index=None):
+               token_index=None, sliding=None):
     """adapters: this module's LoRA adapters ({"q_proj": {"lora_a", "lora_b"}, ...}) or None.
     token_index (C,): x is (1, C, embed), the packed tokens of the (B, T) rows that `mask`
     (B, T, S) describes (models/packing.py); the projections run on the C tokens, attention
-    on the rows."""
+    on the rows. sliding: whether this is a sliding-window layer (None: no layer is), which
+    picks its RoPE base when cfg.rope_local_theta is set (the mask is the caller's)."""
     cfg = self.cfg
     lora = lambda y, x_, name: adapted(y, x_, adapters, name, cfg.lora_scale, cfg.dtype)  # noqa
     # Kernels keep the heads as a dimension, (embed, heads, head_dim) and o_proj's (heads,
@@ -114,10 +131,14 @@ class Attention(nn.Module):
     v = constrain(heads(cfg.num_kv_heads, "kv_heads", "v_proj"),
                   ("batch", None, "kv_heads", None))
     if cfg.qk_norm:
-      q = RMSNorm(cfg.rms_norm_eps, cfg.param_dtype, name="q_norm")(q)
-      k = RMSNorm(cfg.rms_norm_eps, cfg.param_dtype, name="k_norm")(k)
-    q = rotary_embedding(q, positions, cfg.rope_theta, *cfg.rope_frequencies())
-    k = rotary_embedding(k, positions, cfg.rope_theta, *cfg.rope_frequencies())
+      q = _norm(cfg, "q_norm")(q)
+      k = _norm(cfg, "k_norm")(k)
+    rope = lambda a: rotary_embedding(a, positions, cfg.rope_theta,  # noqa: E731
+                                      *cfg.rope_frequencies())
+    if cfg.rope_local_theta and sliding is not None:  # Gemma 3: the local layers' own base
+      local = lambda a: rotary_embedding(a, positions, cfg.rope_local_theta)  # noqa: E731
+      rope = lambda a, g=rope: _select(sliding, local(a), g(a))  # noqa: E731
+    q, k = rope(q), rope(k)
     if token_index is not None:  # packed tokens -> their rows (zeros at the unused slots)
       q, k, v = (unpack_tokens(a, token_index, *mask.shape[:2]) for a in (q, k, v))
     k, v = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)  # (B, Hkv, T, D)
@@ -139,14 +160,15 @@ class Attention(nn.Module):
     # The queries' first slot, where it is static: 0 without a cache (the tokens attend to each
     # other), the prompt's length for shared-prompt completions (an int), else unknown.
     first_slot = 0 if layer_cache is None else offset if isinstance(offset, int) else None
+    scores = dict(query_pre_attn_scalar=cfg.query_pre_attn_scalar, softcap=cfg.attn_softcap)
     if shared_prompt:
       out = shared_prompt_attention(q, layer_cache["prompt_kt"].astype(cfg.dtype),
                                     layer_cache["prompt_v"].astype(cfg.dtype), k, v,
-                                    prompt_mask, mask)
+                                    prompt_mask, mask, **scores)
     elif self.query_blocks and first_slot is not None and not keys_transposed:
-      out = causal_blocked_attention(q, k, v, mask, first_slot)
+      out = causal_blocked_attention(q, k, v, mask, first_slot, **scores)
     else:
-      out = grouped_query_attention(q, k, v, mask, keys_transposed)
+      out = grouped_query_attention(q, k, v, mask, keys_transposed, **scores)
     out = constrain(out, ("batch", None, "heads", None))
     if token_index is not None:
       out = pack_tokens(out, token_index)
@@ -158,7 +180,7 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
-  """SwiGLU: down(silu(gate(x)) * up(x))."""
+  """SwiGLU: down(silu(gate(x)) * up(x)); GeGLU (Gemma) with the tanh-approximated gelu."""
   cfg: ModelConfig
 
   @nn.compact
@@ -168,7 +190,8 @@ class MLP(nn.Module):
         n, use_bias=False, dtype=cfg.dtype, param_dtype=cfg.param_dtype,
         kernel_init=_axes(_init, *axes), name=name)(x_), x_, adapters, name, cfg.lora_scale,
         cfg.dtype)
-    hidden = nn.silu(dense(cfg.intermediate_size, ("embed", "mlp"), "gate_proj", x)) * dense(
+    act = nn.silu if cfg.mlp_activation == "silu" else lambda a: nn.gelu(a, approximate=True)
+    hidden = act(dense(cfg.intermediate_size, ("embed", "mlp"), "gate_proj", x)) * dense(
         cfg.intermediate_size, ("embed", "mlp"), "up_proj", x)
     return dense(cfg.hidden_size, ("mlp", "embed"), "down_proj",
                  constrain(hidden, ("batch", None, "mlp")))
@@ -190,19 +213,38 @@ class DecoderLayer(nn.Module):
   query_blocks: bool = False  # a teacher-forced pass (see Attention)
 
   @nn.compact
-  def __call__(self, x, positions, mask, layer_cache, offset, adapters=None, token_index=None):
+  def __call__(self, x, positions, mask, layer_cache, offset, adapters=None, token_index=None,
+               window_mask=None, sliding=None):
+    """window_mask: `mask` restricted to the sliding window (None: no layer has one); sliding:
+    whether this layer uses it (a bool, or a traced scalar inside the layer scan)."""
     cfg = self.cfg
     adapters = adapters or {}
     attn = Attention(cfg, self.query_blocks, name="self_attn")
-    mlp = MLP(cfg, name="mlp")
-    attn_norm = RMSNorm(cfg.rms_norm_eps, cfg.param_dtype, name="input_layernorm")
-    mlp_norm = RMSNorm(cfg.rms_norm_eps, cfg.param_dtype, name="post_attention_layernorm")
+    if cfg.num_experts:  # no adapters on the experts
+      moe = MoE(cfg, name="mlp")
+      mlp = lambda h, _adapters: moe(h)  # noqa: E731
+    else:
+      mlp = MLP(cfg, name="mlp")
+    attn_norm = _norm(cfg, "input_layernorm")
+    if cfg.sandwich_norms:  # Gemma: each sublayer's output normed too
+      attn_out_norm = _norm(cfg, "post_attention_layernorm")
+      mlp_norm = _norm(cfg, "pre_feedforward_layernorm")
+      mlp_out_norm = _norm(cfg, "post_feedforward_layernorm")
+    else:
+      mlp_norm = _norm(cfg, "post_attention_layernorm")
+    if window_mask is not None:
+      mask = _select(sliding, window_mask, mask)
 
     def block(x, positions, mask, layer_cache, offset, token_index=None):
       h, layer_cache = attn(attn_norm(x), positions, mask, layer_cache, offset,
-                            adapters.get("self_attn"), token_index)
+                            adapters.get("self_attn"), token_index, sliding)
+      if cfg.sandwich_norms:
+        h = attn_out_norm(h)
       x = constrain(x + h, ("batch", None, None))
-      x = x + mlp(mlp_norm(x), adapters.get("mlp"))
+      h = mlp(mlp_norm(x), adapters.get("mlp"))
+      if cfg.sandwich_norms:
+        h = mlp_out_norm(h)
+      x = x + h
       return constrain(x, ("batch", None, None)), layer_cache
 
     if not self.group:
@@ -226,6 +268,14 @@ def attention_mask(kv_mask: jax.Array, num_queries: int, offset) -> jax.Array:
   query_slots = jnp.reshape(offset, (-1, 1)) + jnp.arange(num_queries)  # (1 or B, Tq)
   causal = jnp.arange(num_keys) <= query_slots[:, :, None]
   return causal & kv_mask[:, None, :].astype(bool)
+
+
+def sliding_window_mask(mask: jax.Array, num_queries: int, offset, window: int) -> jax.Array:
+  """attention_mask's (B, Tq, S) `mask` restricted to the window: query i (at slot offset + i)
+  sees key slot s only if offset + i - s < window (transformers' sliding_window_overlay, on
+  cache slots)."""
+  query_slots = jnp.reshape(offset, (-1, 1)) + jnp.arange(num_queries)  # (1 or B, Tq)
+  return mask & (query_slots[:, :, None] - jnp.arange(mask.shape[-1]) < window)
 
 
 def _embedding(cfg: ModelConfig) -> nn.Embed:
@@ -260,19 +310,33 @@ class Decoder(nn.Module):
     ((B, 1, H) the prompts' last positions, (1, C, H) the packed tokens'), None."""
     cfg = self.cfg
     embed = _embedding(cfg)
+    scale = (jnp.asarray(cfg.hidden_size ** 0.5, cfg.dtype) if cfg.embed_scale else None)
     # activations: rows over data x fsdp
-    embedded = lambda t: constrain(embed(t), ("batch", None, None))  # noqa: E731
+    embedded = lambda t: constrain(embed(t) if scale is None else embed(t) * scale,  # noqa
+                                   ("batch", None, None))
+    window = cfg.sliding_window
+    window_mask = None
     if prompt_group:
       prompt_len = tokens[0].shape[1]
       x = tuple(embedded(t) for t in tokens)
+      num_new = kv_mask[1].shape[1] - prompt_len
       mask = (attention_mask(kv_mask[0], prompt_len, 0),
-              attention_mask(kv_mask[1], kv_mask[1].shape[1] - prompt_len, prompt_len))
+              attention_mask(kv_mask[1], num_new, prompt_len))
+      if window:
+        window_mask = (sliding_window_mask(mask[0], prompt_len, 0, window),
+                       sliding_window_mask(mask[1], num_new, prompt_len, window))
     elif isinstance(kv_mask, tuple):  # a shared-prompt cache: (the prompts', the rows' own)
+      if window:
+        raise ValueError("a sliding-window model cannot read a shared-prompt cache (the "
+                         "prompt's slots would need a per-query window); decode without one.")
       x = embedded(tokens)
       mask = (kv_mask[0].astype(bool), attention_mask(kv_mask[1], tokens.shape[1], offset))
     else:
       x = embedded(tokens)
       mask = attention_mask(kv_mask, tokens.shape[1], offset)
+      if window:
+        window_mask = sliding_window_mask(mask, tokens.shape[1], offset, window)
+    sliding = cfg.sliding_layers()
     if cache is not None:
       # Forwards with a KV cache (prefill, decode) run the stacked layers one after the other,
       # each on its slice of the stack, and keep one cache per layer: carried through a decode
@@ -285,7 +349,8 @@ class Decoder(nn.Module):
       for i in range(cfg.num_layers):
         x, layer_cache = DecoderLayer(cfg, prompt_group).apply(
             {"params": layer_params[i]}, x, positions, mask, cache[i], offset,
-            None if layer_adapters is None else layer_adapters[i])
+            None if layer_adapters is None else layer_adapters[i], None, window_mask,
+            sliding[i] if window else None)
         new_cache.append(layer_cache)
       new_cache = tuple(new_cache)
     else:  # one nn.scan over the stacked layers, rematerialised by model.remat
@@ -294,14 +359,14 @@ class Decoder(nn.Module):
         layer_cls = nn.remat(DecoderLayer, policy=REMAT_POLICIES[cfg.remat], prevent_cse=False)
       scanned = nn.scan(layer_cls, variable_axes={"params": 0}, split_rngs={"params": True},
                         in_axes=(nn.broadcast, nn.broadcast, 0, nn.broadcast, 0,
-                                 nn.broadcast),
+                                 nn.broadcast, nn.broadcast, 0),
                         length=cfg.num_layers, metadata_params={nn.PARTITION_NAME: "layers"})
       layer_adapters = None if adapters is None else adapters["layers"]
-      x, new_cache = scanned(cfg, prompt_group, True, name="layers")(x, positions, mask, cache,
-                                                               offset, layer_adapters,
-                                                               token_index)
+      x, new_cache = scanned(cfg, prompt_group, True, name="layers")(
+          x, positions, mask, cache, offset, layer_adapters, token_index, window_mask,
+          jnp.asarray(sliding) if window else None)
     if prompt_group:
-      norm = RMSNorm(cfg.rms_norm_eps, cfg.param_dtype, name="norm")
+      norm = _norm(cfg, "norm")
       last = jnp.repeat(norm(x[0][:, -1:]), prompt_group, axis=0)
       if token_index is not None:
         return (last, norm(x[1])), None
@@ -309,11 +374,11 @@ class Decoder(nn.Module):
     if logits_window is not None:
       start, length = logits_window
       x = x[:, start:start + length]
-    x = RMSNorm(cfg.rms_norm_eps, cfg.param_dtype, name="norm")(x)
+    x = _norm(cfg, "norm")(x)
     if not project:
       return x, None if cache is None else new_cache
     logits = embed.attend(x) if cfg.tie_embeddings else _lm_head(cfg)(x)
-    logits = logits.astype(jnp.float32)
+    logits = soft_cap(logits.astype(jnp.float32), cfg.final_softcap)
     out_cache = None if cache is None else new_cache
     if return_hidden:
       return logits, out_cache, x
@@ -343,7 +408,7 @@ class _OneModulePerLayer(nn.Module):
     mask = attention_mask(kv_mask, tokens.shape[1], 0)
     for i in range(cfg.num_layers):
       x, _ = DecoderLayer(cfg, name=f"layers_{i}")(x, positions, mask, None, 0)
-    x = RMSNorm(cfg.rms_norm_eps, cfg.param_dtype, name="norm")(x)
+    x = _norm(cfg, "norm")(x)
     return x if cfg.tie_embeddings else _lm_head(cfg)(x)
 
 

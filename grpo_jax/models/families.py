@@ -47,6 +47,16 @@ class ModelFamily:
   sliding_window: Callable[[dict], Optional[int]] = window_if_enabled
   # (key, value) pairs appended, in order, to a config.json that export generates.
   export_extras: tuple[tuple[str, Any], ...] = ()
+  # A family unlike Llama beyond the fields above (Gemma, grpo_jax/models/gemma.py): config.json
+  # -> further ModelConfig fields (checking its own activation and windows), and ModelConfig ->
+  # the config.json entries that describe them on export.
+  read_extras: Optional[Callable[[dict], dict]] = None
+  gemma_norms: bool = False  # the (1 + w) norms and the rest of gemma.py's list
+  experts: bool = False  # a mixture of experts in every layer (models/moe.py)
+  # config.json -> the config.json whose rope_parameters describe the (global) RoPE, where the
+  # family nests them (Gemma 3: per layer type).
+  rope_config: Optional[Callable[[dict], dict]] = None
+  write_extras: Optional[Callable[[Any], dict]] = None
 
 
 MODEL_FAMILIES: dict[str, ModelFamily] = {}
@@ -83,3 +93,4 @@ register_model_family(ModelFamily(
 register_model_family(ModelFamily(
     "qwen3", "Qwen3ForCausalLM", qk_norm=True, default_head_dim=128,
     export_extras=(("attention_bias", False), ("use_sliding_window", False))))
+

@@ -2,7 +2,7 @@
 (export: grpo_jax/models/hf_export.py).
 
 Supported ``model_type``s: those registered in models/families.py (llama, mistral, qwen2 and
-qwen3 are built in; default RoPE, full attention).
+qwen3 are built in, with full attention) and models/gemma.py (gemma2, gemma3_text).
 
 Names map one to one (``model.layers.3.self_attn.q_proj.weight`` <-> layer 3 of the stacked
 ``layers/self_attn/q_proj/kernel``: Hugging Face's per-layer names exist only here, at the
@@ -34,7 +34,8 @@ from grpo_jax.errors import InputError, first_line
 from grpo_jax.models.config import ModelConfig
 from grpo_jax.models.decoder import init_params
 from grpo_jax.models.lora import input_dims
-from grpo_jax.models.rope import check_rope
+from grpo_jax.models.rope import rope_fields
+from grpo_jax.models import gemma  # noqa: F401  (registers gemma2 and gemma3_text)
 from grpo_jax.models.families import MODEL_FAMILIES, ModelFamily, find_model_family, model_types
 
 EXPORT_DTYPES = ("float32", "bfloat16", "float16")
@@ -76,14 +77,15 @@ def model_config_from_hf(hf_config: dict, param_dtype: str = "float32",
       num_heads=heads,
       num_kv_heads=hf_config.get("num_key_value_heads") or heads,
       head_dim=_head_dim(hf_config, family),
-      **_rope(hf_config),
+      **rope_fields(family.rope_config(hf_config) if family.rope_config else hf_config),
       rms_norm_eps=float(hf_config.get("rms_norm_eps", 1e-6)),
       tie_embeddings=bool(hf_config.get("tie_word_embeddings", False)),
       qkv_bias=family.qkv_bias,
       qk_norm=family.qk_norm,
       max_position_embeddings=int(hf_config.get("max_position_embeddings") or 0),
       param_dtype=param_dtype,
-      compute_dtype=compute_dtype)
+      compute_dtype=compute_dtype,
+      **(family.read_extras(hf_config) if family.read_extras else {}))
 
 
 def hf_config_from_model_config(model_cfg: ModelConfig, model_type: str = "qwen2",
@@ -114,6 +116,8 @@ def hf_config_from_model_config(model_cfg: ModelConfig, model_type: str = "qwen2
   if model_cfg.max_position_embeddings:
     hf_config["max_position_embeddings"] = model_cfg.max_position_embeddings
   hf_config.update(family.export_extras)
+  if family.write_extras:
+    hf_config.update(family.write_extras(model_cfg))
   return hf_config
 
 
@@ -135,21 +139,10 @@ def _head_dim(hf_config: dict, family: ModelFamily) -> int:
   return _require(hf_config, "hidden_size") // _require(hf_config, "num_attention_heads")
 
 
-def _rope(hf_config: dict) -> dict:
-  """ModelConfig's rope_theta, rope_type and rope_scaling from rope_parameters (transformers 5)
-  or rope_theta / rope_scaling (older files); models/rope.py checks the type and parameters."""
-  rope = dict(hf_config.get("rope_parameters") or hf_config.get("rope_scaling") or {})
-  rope_type = rope.pop("rope_type", rope.pop("type", "default"))
-  theta = float(rope.pop("rope_theta", hf_config.get("rope_theta", 10_000.0)))
-  try:
-    check_rope(rope_type, rope, int(hf_config.get("max_position_embeddings") or 0))
-  except ValueError as err:
-    raise ValueError(f"config.json {err}") from None
-  return dict(rope_theta=theta, rope_type=rope_type, rope_scaling=tuple(sorted(rope.items())))
-
-
 def _check_supported_features(hf_config: dict, family: ModelFamily) -> None:
   """Raises on config.json options that the decoder cannot represent."""
+  if family.read_extras:  # the family reads (and checks) its own activation and windows
+    return
   act = hf_config.get("hidden_act", "silu")
   if act != "silu":
     raise ValueError(f"config.json hidden_act={act!r} is not supported; the decoder's MLP is "
@@ -172,6 +165,14 @@ def _export_family(model_cfg: ModelConfig, model_type: str) -> ModelFamily:
   if family is None:
     raise ValueError(f"model_type={model_type!r} is not supported; pass one of "
                      f"{', '.join(model_types())}.")
+  if model_cfg.norm_plus_one != family.gemma_norms:
+    raise ValueError(f"model_type={model_type!r} does not describe this model (Gemma's norms "
+                     f"{'are' if model_cfg.norm_plus_one else 'are not'} in it); pass "
+                     f"{'gemma2 or gemma3_text' if model_cfg.norm_plus_one else 'llama'}.")
+  if bool(model_cfg.num_experts) != family.experts:
+    raise ValueError(f"model_type={model_type!r} does not describe this model (it "
+                     f"{'has' if model_cfg.num_experts else 'has no'} experts); pass "
+                     f"{'qwen3_moe' if model_cfg.num_experts else 'a dense family'}.")
   want = (family.qkv_bias, family.qk_norm)
   if (model_cfg.qkv_bias, model_cfg.qk_norm) != want:
     raise ValueError(
@@ -189,18 +190,22 @@ def _feature_hint() -> str:
   """For each (qkv_bias, qk_norm) some family has: the first such model_type, by name."""
   first = {}
   for name, family in sorted(MODEL_FAMILIES.items()):
-    first.setdefault((family.qkv_bias, family.qk_norm), name)
+    if family.read_extras is None:  # Llama-like families (Gemma's differ beyond these two)
+      first.setdefault((family.qkv_bias, family.qk_norm), name)
   return ", ".join(f"{first[key]} for {what}" for key, what in _FEATURES.items() if key in first)
 
 
 # ----------------------------------------------------------------------------- names
 
 
-def _hf_name(path: tuple, layer: Optional[int]) -> str:
-  """Our param path (and its index on the layer axis) -> its Hugging Face tensor name."""
+def _hf_name(path: tuple, layer: Optional[int], expert: Optional[int] = None) -> str:
+  """Our param path (and its index on the layer axis, and on the expert axis of a mixture's
+  stacked experts) -> its Hugging Face tensor name."""
   *modules, leaf = path
   if layer is not None:
     modules = [f"layers.{layer}" if m == "layers" else m for m in modules]
+  if expert is not None:
+    modules = [f"experts.{expert}" if m == "experts" else m for m in modules]
   prefix = [] if modules[0] == "lm_head" else ["model"]
   hf_leaf = "weight" if leaf in ("kernel", "embedding") else leaf
   return ".".join(prefix + modules + [hf_leaf])
@@ -232,7 +237,8 @@ class HFTensor(NamedTuple):
   layer: Optional[int]  # its index on the stacked layer axis; None outside the layers
   name: str  # Hugging Face's name, "model.layers.3.self_attn.q_proj.weight"
   hf_shape: tuple  # torch's shape
-  shape: tuple  # ours (of one layer)
+  shape: tuple  # ours (of one layer; of one expert)
+  expert: Optional[int] = None  # its index on a mixture's expert axis (models/moe.py)
 
 
 def param_layout(model_cfg: ModelConfig):
@@ -246,19 +252,30 @@ def param_layout(model_cfg: ModelConfig):
     stacked = path[0] == "layers"
     shape = tuple(leaf.shape[1:] if stacked else leaf.shape)
     for layer in (range(leaf.shape[0]) if stacked else [None]):
-      layout.append(HFTensor(path, layer, _hf_name(path, layer), _hf_shape(path, shape), shape))
+      if "experts" in path:  # one tensor per expert (transformers' checkpoint format)
+        for e in range(shape[0]):
+          layout.append(HFTensor(path, layer, _hf_name(path, layer, e),
+                                 _hf_shape(path, shape[1:]), shape[1:], e))
+      else:
+        layout.append(HFTensor(path, layer, _hf_name(path, layer), _hf_shape(path, shape),
+                               shape))
   return layout, treedef
 
 
 def params_from_hf(layout: list, treedef, arrays: dict, dtype):
   """Our params (jax arrays in dtype) from {HF name: array in our per-layer shape}; a stacked
   param is filled layer by layer."""
-  leaves = {}
+  leaves, experts = {}, {}
   for t in layout:
     leaves.setdefault(t.path, []).append(arrays[t.name])
-  return jax.tree.unflatten(treedef, [
-      jnp.asarray(np.stack(parts) if layout_path[0] == "layers" else parts[0], dtype=dtype)
-      for layout_path, parts in leaves.items()])
+    if t.expert is not None:  # (layers x experts) parts -> (layers, experts, ...)
+      experts[t.path] = (t.layer + 1, t.expert + 1)
+  def whole(path, parts):
+    if path in experts:
+      return np.stack(parts).reshape(*experts[path], *parts[0].shape)
+    return np.stack(parts) if path[0] == "layers" else parts[0]
+  return jax.tree.unflatten(treedef, [jnp.asarray(whole(path, parts), dtype=dtype)
+                                      for path, parts in leaves.items()])
 
 
 def hf_arrays(layout: list, params):
@@ -268,7 +285,8 @@ def hf_arrays(layout: list, params):
   out = []
   for t in layout:
     leaf = np.asarray(jax.device_get(leaves[t.path]))
-    out.append((t, leaf if t.layer is None else leaf[t.layer]))
+    leaf = leaf if t.layer is None else leaf[t.layer]
+    out.append((t, leaf if t.expert is None else leaf[t.expert]))
   return out
 
 

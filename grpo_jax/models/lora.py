@@ -82,6 +82,8 @@ def init_adapters(base, targets, rank: int, key, dtype=jnp.float32):
   def one_layer(index):
     entry = {}
     for name in targets:
+      if name not in first[_PARENT[name]]:  # a mixture's MLP (models/moe.py): no adapters
+        continue
       shape = first[_PARENT[name]][name]["kernel"].shape
       k_in = input_dims(name)
       bound = 1.0 / math.sqrt(math.prod(shape[:k_in]))

@@ -10,6 +10,7 @@ table places params, optimizer moments, the reference and the critic alike.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import jax
@@ -26,13 +27,18 @@ from grpo_jax.parallel import mesh as mesh_lib
 def declared_axes() -> dict:
   """{param path (a tuple of names): logical axes} of every param the models define: the
   decoder's, read from its modules at a small shape with every optional param on (q/k/v
-  biases, q/k norms, an untied lm_head), LoRA's adapters, the value and score heads."""
+  biases, q/k norms, Gemma's extra norms, an untied lm_head; and a mixture's experts), LoRA's
+  adapters, the value and score heads."""
   every_param = ModelConfig(vocab_size=8, hidden_size=8, intermediate_size=8, num_layers=1,
                             num_heads=1, num_kv_heads=1, head_dim=2, tie_embeddings=False,
-                            qkv_bias=True, qk_norm=True)
-  flat, _ = jax.tree_util.tree_flatten_with_path(
-      param_axes(every_param), is_leaf=lambda x: isinstance(x, tuple))
-  table = {tuple(k.key for k in path): axes for path, axes in flat}
+                            qkv_bias=True, qk_norm=True, sandwich_norms=True)
+  mixture = dataclasses.replace(every_param, num_experts=2, experts_per_token=1,
+                                moe_intermediate_size=4)  # its MLP's params are the experts'
+  table = {}
+  for cfg in (every_param, mixture):
+    flat, _ = jax.tree_util.tree_flatten_with_path(
+        param_axes(cfg), is_leaf=lambda x: isinstance(x, tuple))
+    table.update({tuple(k.key for k in path): axes for path, axes in flat})
   table.update(adapter_axes(table))
   table.update(HEAD_AXES)
   table.update(SCORE_AXES)

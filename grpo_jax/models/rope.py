@@ -181,3 +181,16 @@ def llama3_parameters_from_factors(factors, theta: float, head_dim: int):
         if np.allclose(default / scaled, factors, rtol=1e-5):
           return {"rope_type": "llama3", **params}
   return None
+
+
+def rope_fields(hf_config: dict) -> dict:
+  """ModelConfig's rope_theta, rope_type and rope_scaling from rope_parameters (transformers 5)
+  or rope_theta / rope_scaling (older files); models/rope.py checks the type and parameters."""
+  rope = dict(hf_config.get("rope_parameters") or hf_config.get("rope_scaling") or {})
+  rope_type = rope.pop("rope_type", rope.pop("type", "default"))
+  theta = float(rope.pop("rope_theta", hf_config.get("rope_theta", 10_000.0)))
+  try:
+    check_rope(rope_type, rope, int(hf_config.get("max_position_embeddings") or 0))
+  except ValueError as err:
+    raise ValueError(f"config.json {err}") from None
+  return dict(rope_theta=theta, rope_type=rope_type, rope_scaling=tuple(sorted(rope.items())))

@@ -7,6 +7,7 @@ import types
 import jax
 import jax.numpy as jnp
 
+from grpo_jax.models.attention import soft_cap
 from grpo_jax.models.config import ModelConfig
 from grpo_jax.models.decoder import decoder_apply, positions_from_mask
 from grpo_jax.models.lora import base_params
@@ -74,7 +75,8 @@ def vocab_logits(params, model_cfg: ModelConfig, hidden):
     weight = params["embed_tokens"]["embedding"].astype(dtype).T
   else:
     weight = params["lm_head"]["kernel"].astype(dtype)
-  return jnp.dot(hidden.astype(dtype), weight).astype(jnp.float32)
+  return soft_cap(jnp.dot(hidden.astype(dtype), weight).astype(jnp.float32),
+                  model_cfg.final_softcap)
 
 
 def chunked_logprobs_and_entropy(params, model_cfg: ModelConfig, hidden, tokens,

@@ -28,6 +28,7 @@ LOGICAL_RULES = {
     "value": None,
     "lora": None,  # the adapters' rank
     "layers": None,  # the stacked layers' leading axis (scanned over, never split)
+    "expert": None,  # a mixture's experts (models/moe.py): replicated for now
 }
 
 

@@ -43,7 +43,7 @@ def generate_static(params, prompt_tokens, prompt_mask, key, row_limits, *,
   segments = decode_segments(max_new_tokens, decode_block)
   # G > 1: the G rows of a prompt share its cache (prefill's shared_prompt), so that a decode
   # step reads each prompt's keys once; the rows' own slots then start at 0, not at P.
-  shared = group_size > 1
+  shared = group_size > 1 and not model_cfg.sliding_window  # (a window needs per-row slots)
   first_slot = 0 if shared else prompt_len
   # The cache holds P + end slots in the segment ending at `end` and grows between segments:
   # a decode step's attention then reads its whole cache, where a slice of a longer one was a

@@ -5,9 +5,9 @@ README "DPO and its family"): a loss of grpo_jax/rl/dpo.py on {prompt, chosen, r
              command goes from a random model to DPO on the tiny task); it is also the frozen
              reference (state.ref_params), kept in every checkpoint.
   pairs      dpo.train_path / test_path (jsonl of {prompt, chosen, rejected}; for KTO also
-             unpaired {prompt, completion, label}: LabelledData), or made from the task as the reward model's
-             are (stages.preference_pairs): a share dpo.policy_fraction from the start's own
-             wrong samples, the rest synthetic.
+             unpaired {prompt, completion, label}: LabelledData), or made from the task as the
+             reward model's are (stages.preference_pairs): a share dpo.policy_fraction from the
+             start's own wrong samples, the rest synthetic.
   rounds     dpo.rounds = R > 0: Iterative RPO (Pang et al. 2024) instead: R rounds of
              dpo.steps steps, each on pairs of the round's start policy's own samples
              (`self_pairs`: rollout.group_size samples of each of dpo.round_prompts fresh

@@ -1,0 +1,144 @@
+"""Mixture-of-experts MLPs (Qwen3-MoE, as transformers 5 defines Qwen3MoeSparseMoeBlock): a
+router picks each token's top-k experts, each a SwiGLU MLP, computed as grouped matmuls
+(`jax.lax.ragged_dot`: the token-expert assignments sorted by expert, one matmul per
+projection over all experts' groups, no per-expert loop and no dense all-experts compute).
+
+    p = softmax(x W_router)                  (float32)
+    (w, e) = top_k(p);  w <- w / sum(w)      (when norm_topk_prob)
+    y = sum_j w_j * down_e_j(silu(gate_e_j(x)) * up_e_j(x))
+
+Params (stacked over layers like every other): mlp/gate/kernel (embed, expert) and
+mlp/experts/{gate_proj, up_proj}/kernel (expert, embed, mlp), mlp/experts/down_proj/kernel
+(expert, mlp, embed); Hugging Face's per-expert tensors (model.layers.N.mlp.experts.E.gate_proj
+.weight, ...) exist only at the checkpoint edge (models/hf.py). `load_balancing_loss` is
+transformers' auxiliary loss (load_balancing_loss_func).
+"""
+
+from __future__ import annotations
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from grpo_jax.models.families import ModelFamily, register_model_family
+
+_init = nn.initializers.normal(stddev=0.02)
+
+
+def route(logits: jax.Array, top_k: int, normalise: bool):
+  """(weights (N, k) float32, experts (N, k) int32) of router logits (N, E)."""
+  probs = jax.nn.softmax(logits.astype(jnp.float32), axis=-1)
+  weights, experts = jax.lax.top_k(probs, top_k)
+  if normalise:
+    weights = weights / jnp.sum(weights, axis=-1, keepdims=True)
+  return weights, experts.astype(jnp.int32)
+
+
+def grouped_expert_mlp(x, experts, weights, gate, up, down, num_experts: int):
+  """sum_j weights[:, j] * down_e(silu(gate_e(x)) * up_e(x)) at e = experts[:, j], by
+  ragged_dot over the (N x k) assignments sorted by expert. x (N, H); experts, weights (N, k);
+  gate, up (E, H, I); down (E, I, H). Returns (N, H) in x's dtype."""
+  n, k = experts.shape
+  flat = experts.reshape(-1)
+  order = jnp.argsort(flat, stable=True)
+  token = order // k  # the token of each sorted assignment
+  sizes = jnp.bincount(flat, length=num_experts).astype(jnp.int32)
+  xs = x[token]
+  hidden = (nn.silu(jax.lax.ragged_dot(xs, gate, sizes)) * jax.lax.ragged_dot(xs, up, sizes))
+  out = jax.lax.ragged_dot(hidden, down, sizes).astype(jnp.float32)
+  out = out * weights.reshape(-1)[order][:, None]
+  return jnp.zeros((n, x.shape[-1]), jnp.float32).at[token].add(out).astype(x.dtype)
+
+
+class _Kernel(nn.Module):
+  """One stacked expert projection's kernel (E, in, out) (a module, so that its path names the
+  projection like a Dense's: experts/gate_proj/kernel)."""
+  shape: tuple
+  axes: tuple
+  param_dtype: object
+
+  @nn.compact
+  def __call__(self):
+    return self.param("kernel", nn.with_logical_partitioning(_init, self.axes), self.shape,
+                      self.param_dtype)
+
+
+class MoE(nn.Module):
+  """The sparse MLP block (module docstring); x (..., H) -> (..., H)."""
+  cfg: object  # ModelConfig
+
+  @nn.compact
+  def __call__(self, x):
+    cfg = self.cfg
+    e, hidden, inner = cfg.num_experts, cfg.hidden_size, cfg.moe_intermediate_size
+    flat = x.reshape(-1, hidden)
+    logits = nn.Dense(e, use_bias=False, dtype=cfg.dtype, param_dtype=cfg.param_dtype,
+                      kernel_init=nn.with_logical_partitioning(_init, ("embed", "expert")),
+                      name="gate")(flat)
+    weights, chosen = route(logits, cfg.experts_per_token, cfg.norm_topk_prob)
+
+    class Experts(nn.Module):
+      @nn.compact
+      def __call__(self):
+        make = lambda shape, axes, name: _Kernel(shape, axes, cfg.param_dtype,  # noqa: E731
+                                                 name=name)()
+        return (make((e, hidden, inner), ("expert", "embed", "mlp"), "gate_proj"),
+                make((e, hidden, inner), ("expert", "embed", "mlp"), "up_proj"),
+                make((e, inner, hidden), ("expert", "mlp", "embed"), "down_proj"))
+
+    gate, up, down = (w.astype(cfg.dtype) for w in Experts(name="experts")())
+    out = grouped_expert_mlp(flat.astype(cfg.dtype), chosen, weights, gate, up, down, e)
+    return out.reshape(x.shape)
+
+
+def load_balancing_loss(router_logits: jax.Array, top_k: int, mask: jax.Array | None = None):
+  """transformers' load_balancing_loss_func (Switch Transformer's auxiliary loss) over every
+  layer's router logits (L, N, E) of the same N tokens, `mask` (N,) True for the real ones:
+
+      E * sum_e f_e * P_e,
+      f_e = (the top-k choices of e, over layers and real tokens) / (layers x real tokens),
+      P_e = mean over (layer, real token) of softmax(logits)_e."""
+  layers, n, e = router_logits.shape
+  probs = jax.nn.softmax(router_logits.astype(jnp.float32).reshape(-1, e), axis=-1)
+  _, chosen = jax.lax.top_k(probs, top_k)
+  one_hot = jax.nn.one_hot(chosen, e)  # (L N, k, E)
+  w = (jnp.ones((layers * n,)) if mask is None else
+       jnp.tile(mask.astype(jnp.float32), layers))
+  tokens_per_expert = jnp.sum(one_hot * w[:, None, None], axis=0) / jnp.sum(w)
+  prob_per_expert = jnp.sum(probs * w[:, None], axis=0) / jnp.sum(w)
+  return jnp.sum(tokens_per_expert * prob_per_expert[None, :]) * e
+
+
+def qwen3_moe_fields(hf_config: dict) -> dict:
+  """The mixture's ModelConfig fields of a Qwen3-MoE config.json (every layer sparse)."""
+  if hf_config.get("hidden_act", "silu") != "silu":
+    raise ValueError(f"config.json hidden_act={hf_config['hidden_act']!r} is not supported; "
+                     f"the experts are SwiGLU (hidden_act='silu').")
+  if hf_config.get("use_sliding_window") or hf_config.get("attention_bias"):
+    raise ValueError("config.json use_sliding_window / attention_bias are not supported for "
+                     "qwen3_moe; use a checkpoint with full attention and no o_proj bias.")
+  if hf_config.get("mlp_only_layers") or int(hf_config.get("decoder_sparse_step", 1)) != 1:
+    raise ValueError(f"config.json mlp_only_layers={hf_config.get('mlp_only_layers')} / "
+                     f"decoder_sparse_step={hf_config.get('decoder_sparse_step')}: only "
+                     f"checkpoints whose every layer is sparse (Qwen3-MoE's own) are supported.")
+  experts = hf_config.get("num_experts") or hf_config.get("num_local_experts")
+  if not experts:
+    raise ValueError("config.json of a qwen3_moe checkpoint has no num_experts; use the "
+                     "config.json that came with the checkpoint.")
+  return dict(num_experts=int(experts),
+              experts_per_token=int(hf_config["num_experts_per_tok"]),
+              moe_intermediate_size=int(hf_config["moe_intermediate_size"]),
+              norm_topk_prob=bool(hf_config.get("norm_topk_prob", False)))
+
+
+def qwen3_moe_export(model_cfg) -> dict:
+  return {"num_experts": model_cfg.num_experts, "num_local_experts": model_cfg.num_experts,
+          "num_experts_per_tok": model_cfg.experts_per_token,
+          "moe_intermediate_size": model_cfg.moe_intermediate_size,
+          "norm_topk_prob": model_cfg.norm_topk_prob, "decoder_sparse_step": 1,
+          "mlp_only_layers": [], "attention_bias": False, "use_sliding_window": False}
+
+
+register_model_family(ModelFamily(
+    "qwen3_moe", "Qwen3MoeForCausalLM", qk_norm=True, default_head_dim=128,
+    read_extras=qwen3_moe_fields, write_extras=qwen3_moe_export, experts=True))
