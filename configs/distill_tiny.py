@@ -6,9 +6,10 @@ trained by the tiny recipe first) as a per-token reward.
     python -m grpo_jax.main --config=configs/distill_tiny_teacher.py --workdir=ROOT/teacher
     python -m grpo_jax.main --config=configs/distill_tiny.py:ROOT --workdir=ROOT/student
 
-rl.distill_coef weighs the teacher's signal against the task's (GRPO's advantages of the rule
-reward); rl.distill_in="loss" puts it in the loss instead (the k3 estimate, as the KL to the
-reference). The comparison with GRPO from the same start is configs/sweeps/distill_tiny.py.
+rl.distill_coef (3: measured against 1 in docs/sweeps/distill_tiny/) weighs the teacher's
+signal against the task's (GRPO's advantages of the rule reward); rl.distill_in="loss" puts it
+in the loss instead (the k3 estimate, as the KL to the reference). The comparison with GRPO
+from the same start is configs/sweeps/distill_tiny.py.
 """
 
 from configs import grpo_tiny
@@ -16,6 +17,6 @@ from configs import grpo_tiny
 
 def get_config(root: str = "/tmp/distill_tiny"):
   c = grpo_tiny.get_config()
-  c.rl.update(dict(distill_teacher=f"{root}/teacher/hf_export", distill_coef=1.0,
+  c.rl.update(dict(distill_teacher=f"{root}/teacher/hf_export", distill_coef=3.0,
                    distill_in="reward"))
   return c

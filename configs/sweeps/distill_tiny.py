@@ -1,4 +1,4 @@
-"""On-policy distillation against GRPO from the same start, 2 seeds each (README "On-policy
+"""On-policy distillation against GRPO from the same start, 3 seeds each (README "On-policy
 distillation"): the tiny recipe's 0.4M-parameter student after its warm-up, trained 300 steps
 on the task's reward alone (GRPO) or on it plus the per-token reverse KL to a 3.2M-parameter
 teacher (configs/distill_tiny.py). Train the teacher first:
@@ -16,5 +16,5 @@ def get_sweep():
       recipes={"grpo": {"config": "configs/grpo_tiny.py"},
                "distill": {"config": "configs/distill_tiny.py"}},
       grid={"recipe": ["grpo", "distill"]},
-      seeds=[0, 1],
+      seeds=[0, 1, 2],
   )

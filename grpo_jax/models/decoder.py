@@ -39,7 +39,7 @@ the completion's.
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Optional
 
 import flax.linen as nn
 import jax
@@ -47,6 +47,7 @@ import jax.numpy as jnp
 
 from grpo_jax.models.attention import (causal_blocked_attention, grouped_query_attention,
                                        rotary_embedding, shared_prompt_attention, soft_cap)
+from grpo_jax.models.blocks import MLP, norm_of, normal_init, select_by, with_axes
 from grpo_jax.models.config import ModelConfig
 from grpo_jax.models.kv_cache import CACHE_SLOT_AXIS, Cache, write_cache
 from grpo_jax.models.layout import per_layer, stack_layers
@@ -65,43 +66,6 @@ REMAT_POLICIES = {
     "save_dots": jax.checkpoint_policies.checkpoint_dots,
     "save_dots_no_batch": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
 }
-
-_init = nn.initializers.normal(stddev=0.02)
-
-
-def _axes(init, *names):
-  """`init` declaring its param's logical axes (parallel/mesh.py LOGICAL_RULES maps them)."""
-  return nn.with_logical_partitioning(init, names)
-
-
-class RMSNorm(nn.Module):
-  """y = x / sqrt(mean(x^2) + eps) * weight, computed in float32; plus_one (Gemma): times
-  (1 + weight), the weight starting at 0."""
-  eps: float
-  param_dtype: Any = jnp.float32
-  plus_one: bool = False
-
-  @nn.compact
-  def __call__(self, x):
-    init = nn.initializers.zeros_init() if self.plus_one else nn.initializers.ones
-    weight = self.param("weight", _axes(init, "norm"), (x.shape[-1],), self.param_dtype)
-    x32 = x.astype(jnp.float32)
-    y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
-    scale = weight.astype(jnp.float32)
-    return (y * (1.0 + scale if self.plus_one else scale)).astype(x.dtype)
-
-
-def _norm(cfg: ModelConfig, name: str) -> RMSNorm:
-  return RMSNorm(cfg.rms_norm_eps, cfg.param_dtype, cfg.norm_plus_one, name=name)
-
-
-def _select(flag, if_true, if_false):
-  """if_true where flag (a Python bool, or a traced scalar inside the layer scan), else
-  if_false, leaf by leaf."""
-  if isinstance(flag, bool):
-    return if_true if flag else if_false
-  return jax.tree.map(lambda a, b: jnp.where(flag, a, b), if_true, if_false)
-
 
 class Attention(nn.Module):
   """Self-attention; query_blocks: a teacher-forced pass, whose causal queries are taken in
@@ -123,21 +87,21 @@ class Attention(nn.Module):
     # head_dim, embed): the mesh rules (parallel/mesh.py) shard whole heads or none.
     heads = lambda n, axis, name: lora(nn.DenseGeneral(  # noqa: E731
         (n, cfg.head_dim), use_bias=cfg.qkv_bias, dtype=cfg.dtype, param_dtype=cfg.param_dtype,
-        kernel_init=_axes(_init, "embed", axis, "head_dim"),
-        bias_init=_axes(nn.initializers.zeros_init(), axis, "head_dim"), name=name)(x), x, name)
+        kernel_init=with_axes(normal_init, "embed", axis, "head_dim"),
+        bias_init=with_axes(nn.initializers.zeros_init(), axis, "head_dim"), name=name)(x), x, name)
     q = constrain(heads(cfg.num_heads, "heads", "q_proj"), ("batch", None, "heads", None))
     k = constrain(heads(cfg.num_kv_heads, "kv_heads", "k_proj"),
                   ("batch", None, "kv_heads", None))
     v = constrain(heads(cfg.num_kv_heads, "kv_heads", "v_proj"),
                   ("batch", None, "kv_heads", None))
     if cfg.qk_norm:
-      q = _norm(cfg, "q_norm")(q)
-      k = _norm(cfg, "k_norm")(k)
+      q = norm_of(cfg, "q_norm")(q)
+      k = norm_of(cfg, "k_norm")(k)
     rope = lambda a: rotary_embedding(a, positions, cfg.rope_theta,  # noqa: E731
                                       *cfg.rope_frequencies())
     if cfg.rope_local_theta and sliding is not None:  # Gemma 3: the local layers' own base
       local = lambda a: rotary_embedding(a, positions, cfg.rope_local_theta)  # noqa: E731
-      rope = lambda a, g=rope: _select(sliding, local(a), g(a))  # noqa: E731
+      rope = lambda a, g=rope: select_by(sliding, local(a), g(a))  # noqa: E731
     q, k = rope(q), rope(k)
     if token_index is not None:  # packed tokens -> their rows (zeros at the unused slots)
       q, k, v = (unpack_tokens(a, token_index, *mask.shape[:2]) for a in (q, k, v))
@@ -174,27 +138,9 @@ class Attention(nn.Module):
       out = pack_tokens(out, token_index)
     o_proj = nn.DenseGeneral(cfg.hidden_size, axis=(-2, -1), use_bias=False, dtype=cfg.dtype,
                              param_dtype=cfg.param_dtype,
-                             kernel_init=_axes(_init, "heads", "head_dim", "embed"),
+                             kernel_init=with_axes(normal_init, "heads", "head_dim", "embed"),
                              name="o_proj")
     return lora(o_proj(out), out, "o_proj"), layer_cache
-
-
-class MLP(nn.Module):
-  """SwiGLU: down(silu(gate(x)) * up(x)); GeGLU (Gemma) with the tanh-approximated gelu."""
-  cfg: ModelConfig
-
-  @nn.compact
-  def __call__(self, x, adapters=None):
-    cfg = self.cfg
-    dense = lambda n, axes, name, x_: adapted(nn.Dense(  # noqa: E731
-        n, use_bias=False, dtype=cfg.dtype, param_dtype=cfg.param_dtype,
-        kernel_init=_axes(_init, *axes), name=name)(x_), x_, adapters, name, cfg.lora_scale,
-        cfg.dtype)
-    act = nn.silu if cfg.mlp_activation == "silu" else lambda a: nn.gelu(a, approximate=True)
-    hidden = act(dense(cfg.intermediate_size, ("embed", "mlp"), "gate_proj", x)) * dense(
-        cfg.intermediate_size, ("embed", "mlp"), "up_proj", x)
-    return dense(cfg.hidden_size, ("mlp", "embed"), "down_proj",
-                 constrain(hidden, ("batch", None, "mlp")))
 
 
 class DecoderLayer(nn.Module):
@@ -225,15 +171,15 @@ class DecoderLayer(nn.Module):
       mlp = lambda h, _adapters: moe(h)  # noqa: E731
     else:
       mlp = MLP(cfg, name="mlp")
-    attn_norm = _norm(cfg, "input_layernorm")
+    attn_norm = norm_of(cfg, "input_layernorm")
     if cfg.sandwich_norms:  # Gemma: each sublayer's output normed too
-      attn_out_norm = _norm(cfg, "post_attention_layernorm")
-      mlp_norm = _norm(cfg, "pre_feedforward_layernorm")
-      mlp_out_norm = _norm(cfg, "post_feedforward_layernorm")
+      attn_out_norm = norm_of(cfg, "post_attention_layernorm")
+      mlp_norm = norm_of(cfg, "pre_feedforward_layernorm")
+      mlp_out_norm = norm_of(cfg, "post_feedforward_layernorm")
     else:
-      mlp_norm = _norm(cfg, "post_attention_layernorm")
+      mlp_norm = norm_of(cfg, "post_attention_layernorm")
     if window_mask is not None:
-      mask = _select(sliding, window_mask, mask)
+      mask = select_by(sliding, window_mask, mask)
 
     def block(x, positions, mask, layer_cache, offset, token_index=None):
       h, layer_cache = attn(attn_norm(x), positions, mask, layer_cache, offset,
@@ -280,12 +226,12 @@ def sliding_window_mask(mask: jax.Array, num_queries: int, offset, window: int) 
 
 def _embedding(cfg: ModelConfig) -> nn.Embed:
   return nn.Embed(cfg.vocab_size, cfg.hidden_size, dtype=cfg.dtype, param_dtype=cfg.param_dtype,
-                  embedding_init=_axes(_init, "vocab", "embed"), name="embed_tokens")
+                  embedding_init=with_axes(normal_init, "vocab", "embed"), name="embed_tokens")
 
 
 def _lm_head(cfg: ModelConfig) -> nn.Dense:
   return nn.Dense(cfg.vocab_size, use_bias=False, dtype=cfg.dtype, param_dtype=cfg.param_dtype,
-                  kernel_init=_axes(_init, "embed", "vocab"), name="lm_head")
+                  kernel_init=with_axes(normal_init, "embed", "vocab"), name="lm_head")
 
 
 class Decoder(nn.Module):
@@ -366,7 +312,7 @@ class Decoder(nn.Module):
           x, positions, mask, cache, offset, layer_adapters, token_index, window_mask,
           jnp.asarray(sliding) if window else None)
     if prompt_group:
-      norm = _norm(cfg, "norm")
+      norm = norm_of(cfg, "norm")
       last = jnp.repeat(norm(x[0][:, -1:]), prompt_group, axis=0)
       if token_index is not None:
         return (last, norm(x[1])), None
@@ -374,7 +320,7 @@ class Decoder(nn.Module):
     if logits_window is not None:
       start, length = logits_window
       x = x[:, start:start + length]
-    x = _norm(cfg, "norm")(x)
+    x = norm_of(cfg, "norm")(x)
     if not project:
       return x, None if cache is None else new_cache
     logits = embed.attend(x) if cfg.tie_embeddings else _lm_head(cfg)(x)
@@ -408,7 +354,7 @@ class _OneModulePerLayer(nn.Module):
     mask = attention_mask(kv_mask, tokens.shape[1], 0)
     for i in range(cfg.num_layers):
       x, _ = DecoderLayer(cfg, name=f"layers_{i}")(x, positions, mask, None, 0)
-    x = _norm(cfg, "norm")(x)
+    x = norm_of(cfg, "norm")(x)
     return x if cfg.tie_embeddings else _lm_head(cfg)(x)
 
 

@@ -1,16 +1,14 @@
-"""Hugging Face checkpoints <-> our decoder params: config.json, safetensors loading, names
-(export: grpo_jax/models/hf_export.py).
+"""Hugging Face checkpoints <-> our decoder params: config.json and safetensors loading (the
+tensor names: models/hf_names.py; export: models/hf_export.py).
 
 Supported ``model_type``s: those registered in models/families.py (llama, mistral, qwen2 and
-qwen3 are built in, with full attention) and models/gemma.py (gemma2, gemma3_text).
+qwen3 are built in, with full attention), models/gemma.py (gemma2, gemma3_text) and
+models/moe.py (qwen3_moe).
 
-Names map one to one (``model.layers.3.self_attn.q_proj.weight`` <-> layer 3 of the stacked
-``layers/self_attn/q_proj/kernel``: Hugging Face's per-layer names exist only here, at the
-edge, and our params keep one layout, the layers stacked); Dense kernels are stored (out, in) by torch and (in, out)
-here, so they are transposed on the way in and out; the attention kernels keep their heads
-as a dimension here (q/k/v (embed, heads, head_dim), o (heads, head_dim, embed), q/k/v biases
-(heads, head_dim)), flattened in torch's layout. Nothing here touches the network:
-download a checkpoint first, e.g. ``hf download Qwen/Qwen2.5-0.5B-Instruct --local-dir PATH``.
+Hugging Face's per-layer names exist only at this edge; our params keep one layout, the layers
+stacked, kernels (in, out) with attention heads as a dimension (models/hf_names.py). Nothing
+here touches the network: download a checkpoint first, e.g. ``hf download
+Qwen/Qwen2.5-0.5B-Instruct --local-dir PATH``.
 
 bfloat16 tensors are read through safetensors' NumPy API as ``ml_dtypes.bfloat16`` arrays (the
 dtype jax registers with NumPy; safetensors >= 0.5 understands it) and cast to ``param_dtype``.
@@ -19,21 +17,17 @@ dtype jax registers with NumPy; safetensors >= 0.5 understands it) and cast to `
 from __future__ import annotations
 
 import collections
-import functools
 import json
-import math
 import pathlib
-from typing import NamedTuple, Optional
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 from safetensors import SafetensorError, safe_open
 
 from grpo_jax.errors import InputError, first_line
 from grpo_jax.models.config import ModelConfig
-from grpo_jax.models.decoder import init_params
-from grpo_jax.models.lora import input_dims
+from grpo_jax.models.hf_names import (HFTensor, _from_hf, hf_arrays, param_layout,  # noqa: F401
+                                      params_from_hf, to_hf)
 from grpo_jax.models.rope import rope_fields
 from grpo_jax.models import gemma  # noqa: F401  (registers gemma2 and gemma3_text)
 from grpo_jax.models.families import MODEL_FAMILIES, ModelFamily, find_model_family, model_types
@@ -193,101 +187,6 @@ def _feature_hint() -> str:
     if family.read_extras is None:  # Llama-like families (Gemma's differ beyond these two)
       first.setdefault((family.qkv_bias, family.qk_norm), name)
   return ", ".join(f"{first[key]} for {what}" for key, what in _FEATURES.items() if key in first)
-
-
-# ----------------------------------------------------------------------------- names
-
-
-def _hf_name(path: tuple, layer: Optional[int], expert: Optional[int] = None) -> str:
-  """Our param path (and its index on the layer axis, and on the expert axis of a mixture's
-  stacked experts) -> its Hugging Face tensor name."""
-  *modules, leaf = path
-  if layer is not None:
-    modules = [f"layers.{layer}" if m == "layers" else m for m in modules]
-  if expert is not None:
-    modules = [f"experts.{expert}" if m == "experts" else m for m in modules]
-  prefix = [] if modules[0] == "lm_head" else ["model"]
-  hf_leaf = "weight" if leaf in ("kernel", "embedding") else leaf
-  return ".".join(prefix + modules + [hf_leaf])
-
-
-def _hf_shape(path: tuple, shape: tuple) -> tuple:
-  """The torch shape of a param: a kernel (in dims..., out dims...) is (out, in) flattened, a
-  per-head bias (heads, head_dim) is flat, the rest as ours."""
-  if path[-1] == "kernel":
-    k = input_dims(path[-2])
-    return (math.prod(shape[k:]), math.prod(shape[:k]))
-  return (math.prod(shape),) if path[-1] == "bias" else shape
-
-
-def _from_hf(array: np.ndarray, path: tuple, shape: tuple) -> np.ndarray:
-  return array.T.reshape(shape) if path[-1] == "kernel" else array.reshape(shape)
-
-
-def to_hf(array: np.ndarray, path: tuple) -> np.ndarray:
-  if path[-1] == "kernel":
-    k = input_dims(path[-2])
-    return array.reshape(math.prod(array.shape[:k]), -1).T
-  return array.reshape(-1) if path[-1] == "bias" else array
-
-
-class HFTensor(NamedTuple):
-  """One Hugging Face tensor and where it lives in our params."""
-  path: tuple  # the param's path in our tree ("layers", "self_attn", "q_proj", "kernel")
-  layer: Optional[int]  # its index on the stacked layer axis; None outside the layers
-  name: str  # Hugging Face's name, "model.layers.3.self_attn.q_proj.weight"
-  hf_shape: tuple  # torch's shape
-  shape: tuple  # ours (of one layer; of one expert)
-  expert: Optional[int] = None  # its index on a mixture's expert axis (models/moe.py)
-
-
-def param_layout(model_cfg: ModelConfig):
-  """([HFTensor] in the params' tree order, a stacked param's layers in order; the params'
-  treedef)."""
-  shapes = jax.eval_shape(functools.partial(init_params, model_cfg), jax.random.key(0))
-  flat, treedef = jax.tree_util.tree_flatten_with_path(shapes)
-  layout = []
-  for key_path, leaf in flat:
-    path = tuple(k.key for k in key_path)
-    stacked = path[0] == "layers"
-    shape = tuple(leaf.shape[1:] if stacked else leaf.shape)
-    for layer in (range(leaf.shape[0]) if stacked else [None]):
-      if "experts" in path:  # one tensor per expert (transformers' checkpoint format)
-        for e in range(shape[0]):
-          layout.append(HFTensor(path, layer, _hf_name(path, layer, e),
-                                 _hf_shape(path, shape[1:]), shape[1:], e))
-      else:
-        layout.append(HFTensor(path, layer, _hf_name(path, layer), _hf_shape(path, shape),
-                               shape))
-  return layout, treedef
-
-
-def params_from_hf(layout: list, treedef, arrays: dict, dtype):
-  """Our params (jax arrays in dtype) from {HF name: array in our per-layer shape}; a stacked
-  param is filled layer by layer."""
-  leaves, experts = {}, {}
-  for t in layout:
-    leaves.setdefault(t.path, []).append(arrays[t.name])
-    if t.expert is not None:  # (layers x experts) parts -> (layers, experts, ...)
-      experts[t.path] = (t.layer + 1, t.expert + 1)
-  def whole(path, parts):
-    if path in experts:
-      return np.stack(parts).reshape(*experts[path], *parts[0].shape)
-    return np.stack(parts) if path[0] == "layers" else parts[0]
-  return jax.tree.unflatten(treedef, [jnp.asarray(whole(path, parts), dtype=dtype)
-                                      for path, parts in leaves.items()])
-
-
-def hf_arrays(layout: list, params):
-  """[(HFTensor, our array of that tensor (one layer's slice of a stacked param))], in layout
-  order, from params of `layout`'s structure."""
-  leaves = dict(zip(dict.fromkeys(t.path for t in layout), jax.tree.leaves(params)))
-  out = []
-  for t in layout:
-    leaf = np.asarray(jax.device_get(leaves[t.path]))
-    leaf = leaf if t.layer is None else leaf[t.layer]
-    out.append((t, leaf if t.expert is None else leaf[t.expert]))
-  return out
 
 
 def _preview(names) -> str:

@@ -20,10 +20,8 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from grpo_jax.models.blocks import normal_init, with_axes
 from grpo_jax.models.families import ModelFamily, register_model_family
-
-_init = nn.initializers.normal(stddev=0.02)
-
 
 def route(logits: jax.Array, top_k: int, normalise: bool):
   """(weights (N, k) float32, experts (N, k) int32) of router logits (N, E)."""
@@ -59,7 +57,7 @@ class _Kernel(nn.Module):
 
   @nn.compact
   def __call__(self):
-    return self.param("kernel", nn.with_logical_partitioning(_init, self.axes), self.shape,
+    return self.param("kernel", with_axes(normal_init, *self.axes), self.shape,
                       self.param_dtype)
 
 
@@ -73,7 +71,7 @@ class MoE(nn.Module):
     e, hidden, inner = cfg.num_experts, cfg.hidden_size, cfg.moe_intermediate_size
     flat = x.reshape(-1, hidden)
     logits = nn.Dense(e, use_bias=False, dtype=cfg.dtype, param_dtype=cfg.param_dtype,
-                      kernel_init=nn.with_logical_partitioning(_init, ("embed", "expert")),
+                      kernel_init=with_axes(normal_init, "embed", "expert"),
                       name="gate")(flat)
     weights, chosen = route(logits, cfg.experts_per_token, cfg.norm_topk_prob)
 
