@@ -1,7 +1,8 @@
-"""Gemma 2 and Gemma 3 (text) against transformers 5 on tiny random checkpoints
-(grpo_jax/models/gemma.py): logits on a left-padded batch longer than the sliding window,
-greedy tokens against generate past the window (the sampler's KV cache), the packed and the
-shared-prompt teacher-forced passes against the plain one, and the export's round trip."""
+"""Sliding windows against transformers 5 on tiny random checkpoints: Gemma 2 and Gemma 3
+(text) (grpo_jax/models/gemma.py), Mistral (every layer) and Qwen2 (from max_window_layers on):
+logits on a left-padded batch longer than the window, greedy tokens against generate past the
+window (the sampler's KV cache), the shared-prompt and chunked teacher-forced passes against
+the plain one, and the export's round trip."""
 
 import jax
 import jax.numpy as jnp
@@ -54,7 +55,26 @@ def _saved(model_cls, config, tmp_path):
   return model
 
 
-FAMILIES = {"gemma2": gemma2, "gemma3_text": gemma3}
+def mistral(tmp_path):
+  keys = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+          "num_attention_heads", "num_key_value_heads", "head_dim", "sliding_window",
+          "max_position_embeddings", "rms_norm_eps", "initializer_range", "attn_implementation",
+          "eos_token_id", "pad_token_id", "bos_token_id")
+  config = transformers.MistralConfig(**{k: v for k, v in _common().items() if k in keys})
+  return _saved(transformers.MistralForCausalLM, config, tmp_path)
+
+
+def qwen2(tmp_path):
+  keys = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+          "num_attention_heads", "num_key_value_heads", "sliding_window",
+          "max_position_embeddings", "rms_norm_eps", "initializer_range", "attn_implementation",
+          "eos_token_id", "pad_token_id", "bos_token_id")
+  config = transformers.Qwen2Config(**{k: v for k, v in _common().items() if k in keys},
+                                    use_sliding_window=True, max_window_layers=2)
+  return _saved(transformers.Qwen2ForCausalLM, config, tmp_path)
+
+
+FAMILIES = {"gemma2": gemma2, "gemma3_text": gemma3, "mistral": mistral, "qwen2": qwen2}
 
 
 def batch():
@@ -83,7 +103,8 @@ def our_logits(model_cfg, params, tokens, mask):
 def test_logits_equal_transformers_on_a_left_padded_batch(family, tmp_path):
   model = FAMILIES[family](tmp_path)
   model_cfg, params = hf.load_hf_checkpoint(tmp_path)
-  assert model_cfg.sliding_window == WINDOW and model_cfg.norm_plus_one
+  assert model_cfg.sliding_window == WINDOW
+  assert model_cfg.norm_plus_one == family.startswith("gemma")
   tokens, mask = batch()
   theirs = torch_logits(model, tokens, mask)
   diff = np.abs(our_logits(model_cfg, params, tokens, mask) - theirs)[mask].max()

@@ -186,9 +186,9 @@ def test_model_config_from_older_config_files():
      "checkpoint of one of gemma2, gemma3_text, llama, mistral, qwen2, qwen3, qwen3_moe."),
     (dict(attention_bias=True), "config.json attention_bias=true puts a bias on o_proj, which "
      "the decoder does not have; only Qwen2-style q/k/v biases are supported."),
-    (dict(model_type="mistral", sliding_window=4096), "config.json asks for sliding-window "
-     "attention (sliding_window=4096), which is not supported yet; use a checkpoint with full "
-     "attention."),
+    (dict(use_sliding_window=True, sliding_window=4096), "config.json asks for sliding-window "
+     "attention (sliding_window=4096), which model_type='llama' does not have in transformers; "
+     "use a checkpoint with full attention."),
     (dict(hidden_size=None), "config.json has no 'hidden_size'; use the config.json that came "
      "with the checkpoint."),
 ])

@@ -13,7 +13,9 @@ before loading or exporting:
         export_extras=(("attention_bias", False), ("mlp_bias", False))))
 
 Its tensors must be named like Llama's (``model.layers.N.self_attn.q_proj.weight``, ...), and
-it must use SwiGLU MLPs, RMSNorm and default RoPE: the loader checks names and shapes.
+it must use SwiGLU MLPs and RMSNorm: the loader checks names and shapes. Sliding windows
+(Mistral's on every layer, Qwen's from max_window_layers on or by layer_types) load into the
+decoder's ModelConfig.sliding_window / layer_types when the family has a window_config.
 """
 
 from __future__ import annotations
@@ -32,6 +34,37 @@ def window_unless_null(hf_config: dict) -> Optional[int]:
   return hf_config.get("sliding_window", 4096)
 
 
+def window_layer_types(hf_config: dict) -> tuple:
+  """Which layers attend within the window, as transformers 5 decides it: config.json's
+  layer_types, else from max_window_layers on (Qwen2 / Qwen3), else every layer (Mistral; an
+  empty tuple)."""
+  if hf_config.get("layer_types"):
+    return tuple(hf_config["layer_types"])
+  if "max_window_layers" in hf_config:
+    first = int(hf_config["max_window_layers"])
+    return tuple("sliding_attention" if i >= first else "full_attention"
+                 for i in range(int(hf_config["num_hidden_layers"])))
+  return ()
+
+
+def mistral_window_config(model_cfg) -> dict:
+  """Mistral's config.json entries for a model with a sliding window (on every layer)."""
+  if model_cfg.layer_types and set(model_cfg.layer_types) != {"sliding_attention"}:
+    raise ValueError("model_type='mistral' windows every layer; this model has full-attention "
+                     "layers too: export it as qwen2 or qwen3.")
+  return {"sliding_window": model_cfg.sliding_window or None}
+
+
+def qwen_window_config(model_cfg) -> dict:
+  """Qwen2 / Qwen3's config.json entries for a model with a sliding window."""
+  if not model_cfg.sliding_window:
+    return {}
+  types = list(model_cfg.layer_types) or ["sliding_attention"] * model_cfg.num_layers
+  first = next((i for i, t in enumerate(types) if t == "sliding_attention"), len(types))
+  return {"use_sliding_window": True, "sliding_window": model_cfg.sliding_window,
+          "max_window_layers": first, "layer_types": types}
+
+
 @dataclasses.dataclass(frozen=True)
 class ModelFamily:
   """One config.json ``model_type`` and what it implies for the decoder."""
@@ -43,8 +76,10 @@ class ModelFamily:
   default_head_dim: Optional[int] = None  # When config.json has none; None: hidden / heads.
   # False: config.json's attention_bias is ignored (Qwen2's q/k/v biases are always there).
   reads_attention_bias: bool = True
-  # config.json -> its sliding-window size, or None for full attention.
+  # config.json -> its sliding-window size, or None for full attention; and ModelConfig -> the
+  # config.json entries that say so on export (None: the family has no windows here).
   sliding_window: Callable[[dict], Optional[int]] = window_if_enabled
+  window_config: Optional[Callable[[Any], dict]] = None
   # (key, value) pairs appended, in order, to a config.json that export generates.
   export_extras: tuple[tuple[str, Any], ...] = ()
   # A family unlike Llama beyond the fields above (Gemma, grpo_jax/models/gemma.py): config.json
@@ -86,11 +121,13 @@ register_model_family(ModelFamily(
     "llama", "LlamaForCausalLM", export_extras=(("attention_bias", False), ("mlp_bias", False))))
 register_model_family(ModelFamily(
     "mistral", "MistralForCausalLM", sliding_window=window_unless_null,
-    export_extras=(("attention_bias", False), ("sliding_window", None))))
+    export_extras=(("attention_bias", False), ("sliding_window", None)),
+    window_config=mistral_window_config))
 register_model_family(ModelFamily(
     "qwen2", "Qwen2ForCausalLM", qkv_bias=True, reads_attention_bias=False,
-    export_extras=(("use_sliding_window", False),)))
+    export_extras=(("use_sliding_window", False),), window_config=qwen_window_config))
 register_model_family(ModelFamily(
     "qwen3", "Qwen3ForCausalLM", qk_norm=True, default_head_dim=128,
-    export_extras=(("attention_bias", False), ("use_sliding_window", False))))
+    export_extras=(("attention_bias", False), ("use_sliding_window", False)),
+    window_config=qwen_window_config))
 

@@ -30,7 +30,8 @@ from grpo_jax.models.hf_names import (HFTensor, _from_hf, hf_arrays, param_layou
                                       params_from_hf, to_hf)
 from grpo_jax.models.rope import rope_fields
 from grpo_jax.models import gemma  # noqa: F401  (registers gemma2 and gemma3_text)
-from grpo_jax.models.families import MODEL_FAMILIES, ModelFamily, find_model_family, model_types
+from grpo_jax.models.families import (MODEL_FAMILIES, ModelFamily, find_model_family,
+                                      model_types, window_layer_types)
 
 EXPORT_DTYPES = ("float32", "bfloat16", "float16")
 TOKENIZER_FILES = (
@@ -79,7 +80,7 @@ def model_config_from_hf(hf_config: dict, param_dtype: str = "float32",
       max_position_embeddings=int(hf_config.get("max_position_embeddings") or 0),
       param_dtype=param_dtype,
       compute_dtype=compute_dtype,
-      **(family.read_extras(hf_config) if family.read_extras else {}))
+      **(family.read_extras(hf_config) if family.read_extras else _window(hf_config, family)))
 
 
 def hf_config_from_model_config(model_cfg: ModelConfig, model_type: str = "qwen2",
@@ -110,6 +111,8 @@ def hf_config_from_model_config(model_cfg: ModelConfig, model_type: str = "qwen2
   if model_cfg.max_position_embeddings:
     hf_config["max_position_embeddings"] = model_cfg.max_position_embeddings
   hf_config.update(family.export_extras)
+  if family.window_config and not family.read_extras:
+    hf_config.update(family.window_config(model_cfg))
   if family.write_extras:
     hf_config.update(family.write_extras(model_cfg))
   return hf_config
@@ -133,6 +136,14 @@ def _head_dim(hf_config: dict, family: ModelFamily) -> int:
   return _require(hf_config, "hidden_size") // _require(hf_config, "num_attention_heads")
 
 
+def _window(hf_config: dict, family: ModelFamily) -> dict:
+  """ModelConfig's sliding_window and layer_types of a Llama-like family's config.json."""
+  window = family.sliding_window(hf_config)
+  if not window:
+    return {}
+  return dict(sliding_window=int(window), layer_types=window_layer_types(hf_config))
+
+
 def _check_supported_features(hf_config: dict, family: ModelFamily) -> None:
   """Raises on config.json options that the decoder cannot represent."""
   if family.read_extras:  # the family reads (and checks) its own activation and windows
@@ -148,9 +159,10 @@ def _check_supported_features(hf_config: dict, family: ModelFamily) -> None:
     raise ValueError("config.json mlp_bias=true is not supported; the decoder's MLP has no "
                      "biases.")
   window = family.sliding_window(hf_config)
-  if window is not None:
+  if window is not None and family.window_config is None:
     raise ValueError(f"config.json asks for sliding-window attention (sliding_window={window}), "
-                     f"which is not supported yet; use a checkpoint with full attention.")
+                     f"which model_type={family.model_type!r} does not have in transformers; "
+                     f"use a checkpoint with full attention.")
 
 
 def _export_family(model_cfg: ModelConfig, model_type: str) -> ModelFamily:
@@ -163,6 +175,10 @@ def _export_family(model_cfg: ModelConfig, model_type: str) -> ModelFamily:
     raise ValueError(f"model_type={model_type!r} does not describe this model (Gemma's norms "
                      f"{'are' if model_cfg.norm_plus_one else 'are not'} in it); pass "
                      f"{'gemma2 or gemma3_text' if model_cfg.norm_plus_one else 'llama'}.")
+  if model_cfg.sliding_window and not (family.window_config or family.read_extras):
+    raise ValueError(f"model_type={model_type!r} has no sliding windows but the model has "
+                     f"(sliding_window={model_cfg.sliding_window}); pass mistral, qwen2 or "
+                     f"qwen3.")
   if bool(model_cfg.num_experts) != family.experts:
     raise ValueError(f"model_type={model_type!r} does not describe this model (it "
                      f"{'has' if model_cfg.num_experts else 'has no'} experts); pass "
