@@ -16,7 +16,7 @@ import numpy as np  # noqa: E402
 from grpo_jax.models.config import ModelConfig  # noqa: E402
 from grpo_jax.models.decoder import init_params  # noqa: E402
 from grpo_jax.models.partitioning import shardings as tree_shardings  # noqa: E402
-from grpo_jax.parallel.mesh import make_mesh  # noqa: E402
+from grpo_jax.parallel.mesh import make_mesh, mesh_config  # noqa: E402
 from grpo_jax.train.state import create_train_state, make_optimizer  # noqa: E402
 
 CFG = ModelConfig(vocab_size=32_000, hidden_size=768, intermediate_size=2048, num_layers=12,
@@ -42,7 +42,7 @@ def main():
         "reference MiB/device | total MiB/device |")
   print("|---|---|---|---|---|")
   for shape in [(8, 1, 1), (4, 2, 1), (2, 4, 1), (1, 8, 1), (2, 2, 2), (1, 2, 4)]:
-    mesh = make_mesh(ml_collections.ConfigDict(dict(zip(("data", "fsdp", "tensor"), shape))))
+    mesh = make_mesh(mesh_config(*shape))
     shardings = tree_shardings(state, mesh)
     parts = [per_device_bytes(getattr(state, f), getattr(shardings, f)) / 2**20
              for f in ("params", "opt_state", "ref_params")]

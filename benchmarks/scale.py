@@ -33,7 +33,7 @@ of model size is ever allocated, so a 7B shape "runs" on a laptop (compile time 
 
     python benchmarks/scale.py --shape qwen2.5-0.5b --rows 16 --prompt 256 --new 256 \\
         [--micro-batches K] [--layers L] [--group-size G] [--what update,sampler,prefill] \\
-        [--remat none|full|save_dots|...] [--logits-chunk C] [--mesh D,F,T] \\
+        [--remat none|full|save_dots|...] [--logits-chunk C] [--mesh D,F,T[,E]] \\
         [--decode-block S] [--no-prefix-sharing]
 
   --shape        qwen2.5-0.5b | qwen2.5-1.5b | qwen2.5-7b | smollm2-135m (their HF configs),
@@ -44,7 +44,7 @@ of model size is ever allocated, so a 7B shape "runs" on a laptop (compile time 
   --group-size   G (default min(rows, 4))
   --remat, --logits-chunk   set on the ModelConfig when this version of it has the fields;
                  otherwise a warning on stderr and ignored
-  --mesh D,F,T   (data, fsdp, tensor) over D*F*T fake CPU devices (this script sets
+  --mesh D,F,T[,E] (data, fsdp, tensor, expert) over D*F*T*E fake CPU devices (this script sets
                  XLA_FLAGS=--xla_force_host_platform_device_count before importing jax);
                  inputs get the mesh rules' shardings; the memory numbers are then per device,
                  and `state_gib_per_device` is the most loaded device's share of the state
@@ -109,7 +109,8 @@ def parse_args(argv=None):
   p.add_argument("--scan-layers", action="store_true",
                  help="layers as one nn.scan over stacked params (model.scan_layers of "
                       "versions that had both layouts; always on since)")
-  p.add_argument("--mesh", default=None, help="D,F,T: (data, fsdp, tensor) fake CPU devices")
+  p.add_argument("--mesh", default=None,
+                 help="D,F,T[,E]: (data, fsdp, tensor, expert) fake CPU devices")
   p.add_argument("--decode-block", type=int, default=128,
                  help="sampler: decode steps per segment (rollout.decode_block; 0 = one)")
   p.add_argument("--lora-rank", type=int, default=0,
@@ -138,9 +139,9 @@ def parse_args(argv=None):
   if args.mesh is not None:
     try:
       args.mesh = tuple(int(x) for x in args.mesh.split(","))
-      assert len(args.mesh) == 3 and all(x > 0 for x in args.mesh)
+      assert len(args.mesh) in (3, 4) and all(x > 0 for x in args.mesh)
     except (ValueError, AssertionError):
-      p.error(f"--mesh {args.mesh!r}: use three positive sizes D,F,T")
+      p.error(f"--mesh {args.mesh!r}: use three or four positive sizes D,F,T[,E]")
   return args
 
 
@@ -261,14 +262,13 @@ def run(args) -> list:
 
   mesh = None
   if args.mesh is not None:
-    import ml_collections
     from benchmarks.state_bytes import tree_shardings
-    from grpo_jax.parallel.mesh import batch_sharding, make_mesh
-    mesh = make_mesh(ml_collections.ConfigDict(dict(zip(("data", "fsdp", "tensor"),
-                                                         args.mesh))))
-    batch_rows = mesh.shape["data"] * mesh.shape["fsdp"]
+    from grpo_jax.parallel.mesh import batch_axis_size, batch_sharding, make_mesh, mesh_config
+    mesh = make_mesh(mesh_config(*args.mesh))
+    batch_rows = batch_axis_size(mesh)
     if rows % batch_rows:
-      sys.exit(f"--rows {rows} does not split over data x fsdp = {batch_rows} devices")
+      sys.exit(f"--rows {rows} does not split over data x fsdp x expert = {batch_rows} "
+               f"devices")
     replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
     rows_sharded = lambda tree: with_shardings(tree, jax.tree.map(  # noqa: E731
         lambda x: batch_sharding(mesh, len(x.shape)) if x.shape else replicated, tree))

@@ -129,6 +129,22 @@ def validate(config) -> None:
              f"completions; pick rl.num_minibatches x rl.num_micro_batches so that a micro-batch "
              f"holds whole groups, or set rl.shared_prompt_forward=False.")
   _require(rl.num_iterations >= 1, f"rl.num_iterations={rl.num_iterations}; use at least 1.")
+  from grpo_jax.models.quantized import WEIGHT_DTYPES  # noqa: PLC0415
+  _require(r.weight_dtype in ("", *WEIGHT_DTYPES),
+           f"rollout.weight_dtype={r.weight_dtype!r}; use '' (full precision) or one of "
+           f"{sorted(WEIGHT_DTYPES)}.")
+  _require(rl.routing_replay in ("off", "rollout"),
+           f"rl.routing_replay={rl.routing_replay!r}; use 'off' or 'rollout'.")
+  if config.model.num_experts:  # routing is recorded and replayed on the per-row forward
+    _require(not rl.pack_tokens and not rl.shared_prompt_forward and not r.decode_slots,
+             f"an MoE model (model.num_experts={config.model.num_experts}) records its routing "
+             f"on the per-row passes; set rl.pack_tokens=0, rl.shared_prompt_forward=False and "
+             f"rollout.decode_slots=0.")
+  else:
+    _require(rl.routing_replay == "off" and not rl.router_aux_coef,
+             f"rl.routing_replay={rl.routing_replay!r} / rl.router_aux_coef="
+             f"{rl.router_aux_coef} need a mixture of experts (model.num_experts > 0); use "
+             f"'off' and 0 for a dense model.")
   _require(rl.pack_tokens >= 0, f"rl.pack_tokens={rl.pack_tokens}; use 0 (off) or the number "
            f"of packed capacities a run may compile (8 is plenty).")
   _require(r.temperature >= 0, f"rollout.temperature={r.temperature}; use >= 0 (0 = greedy).")
@@ -273,7 +289,7 @@ def _validate_rewards(config) -> None:
 
 def _validate_devices(config) -> None:
   """The mesh sizes and the multi-host start-up mode."""
-  for axis in ("data", "fsdp", "tensor"):
+  for axis in ("data", "fsdp", "tensor", "expert"):
     size = config.mesh[axis]
     _require(isinstance(size, int) and (size == -1 or size >= 1),
              f"mesh.{axis}={size!r}; use a device count >= 1, or -1 for the rest of the devices.")

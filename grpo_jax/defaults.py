@@ -93,6 +93,14 @@ def rl_defaults(**overrides) -> ml_collections.ConfigDict:
       # A separate critic's start: "policy" (a copy of the policy, verl) or "reward_model"
       # (the backbone and score head of reward.models[0], OpenRLHF's default).
       critic_init="policy",
+      # A mixture of experts (models/moe.py). routing_replay: "rollout" makes the update's
+      # forward passes use the experts the sampler chose for every token (DeepSeek-V3.2's
+      # "keep routing", R3), so the importance ratio compares the same experts; "off" lets
+      # them route anew. Either way `routing_mismatch` reports the fraction of (completion
+      # token, layer) pairs whose recomputed top-k differs from the rollout's.
+      routing_replay="off",
+      # transformers' load-balancing loss (router_aux_loss_coef) added to the RL loss; 0 = off.
+      router_aux_coef=0.0,
   )
   entries = ([e.fn for _, e in ESTIMATORS.items()] + [fn for _, fn in POLICY_LOSSES.items()]
              + [e.build for _, e in OBJECTIVES.items()])
@@ -244,6 +252,11 @@ def get_defaults() -> ml_collections.ConfigDict:
       # Decode steps per segment: a segment's attention reads only the cache slots filled by
       # its end (P + e), not all P + N; 0 = one segment. Each segment is its own compiled loop.
       decode_block=128,
+      # The training rollouts read the layers' kernels quantised to this dtype ("int8" or
+      # "float8_e4m3fn", by qwix; models/quantized.py), a copy made from the policy at each
+      # step; training, evaluation and exports stay in full precision. The sampler's log-probs
+      # are the quantised policy's: rl.tis_cap corrects the difference. "" = full precision.
+      weight_dtype="",
       # Decode slots of the slot-refill engine (continuous batching): when a row ends, its slot
       # takes the next pending row. 0 = one slot per row (the static engine: every row decodes
       # until the longest one ends). The drawn tokens do not depend on it.
@@ -304,8 +317,9 @@ def get_defaults() -> ml_collections.ConfigDict:
       # A second run of the same program starts from it (one H200: a first step of 140 s -> 6 s).
       compilation_cache="auto"))
 
-  # Devices: (data, fsdp, tensor) sizes, -1 = the rest; multi-host start-up (see README).
-  c.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, tensor=1))
+  # Devices: (data, fsdp, tensor, expert) sizes, -1 = the rest; multi-host start-up (see
+  # README). expert splits a mixture's experts (and, like data, the rows).
+  c.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, tensor=1, expert=1))
   c.distributed = ml_collections.ConfigDict(dict(
       mode="none",  # "none", "auto" (jax.distributed.initialize()) or "explicit" (below)
       coordinator_address="",  # "host:port"; "" = $JAX_COORDINATOR_ADDRESS

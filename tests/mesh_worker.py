@@ -14,9 +14,9 @@ import numpy as np
 
 from grpo_jax.defaults import rl_defaults
 from grpo_jax.models.partitioning import shardings
-from grpo_jax.parallel.mesh import make_mesh, shard_batch
+from grpo_jax.parallel.mesh import make_mesh, mesh_config, shard_batch
 from grpo_jax.rollout.prefill import prefill
-from grpo_jax.rollout.sampler import generate
+from grpo_jax.rollout.sampler import Sampling, generate
 from grpo_jax.train.experience import RewardInputs, make_prepare_batch
 from grpo_jax.train.state import create_train_state, make_optimizer
 from grpo_jax.train.update import make_update_step
@@ -30,8 +30,19 @@ MESHES = [(8, 1, 1), (2, 4, 1), (2, 2, 2), (1, 2, 4)]
 
 
 def mesh_of(shape, devices):
-  return make_mesh(ml_collections.ConfigDict(dict(zip(("data", "fsdp", "tensor"), shape))),
-                   devices)
+  return make_mesh(mesh_config(*shape), devices)
+
+
+def two_updates(state, cfg, rl, optimizer, batch_inputs, mesh):
+  """Two RL updates (preparation, then the update) of `state` on one fixed rollout batch, the
+  batch placed on `mesh`: (state, the last update's metrics)."""
+  prepare = jax.jit(make_prepare_batch(cfg, rl, 4, 1.0, 6))
+  update = make_update_step(cfg, rl, optimizer, 1.0, group_size=4)
+  rollout, inputs = shard_batch(batch_inputs, mesh)
+  for _ in range(2):
+    batch, _ = prepare(state, rollout, inputs)
+    state, metrics = update(state, batch)
+  return state, metrics
 
 
 def run_on(mesh, batch_inputs, micro=1, shared=False, sample=True):
@@ -55,12 +66,7 @@ def _run_on(mesh, batch_inputs, micro, shared, sample):
   if sample:
     greedy = generate(state.params, prompts, mask, jax.random.key(0), temperature=0.0, **kw)
     sampled = generate(state.params, prompts, mask, jax.random.key(3), temperature=1.0, **kw)
-  prepare = jax.jit(make_prepare_batch(cfg, rl, 4, 1.0, 6))
-  update = make_update_step(cfg, rl, optimizer, 1.0, group_size=4)
-  rollout, inputs = shard_batch(batch_inputs, mesh)
-  for _ in range(2):
-    batch, _ = prepare(state, rollout, inputs)
-    state, metrics = update(state, batch)
+  state, metrics = two_updates(state, cfg, rl, optimizer, batch_inputs, mesh)
   if sample:
     # The KV cache the sampler's prefill leaves: the shard shape of its values (B, kv_heads, S,
     # head_dim); the keys are stored transposed (models/kv_cache.init_cache).
@@ -135,7 +141,58 @@ def refill_main(path: str):
                    logprobs=np.asarray(out.logprobs).tolist()), f)
 
 
+MOE_CFG = tiny_model_config(vocab_size=16, num_experts=4, experts_per_token=2,
+                            moe_intermediate_size=16, norm_topk_prob=True)
+MOE_MESHES = [(1, 2, 1, 4), (2, 1, 2, 2)]
+
+
+def moe_run_on(mesh, batch_inputs):
+  """The MoE model's greedy tokens and two updates (routing replayed, the load-balancing loss
+  on) under `mesh`: (greedy tokens, params, loss, the expert kernels' shard shape)."""
+  with jax.set_mesh(mesh):
+    cfg = MOE_CFG
+    rl = rl_defaults(num_minibatches=2, kl_coef=0.05, routing_replay="rollout",
+                     router_aux_coef=0.01)
+    optimizer = make_optimizer(OPTIM, 10)
+    state = create_train_state(perturbed_params(cfg), optimizer, jax.random.key(1), None,
+                               rl.kl_coef)
+    state = jax.device_put(state, shardings(state, mesh))
+    prompts, mask = shard_batch((PROMPTS, PROMPTS != 0), mesh)
+    greedy = generate(state.params, prompts, mask, jax.random.key(0), model_cfg=cfg,
+                      max_new_tokens=6, eos_id=2, pad_id=0, mesh=mesh, temperature=0.0)
+    state, metrics = two_updates(state, cfg, rl, optimizer, batch_inputs, mesh)
+    kernel = state.params["layers"]["mlp"]["experts"]["gate_proj"]["kernel"]
+    return (np.asarray(greedy.completion_tokens), jax.device_get(state.params),
+            float(metrics["loss"]), list(kernel.sharding.shard_shape(kernel.shape)))
+
+
+def moe_main(path: str):
+  """A mixture of experts sharded over the `expert` axis (and rows over data x fsdp x expert)
+  against the single-device run; the result written to `path` as JSON."""
+  devices = jax.devices()
+  r = Sampling(MOE_CFG, 6, eos_id=2, pad_id=0).grouped(1, record_routes=True)(
+      perturbed_params(MOE_CFG), PROMPTS, PROMPTS != 0, jax.random.key(3))
+  rewards = (np.asarray(r.completion_tokens) == 7).sum(1).astype(np.float32)
+  batch_inputs = (jax.device_get(r), (jax.device_get(RewardInputs(jnp.asarray(rewards), {},
+                                                                  jnp.int32(0)))))
+  ref = moe_run_on(mesh_of((1, 1, 1, 1), devices[:1]), batch_inputs)
+  moved = max(float(np.max(np.abs(a - b))) for a, b in zip(
+      jax.tree.leaves(ref[1]), jax.tree.leaves(jax.device_get(perturbed_params(MOE_CFG)))))
+  out = {"params_moved": moved}
+  for shape in MOE_MESHES:
+    got = moe_run_on(mesh_of(shape, devices), batch_inputs)
+    out[str(shape)] = dict(
+        greedy_equal=bool(np.array_equal(got[0], ref[0])),
+        params_max_diff=max(float(np.max(np.abs(a - b)))
+                            for a, b in zip(jax.tree.leaves(got[1]), jax.tree.leaves(ref[1]))),
+        loss=got[2], ref_loss=ref[2], expert_kernel_shard=got[3])
+  with open(path, "w") as f:
+    json.dump(out, f)
+
+
 if __name__ == "__main__":
   if sys.argv[1:2] == ["refill"]:
     sys.exit(refill_main(sys.argv[2]))
+  if sys.argv[1:2] == ["moe"]:
+    sys.exit(moe_main(sys.argv[2]))
   sys.exit(main())

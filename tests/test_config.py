@@ -62,7 +62,13 @@ def test_config_error_from_main_is_one_line(tmp_path):
                                          "bfloat16, float16, float32, auto."),
     ("rollout", "decode_slots", -2, "rollout.decode_slots=-2; use a whole number of decode "
                                     "slots >= 0"),
+    ("rollout", "weight_dtype", "int4", "rollout.weight_dtype='int4'; use '' (full precision) "
+                                        "or one of ['float8_e4m3fn', 'int8']."),
+    ("rl", "routing_replay", "update", "rl.routing_replay='update'; use 'off' or 'rollout'."),
+    ("rl", "routing_replay", "rollout", "rl.routing_replay='rollout' / rl.router_aux_coef=0.0 "
+                                        "need a mixture of experts (model.num_experts > 0)"),
 ])
+
 def test_invalid_values_fail_before_any_compute(tmp_path, section, field, value, expected):
   config = grpo_tiny.get_config()
   config[section][field] = value
@@ -97,4 +103,13 @@ def test_the_shipped_configs_are_valid(tmp_path):
       os.makedirs(tmp_path / "teacher", exist_ok=True)
       (tmp_path / "teacher" / "config.json").write_text("{}")
       config.rl.distill_teacher = str(tmp_path / "teacher")
+    validate(config)
+
+
+def test_an_moe_model_refuses_what_cannot_record_its_routing():
+  config = grpo_tiny.get_config()
+  config.model.update(dict(num_experts=4, experts_per_token=2, moe_intermediate_size=16))
+  config.rollout.decode_slots = 4
+  with pytest.raises(ConfigError, match=r"an MoE model \(model.num_experts=4\) records its "
+                                        r"routing on the per-row passes; set rl.pack_tokens=0"):
     validate(config)

@@ -140,10 +140,10 @@ def test_no_head_is_split_on_a_1_1_4_mesh_with_2_kv_heads():
 import json, jax, ml_collections
 from grpo_jax.models.decoder import init_params
 from grpo_jax.models.partitioning import place
-from grpo_jax.parallel.mesh import make_mesh
+from grpo_jax.parallel.mesh import make_mesh, mesh_config
 from tests.fixtures import tiny_model_config
 cfg = tiny_model_config(num_heads=4, num_kv_heads=2, head_dim=8)
-mesh = make_mesh(ml_collections.ConfigDict(dict(data=1, fsdp=1, tensor=4)))
+mesh = make_mesh(mesh_config(1, 1, 4))
 att = place(init_params(cfg, jax.random.key(0)), mesh)["layers"]["self_attn"]
 print(json.dumps({n: [list(att[n][leaf].shape), list(att[n][leaf].addressable_shards[0].data.shape)]
                   for n in ("q_proj", "k_proj", "v_proj", "o_proj") for leaf in ["kernel"]}))

@@ -5,10 +5,9 @@ import os
 import subprocess
 import sys
 
-import ml_collections
 import pytest
 
-from grpo_jax.parallel.mesh import resolve_mesh_shape
+from grpo_jax.parallel.mesh import mesh_config, resolve_mesh_shape
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -47,16 +46,17 @@ def test_sharded_run_equals_single_device(mesh_results, shape):
 
 
 @pytest.mark.parametrize("sizes,devices,message", [
-    ((2, 2, 1), 8, "mesh (data, fsdp, tensor) = (2, 2, 1) has 4 devices but 8 are present"),
+    ((2, 2, 1), 8,
+     "mesh (data, fsdp, tensor, expert) = (2, 2, 1, 1) has 4 devices but 8 are present"),
     ((3, -1, 1), 8, "cannot fill 8 devices: 8 is not a multiple of 3"),
     ((-1, -1, 1), 8, "at most one -1"),
 ])
 def test_mesh_errors_name_the_numbers(sizes, devices, message):
-  cfg = ml_collections.ConfigDict(dict(zip(("data", "fsdp", "tensor"), sizes)))
+  cfg = mesh_config(*sizes)
   with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
     resolve_mesh_shape(cfg, devices)
 
 
 def test_mesh_shape_fills_the_rest():
-  cfg = ml_collections.ConfigDict(dict(data=-1, fsdp=2, tensor=2))
-  assert resolve_mesh_shape(cfg, 8) == (2, 2, 2)
+  assert resolve_mesh_shape(mesh_config(-1, 2, 2), 8) == (2, 2, 2, 1)
+  assert resolve_mesh_shape(mesh_config(1, 2, 1, -1), 8) == (1, 2, 1, 4)

@@ -54,6 +54,7 @@ from grpo_jax.models.layout import per_layer, stack_layers
 from grpo_jax.models.lora import LoraParams, adapted
 from grpo_jax.models.moe import MoE
 from grpo_jax.models.packing import pack_tokens, unpack_tokens
+from grpo_jax.models.quantized import dequantized
 from grpo_jax.parallel.mesh import constrain
 
 
@@ -160,15 +161,16 @@ class DecoderLayer(nn.Module):
 
   @nn.compact
   def __call__(self, x, positions, mask, layer_cache, offset, adapters=None, token_index=None,
-               window_mask=None, sliding=None):
+               window_mask=None, sliding=None, routes=None):
     """window_mask: `mask` restricted to the sliding window (None: no layer has one); sliding:
-    whether this layer uses it (a bool, or a traced scalar inside the layer scan)."""
+    whether this layer uses it (a bool, or a traced scalar inside the layer scan); routes
+    (B, T, k): routing replay, the experts of each token in this layer (models/moe.py)."""
     cfg = self.cfg
     adapters = adapters or {}
     attn = Attention(cfg, self.query_blocks, name="self_attn")
     if cfg.num_experts:  # no adapters on the experts
       moe = MoE(cfg, name="mlp")
-      mlp = lambda h, _adapters: moe(h)  # noqa: E731
+      mlp = lambda h, _adapters: moe(h, routes)  # noqa: E731
     else:
       mlp = MLP(cfg, name="mlp")
     attn_norm = norm_of(cfg, "input_layernorm")
@@ -241,7 +243,8 @@ class Decoder(nn.Module):
   @nn.compact
   def __call__(self, tokens, positions, kv_mask, cache: Optional[Cache] = None, offset=0,
                return_hidden: bool = False, logits_window: Optional[tuple] = None,
-               project: bool = True, adapters=None, prompt_group: int = 0, token_index=None):
+               project: bool = True, adapters=None, prompt_group: int = 0, token_index=None,
+               routes=None):
     """project=False returns (normed hidden states of the window, cache) without the
     vocabulary projection (chunked scoring projects them itself, grpo_jax/models/scoring.py).
     adapters: LoRA adapters (grpo_jax/models/lora.py) added to the projections, or None.
@@ -253,7 +256,11 @@ class Decoder(nn.Module):
     hidden states (B, 1 + T, H): each prompt's last position repeated G times, then the
     completion's, None); see DecoderLayer. With token_index (C,) (models/packing.py) the
     completion inputs are packed, tokens[1] and positions[1] (1, C), and so is the result:
-    ((B, 1, H) the prompts' last positions, (1, C, H) the packed tokens'), None."""
+    ((B, 1, H) the prompts' last positions, (1, C, H) the packed tokens'), None.
+    routes (B, T, L, k) int32: routing replay (a mixture of experts, models/moe.py), each
+    token's experts in each layer, used instead of the router's own top-k; the passes without
+    prompt_group or packing take it. Applied with mutable=["intermediates"], the experts' choices
+    come back too (`sown_routing`)."""
     cfg = self.cfg
     embed = _embedding(cfg)
     scale = (jnp.asarray(cfg.hidden_size ** 0.5, cfg.dtype) if cfg.embed_scale else None)
@@ -285,6 +292,8 @@ class Decoder(nn.Module):
     sliding = cfg.sliding_layers()
     if cache is not None:
       # Forwards with a KV cache (prefill, decode) run the stacked layers one after the other,
+      # each layer's quantised kernels (rollout.weight_dtype, models/quantized.py) dequantised
+      # just before it runs,
       # each on its slice of the stack, and keep one cache per layer: carried through a decode
       # loop, a (layers, ...) stacked cache is copied whole by every step's scan (at 512 new
       # tokens the sampler ran 1.6x slower than this).
@@ -292,25 +301,35 @@ class Decoder(nn.Module):
       layer_adapters = (None if adapters is None else
                         per_layer(adapters["layers"], cfg.num_layers))
       new_cache = []
+      # A mixture's routing choices, sown by each layer's own apply, are sown again here.
+      record = bool(cfg.num_experts) and self.is_mutable_collection("intermediates")
       for i in range(cfg.num_layers):
-        x, layer_cache = DecoderLayer(cfg, prompt_group).apply(
-            {"params": layer_params[i]}, x, positions, mask, cache[i], offset,
+        layer, x = dequantized(layer_params[i], cfg.dtype, x)
+        out = DecoderLayer(cfg, prompt_group).apply(
+            {"params": layer}, x, positions, mask, cache[i], offset,
             None if layer_adapters is None else layer_adapters[i], None, window_mask,
-            sliding[i] if window else None)
+            sliding[i] if window else None, None if routes is None else routes[:, :, i],
+            mutable=["intermediates"] if record else False)
+        (x, layer_cache), sown = out if record else (out, None)
+        if record:
+          for name, value in sown["intermediates"]["mlp"].items():
+            self.sow("intermediates", name, value[0])
         new_cache.append(layer_cache)
       new_cache = tuple(new_cache)
     else:  # one nn.scan over the stacked layers, rematerialised by model.remat
       layer_cls = DecoderLayer
       if REMAT_POLICIES[cfg.remat] is not None:
         layer_cls = nn.remat(DecoderLayer, policy=REMAT_POLICIES[cfg.remat], prevent_cse=False)
-      scanned = nn.scan(layer_cls, variable_axes={"params": 0}, split_rngs={"params": True},
+      scanned = nn.scan(layer_cls, variable_axes={"params": 0, "intermediates": 0},
+                        split_rngs={"params": True},
                         in_axes=(nn.broadcast, nn.broadcast, 0, nn.broadcast, 0,
-                                 nn.broadcast, nn.broadcast, 0),
+                                 nn.broadcast, nn.broadcast, 0, 0),
                         length=cfg.num_layers, metadata_params={nn.PARTITION_NAME: "layers"})
       layer_adapters = None if adapters is None else adapters["layers"]
       x, new_cache = scanned(cfg, prompt_group, True, name="layers")(
           x, positions, mask, cache, offset, layer_adapters, token_index, window_mask,
-          jnp.asarray(sliding) if window else None)
+          jnp.asarray(sliding) if window else None,
+          None if routes is None else jnp.moveaxis(routes, 2, 0))
     if prompt_group:
       norm = norm_of(cfg, "norm")
       last = jnp.repeat(norm(x[0][:, -1:]), prompt_group, axis=0)
@@ -331,13 +350,35 @@ class Decoder(nn.Module):
     return logits, out_cache
 
 
-def decoder_apply(model_cfg: ModelConfig, params, *args, **kwargs):
+def decoder_apply(model_cfg: ModelConfig, params, *args, record_routing: bool = False,
+                  **kwargs):
   """Decoder(model_cfg).apply on plain params, or on LoraParams (the base's weights with the
-  adapters added to the projections): the one entry point of every forward pass."""
+  adapters added to the projections): the one entry point of every forward pass.
+  record_routing (a mixture of experts): returns (the output, `sown_routing` of the pass)."""
   if isinstance(params, LoraParams):
-    return Decoder(model_cfg).apply({"params": params.base}, *args, adapters=params.adapters,
-                                    **kwargs)
-  return Decoder(model_cfg).apply({"params": params}, *args, **kwargs)
+    variables, kwargs = {"params": params.base}, {**kwargs, "adapters": params.adapters}
+  else:
+    variables = {"params": params}
+  if not record_routing:
+    return Decoder(model_cfg).apply(variables, *args, **kwargs)
+  out, sown = Decoder(model_cfg).apply(variables, *args, mutable=["intermediates"], **kwargs)
+  return out, sown_routing(sown.get("intermediates", {}), model_cfg, args[0].shape)
+
+
+def sown_routing(intermediates, model_cfg: ModelConfig, token_shape) -> dict:
+  """What a mixture's layers sowed in a pass over (B, T) tokens, stacked over the layers:
+  {"routes": (B, T, L, k) int32, "router_logits": (L, B T, E) float32}; {} for a dense model.
+  (The layer scan sows (L, ...) arrays under layers/mlp; the per-layer passes with a KV cache
+  sow one per layer at the top.)"""
+  if not model_cfg.num_experts:
+    return {}
+  if "layers" in intermediates:
+    sown = {name: value[0] for name, value in intermediates["layers"]["mlp"].items()}
+  else:
+    sown = {name: jnp.stack(values) for name, values in intermediates.items()}
+  batch, length = token_shape
+  routes = sown["routes"].reshape(model_cfg.num_layers, batch, length, -1)
+  return {"routes": jnp.moveaxis(routes, 0, 2), "router_logits": sown["router_logits"]}
 
 
 class _OneModulePerLayer(nn.Module):

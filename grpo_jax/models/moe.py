@@ -23,13 +23,25 @@ import jax.numpy as jnp
 from grpo_jax.models.blocks import normal_init, with_axes
 from grpo_jax.models.families import ModelFamily, register_model_family
 
-def route(logits: jax.Array, top_k: int, normalise: bool):
-  """(weights (N, k) float32, experts (N, k) int32) of router logits (N, E)."""
+def route(logits: jax.Array, top_k: int, normalise: bool, replayed=None):
+  """(weights (N, k) float32, experts (N, k) int32) of router logits (N, E): the top-k experts
+  by softmax probability, or `replayed` (N, k) experts (routing replay: the experts another
+  pass chose, weighted by this pass's probabilities of them, so the router is still trained)."""
   probs = jax.nn.softmax(logits.astype(jnp.float32), axis=-1)
-  weights, experts = jax.lax.top_k(probs, top_k)
+  if replayed is None:
+    weights, experts = jax.lax.top_k(probs, top_k)
+  else:
+    experts = replayed
+    weights = jnp.take_along_axis(probs, experts, axis=-1)
   if normalise:
     weights = weights / jnp.sum(weights, axis=-1, keepdims=True)
   return weights, experts.astype(jnp.int32)
+
+
+def routes_differ(a: jax.Array, b: jax.Array) -> jax.Array:
+  """(...) bool: whether two routings (..., k) chose different sets of experts (the order
+  within a token's k choices does not count)."""
+  return jnp.any(jnp.sort(a, axis=-1) != jnp.sort(b, axis=-1), axis=-1)
 
 
 def grouped_expert_mlp(x, experts, weights, gate, up, down, num_experts: int):
@@ -62,18 +74,28 @@ class _Kernel(nn.Module):
 
 
 class MoE(nn.Module):
-  """The sparse MLP block (module docstring); x (..., H) -> (..., H)."""
+  """The sparse MLP block (module docstring); x (..., H) -> (..., H).
+
+  It sows, in the "intermediates" collection, what it routed: "routes" (N, k) int32, the top-k
+  experts its router chose for the N = prod(x.shape[:-1]) tokens (the sampler records them,
+  rollout/static.py), and "router_logits" (N, E) float32 (the load-balancing loss reads them).
+  replayed (..., k) int32: routing replay, the experts to use instead of its own choice."""
   cfg: object  # ModelConfig
 
   @nn.compact
-  def __call__(self, x):
+  def __call__(self, x, replayed=None):
     cfg = self.cfg
     e, hidden, inner = cfg.num_experts, cfg.hidden_size, cfg.moe_intermediate_size
     flat = x.reshape(-1, hidden)
     logits = nn.Dense(e, use_bias=False, dtype=cfg.dtype, param_dtype=cfg.param_dtype,
                       kernel_init=with_axes(normal_init, "embed", "expert"),
                       name="gate")(flat)
-    weights, chosen = route(logits, cfg.experts_per_token, cfg.norm_topk_prob)
+    k = cfg.experts_per_token
+    own = route(logits, k, cfg.norm_topk_prob)
+    self.sow("intermediates", "routes", own[1])
+    self.sow("intermediates", "router_logits", logits.astype(jnp.float32))
+    weights, chosen = (own if replayed is None else
+                       route(logits, k, cfg.norm_topk_prob, replayed.reshape(-1, k)))
 
     class Experts(nn.Module):
       @nn.compact

@@ -16,12 +16,14 @@ from grpo_jax.models.packing import pack_tokens, packed_index, unpack_tokens
 
 def completion_logits(params, model_cfg: ModelConfig, prompt_tokens, prompt_mask,
                       completion_tokens, completion_mask, return_hidden: bool = False,
-                      project: bool = True):
+                      project: bool = True, routes=None, record_routing: bool = False):
   """Logits predicting each completion token, (B, N, V), from one no-cache forward pass.
 
   The sequence is [prompt (left-padded, P) | completion (N)]; the logits at position P-1+t
   predict completion token t. Only those N positions are projected onto the vocabulary;
   project=False returns their normed hidden states (B, N, H) instead (see `vocab_logits`).
+  routes (B, P + N, L, k): a mixture's routing to replay (Rollout.routes); record_routing:
+  returns (that result, the pass's own routing: decoder.sown_routing).
   """
   prompt_len = prompt_tokens.shape[1]
   num_new = completion_tokens.shape[1]
@@ -29,10 +31,13 @@ def completion_logits(params, model_cfg: ModelConfig, prompt_tokens, prompt_mask
   mask = jnp.concatenate([prompt_mask, completion_mask], axis=1).astype(bool)
   out = decoder_apply(model_cfg, params, tokens, positions_from_mask(mask), mask, None, 0,
                       return_hidden=return_hidden, logits_window=(prompt_len - 1, num_new),
-                      project=project)
+                      project=project, routes=routes, record_routing=record_routing)
+  out, routing = out if record_routing else (out, None)
   if not project:
-    return out[0]
-  return (out[0], out[2]) if return_hidden else out[0]
+    result = out[0]
+  else:
+    result = (out[0], out[2]) if return_hidden else out[0]
+  return (result, routing) if record_routing else result
 
 
 def shared_prompt_hidden(params, model_cfg: ModelConfig, prompt_tokens, prompt_mask,
@@ -145,7 +150,8 @@ def packed_completion_scores(params, model_cfg: ModelConfig, seqs, temperature: 
 
 def completion_scores(params, model_cfg: ModelConfig, seqs, temperature: float = 1.0,
                       return_hidden: bool = False, prompt_group: int = 1,
-                      token_capacity: int | None = None):
+                      token_capacity: int | None = None, replay_routes: bool = False,
+                      record_routing: bool = False):
   """(log-probs, entropies, hidden or None) of a batch's completion tokens (seqs has
   prompt_tokens, prompt_mask, completion_tokens, completion_mask), unmasked. With
   model_cfg.logits_chunk = C > 0 the vocabulary is reached C positions at a time
@@ -154,21 +160,34 @@ def completion_scores(params, model_cfg: ModelConfig, seqs, temperature: float =
   With seqs.keep_cutoff (the keep-sampling mask: a Rollout's or Batch's), the log-probs are of
   the policy renormalised over the tokens the sampler's truncation left available
   (token_logprobs_and_entropy). token_capacity = C: the completion tokens packed into C
-  slots (packed_completion_scores; the values up to rounding)."""
+  slots (packed_completion_scores; the values up to rounding).
+  A mixture of experts (the passes without prompt_group or packing): replay_routes replays
+  seqs.routes (routing replay); record_routing appends the pass's own routing
+  (decoder.sown_routing) to the result."""
+  moe = record_routing or replay_routes
+  if moe and (token_capacity or prompt_group > 1):
+    raise ValueError("routing replay and its records run on the per-row forward; set "
+                     "rl.pack_tokens=0 and rl.shared_prompt_forward=False for an MoE model.")
   if token_capacity:
     return packed_completion_scores(params, model_cfg, seqs, temperature, return_hidden,
                                     prompt_group, token_capacity)
   args = (params, model_cfg, seqs.prompt_tokens, seqs.prompt_mask, seqs.completion_tokens,
           seqs.completion_mask)
   cutoff = getattr(seqs, "keep_cutoff", None)
-  if prompt_group == 1 and not model_cfg.logits_chunk:  # the decoder projects its window
+  if prompt_group == 1 and not model_cfg.logits_chunk and not moe:  # the decoder projects
     out = completion_logits(*args, return_hidden=return_hidden)
     logits, hidden = out if return_hidden else (out, None)
     logp, entropy = token_logprobs_and_entropy(logits, seqs.completion_tokens, temperature,
                                                cutoff)
     return logp, entropy, hidden
-  hidden = (shared_prompt_hidden(*args, prompt_group) if prompt_group > 1
-            else completion_logits(*args, project=False))
+  routing = None
+  if prompt_group > 1:
+    hidden = shared_prompt_hidden(*args, prompt_group)
+  elif moe:
+    hidden, routing = completion_logits(*args, project=False, record_routing=True,
+                                        routes=seqs.routes if replay_routes else None)
+  else:
+    hidden = completion_logits(*args, project=False)
   if model_cfg.logits_chunk:
     logp, entropy = chunked_logprobs_and_entropy(params, model_cfg, hidden,
                                                  seqs.completion_tokens, temperature,
@@ -176,7 +195,8 @@ def completion_scores(params, model_cfg: ModelConfig, seqs, temperature: float =
   else:
     logp, entropy = token_logprobs_and_entropy(vocab_logits(params, model_cfg, hidden),
                                                seqs.completion_tokens, temperature, cutoff)
-  return logp, entropy, hidden if return_hidden else None
+  result = (logp, entropy, hidden if return_hidden else None)
+  return (*result, routing) if record_routing else result
 
 
 def token_logprobs_and_entropy(logits, tokens, temperature: float = 1.0, keep_cutoff=None):

@@ -1,7 +1,9 @@
 """The device mesh and the one table that maps logical axis names to mesh axes (MaxText style).
 
 Mesh axes: `data` (pure data parallelism), `fsdp` (data parallelism whose params, optimizer
-state and reference are sharded too), `tensor` (heads and MLP columns split across devices).
+state and reference are sharded too), `tensor` (heads and MLP columns split across devices),
+`expert` (a mixture's experts split across devices, models/moe.py; like MaxText's, its devices
+also take distinct rows, so that attention and the dense parts are data-parallel over it).
 Every other module names logical axes only; `LOGICAL_RULES` decides where they go.
 """
 
@@ -10,14 +12,15 @@ from __future__ import annotations
 import math
 
 import jax
+import ml_collections
 import numpy as np
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
-MESH_AXES = ("data", "fsdp", "tensor")
+MESH_AXES = ("data", "fsdp", "tensor", "expert")
 
 # logical axis -> mesh axis (or axes); None = replicated.
 LOGICAL_RULES = {
-    "batch": ("data", "fsdp"),  # rows of prompts / completions / KV cache
+    "batch": ("data", "fsdp", "expert"),  # rows of prompts / completions / KV cache
     "vocab": "tensor",
     "embed": "fsdp",  # the model dimension of weights (FSDP shards it)
     "heads": "tensor",  # attention heads (a dim of their own: a head is never split)
@@ -28,25 +31,35 @@ LOGICAL_RULES = {
     "value": None,
     "lora": None,  # the adapters' rank
     "layers": None,  # the stacked layers' leading axis (scanned over, never split)
-    "expert": None,  # a mixture's experts (models/moe.py): replicated for now
+    "expert": "expert",  # a mixture's experts (models/moe.py)
 }
 
 
-def resolve_mesh_shape(mesh_cfg, num_devices: int) -> tuple[int, int, int]:
-  """Sizes of (data, fsdp, tensor); one of them may be -1 for "the rest of the devices"."""
-  sizes = [int(mesh_cfg.data), int(mesh_cfg.fsdp), int(mesh_cfg.tensor)]
+_NAMES = "(" + ", ".join(MESH_AXES) + ")"
+
+
+def mesh_config(*sizes) -> ml_collections.ConfigDict:
+  """The mesh section for (data, fsdp, tensor[, expert]) sizes (the axes not given: 1)."""
+  sizes = tuple(sizes) + (1,) * (len(MESH_AXES) - len(sizes))
+  return ml_collections.ConfigDict(dict(zip(MESH_AXES, sizes)))
+
+
+def resolve_mesh_shape(mesh_cfg, num_devices: int) -> tuple[int, ...]:
+  """Sizes of (data, fsdp, tensor, expert); one of them may be -1 for "the rest of the
+  devices"."""
+  sizes = [int(mesh_cfg[axis]) for axis in MESH_AXES]
   wildcards = [i for i, s in enumerate(sizes) if s == -1]
   if len(wildcards) > 1 or any(s == 0 or s < -1 for s in sizes):
-    raise ValueError(f"mesh (data, fsdp, tensor) = {tuple(sizes)}: use positive sizes with at "
+    raise ValueError(f"mesh {_NAMES} = {tuple(sizes)}: use positive sizes with at "
                      f"most one -1 (the rest of the devices).")
   known = math.prod(s for s in sizes if s != -1)
   if wildcards:
     if num_devices % known:
-      raise ValueError(f"mesh (data, fsdp, tensor) = {tuple(sizes)} cannot fill {num_devices} "
+      raise ValueError(f"mesh {_NAMES} = {tuple(sizes)} cannot fill {num_devices} "
                        f"devices: {num_devices} is not a multiple of {known}.")
     sizes[wildcards[0]] = num_devices // known
   if math.prod(sizes) != num_devices:
-    raise ValueError(f"mesh (data, fsdp, tensor) = {tuple(sizes)} has {math.prod(sizes)} "
+    raise ValueError(f"mesh {_NAMES} = {tuple(sizes)} has {math.prod(sizes)} "
                      f"devices but {num_devices} are present; make the product {num_devices} "
                      f"(or set one axis to -1).")
   return tuple(sizes)
@@ -55,11 +68,13 @@ def resolve_mesh_shape(mesh_cfg, num_devices: int) -> tuple[int, int, int]:
 def make_mesh(mesh_cfg, devices=None) -> Mesh:
   devices = list(jax.devices() if devices is None else devices)
   shape = resolve_mesh_shape(mesh_cfg, len(devices))
-  return jax.make_mesh(shape, MESH_AXES, axis_types=(AxisType.Auto,) * 3, devices=devices)
+  return jax.make_mesh(shape, MESH_AXES, axis_types=(AxisType.Auto,) * len(MESH_AXES),
+                       devices=devices)
 
 
 def batch_axis_size(mesh: Mesh) -> int:
-  return mesh.shape["data"] * mesh.shape["fsdp"]
+  """The devices a batch's rows split over: data x fsdp x expert."""
+  return math.prod(mesh.shape[a] for a in LOGICAL_RULES["batch"])
 
 
 def spec_for(logical: tuple, shape: tuple, mesh: Mesh) -> PartitionSpec:
@@ -129,7 +144,7 @@ def tree_shardings(tree, mesh: Mesh, axes_of):
 
 
 def batch_sharding(mesh: Mesh, ndim: int) -> NamedSharding:
-  """Leading dim over (data, fsdp), the rest replicated."""
+  """Leading dim over the batch axes (data, fsdp, expert), the rest replicated."""
   return NamedSharding(mesh, PartitionSpec(LOGICAL_RULES["batch"], *([None] * (ndim - 1))))
 
 
@@ -150,8 +165,9 @@ def shard_batch(tree, mesh: Mesh, replicate_indivisible: bool = False):
       return jax.device_put(x, sharding)
     if x.ndim and x.shape[0] % size:
       raise ValueError(f"a batch of {x.shape[0]} rows does not split over the {size} devices "
-                       f"of the mesh's data x fsdp axes ({mesh.shape['data']} x "
-                       f"{mesh.shape['fsdp']}); make the batch a multiple of {size}.")
+                       f"of the mesh's data x fsdp x expert axes ({mesh.shape['data']} x "
+                       f"{mesh.shape['fsdp']} x {mesh.shape['expert']}); make the batch a "
+                       f"multiple of {size}.")
     sharding = batch_sharding(mesh, x.ndim) if x.ndim else NamedSharding(mesh, PartitionSpec())
     if isinstance(x, np.ndarray):
       # Every process holds the same global host array and contributes its own shards.

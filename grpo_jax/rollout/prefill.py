@@ -35,7 +35,7 @@ def repeat_rows(tree, group_size: int, axis: int = 0):
 
 def prefill(params, prompt_tokens, prompt_mask, *, model_cfg: ModelConfig,
             max_new_tokens: int, mesh=None, group_size: int = 1, cache_slots: int = 0,
-            shared_prompt: bool = False):
+            shared_prompt: bool = False, record_routes: bool = False):
   """One forward pass over the left-padded prompts (B / G, P) into a cache of P + N slots (or
   `cache_slots`, >= P, if given: the static engine grows it segment by segment) for their
   B = prompts x G sample rows.
@@ -47,20 +47,25 @@ def prefill(params, prompt_tokens, prompt_mask, *, model_cfg: ModelConfig,
   shared_prompt: the prompts' cache is not repeated but shared (kv_cache.share_prompt_cache):
   the rows' own cache has `cache_slots` - P (or N) slots, and kv_mask is the pair (the prompts'
   (B / G, P), the rows' own (B, N)), as the decoder takes it with that cache.
+  record_routes (a mixture of experts): returns a fourth value, the prompt tokens' experts
+  (B, P, L, k) int32 (models/moe.py), repeated G times like the cache.
   """
   prompts, prompt_len = prompt_tokens.shape
   prompt_mask = prompt_mask.astype(bool)
   slots = cache_slots or prompt_len + max_new_tokens
   cache = init_cache(model_cfg, prompts, prompt_len if shared_prompt else slots)
-  logits, cache = decoder_apply(
+  out = decoder_apply(
       model_cfg, params, prompt_tokens, positions_from_mask(prompt_mask), prompt_mask,
-      cache, 0, logits_window=(prompt_len - 1, 1))
+      cache, 0, logits_window=(prompt_len - 1, 1), record_routing=record_routes)
+  (logits, cache), routing = out if record_routes else (out, None)
+  routes = () if routing is None else (repeat_rows(routing["routes"], group_size),)
   rows = prompts * group_size
   if shared_prompt:
     cache = share_prompt_cache(cache, init_cache(model_cfg, rows, slots - prompt_len))
     kv_mask = (prompt_mask, jnp.zeros((rows, max_new_tokens), bool))
-    return repeat_rows(logits[:, 0], group_size), constrain_cache(cache, mesh), kv_mask
+    return (repeat_rows(logits[:, 0], group_size), constrain_cache(cache, mesh), kv_mask,
+            *routes)
   cache = constrain_cache(repeat_rows(cache, group_size), mesh)
   kv_mask = jnp.concatenate([repeat_rows(prompt_mask, group_size),
                              jnp.zeros((rows, max_new_tokens), bool)], axis=1)
-  return repeat_rows(logits[:, 0], group_size), cache, kv_mask
+  return (repeat_rows(logits[:, 0], group_size), cache, kv_mask, *routes)

@@ -33,6 +33,7 @@ import jax
 
 from grpo_jax.models.config import ModelConfig
 from grpo_jax.models.layout import split_layers
+from grpo_jax.models.quantized import quantize_layers
 from grpo_jax.rollout.refill import generate_refill
 from grpo_jax.rollout.static import generate_static
 from grpo_jax.rollout.types import DecodeStats, Rollout, row_limits_or_max
@@ -56,6 +57,12 @@ class Sampling:
   # Record each token's top-k / top-p truncation (Rollout.keep_cutoff, kept_logmass) for the
   # keep-sampling mask (rl.keep_sampling_mask); the tokens and log-probs do not change.
   keep_mask: bool = False
+  # Record a mixture of experts' routing (Rollout.routes) for routing replay and its mismatch
+  # metric (rl.routing_replay); the static engine records it.
+  record_routes: bool = False
+  # rollout.weight_dtype: the sampler reads the layers' kernels quantised to this dtype
+  # ("int8"; models/quantized.py), a copy made inside the call; "" = the params as given.
+  weight_dtype: str = ""
 
   @classmethod
   def of(cls, model_cfg: ModelConfig, task, rollout_cfg, mesh=None,
@@ -71,10 +78,18 @@ class Sampling:
     """Greedy, one row per prompt."""
     return dataclasses.replace(self, temperature=0.0, top_k=0, top_p=1.0, group_size=1)
 
-  def grouped(self, group_size: int, keep_mask: bool = False) -> "Sampling":
+  def grouped(self, group_size: int, keep_mask: bool = False,
+              record_routes: bool = False) -> "Sampling":
     """group_size sampled rows per prompt row, the prompt prefilled once; keep_mask: record
-    the truncation of each token (the training rollout under rl.keep_sampling_mask)."""
-    return dataclasses.replace(self, group_size=group_size, keep_mask=keep_mask)
+    the truncation of each token (the training rollout under rl.keep_sampling_mask);
+    record_routes: record a mixture's routing (the training rollout of an MoE model)."""
+    return dataclasses.replace(self, group_size=group_size, keep_mask=keep_mask,
+                               record_routes=record_routes and bool(self.model_cfg.num_experts))
+
+  def quantized(self, weight_dtype: str) -> "Sampling":
+    """The sampler reading a `weight_dtype` copy of the layers' kernels ("": full precision):
+    the training rollout under rollout.weight_dtype."""
+    return dataclasses.replace(self, weight_dtype=weight_dtype)
 
   def __call__(self, params, prompt_tokens, prompt_mask, key) -> Rollout:
     """generate(params, prompt_tokens, prompt_mask, key) with these settings: prompts
@@ -90,6 +105,8 @@ class Sampling:
 def _sample(params, prompt_tokens, prompt_mask, key, row_limits, *,
             sampling: Sampling) -> tuple[Rollout, DecodeStats]:
   s = sampling
+  if s.weight_dtype:  # the quantised copy the decode steps read (models/quantized.py)
+    params = quantize_layers(params, s.weight_dtype)
   # Stacked layers sliced once here, not in every decode step (models/layout.split_layers).
   params = split_layers(params, s.model_cfg.num_layers)
   rows = prompt_tokens.shape[0] * s.group_size
@@ -98,10 +115,14 @@ def _sample(params, prompt_tokens, prompt_mask, key, row_limits, *,
                 temperature=s.temperature, top_k=s.top_k, top_p=s.top_p, eos_id=s.eos_id,
                 pad_id=s.pad_id, mesh=s.mesh, group_size=s.group_size, keep_mask=s.keep_mask)
   if 0 < s.decode_slots < rows:
+    if s.record_routes:
+      raise ValueError(f"rollout.decode_slots={s.decode_slots} (the slot-refill engine) does "
+                       f"not record a mixture's routing; set rollout.decode_slots=0 for an "
+                       f"MoE model's training rollouts.")
     return generate_refill(params, prompt_tokens, prompt_mask, key, limits,
                            decode_slots=s.decode_slots, **common)
   return generate_static(params, prompt_tokens, prompt_mask, key, limits,
-                         decode_block=s.decode_block, **common)
+                         decode_block=s.decode_block, record_routes=s.record_routes, **common)
 
 
 def sample(params, prompt_tokens, prompt_mask, key, row_limits=None,

@@ -29,14 +29,18 @@ def decode_segments(max_new_tokens: int, decode_block: int) -> list:
 def generate_static(params, prompt_tokens, prompt_mask, key, row_limits, *,
                     model_cfg: ModelConfig, max_new_tokens: int, temperature: float,
                     top_k: int, top_p: float, eos_id: int, pad_id: int, mesh, group_size: int,
-                    decode_block: int, keep_mask: bool = False) -> tuple[Rollout, DecodeStats]:
+                    decode_block: int, keep_mask: bool = False,
+                    record_routes: bool = False) -> tuple[Rollout, DecodeStats]:
   """The static engine: all B rows decode together until every row has ended (EOS or its
   limit). The loop carries the chosen token, not the (B, V) logits, and runs the decode
   forwards in segments of `decode_block` steps that read only the filled cache
   (`decode_segments`); the last token is recorded after them. With a `mesh`, the KV cache is
   laid out by the mesh rules (rows over data/fsdp, kv heads over tensor); params and prompts
   carry their own shardings in. keep_mask: also record each token's truncation
-  (sampling.keep_record) in the Rollout's keep_cutoff and kept_logmass.
+  (sampling.keep_record) in the Rollout's keep_cutoff and kept_logmass. record_routes (a
+  mixture of experts): record every token's experts in the Rollout's routes (B, P + N, L, k):
+  the prompt's from the prefill, completion token t's from the decode step that reads it (the
+  last token is never read: its entry is 0).
   """
   prompt_len = prompt_tokens.shape[1]
   prompt_mask = prompt_mask.astype(bool)
@@ -49,10 +53,10 @@ def generate_static(params, prompt_tokens, prompt_mask, key, row_limits, *,
   # a decode step's attention then reads its whole cache, where a slice of a longer one was a
   # copy of the filled part in every step (XLA:CPU materialises it; 2/3 of the attention's
   # memory traffic at 700 slots).
-  logits, cache, kv_mask = prefill(params, prompt_tokens, prompt_mask, model_cfg=model_cfg,
-                                   max_new_tokens=max_new_tokens, mesh=mesh,
-                                   group_size=group_size, cache_slots=prompt_len + segments[0],
-                                   shared_prompt=shared)
+  logits, cache, kv_mask, *prompt_routes = prefill(
+      params, prompt_tokens, prompt_mask, model_cfg=model_cfg, max_new_tokens=max_new_tokens,
+      mesh=mesh, group_size=group_size, cache_slots=prompt_len + segments[0],
+      shared_prompt=shared, record_routes=record_routes)
   prompts_kv_mask, kv_mask = kv_mask if shared else (None, kv_mask)
   prompt_tokens, prompt_mask = repeat_rows((prompt_tokens, prompt_mask), group_size)
   batch = prompt_tokens.shape[0]
@@ -63,7 +67,7 @@ def generate_static(params, prompt_tokens, prompt_mask, key, row_limits, *,
 
   def record(step, token, logp, kept, done, kv_mask, outs):
     """Writes token `step` of the live rows (pad elsewhere); returns the updated state."""
-    tokens_out, logp_out, mask_out, kept_out = outs
+    tokens_out, logp_out, mask_out, kept_out = outs[:4]
     live = ~done
     token = jnp.where(live, token, pad_id)
     if kept is not None:
@@ -71,7 +75,7 @@ def generate_static(params, prompt_tokens, prompt_mask, key, row_limits, *,
                        for o, k in zip(kept_out, kept))
     outs = (tokens_out.at[:, step].set(token),
             logp_out.at[:, step].set(jnp.where(live, logp, 0.0)),
-            mask_out.at[:, step].set(live), kept_out)
+            mask_out.at[:, step].set(live), kept_out, *outs[4:])
     kv_mask = kv_mask.at[:, first_slot + step].set(live)
     return token, done | (token == eos_id) | (step + 1 >= row_limits), kv_mask, outs
 
@@ -85,8 +89,11 @@ def generate_static(params, prompt_tokens, prompt_mask, key, row_limits, *,
     # Slots >= P + end are empty in this segment: the decoder reads the first kv_len of them.
     kv_len = first_slot + end
     read = (prompts_kv_mask, kv_mask[:, :kv_len]) if shared else kv_mask[:, :kv_len]
-    logits, cache = decoder_apply(model_cfg, params, token[:, None],
-                                (next_position + step)[:, None], read, cache, first_slot + step)
+    out = decoder_apply(model_cfg, params, token[:, None], (next_position + step)[:, None],
+                        read, cache, first_slot + step, record_routing=record_routes)
+    (logits, cache), routing = out if record_routes else (out, None)
+    if record_routes:  # completion token `step`'s experts
+      outs = (*outs[:4], outs[4].at[:, step].set(routing["routes"][:, 0]))
     cache = constrain_cache(cache, mesh)
     token, logp, kept = choose(logits[:, 0], step + 1)
     return (step + 1, token, logp, kept, cache, done, kv_mask, outs)
@@ -95,6 +102,9 @@ def generate_static(params, prompt_tokens, prompt_mask, key, row_limits, *,
   zeros = lambda: jnp.zeros((batch, max_new_tokens), jnp.float32)  # noqa: E731
   outs = (jnp.full((batch, max_new_tokens), pad_id, jnp.int32), zeros(),
           jnp.zeros((batch, max_new_tokens), bool), None if kept is None else (zeros(), zeros()))
+  if record_routes:
+    prompt_routes = prompt_routes[0]
+    outs += (jnp.zeros((batch, max_new_tokens, *prompt_routes.shape[2:]), jnp.int32),)
   carry = (jnp.int32(0), token, logp, kept, cache, jnp.zeros((batch,), bool), kv_mask, outs)
   for end in segments:
     cache = constrain_cache(grow_cache(carry[4], first_slot + end), mesh)
@@ -104,8 +114,10 @@ def generate_static(params, prompt_tokens, prompt_mask, key, row_limits, *,
   step, token, logp, kept, _, done, kv_mask, outs = carry
   # The loop stops at step N - 1 or once every row is done; recording at `step` is then either
   # the last token or a no-op (all rows done: pad, mask False).
-  _, _, _, (tokens_out, logp_out, mask_out, kept_out) = record(step, token, logp, kept, done,
-                                                               kv_mask, outs)
-  rollout = finish(prompt_tokens, prompt_mask, tokens_out, mask_out, logp_out, eos_id, kept_out)
+  _, _, _, outs = record(step, token, logp, kept, done, kv_mask, outs)
+  tokens_out, logp_out, mask_out, kept_out = outs[:4]
+  routes = (jnp.concatenate([prompt_routes, outs[4]], axis=1) if record_routes else None)
+  rollout = finish(prompt_tokens, prompt_mask, tokens_out, mask_out, logp_out, eos_id, kept_out,
+                   routes)
   slot_steps = batch * jnp.max(jnp.sum(mask_out, axis=1)).astype(jnp.int32)
   return rollout, DecodeStats(slot_steps)

@@ -28,6 +28,11 @@ class Rollout(NamedTuple):
   # available set is every token at least that likely); kept_logmass: log of their total mass.
   keep_cutoff: jax.Array | None = None
   kept_logmass: jax.Array | None = None
+  # A mixture of experts' routing as the sampler chose it (Sampling.record_routes), None when
+  # not recorded: (B, P + N, L, k) int32, the experts of every prompt and completion token in
+  # every layer (0 where a token was never run: padding after EOS, the last token). The
+  # update's forward passes replay it under rl.routing_replay = "rollout".
+  routes: jax.Array | None = None
 
 
 class DecodeStats(NamedTuple):
@@ -45,11 +50,11 @@ def row_limits_or_max(row_limits, rows: int, max_new_tokens: int) -> jax.Array:
 
 
 def finish(prompt_tokens, prompt_mask, tokens_out, mask_out, logp_out, eos_id: int,
-           kept_out=None) -> Rollout:
+           kept_out=None, routes=None) -> Rollout:
   """The Rollout of the recorded tokens: truncated = the row ended without emitting EOS; every
   recorded token is the policy's (action_mask = the completion mask); kept_out None or the
   recorded (keep_cutoff, kept_logmass)."""
   ended_by_eos = jnp.any((tokens_out == eos_id) & mask_out, axis=1)
   cutoff, logmass = (None, None) if kept_out is None else kept_out
   return Rollout(prompt_tokens, prompt_mask, tokens_out, mask_out, logp_out, ~ended_by_eos,
-                 mask_out, cutoff, logmass)
+                 mask_out, cutoff, logmass, routes)

@@ -63,6 +63,10 @@ class Batch(NamedTuple):
   # log-prob of the update is of its policy renormalised over the sampler's kept tokens
   # (models/scoring.py), sampler_logprobs included.
   keep_cutoff: jax.Array | None = None
+  # (B, P + N, L, k) a mixture's routing as the sampler chose it (Rollout.routes); None for a
+  # dense model. The update replays it under rl.routing_replay = "rollout", and measures its
+  # own routing against it (`routing_mismatch`).
+  routes: jax.Array | None = None
 
 
 def reuses_current_logprobs(rl) -> bool:
@@ -113,21 +117,21 @@ def make_prepare_batch(model_cfg: ModelConfig, rl, group_size: int, temperature:
     passes = (rl.num_minibatches * rl.num_micro_batches if token_capacity
               else _forward_passes(model_cfg, rl))
     if reuse:  # the update computes the old log-probs (see reuses_current_logprobs)
-      old_logp, old_values = None, None
+      old_logp, old_values, routing = None, None, {}
       if rl.value_head == "separate":
         old_values = jnp.where(mask, in_row_chunks(lambda r: separate_critic_values(
             state.value_params, model_cfg, r.prompt_tokens, r.prompt_mask,
             r.completion_tokens, r.completion_mask.astype(bool)), rollout, passes), 0.0)
     else:
-      old_logp, _, old_values = in_row_chunks(lambda r: policy_and_values(
+      old_logp, _, old_values, routing = in_row_chunks(lambda r: policy_and_values(
           policy_params(state), state.value_params, r, model_cfg, rl.value_head, temperature,
-          group, token_capacity), rollout, passes)
+          group, token_capacity, rl.routing_replay), rollout, passes)
       old_logp = jax.lax.stop_gradient(old_logp)
     ref_logp = None
-    if rl.kl_coef > 0:
-      ref_logp, _, _ = in_row_chunks(lambda r: policy_and_values(
+    if rl.kl_coef > 0:  # the reference routes by its own router
+      ref_logp = in_row_chunks(lambda r: policy_and_values(
           reference_params(state), None, r, model_cfg, "none", temperature, group,
-          token_capacity), rollout, passes)
+          token_capacity)[0], rollout, passes)
     rewards = inputs.rewards.astype(jnp.float32)
     if rl.overlong_buffer > 0:
       rewards = rewards + overlong_penalty(jnp.sum(mask, axis=1), max_new_tokens,
@@ -162,7 +166,7 @@ def make_prepare_batch(model_cfg: ModelConfig, rl, group_size: int, temperature:
                   ref_logprobs=ref_logp, old_values=old_values,
                   returns=jnp.where(mask, returns, 0.0) if critic else None,
                   is_weights=is_weights, outcome_rewards=inputs.rewards.astype(jnp.float32),
-                  keep_cutoff=rollout.keep_cutoff,
+                  keep_cutoff=rollout.keep_cutoff, routes=rollout.routes,
                   teacher_logprobs=teacher_logp if distill and rl.distill_in == "loss" else None)
     metrics = dict(shaped_reward_mean=jnp.mean(rewards),
                    advantage_abs_mean=masked_mean(jnp.abs(advantages), mask))
@@ -172,6 +176,9 @@ def make_prepare_batch(model_cfg: ModelConfig, rl, group_size: int, temperature:
     if not reuse:  # otherwise the update reports these two
       metrics.update(rollout_kl=masked_mean(kl, mask), sampler_logprob_gap=masked_mean(
           jnp.abs(old_logp - sampler_logp), mask))
+    if not reuse and "routed" in routing:  # otherwise the update reports it
+      metrics["routing_mismatch"] = (jnp.sum(routing["mismatched"]) /
+                                     jnp.maximum(jnp.sum(routing["routed"]), 1.0))
     if rollout.kept_logmass is not None:  # the probability mass top-k / top-p cut away
       metrics["keep_truncated_mass"] = masked_mean(1.0 - jnp.exp(rollout.kept_logmass), mask)
     if old_values is not None:

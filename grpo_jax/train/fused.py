@@ -33,7 +33,8 @@ def make_device_experience(run, device_task):
   r_cfg, spec = run.config.rollout, run.spec
   num_prompts, group = r_cfg.num_prompts, r_cfg.group_size
   sampling = Sampling.of(spec.model_cfg, run.task, r_cfg, run.mesh)
-  grouped = sampling.grouped(group, run.config.rl.keep_sampling_mask)
+  grouped = sampling.grouped(group, run.config.rl.keep_sampling_mask,
+                             record_routes=True).quantized(r_cfg.weight_dtype)
   needs = run.needs
 
   def experience(state, table):

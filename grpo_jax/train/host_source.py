@@ -33,7 +33,8 @@ def make_host_advance(run: Run, state, samples_out=None):
   sampling = Sampling.of(run.spec.model_cfg, run.task, r_cfg, mesh)
   place = ((lambda *xs: shard_batch(xs, mesh, replicate_indivisible=True))
            if mesh is not None else (lambda *xs: xs))
-  grouped = sampling.grouped(r_cfg.group_size, config.rl.keep_sampling_mask)
+  grouped = sampling.grouped(r_cfg.group_size, config.rl.keep_sampling_mask,
+                             record_routes=True).quantized(r_cfg.weight_dtype)
   samplers = Samplers(
       sample=axis.compile(lambda p, t, m, k: grouped.with_stats(p, *place(t, m), k)),
       greedy=axis.compile(lambda p, t, m: sampling.greedy()(p, *place(t, m),

@@ -190,8 +190,8 @@ def _train(config, workdir: str, log, axis: SeedAxis, mesh, task, configs, base_
         if note:
           log(note)
         state = place(state, mesh)
-        log(f"mesh (data, fsdp, tensor) = {tuple(mesh.shape.values())} over {mesh.size} "
-            f"devices, {jax.process_count()} process(es); per device: params "
+        log(f"mesh ({', '.join(mesh.axis_names)}) = {tuple(mesh.shape.values())} over "
+            f"{mesh.size} devices, {jax.process_count()} process(es); per device: params "
             f"{bytes_per_device(state.params) / 2**20:.2f} MiB, optimizer state "
             f"{bytes_per_device(state.opt_state) / 2**20:.2f} MiB, reference "
             f"{bytes_per_device(state.ref_params) / 2**20:.2f} MiB, frozen base "
@@ -264,13 +264,14 @@ def _with_seed(config, seed: int):
 
 
 def _check_batches_fit_mesh(config, mesh) -> None:
-  """Every batch must split evenly over the mesh's data x fsdp devices (checked up front)."""
+  """Every batch must split evenly over the mesh's data x fsdp x expert devices (checked up
+  front)."""
   size = batch_axis_size(mesh)
   r, t = config.rollout, config.train
   if config.rl.pack_tokens and size > 1:
     raise config_lib.ConfigError(
         f"rl.pack_tokens={config.rl.pack_tokens} packs a micro-batch's tokens into one row, "
-        f"which does not split over the {size} data x fsdp devices of the mesh; set "
+        f"which does not split over the {size} data x fsdp x expert devices of the mesh; set "
         f"rl.pack_tokens=0 on a data-parallel mesh.")
   batch = r.num_prompts * config_lib.update_group_size(config)
   for name, value in ((f"the rollout batch (rollout.num_prompts={r.num_prompts} x "
@@ -284,12 +285,13 @@ def _check_batches_fit_mesh(config, mesh) -> None:
     if value % size:
       raise config_lib.ConfigError(
           f"{name} = {value} does not split over the {size} devices of the mesh's data x fsdp "
-          f"axes ({mesh.shape['data']} x {mesh.shape['fsdp']}); make it a multiple of {size}.")
+          f"x expert axes ({mesh.shape['data']} x {mesh.shape['fsdp']} x "
+          f"{mesh.shape['expert']}); make it a multiple of {size}.")
   if uses_greedy(ESTIMATORS.get(config.rl.advantage).needs) and r.num_prompts % size:
     raise config_lib.ConfigError(
         f"rl.advantage={config.rl.advantage!r} decodes one greedy row per prompt: "
-        f"rollout.num_prompts={r.num_prompts} must be a multiple of the {size} data x fsdp "
-        f"devices.")
+        f"rollout.num_prompts={r.num_prompts} must be a multiple of the {size} data x fsdp x "
+        f"expert devices.")
 
 
 def _run(run: Run, state, resumed: bool, ckpts, sigterm) -> TrainState:

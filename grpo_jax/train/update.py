@@ -52,8 +52,9 @@ def loss_and_sums(trainable, mb: Batch, normalizer, kl_coef, *, model_cfg: Model
   params, value_params = trainable
   if base is not None:
     params = LoraParams(base, params)
-  logp, entropy, values = policy_and_values(params, value_params, mb, model_cfg, rl.value_head,
-                                            temperature, group, token_capacity)
+  logp, entropy, values, routing = policy_and_values(params, value_params, mb, model_cfg,
+                                                     rl.value_head, temperature, group,
+                                                     token_capacity, rl.routing_replay)
   old_logp, is_weights = mb.old_logprobs, mb.is_weights
   reuse = reuses_current_logprobs(rl)
   if reuse:  # see reuses_current_logprobs: what preparation would have computed, exactly
@@ -67,6 +68,13 @@ def loss_and_sums(trainable, mb: Batch, normalizer, kl_coef, *, model_cfg: Model
                          sampler_logp=mb.sampler_logprobs, values=values,
                          old_values=mb.old_values, returns=mb.returns, normalizer=normalizer,
                          rewards=mb.outcome_rewards, teacher_logp=mb.teacher_logprobs)
+  if routing:  # a mixture of experts: its load-balancing loss, a mean over micro-batches
+    aux = routing["router_aux_loss"] / rl.num_micro_batches
+    if rl.router_aux_coef:
+      loss = loss + rl.router_aux_coef * aux
+    sums["router_aux_loss"] = aux
+    if reuse and "routed" in routing:  # at the sampling params: the rollout's mismatch
+      sums.update(routing_mismatched=routing["mismatched"], routed=routing["routed"])
   if reuse:  # the rollout metrics preparation reports otherwise, over the completion tokens
     # Without a reference (rl.kl_coef == 0) the KL metric is measured against the old policy.
     ref_logp = old_logp if mb.ref_logprobs is None else mb.ref_logprobs
@@ -153,7 +161,11 @@ def make_update(model_cfg: ModelConfig, rl, optimizer, temperature: float,
     tokens = jnp.maximum(jnp.sum(per_mb["tokens"]), 1.0)
     metrics = {k: (jnp.sum(v) / tokens if k in TOKEN_SUMS else jnp.mean(v))
                for k, v in per_mb.items()
-               if k not in ("tokens", "skipped", "completion_tokens") + _COMPLETION_SUMS}
+               if k not in ("tokens", "skipped", "completion_tokens", "routing_mismatched",
+                            "routed") + _COMPLETION_SUMS}
+    if "routed" in per_mb:
+      metrics["routing_mismatch"] = (jnp.sum(per_mb["routing_mismatched"]) /
+                                     jnp.maximum(jnp.sum(per_mb["routed"]), 1.0))
     if "completion_tokens" in per_mb:
       completion_tokens = jnp.maximum(jnp.sum(per_mb["completion_tokens"]), 1.0)
       metrics.update({k: jnp.sum(per_mb[k]) / completion_tokens for k in _COMPLETION_SUMS})
