@@ -129,8 +129,11 @@ def test_load_balancing_loss_of_a_pass_counts_only_real_tokens():
                              expected, rtol=1e-5)
 
 
-@pytest.mark.parametrize("replay, reuse", [("rollout", False), ("off", True)])
-def test_a_tiny_moe_grpo_run_reports_routing(replay, reuse, tmp_path):
+def test_a_tiny_moe_grpo_run_replays_its_routing(tmp_path):
+  """Replay on, old log-probs recomputed: the update's log-probs equal them bit for bit (ratio
+  exactly 1); the routing metrics are reported (with int8 rollouts and the update's own old
+  log-probs: tests/test_quantized_rollout.py)."""
+  replay, reuse = "rollout", False
   from grpo_jax.train.loop import train  # noqa: PLC0415
   config = small_tiny_config(steps=2, num_minibatches=1)
   config.model.update(dict(num_experts=4, experts_per_token=2, moe_intermediate_size=32,
