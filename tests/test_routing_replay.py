@@ -8,7 +8,6 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 import numpy as np
-import pytest
 
 from grpo_jax.models.moe import load_balancing_loss, route, routes_differ
 from grpo_jax.models.scoring import completion_logits
