@@ -185,7 +185,7 @@ def test_the_update_applies_the_drpo_objective():
   moved = jax.tree.map(lambda a, b: a - b, state.params, new_state.params)
 
   def loss(params):
-    logp, _, _ = policy_and_values(params, None, batch, CFG, "none", 1.0)
+    logp = policy_and_values(params, None, batch, CFG, "none", 1.0)[0]
     return drpo_loss(logp, jax.lax.stop_gradient(logp), rewards, batch.loss_mask, 4,
                      **HYPER)[0]
 

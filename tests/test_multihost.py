@@ -44,7 +44,7 @@ def test_two_processes_equal_one_process_with_as_many_devices(tmp_path):
                           env=dict(env, XLA_FLAGS="--xla_force_host_platform_device_count=4"),
                           capture_output=True, text=True, timeout=900)
   assert single.returncode == 0, single.stderr[-3000:]
-  assert "(4, 1, 1) over 4 devices, 1 process(es)" in single.stdout
+  assert "(4, 1, 1, 1) over 4 devices, 1 process(es)" in single.stdout
   multi_metrics, single_metrics = _metrics(tmp_path / "multi"), _metrics(tmp_path / "single")
   assert [r["step"] for r in multi_metrics] == [0, 1, 2]
   assert [sorted(r) for r in multi_metrics] == [sorted(r) for r in single_metrics]

@@ -37,7 +37,7 @@ def test_objective_gives_the_updates_loss_and_gradients(case):
   objective = make_objective(rl)
 
   def loss(trainable):
-    logp, entropy, values = policy_and_values(trainable[0], trainable[1], batch, CFG,
+    logp, entropy, values, _ = policy_and_values(trainable[0], trainable[1], batch, CFG,
                                               rl.value_head, 1.0)
     old = jax.lax.stop_gradient(logp) if batch.old_logprobs is None else batch.old_logprobs
     is_weights = batch.is_weights

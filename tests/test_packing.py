@@ -170,7 +170,7 @@ def test_packing_is_refused_where_the_host_does_not_size_it():
   with pytest.raises(ConfigError, match=r"^rl.pack_tokens=8 sizes each step's packed tokens on "
                                         r"the host, but train.experience_source='fused'"):
     loop._check_source(config.train, config.rl)
-  mesh = types.SimpleNamespace(shape={"data": 2, "fsdp": 1, "tensor": 1})
+  mesh = types.SimpleNamespace(shape={"data": 2, "fsdp": 1, "tensor": 1, "expert": 1})
   with pytest.raises(ConfigError, match=r"^rl.pack_tokens=8 packs a micro-batch's tokens into "
                                         r"one row, which does not split over the 2 data"):
     loop._check_batches_fit_mesh(config, mesh)

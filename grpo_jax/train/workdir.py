@@ -249,6 +249,11 @@ def record_changes(workdir: str, devices: dict, allow: bool = False,
                            "new record")
   recorded = next((s["devices"] for s in reversed(info["starts"])
                    if isinstance(s, dict) and isinstance(s.get("devices"), dict)), None)
+  if recorded and isinstance(recorded.get("mesh"), list) and isinstance(devices.get("mesh"),
+                                                                        list):
+    # A mesh recorded before the expert axis (2026-11-26) has three sizes: its expert was 1.
+    missing = len(devices["mesh"]) - len(recorded["mesh"])
+    recorded = {**recorded, "mesh": recorded["mesh"] + [1] * max(missing, 0)}
   return {"devices": [recorded, devices]} if recorded and recorded != devices else {}
 
 
