@@ -52,7 +52,7 @@ from grpo_jax.models.config import ModelConfig
 from grpo_jax.models.kv_cache import CACHE_SLOT_AXIS, Cache, write_cache
 from grpo_jax.models.layout import per_layer, stack_layers
 from grpo_jax.models.lora import LoraParams, adapted
-from grpo_jax.models.moe import MoE
+from grpo_jax.models.moe import MoE, sown_routing
 from grpo_jax.models.packing import pack_tokens, unpack_tokens
 from grpo_jax.models.quantized import dequantized
 from grpo_jax.parallel.mesh import constrain
@@ -260,7 +260,7 @@ class Decoder(nn.Module):
     routes (B, T, L, k) int32: routing replay (a mixture of experts, models/moe.py), each
     token's experts in each layer, used instead of the router's own top-k; the passes without
     prompt_group or packing take it. Applied with mutable=["intermediates"], the experts' choices
-    come back too (`sown_routing`)."""
+    come back too (moe.sown_routing)."""
     cfg = self.cfg
     embed = _embedding(cfg)
     scale = (jnp.asarray(cfg.hidden_size ** 0.5, cfg.dtype) if cfg.embed_scale else None)
@@ -363,22 +363,6 @@ def decoder_apply(model_cfg: ModelConfig, params, *args, record_routing: bool = 
     return Decoder(model_cfg).apply(variables, *args, **kwargs)
   out, sown = Decoder(model_cfg).apply(variables, *args, mutable=["intermediates"], **kwargs)
   return out, sown_routing(sown.get("intermediates", {}), model_cfg, args[0].shape)
-
-
-def sown_routing(intermediates, model_cfg: ModelConfig, token_shape) -> dict:
-  """What a mixture's layers sowed in a pass over (B, T) tokens, stacked over the layers:
-  {"routes": (B, T, L, k) int32, "router_logits": (L, B T, E) float32}; {} for a dense model.
-  (The layer scan sows (L, ...) arrays under layers/mlp; the per-layer passes with a KV cache
-  sow one per layer at the top.)"""
-  if not model_cfg.num_experts:
-    return {}
-  if "layers" in intermediates:
-    sown = {name: value[0] for name, value in intermediates["layers"]["mlp"].items()}
-  else:
-    sown = {name: jnp.stack(values) for name, values in intermediates.items()}
-  batch, length = token_shape
-  routes = sown["routes"].reshape(model_cfg.num_layers, batch, length, -1)
-  return {"routes": jnp.moveaxis(routes, 0, 2), "router_logits": sown["router_logits"]}
 
 
 class _OneModulePerLayer(nn.Module):

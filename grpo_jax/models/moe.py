@@ -111,6 +111,22 @@ class MoE(nn.Module):
     return out.reshape(x.shape)
 
 
+def sown_routing(intermediates, model_cfg, token_shape) -> dict:
+  """What a mixture's layers sowed in a pass over (B, T) tokens, stacked over the layers:
+  {"routes": (B, T, L, k) int32, "router_logits": (L, B T, E) float32}; {} for a dense model.
+  (The layer scan sows (L, ...) arrays under layers/mlp; the per-layer passes with a KV cache
+  sow one per layer at the top.)"""
+  if not model_cfg.num_experts:
+    return {}
+  if "layers" in intermediates:
+    sown = {name: value[0] for name, value in intermediates["layers"]["mlp"].items()}
+  else:
+    sown = {name: jnp.stack(values) for name, values in intermediates.items()}
+  batch, length = token_shape
+  routes = sown["routes"].reshape(model_cfg.num_layers, batch, length, -1)
+  return {"routes": jnp.moveaxis(routes, 0, 2), "router_logits": sown["router_logits"]}
+
+
 def load_balancing_loss(router_logits: jax.Array, top_k: int, mask: jax.Array | None = None):
   """transformers' load_balancing_loss_func (Switch Transformer's auxiliary loss) over every
   layer's router logits (L, N, E) of the same N tokens, `mask` (N,) True for the real ones:

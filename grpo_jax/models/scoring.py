@@ -23,7 +23,7 @@ def completion_logits(params, model_cfg: ModelConfig, prompt_tokens, prompt_mask
   predict completion token t. Only those N positions are projected onto the vocabulary;
   project=False returns their normed hidden states (B, N, H) instead (see `vocab_logits`).
   routes (B, P + N, L, k): a mixture's routing to replay (Rollout.routes); record_routing:
-  returns (that result, the pass's own routing: decoder.sown_routing).
+  returns (that result, the pass's own routing: moe.sown_routing).
   """
   prompt_len = prompt_tokens.shape[1]
   num_new = completion_tokens.shape[1]
@@ -163,7 +163,7 @@ def completion_scores(params, model_cfg: ModelConfig, seqs, temperature: float =
   slots (packed_completion_scores; the values up to rounding).
   A mixture of experts (the passes without prompt_group or packing): replay_routes replays
   seqs.routes (routing replay); record_routing appends the pass's own routing
-  (decoder.sown_routing) to the result."""
+  (moe.sown_routing) to the result."""
   moe = record_routing or replay_routes
   if moe and (token_capacity or prompt_group > 1):
     raise ValueError("routing replay and its records run on the per-row forward; set "

@@ -19,7 +19,7 @@ def prompt_group(rl, group_size: int) -> int:
 
 
 def routing_records(routing: dict, seqs, top_k: int) -> dict:
-  """What a mixture's pass reports of its routing (decoder.sown_routing) on a batch with the
+  """What a mixture's pass reports of its routing (moe.sown_routing) on a batch with the
   rollout's routing seqs.routes (B, P + N, L, k) or None:
 
     router_aux_loss   transformers' load-balancing loss over the real tokens (models/moe.py)
