@@ -1,8 +1,24 @@
 """Pytest fixtures; the helpers tests import live in tests/fixtures.py."""
 
+import gc
+
 import pytest
 
 from tests.fixtures import tiny_model_config
+
+
+@pytest.fixture(scope="module", autouse=True)
+def release_compiled_programs():
+  """Frees the module's compiled XLA programs when its tests are done. Every executable JAX
+  keeps in its caches holds about 6 memory mappings (XLA:CPU's JIT code and data), and a pytest
+  worker runs hundreds of test files: kept all session, a worker passed Linux's limit of 65,530
+  mappings per process (vm.max_map_count) late in the run, and the next compilation's mmap
+  failed and aborted the process inside XLA ("Fatal Python error: Aborted" in
+  backend_compile_and_load)."""
+  yield
+  import jax  # noqa: PLC0415
+  jax.clear_caches()
+  gc.collect()
 
 
 @pytest.fixture

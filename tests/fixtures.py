@@ -43,3 +43,27 @@ def small_tiny_config(steps: int = 4, eval_every: int = 2, num_minibatches: int 
   c.rl.num_minibatches = num_minibatches
   c.optim.warmup_steps = 1
   return c
+
+
+def transformers_logits(model, tokens, mask):
+  """A transformers causal LM's float32 logits on a left-padded batch (positions count the
+  real tokens, as our decoder's do)."""
+  import numpy as np  # noqa: PLC0415
+  import torch  # noqa: PLC0415
+  mask_t = torch.tensor(np.asarray(mask).astype(np.int64))
+  with torch.no_grad():
+    out = model(input_ids=torch.tensor(np.asarray(tokens).astype(np.int64)), attention_mask=mask_t,
+                position_ids=(mask_t.cumsum(-1) - 1).clamp(min=0))
+  return out.logits.float().numpy()
+
+
+def decoder_logits(model_cfg, params, tokens, mask):
+  """Our decoder's logits on the same left-padded batch."""
+  import jax.numpy as jnp  # noqa: PLC0415
+  import numpy as np  # noqa: PLC0415
+
+  from grpo_jax.models.decoder import Decoder, positions_from_mask  # noqa: PLC0415
+  mask = jnp.asarray(mask)
+  logits, _ = Decoder(model_cfg).apply({"params": params}, jnp.asarray(tokens, jnp.int32),
+                                       positions_from_mask(mask), mask)
+  return np.asarray(logits)

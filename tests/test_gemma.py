@@ -12,8 +12,8 @@ import torch
 import transformers
 
 from grpo_jax.models import hf, hf_export
-from grpo_jax.models.decoder import Decoder, positions_from_mask
 from grpo_jax.rollout.sampler import generate
+from tests.fixtures import decoder_logits, transformers_logits
 
 WINDOW = 5
 LENGTHS = (14, 9, 3)  # a left-padded batch, the longest rows past the window
@@ -84,21 +84,6 @@ def batch():
   return np.where(mask, rng.integers(2, EOS, (len(LENGTHS), width)), 0), mask
 
 
-def torch_logits(model, tokens, mask):
-  mask_t = torch.tensor(mask.astype(np.int64))
-  with torch.no_grad():
-    out = model(input_ids=torch.tensor(tokens), attention_mask=mask_t,
-                position_ids=(mask_t.cumsum(-1) - 1).clamp(min=0))
-  return out.logits.numpy()
-
-
-def our_logits(model_cfg, params, tokens, mask):
-  mask = jnp.asarray(mask)
-  logits, _ = Decoder(model_cfg).apply({"params": params}, jnp.asarray(tokens, jnp.int32),
-                                       positions_from_mask(mask), mask)
-  return np.asarray(logits)
-
-
 @pytest.mark.parametrize("family", sorted(FAMILIES))
 def test_logits_equal_transformers_on_a_left_padded_batch(family, tmp_path):
   model = FAMILIES[family](tmp_path)
@@ -106,12 +91,12 @@ def test_logits_equal_transformers_on_a_left_padded_batch(family, tmp_path):
   assert model_cfg.sliding_window == WINDOW
   assert model_cfg.norm_plus_one == family.startswith("gemma")
   tokens, mask = batch()
-  theirs = torch_logits(model, tokens, mask)
-  diff = np.abs(our_logits(model_cfg, params, tokens, mask) - theirs)[mask].max()
+  theirs = transformers_logits(model, tokens, mask)
+  diff = np.abs(decoder_logits(model_cfg, params, tokens, mask) - theirs)[mask].max()
   assert diff <= 1e-4, diff
   # The window matters at these lengths: full attention everywhere gives other logits.
   import dataclasses  # noqa: PLC0415
-  full = our_logits(dataclasses.replace(model_cfg, sliding_window=0), params, tokens, mask)
+  full = decoder_logits(dataclasses.replace(model_cfg, sliding_window=0), params, tokens, mask)
   assert np.abs(full - theirs)[mask].max() > 100 * max(diff, 1e-6)
 
 
@@ -142,8 +127,8 @@ def test_export_loads_back_in_transformers_with_the_same_logits(family, tmp_path
   out = hf_export.export_hf_checkpoint(params, model_cfg, tmp_path / "out", model_type=family)
   reloaded = transformers.AutoModelForCausalLM.from_pretrained(out).eval()
   tokens, mask = batch()
-  np.testing.assert_allclose(torch_logits(reloaded, tokens, mask)[mask],
-                             torch_logits(model, tokens, mask)[mask], atol=1e-5)
+  np.testing.assert_allclose(transformers_logits(reloaded, tokens, mask)[mask],
+                             transformers_logits(model, tokens, mask)[mask], atol=1e-5)
   assert hf.load_hf_checkpoint(out)[0] == model_cfg
 
 

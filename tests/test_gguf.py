@@ -8,7 +8,6 @@ import subprocess
 import sys
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 import torch
@@ -18,8 +17,8 @@ from grpo_jax.data.tokenizer import load_hf_tokenizer
 from grpo_jax.errors import InputError
 from grpo_jax.models import gguf as gguf_import
 from grpo_jax.models import hf
+from tests.fixtures import decoder_logits, transformers_logits
 from tests.gguf_fixtures import TYPES, write_tiny_gguf
-from grpo_jax.models.decoder import Decoder, positions_from_mask
 from tests.test_hf import MASK
 
 TOKENS = np.array([[0, 0, 0, 5, 17, 33, 2, 90],
@@ -28,21 +27,10 @@ TOKENS = np.array([[0, 0, 0, 5, 17, 33, 2, 90],
 CHAT = [{"role": "user", "content": "Natalia sold 48 clips in April. How many in May?"}]
 
 
-def torch_logits(model):
-  mask = torch.tensor(MASK.astype(np.int64))
-  with torch.no_grad():
-    out = model(input_ids=torch.tensor(TOKENS), attention_mask=mask,
-                position_ids=(mask.cumsum(-1) - 1).clamp(min=0))
-  return out.logits.float().numpy()
-
-
 def ours(folder):
   """(ModelConfig, params, logits) of our loader and decoder on the imported folder."""
   model_cfg, params = hf.load_hf_checkpoint(folder)
-  mask = jnp.asarray(MASK)
-  logits, _ = Decoder(model_cfg).apply({"params": params}, jnp.asarray(TOKENS, jnp.int32),
-                                       positions_from_mask(mask), mask)
-  return model_cfg, params, np.asarray(logits)
+  return model_cfg, params, decoder_logits(model_cfg, params, TOKENS, MASK)
 
 
 def from_gguf(path):
@@ -65,23 +53,23 @@ def test_imported_gguf_matches_transformers_loading_the_same_file(qtype, tie, tm
   assert model_cfg.tie_embeddings == tie
   assert (model_cfg.num_heads, model_cfg.num_kv_heads, model_cfg.head_dim) == (4, 2, 16)
   assert (model_cfg.rope_theta, model_cfg.rms_norm_eps) == (500_000.0, 1e-5)
-  reference = torch_logits(from_gguf(path))
+  reference = transformers_logits(from_gguf(path), TOKENS, MASK)
   diff = max_diff(logits, reference)
   print(f"{qtype} {'tied' if tie else 'untied'}: max |ours - transformers(gguf)| = {diff:.2e}")
   assert diff <= 1e-4
   assert np.abs(reference[MASK]).max() > 1.0  # logits that mean something
   if qtype == "F32":  # lossless: the model the file was written from, too
-    assert max_diff(logits, torch_logits(original)) <= 1e-4
+    assert max_diff(logits, transformers_logits(original, TOKENS, MASK)) <= 1e-4
 
 
 def test_the_folder_loads_in_transformers_and_round_trips_bf16(tmp_path):
   path = tmp_path / "tiny.gguf"
   write_tiny_gguf(path, "Q4_1", tie=False)
   out = gguf_import.import_gguf(path, tmp_path / "out")
-  reference = torch_logits(from_gguf(path))
+  reference = transformers_logits(from_gguf(path), TOKENS, MASK)
   reloaded = transformers.AutoModelForCausalLM.from_pretrained(out).eval()
   assert type(reloaded).__name__ == "LlamaForCausalLM"
-  assert max_diff(torch_logits(reloaded), reference) <= 1e-5
+  assert max_diff(transformers_logits(reloaded, TOKENS, MASK), reference) <= 1e-5
   config = json.loads((out / "config.json").read_text())
   assert config["rms_norm_eps"] == 1e-5 and config["max_position_embeddings"] == 256
   assert json.loads((out / "generation_config.json").read_text())["eos_token_id"] == 2
@@ -196,9 +184,10 @@ def test_llama3_rope_freqs_import_as_rope_type_llama3(tmp_path):
   assert json.loads((out / "config.json").read_text())["rope_parameters"] == LLAMA3
   model_cfg, _, logits = ours(out)
   assert model_cfg.rope_type == "llama3"
-  assert max_diff(logits, torch_logits(original)) <= 1e-4
+  assert max_diff(logits, transformers_logits(original, TOKENS, MASK)) <= 1e-4
   plain = write_tiny_gguf(tmp_path / "plain.gguf", "F32")  # same weights, default RoPE
-  assert max_diff(torch_logits(plain), torch_logits(original)) > 1e-2
+  assert max_diff(transformers_logits(plain, TOKENS, MASK),
+                  transformers_logits(original, TOKENS, MASK)) > 1e-2
 
 
 def test_rope_freqs_of_no_llama3_scaling_is_one_sentence(tmp_path):

@@ -11,7 +11,8 @@ import transformers
 
 from grpo_jax.errors import InputError
 from grpo_jax.models import hf, hf_export
-from grpo_jax.models.decoder import Decoder, init_params, positions_from_mask
+from grpo_jax.models.decoder import init_params
+from tests.fixtures import decoder_logits, transformers_logits
 
 # Left-padded batch (pad id 0); the last row is mostly padding.
 TOKENS = np.array([[0, 0, 0, 5, 17, 33, 2, 90],
@@ -63,21 +64,6 @@ def save(model, path, sharded=False):
   return path
 
 
-def torch_logits(model):
-  mask = torch.tensor(MASK.astype(np.int64))
-  positions = (mask.cumsum(-1) - 1).clamp(min=0)
-  with torch.no_grad():
-    out = model(input_ids=torch.tensor(TOKENS), attention_mask=mask, position_ids=positions)
-  return out.logits.float().numpy()
-
-
-def our_logits(model_cfg, params):
-  mask = jnp.asarray(MASK)
-  logits, _ = Decoder(model_cfg).apply({"params": params}, jnp.asarray(TOKENS, jnp.int32),
-                                       positions_from_mask(mask), mask)
-  return np.asarray(logits)
-
-
 def assert_logits_close(ours, theirs):
   np.testing.assert_allclose(ours[MASK], theirs[MASK], atol=1e-4, rtol=0)
 
@@ -95,7 +81,8 @@ def test_loaded_checkpoint_matches_transformers(kind, tmp_path):
   assert jax.tree.map(jnp.shape, params) == jax.tree.map(jnp.shape, reference)
   assert model_cfg.tie_embeddings == model.config.tie_word_embeddings
   assert model_cfg.num_kv_heads < model_cfg.num_heads
-  assert_logits_close(our_logits(model_cfg, params), torch_logits(model))
+  assert_logits_close(decoder_logits(model_cfg, params, TOKENS, MASK),
+                      transformers_logits(model, TOKENS, MASK))
 
 
 @pytest.mark.parametrize("kind", sorted(CASES))
@@ -105,7 +92,8 @@ def test_export_round_trip(kind, tmp_path):
   out = hf_export.export_hf_checkpoint(params, model_cfg, tmp_path / "out", model_type=kind)
   reloaded = transformers.AutoModelForCausalLM.from_pretrained(out).eval()
   assert type(reloaded) is type(model)
-  assert_logits_close(torch_logits(reloaded), torch_logits(model))
+  assert_logits_close(transformers_logits(reloaded, TOKENS, MASK),
+                      transformers_logits(model, TOKENS, MASK))
   _, params_again = hf.load_hf_checkpoint(out)
   jax.tree.map(np.testing.assert_array_equal, params_again, params)
 
@@ -123,7 +111,8 @@ def test_export_from_source_dir_copies_config_and_tokenizer_files(tmp_path):
   assert json.loads((out / "config.json").read_text()) == {
       **json.loads((source / "config.json").read_text()), "dtype": "float32"}
   reloaded = transformers.AutoModelForCausalLM.from_pretrained(out).eval()
-  assert_logits_close(torch_logits(reloaded), torch_logits(model))
+  assert_logits_close(transformers_logits(reloaded, TOKENS, MASK),
+                      transformers_logits(model, TOKENS, MASK))
 
 
 def test_export_rejects_source_dir_of_another_model(tmp_path):
@@ -307,10 +296,11 @@ def test_bfloat16_sharded_export_loads_in_transformers(tmp_path):
   assert all(s.stat().st_size <= max(limit, biggest) + 4096 for s in shards)  # + header
   reloaded = transformers.AutoModelForCausalLM.from_pretrained(out).eval()
   assert {t.dtype for t in reloaded.state_dict().values()} == {torch.bfloat16}
-  want = torch_logits(model)[MASK]
-  bf16_compute = np.abs(torch_logits(reloaded)[MASK] - want).max()
+  want = transformers_logits(model, TOKENS, MASK)[MASK]
+  bf16_compute = np.abs(transformers_logits(reloaded, TOKENS, MASK)[MASK] - want).max()
   upcast = transformers.AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
-  gap = np.abs(torch_logits(upcast)[MASK] - want).max()  # the export's rounding alone
+  # the export's rounding alone
+  gap = np.abs(transformers_logits(upcast, TOKENS, MASK)[MASK] - want).max()
   print(f"bfloat16 sharded export: {len(shards)} shards; max abs logit gap to float32 "
         f"{gap:.2e} (float32 compute), {bf16_compute:.2e} (bfloat16 compute); logits up to "
         f"{np.abs(want).max():.2f}")

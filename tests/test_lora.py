@@ -24,7 +24,8 @@ from grpo_jax.train.state import (create_train_state, make_optimizer, policy_par
                                   reference_params)
 from grpo_jax.train.step import StepSpec, make_rl_step
 from tests.fixtures import tiny_model_config
-from tests.test_hf import MASK, TOKENS, assert_logits_close, save, tiny_hf_model, torch_logits
+from tests.fixtures import transformers_logits
+from tests.test_hf import MASK, TOKENS, assert_logits_close, save, tiny_hf_model
 
 
 def logits_of(model_cfg, params):
@@ -109,14 +110,14 @@ def test_peft_loads_our_adapter_and_the_merged_export_matches(kind, tmp_path):
   assert sorted(config["target_modules"]) == sorted(targets)
   fresh = transformers.AutoModelForCausalLM.from_pretrained(source).eval()
   with_adapter = peft.PeftModel.from_pretrained(fresh, folder).eval()
-  assert_logits_close(ours, torch_logits(with_adapter))
+  assert_logits_close(ours, transformers_logits(with_adapter, TOKENS, MASK))
 
   merged = hf_export.export_hf_checkpoint(lora.merge(base, adapters, model_cfg.lora_scale),
                                           model_cfg, tmp_path / "merged", source_dir=source)
   reloaded = transformers.AutoModelForCausalLM.from_pretrained(merged).eval()
-  assert_logits_close(ours, torch_logits(reloaded))
-  merged_peft = torch_logits(with_adapter.merge_and_unload())
-  assert_logits_close(torch_logits(reloaded), merged_peft)
+  assert_logits_close(ours, transformers_logits(reloaded, TOKENS, MASK))
+  merged_peft = transformers_logits(with_adapter.merge_and_unload(), TOKENS, MASK)
+  assert_logits_close(transformers_logits(reloaded, TOKENS, MASK), merged_peft)
 
 
 def test_the_rl_step_trains_only_the_adapters_against_the_base():

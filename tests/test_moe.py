@@ -13,7 +13,8 @@ import transformers
 from grpo_jax.models import hf, hf_export
 from grpo_jax.models.moe import grouped_expert_mlp, load_balancing_loss, route
 from grpo_jax.rollout.sampler import generate
-from tests.test_gemma import EOS, batch, our_logits, torch_logits
+from tests.fixtures import decoder_logits, transformers_logits
+from tests.test_gemma import EOS, batch
 
 
 def qwen3_moe(tmp_path, norm_topk_prob=True):
@@ -36,7 +37,8 @@ def test_logits_equal_transformers_on_a_left_padded_batch(norm_topk_prob, tmp_pa
   assert (model_cfg.num_experts, model_cfg.experts_per_token) == (4, 2)
   assert params["layers"]["mlp"]["experts"]["gate_proj"]["kernel"].shape == (3, 4, 32, 24)
   tokens, mask = batch()
-  diff = np.abs(our_logits(model_cfg, params, tokens, mask) - torch_logits(model, tokens, mask))
+  diff = np.abs(decoder_logits(model_cfg, params, tokens, mask)
+                - transformers_logits(model, tokens, mask))
   assert diff[mask].max() <= 1e-4, diff[mask].max()
 
 
@@ -58,8 +60,8 @@ def test_greedy_tokens_equal_generate_and_export_round_trips(tmp_path):
   exported = hf_export.export_hf_checkpoint(params, model_cfg, tmp_path / "out",
                                             model_type="qwen3_moe")
   reloaded = transformers.AutoModelForCausalLM.from_pretrained(exported).eval()
-  np.testing.assert_allclose(torch_logits(reloaded, tokens, mask)[mask],
-                             torch_logits(model, tokens, mask)[mask], atol=1e-5)
+  np.testing.assert_allclose(transformers_logits(reloaded, tokens, mask)[mask],
+                             transformers_logits(model, tokens, mask)[mask], atol=1e-5)
   assert hf.load_hf_checkpoint(exported)[0] == model_cfg
 
 

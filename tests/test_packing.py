@@ -18,7 +18,7 @@ import pytest
 from grpo_jax.config import ConfigError
 from grpo_jax.defaults import rl_defaults
 from grpo_jax.models.attention import causal_blocked_attention, grouped_query_attention
-from grpo_jax.models.decoder import attention_mask
+from grpo_jax.models.attention import attention_mask
 from grpo_jax.models.packing import pack_tokens, packed_index, token_capacity, unpack_tokens
 from grpo_jax.models.scoring import completion_scores
 from grpo_jax.rollout.sampler import generate

@@ -13,8 +13,8 @@ import transformers
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
 from grpo_jax.models import hf, hf_export, rope
-from grpo_jax.models.decoder import Decoder, positions_from_mask
 from grpo_jax.rollout.sampler import generate
+from tests.fixtures import decoder_logits, transformers_logits
 
 HEAD_DIM = 16
 # Each type with parameters that move most frequencies at these tiny lengths (an original
@@ -99,23 +99,9 @@ def test_every_family_takes_the_scaling(family, case, tmp_path):
   tokens, mask = batch()
   model_cfg, params = hf.load_hf_checkpoint(tmp_path)
   assert model_cfg.rope_type == rope_parameters(case)["rope_type"]
-  diff = np.abs(our_logits(model_cfg, params, tokens, mask) - torch_logits(model, tokens, mask))
+  diff = np.abs(decoder_logits(model_cfg, params, tokens, mask)
+                - transformers_logits(model, tokens, mask))
   assert diff[mask].max() <= 1e-4
-
-
-def torch_logits(model, tokens, mask):
-  mask_t = torch.tensor(mask.astype(np.int64))
-  with torch.no_grad():
-    out = model(input_ids=torch.tensor(tokens), attention_mask=mask_t,
-                position_ids=(mask_t.cumsum(-1) - 1).clamp(min=0))
-  return out.logits.numpy()
-
-
-def our_logits(model_cfg, params, tokens, mask):
-  mask = jnp.asarray(mask)
-  logits, _ = Decoder(model_cfg).apply({"params": params}, jnp.asarray(tokens, jnp.int32),
-                                       positions_from_mask(mask), mask)
-  return np.asarray(logits)
 
 
 @pytest.mark.parametrize("case", ["linear", "yarn", "yarn_mscale", "llama3"])
@@ -124,12 +110,12 @@ def test_logits_equal_transformers_on_a_left_padded_batch(case, tmp_path):
   tokens, mask = batch()
   model_cfg, params = hf.load_hf_checkpoint(tmp_path)
   assert model_cfg.rope_type == rope_parameters(case)["rope_type"]
-  ours = our_logits(model_cfg, params, tokens, mask)
-  theirs = torch_logits(model, tokens, mask)
+  ours = decoder_logits(model_cfg, params, tokens, mask)
+  theirs = transformers_logits(model, tokens, mask)
   diff = np.abs(ours - theirs)[mask].max()
   assert diff <= 1e-4, diff
   # The scaling matters at these lengths: default RoPE gives other logits.
-  plain = our_logits(dataclasses.replace(model_cfg, rope_type="default", rope_scaling=()),
+  plain = decoder_logits(dataclasses.replace(model_cfg, rope_type="default", rope_scaling=()),
                      params, tokens, mask)
   assert np.abs(plain - theirs)[mask].max() > 100 * max(diff, 1e-6)
 
@@ -160,8 +146,8 @@ def test_export_round_trip_keeps_the_scaling(case, tmp_path):
   reloaded = transformers.AutoModelForCausalLM.from_pretrained(out).eval()
   assert reloaded.config.rope_parameters == model.config.rope_parameters
   tokens, mask = batch()
-  np.testing.assert_allclose(torch_logits(reloaded, tokens, mask)[mask],
-                             torch_logits(model, tokens, mask)[mask], atol=1e-5)
+  np.testing.assert_allclose(transformers_logits(reloaded, tokens, mask)[mask],
+                             transformers_logits(model, tokens, mask)[mask], atol=1e-5)
   assert hf.load_hf_checkpoint(out)[0] == model_cfg
 
 

@@ -1,6 +1,7 @@
 """The decoder's attention arithmetic as pure functions: rotary position embeddings, grouped-query
-attention on batched matmuls, and its causal query blocks for the teacher-forced passes
-(models/decoder.py's Attention module calls them)."""
+attention on batched matmuls, its causal query blocks for the teacher-forced passes, and the
+causal and sliding-window masks on cache slots (models/decoder.py's Attention module calls
+them)."""
 
 from __future__ import annotations
 
@@ -164,3 +165,20 @@ def causal_blocked_attention(q, k, v, mask, offset: int, block: int = QUERY_BLOC
     outs.append(grouped_query_attention(q[:, start:stop], k[:, :, :keys], v[:, :, :keys],
                                         mask[:, start:stop, :keys], **scores))
   return jnp.concatenate(outs, axis=1)
+
+
+def attention_mask(kv_mask: jax.Array, num_queries: int, offset) -> jax.Array:
+  """(B, Tq, S) bool: query i of row b (at slot offset + i, offset a scalar or (B,)) may see
+  key slot s iff s <= offset + i and kv_mask[b, s]."""
+  num_keys = kv_mask.shape[1]
+  query_slots = jnp.reshape(offset, (-1, 1)) + jnp.arange(num_queries)  # (1 or B, Tq)
+  causal = jnp.arange(num_keys) <= query_slots[:, :, None]
+  return causal & kv_mask[:, None, :].astype(bool)
+
+
+def sliding_window_mask(mask: jax.Array, num_queries: int, offset, window: int) -> jax.Array:
+  """attention_mask's (B, Tq, S) `mask` restricted to the window: query i (at slot offset + i)
+  sees key slot s only if offset + i - s < window (transformers' sliding_window_overlay, on
+  cache slots)."""
+  query_slots = jnp.reshape(offset, (-1, 1)) + jnp.arange(num_queries)  # (1 or B, Tq)
+  return mask & (query_slots[:, :, None] - jnp.arange(mask.shape[-1]) < window)

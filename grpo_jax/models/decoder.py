@@ -45,8 +45,9 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from grpo_jax.models.attention import (causal_blocked_attention, grouped_query_attention,
-                                       rotary_embedding, shared_prompt_attention, soft_cap)
+from grpo_jax.models.attention import (attention_mask, causal_blocked_attention,
+                                       grouped_query_attention, rotary_embedding,
+                                       shared_prompt_attention, sliding_window_mask, soft_cap)
 from grpo_jax.models.blocks import MLP, norm_of, normal_init, select_by, with_axes
 from grpo_jax.models.config import ModelConfig
 from grpo_jax.models.kv_cache import CACHE_SLOT_AXIS, Cache, write_cache
@@ -207,23 +208,6 @@ class DecoderLayer(nn.Module):
     completion_x, _ = block(completion_x, completion_pos, completion_mask, cache, prompt_len,
                             token_index)
     return (prompt_x, completion_x), None
-
-
-def attention_mask(kv_mask: jax.Array, num_queries: int, offset) -> jax.Array:
-  """(B, Tq, S) bool: query i of row b (at slot offset + i, offset a scalar or (B,)) may see
-  key slot s iff s <= offset + i and kv_mask[b, s]."""
-  num_keys = kv_mask.shape[1]
-  query_slots = jnp.reshape(offset, (-1, 1)) + jnp.arange(num_queries)  # (1 or B, Tq)
-  causal = jnp.arange(num_keys) <= query_slots[:, :, None]
-  return causal & kv_mask[:, None, :].astype(bool)
-
-
-def sliding_window_mask(mask: jax.Array, num_queries: int, offset, window: int) -> jax.Array:
-  """attention_mask's (B, Tq, S) `mask` restricted to the window: query i (at slot offset + i)
-  sees key slot s only if offset + i - s < window (transformers' sliding_window_overlay, on
-  cache slots)."""
-  query_slots = jnp.reshape(offset, (-1, 1)) + jnp.arange(num_queries)  # (1 or B, Tq)
-  return mask & (query_slots[:, :, None] - jnp.arange(mask.shape[-1]) < window)
 
 
 def _embedding(cfg: ModelConfig) -> nn.Embed:

@@ -150,7 +150,7 @@ def make_update(model_cfg: ModelConfig, rl, optimizer, temperature: float,
       grads, sums = minibatch_grads(trainable, mb, state.kl_coef, state.base_params)
       trainable, opt_state, applied = apply_if_finite(trainable, opt_state, grads, sums["loss"],
                                                       optimizer)
-      sums["grad_norm"] = optax.global_norm(grads)
+      sums["grad_norm"] = optax.tree.norm(grads)
       sums["skipped"] = 1 - applied.astype(jnp.int32)
       in_a_row = jnp.where(applied, 0, in_a_row + 1)
       return (trainable, opt_state, in_a_row), sums
