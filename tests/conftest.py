@@ -11,10 +11,10 @@ from tests.fixtures import tiny_model_config
 def release_compiled_programs():
   """Frees the module's compiled XLA programs when its tests are done. Every executable JAX
   keeps in its caches holds about 6 memory mappings (XLA:CPU's JIT code and data), and a pytest
-  worker runs hundreds of test files: kept all session, a worker passed Linux's limit of 65,530
-  mappings per process (vm.max_map_count) late in the run, and the next compilation's mmap
-  failed and aborted the process inside XLA ("Fatal Python error: Aborted" in
-  backend_compile_and_load)."""
+  worker runs hundreds of test files: kept all session, at the measured rate a worker reaches
+  Linux's limit of 65,530 mappings per process (vm.max_map_count) late in the run, where a
+  compilation's mmap fails and XLA takes the process down ("Fatal Python error: Aborted" in
+  backend_compile_and_load; benchmarks/RESULTS.md)."""
   yield
   import jax  # noqa: PLC0415
   jax.clear_caches()

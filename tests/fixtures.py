@@ -1,10 +1,13 @@
 """Helpers the tests share by import (conftest.py keeps the pytest fixtures): a tiny model
-config, params with every weight perturbed, and configs/grpo_tiny.py shrunk to seconds."""
+config, params with every weight perturbed, configs/grpo_tiny.py shrunk to seconds, and the
+logits of a transformers model and of our decoder on the same left-padded batch."""
 
 import jax
+import jax.numpy as jnp
+import numpy as np
 
 from grpo_jax.models.config import ModelConfig
-from grpo_jax.models.decoder import init_params
+from grpo_jax.models.decoder import Decoder, init_params, positions_from_mask
 from grpo_jax.models.layout import stack_layers, unstack_layers
 
 
@@ -48,8 +51,7 @@ def small_tiny_config(steps: int = 4, eval_every: int = 2, num_minibatches: int 
 def transformers_logits(model, tokens, mask):
   """A transformers causal LM's float32 logits on a left-padded batch (positions count the
   real tokens, as our decoder's do)."""
-  import numpy as np  # noqa: PLC0415
-  import torch  # noqa: PLC0415
+  import torch  # noqa: PLC0415  (the tests that use it need the test extra)
   mask_t = torch.tensor(np.asarray(mask).astype(np.int64))
   with torch.no_grad():
     out = model(input_ids=torch.tensor(np.asarray(tokens).astype(np.int64)), attention_mask=mask_t,
@@ -59,10 +61,6 @@ def transformers_logits(model, tokens, mask):
 
 def decoder_logits(model_cfg, params, tokens, mask):
   """Our decoder's logits on the same left-padded batch."""
-  import jax.numpy as jnp  # noqa: PLC0415
-  import numpy as np  # noqa: PLC0415
-
-  from grpo_jax.models.decoder import Decoder, positions_from_mask  # noqa: PLC0415
   mask = jnp.asarray(mask)
   logits, _ = Decoder(model_cfg).apply({"params": params}, jnp.asarray(tokens, jnp.int32),
                                        positions_from_mask(mask), mask)
