@@ -63,11 +63,11 @@ def traced(make, step: int, out: str):
 def op_sources(dump: str, module: str, ops: set) -> dict:
   """HLO instruction name -> JAX op_name, from the dumped module named `module` whose
   instruction names hold the most of `ops` (the traced ones)."""
-  pattern = r"^\s*(?:ROOT )?%?([\w.\-]+) = .*?op_name=\"([^\"]+)\""
+  from benchmarks.profile_ops import op_names  # noqa: PLC0415
   best, best_hits = {}, -1
   for path in sorted(glob.glob(os.path.join(dump, f"*.{module}.*after_optimizations.txt"))):
     with open(path) as f:
-      names = {m.group(1): m.group(2) for m in re.finditer(pattern, f.read(), re.M)}
+      names = op_names(f.read())
     hits = len(ops & names.keys())
     if hits > best_hits:
       best, best_hits = names, hits
