@@ -37,7 +37,8 @@ from benchmarks import common  # noqa: E402
 
 
 def measure(params, cfg, batch: int, prompt_len: int, new_tokens: int, temperature: float,
-            repeats: int, group_size: int = 1, decode_block: int = 0) -> dict:
+            repeats: int, group_size: int = 1, decode_block: int = 0,
+            decode_loop: str = "segments") -> dict:
   import jax
   import numpy as np
   from grpo_jax.rollout.prefill import prefill
@@ -52,7 +53,7 @@ def measure(params, cfg, batch: int, prompt_len: int, new_tokens: int, temperatu
   run = lambda: jax.block_until_ready(generate(  # noqa: E731
       params, tokens, mask, jax.random.key(0), model_cfg=cfg, max_new_tokens=new_tokens,
       temperature=temperature, eos_id=-1, pad_id=0, group_size=group_size,
-      decode_block=decode_block))
+      decode_block=decode_block, decode_loop=decode_loop))
   t_all = min(common.time_it(run, repeats))
   return dict(prefill=batch * prompt_len / t_fill, decode=batch * new_tokens / (t_all - t_fill),
               total_s=t_all, prefill_s=t_fill)
@@ -124,6 +125,9 @@ def main():
   parser.add_argument("--group-size", type=int, default=1, help="samples per prompt")
   parser.add_argument("--decode-block", type=int, nargs="+", default=[0],
                       help="decode segment lengths to compare (0 = read every cache slot)")
+  parser.add_argument("--decode-loop", nargs="+", default=["segments"],
+                      help="the static engine's decode loops to compare: segments | bounded "
+                      "(rollout.decode_loop)")
   parser.add_argument("--sampled-only", action="store_true", help="skip the greedy rows")
   parser.add_argument("--length-mix", action="store_true",
                       help="static vs slot refill on GSM8K-like lengths (see the docstring)")
@@ -141,7 +145,8 @@ def main():
       args.group_size = 8
     if args.decode_block == [0]:
       args.decode_block = [128]  # rollout.decode_block's default, for the static engine
-    args.decode_slots = args.decode_slots or [args.rows // 2, args.rows // 4]
+    # rows: one slot per row (no row waits; the slots compacted as rows end), then fewer
+    args.decode_slots = args.decode_slots or [args.rows, args.rows // 2, args.rows // 4]
     args.batch = [args.rows]
   for b in args.batch:
     if b % args.group_size:
@@ -162,18 +167,19 @@ def main():
   policies = (("sampled", 1.0),) if args.sampled_only else (("greedy", 0.0), ("sampled", 1.0))
   for batch in args.batch:
     for name, temperature in policies:
-      for block in args.decode_block:
+      for block, loop in [(b, lp) for b in args.decode_block for lp in args.decode_loop]:
         r = measure(params, cfg, batch, args.prompt_len, args.new_tokens, temperature,
-                    args.repeats, args.group_size, block)
-        rows.append([batch, args.group_size, block, name, f"{r['prefill']:,.0f}",
+                    args.repeats, args.group_size, block, loop)
+        rows.append([batch, args.group_size, f"{block} {loop}", name, f"{r['prefill']:,.0f}",
                      f"{r['decode']:,.0f}", f"{r['prefill_s']:.3f}", f"{r['total_s']:.3f}"])
         records.append(dict(model=args.checkpoint or args.model, batch=batch,
-                            group_size=args.group_size, decode_block=block, decoding=name,
+                            group_size=args.group_size, decode_block=block,
+                            decode_loop=loop, decoding=name,
                             prompt_len=args.prompt_len, new_tokens=args.new_tokens,
                             prefill_tokens_per_s=round(r["prefill"], 1),
                             decode_tokens_per_s=round(r["decode"], 1),
                             prefill_s=round(r["prefill_s"], 4), total_s=round(r["total_s"], 4)))
-  print(common.table(["batch", "G", "decode block", "decoding", "prefill tok/s",
+  print(common.table(["batch", "G", "decode block, loop", "decoding", "prefill tok/s",
                       "decode tok/s", "prefill s", "generate s"], rows))
   for record in records:
     print(json.dumps(record))

@@ -157,6 +157,8 @@ def validate(config) -> None:
   _require(isinstance(r.decode_slots, int) and r.decode_slots >= 0,
            f"rollout.decode_slots={r.get('decode_slots')!r}; use a whole number of decode slots "
            f">= 0 (0 = one per row, the static engine).")
+  from grpo_jax.rollout.static import DECODE_LOOPS  # noqa: PLC0415
+  _one_of(r.get("decode_loop", "auto"), ("auto",) + DECODE_LOOPS, "rollout.decode_loop")
   _require(rl.kl_coef >= 0, f"rl.kl_coef={rl.kl_coef}; use a value >= 0 (0 turns KL off).")
   _require(not rl.adaptive_kl or (rl.kl_target > 0 and rl.kl_horizon > 0 and rl.kl_coef > 0),
            f"rl.adaptive_kl needs rl.kl_coef > 0, rl.kl_target > 0 and rl.kl_horizon > 0 "
@@ -226,6 +228,8 @@ def validate(config) -> None:
            f"are always stacked and scanned now (one param layout); delete the field.")
   from grpo_jax.models.decoder import REMAT_POLICIES  # noqa: PLC0415
   _one_of(m.remat, tuple(REMAT_POLICIES), "model.remat")
+  from grpo_jax.models.config import ATTENTION_IMPLS  # noqa: PLC0415
+  _one_of(m.get("attention_impl", "auto"), ("auto",) + ATTENTION_IMPLS, "model.attention_impl")
   _require(m.logits_chunk >= 0, f"model.logits_chunk={m.get('logits_chunk')}; use 0 "
            f"(the whole completion at once) or a number of positions > 0, e.g. 64.")
   _validate_devices(config)

@@ -153,6 +153,9 @@ def get_defaults() -> ml_collections.ConfigDict:
       # (none, full, save_dots, save_dots_no_batch), and completion positions projected onto
       # the vocabulary at a time when scoring (0 = all at once; e.g. 64 at a 150k vocabulary).
       remat="none", logits_chunk=0,
+      # The teacher-forced passes' and the prefill's attention: xla (ours), jax or cudnn
+      # (jax.nn.dot_product_attention); auto = the platform table (grpo_jax/parallel/choices.py).
+      attention_impl="auto",
       # A mixture of experts in every layer's MLP (grpo_jax/models/moe.py; Qwen3-MoE's
       # fields): num_experts > 0 experts of moe_intermediate_size, experts_per_token per token
       # (their router weights renormalised when norm_topk_prob). A checkpoint sets them itself.
@@ -252,6 +255,10 @@ def get_defaults() -> ml_collections.ConfigDict:
       # Decode steps per segment: a segment's attention reads only the cache slots filled by
       # its end (P + e), not all P + N; 0 = one segment. Each segment is its own compiled loop.
       decode_block=128,
+      # The static engine's decode loop: "segments" (one compiled decode step per segment, the
+      # cache grown between them) or "bounded" (one decode step, reading the filled blocks up
+      # to a traced bound); "auto" = the platform table (grpo_jax/parallel/choices.py).
+      decode_loop="auto",
       # The training rollouts read the layers' kernels quantised to this dtype ("int8" or
       # "float8_e4m3fn", by qwix; models/quantized.py), a copy made from the policy at each
       # step; training, evaluation and exports stay in full precision. The sampler's log-probs

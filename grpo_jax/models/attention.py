@@ -87,6 +87,87 @@ def grouped_query_attention(q, k, v, mask, keys_transposed: bool = False,
   return _unfold_query_heads(out, tq)
 
 
+# The sampler's decode steps read the cache in blocks of this many slots up to a traced bound
+# (bounded_attention): one compiled loop whatever the bound.
+READ_BLOCK = 128
+
+
+def _online_blocks(q, kt, v, mask, read_limit, block, scale, softcap, init):
+  """The online softmax of bounded_attention over the cache's blocks below read_limit, from
+  the state `init` = (top, total, acc): q folded (B, Hkv, G x Tq, D); returns the state."""
+  batch, kv_heads, rows, _ = q.shape
+  slots, tq = kt.shape[3], mask.shape[1]
+  block = min(block, slots)
+  minimum = jnp.finfo(jnp.float32).min
+
+  def step(j, carry):
+    top, total, acc = carry
+    start = jnp.minimum(j * block, slots - block)
+    keys = jax.lax.dynamic_slice_in_dim(kt, start, block, axis=3)
+    values = jax.lax.dynamic_slice_in_dim(v, start, block, axis=2)
+    seen = jax.lax.dynamic_slice_in_dim(mask, start, block, axis=2)
+    seen = seen & (start + jnp.arange(block) >= j * block)  # a clamped block: new slots only
+    s = soft_cap(jnp.einsum("bhqd,bhdk->bhqk", q, keys, preferred_element_type=jnp.float32)
+                 * scale, softcap)
+    s = jnp.where(seen[:, None, None], s.reshape(batch, kv_heads, rows // tq, tq, block),
+                  minimum).reshape(batch, kv_heads, rows, block)
+    new_top = jnp.maximum(top, jnp.max(s, axis=-1, keepdims=True))
+    weights = jnp.exp(s - new_top)
+    decay = jnp.exp(top - new_top)
+    acc = acc * decay + jnp.einsum("bhqk,bhkd->bhqd", weights.astype(v.dtype), values,
+                                   preferred_element_type=jnp.float32)
+    return new_top, total * decay + jnp.sum(weights, axis=-1, keepdims=True), acc
+
+  blocks = (jnp.asarray(read_limit, jnp.int32) + block - 1) // block
+  return jax.lax.fori_loop(0, jnp.clip(blocks, 1, -(-slots // block)), step, init)
+
+
+def bounded_attention(q, kt, v, mask, read_limit, block: int | None = None,
+                      query_pre_attn_scalar: float = 0.0, softcap: float = 0.0):
+  """grouped_query_attention(q, kt, v, mask, keys_transposed=True) that reads only the cache
+  slots [0, read_limit), in blocks of `block` slots, with the softmax taken online:
+
+      for j < ceil(read_limit / block), over the block's slots (masked scores at min):
+          s_j = cap(q kt_j / sqrt(D)) + mask bias,   m_j = max(m_{j-1}, max s_j)
+          l_j = l_{j-1} exp(m_{j-1} - m_j) + sum exp(s_j - m_j)
+          a_j = a_{j-1} exp(m_{j-1} - m_j) + exp(s_j - m_j) v_j
+      out = a / l.
+
+  read_limit is a traced int32 scalar, so one compiled loop serves every bound: the slot-refill
+  engine passes its busy slots' furthest filled slot + 1 (rows at different positions of a
+  cache of P + N slots). Every slot >= read_limit must be masked for every query (such slots
+  are never read). A last block that would run past the cache starts at S - block and skips
+  the slots an earlier block read. On the CPU a block is copied out of the cache before its
+  products (XLA:CPU has no dynamic-slice operands), so a bounded read pays only where it
+  reads well under the whole cache.
+  q (B, Tq, H, D); kt (B, Hkv, D, S); v (B, Hkv, S, D); mask (B, Tq, S) bool. Returns
+  (B, Tq, H, D); equal to grouped_query_attention up to the order of float32 sums."""
+  batch, tq, heads, dim = q.shape
+  kv_heads = kt.shape[1]
+  rows = (batch, kv_heads, heads // kv_heads * tq)
+  init = (jnp.full((*rows, 1), jnp.finfo(jnp.float32).min, jnp.float32),
+          jnp.zeros((*rows, 1), jnp.float32), jnp.zeros((*rows, dim), jnp.float32))
+  _, total, acc = _online_blocks(_fold_query_heads(q, kv_heads), kt, v, mask, read_limit,
+                                 block or READ_BLOCK, 1.0 / score_divisor(dim, query_pre_attn_scalar),
+                                 softcap, init)
+  return _unfold_query_heads((acc / total).astype(v.dtype), tq)
+
+
+def library_attention(q, k, v, mask, implementation: str,
+                      query_pre_attn_scalar: float = 0.0):
+  """grouped_query_attention(q, k, v, mask) by jax.nn.dot_product_attention (model.attention_impl
+  "jax": its XLA form; "cudnn": cuDNN's fused kernel, GPU only, bfloat16 or float16):
+  softmax(q k^T / sqrt(D) + mask bias) v, D = query_pre_attn_scalar or head_dim. No soft-capping
+  (the caller keeps ours for a model with one). q (B, Tq, H, D); k, v (B, Hkv, Tk, D);
+  mask (B, Tq, Tk) bool. Returns (B, Tq, H, D)."""
+  dim = q.shape[-1]
+  out = jax.nn.dot_product_attention(
+      q, k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3), mask=mask[:, None],
+      scale=float(1.0 / np.sqrt(query_pre_attn_scalar or dim)),
+      implementation="xla" if implementation == "jax" else implementation)
+  return out.astype(v.dtype)
+
+
 def _rows_of_prompts(x: jax.Array, group: int) -> jax.Array:
   """(B/G, Hkv, G * R, ...) -> (B, Hkv, R, ...): a prompt's G rows stacked in its row axis
   back to one row each (groups contiguous)."""
@@ -103,7 +184,8 @@ def _prompts_of_rows(x: jax.Array, group: int) -> jax.Array:
 
 
 def shared_prompt_attention(q, prompt_kt, prompt_v, kt, v, prompt_mask, mask,
-                            query_pre_attn_scalar: float = 0.0, softcap: float = 0.0):
+                            query_pre_attn_scalar: float = 0.0, softcap: float = 0.0,
+                            read_limit=None):
   """grouped_query_attention for B = prompts x G rows (groups contiguous) whose keys are their
   prompt's P slots and then their own S slots, with each prompt's keys and values held once:
 
@@ -115,12 +197,27 @@ def shared_prompt_attention(q, prompt_kt, prompt_v, kt, v, prompt_mask, mask,
   against (B/G, Hkv, D, P): a decode step reads the prompt's cache once, not G times.
   q (B, Tq, H, D); prompt_kt (B/G, Hkv, D, P) and prompt_v (B/G, Hkv, P, D); kt (B, Hkv, D, S)
   and v (B, Hkv, S, D) the rows' own slots (the sampler's cache layout); prompt_mask (B/G, P),
-  mask (B, Tq, S) bool. Returns (B, Tq, H, D)."""
+  mask (B, Tq, S) bool. Returns (B, Tq, H, D). read_limit (a traced scalar): the rows' own
+  slots are read only below it, in blocks, continuing the prompt part's online softmax
+  (bounded_attention)."""
   batch, tq, heads, dim = q.shape
   prompts, kv_heads = prompt_kt.shape[:2]
   group, per_kv = batch // prompts, heads // kv_heads
   minimum, scale = jnp.finfo(jnp.float32).min, 1.0 / score_divisor(dim, query_pre_attn_scalar)
   q = _fold_query_heads(q, kv_heads)
+  if read_limit is not None:
+    shared = soft_cap(jnp.einsum("bhqd,bhdk->bhqk", _prompts_of_rows(q, group), prompt_kt,
+                                 preferred_element_type=jnp.float32) * scale, softcap)
+    shared = shared + jnp.where(prompt_mask, 0.0, minimum)[:, None, None]
+    top = jnp.max(shared, axis=-1, keepdims=True)
+    weights = jnp.exp(shared - top)
+    init = (_rows_of_prompts(top, group),
+            _rows_of_prompts(jnp.sum(weights, axis=-1, keepdims=True), group),
+            _rows_of_prompts(jnp.einsum("bhqk,bhkd->bhqd", weights.astype(v.dtype), prompt_v,
+                                        preferred_element_type=jnp.float32), group))
+    _, total, acc = _online_blocks(q, kt, v, mask, read_limit, READ_BLOCK, scale, softcap,
+                                   init)
+    return _unfold_query_heads((acc / total).astype(v.dtype), tq)
   own = soft_cap(jnp.einsum("bhqd,bhdk->bhqk", q, kt, preferred_element_type=jnp.float32)
                  * scale, softcap)
   own = (own.reshape(batch, kv_heads, per_kv, tq, -1)

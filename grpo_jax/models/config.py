@@ -10,15 +10,14 @@ from grpo_jax.models.rope import check_rope, rope_frequencies
 
 
 def platform_compute_dtype(platform: str | None = None) -> str:
-  """model.compute_dtype="auto": float32 on CPU, bfloat16 on GPU and TPU. Measured
-  (benchmarks/RESULTS.md "A real pretrained model"): on a 2-core AVX-512 CPU XLA's bfloat16
-  matmuls are slower than float32 ones (SmolLM2-135M's GRPO step 72-73 s against 67-69 s),
-  while GPUs and TPUs run bfloat16 at several times their float32 rate."""
-  import jax  # noqa: PLC0415
-  return "float32" if (platform or jax.default_backend()) == "cpu" else "bfloat16"
+  """model.compute_dtype="auto": float32 on CPU, bfloat16 on GPU and TPU (the platform table,
+  parallel/choices.py, says why)."""
+  from grpo_jax.parallel.choices import choose  # noqa: PLC0415
+  return choose("model.compute_dtype", "auto", platform)
 
 
 MLP_ACTIVATIONS = ("silu", "gelu_tanh")
+ATTENTION_IMPLS = ("xla", "jax", "cudnn")  # model.attention_impl (models/attention.py)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,6 +72,10 @@ class ModelConfig:
   # positions at a time are projected onto the vocabulary when scoring (0 = all at once).
   remat: str = "none"
   logits_chunk: int = 0
+  # Speed, not maths: the teacher-forced passes' and the prefill's attention, "xla" (ours),
+  # "jax" or "cudnn" (jax.nn.dot_product_attention); "auto" = the platform table's
+  # (parallel/choices.py), resolved here.
+  attention_impl: str = "auto"
   # LoRA's s = alpha / r (grpo_jax/models/lora.py): the adapters' scale, used only when the
   # forward is given adapters.
   lora_scale: float = 0.0
@@ -80,6 +83,12 @@ class ModelConfig:
   def __post_init__(self):
     if self.compute_dtype == "auto":  # resolved once, here: every ModelConfig holds a dtype
       object.__setattr__(self, "compute_dtype", platform_compute_dtype())
+    if self.attention_impl == "auto":
+      from grpo_jax.parallel.choices import choose  # noqa: PLC0415
+      object.__setattr__(self, "attention_impl", choose("model.attention_impl"))
+    if self.attention_impl not in ATTENTION_IMPLS:
+      raise ValueError(f"model.attention_impl={self.attention_impl!r}; use auto or one of "
+                       f"{', '.join(ATTENTION_IMPLS)}.")
     for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads",
                  "num_kv_heads", "head_dim"):
       if not (isinstance(getattr(self, name), int) and getattr(self, name) >= 1):

@@ -45,8 +45,9 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from grpo_jax.models.attention import (attention_mask, causal_blocked_attention,
-                                       grouped_query_attention, rotary_embedding,
+from grpo_jax.models.attention import (attention_mask, bounded_attention,
+                                       causal_blocked_attention, grouped_query_attention,
+                                       library_attention, rotary_embedding,
                                        shared_prompt_attention, sliding_window_mask, soft_cap)
 from grpo_jax.models.blocks import MLP, norm_of, normal_init, select_by, with_axes
 from grpo_jax.models.config import ModelConfig
@@ -77,8 +78,9 @@ class Attention(nn.Module):
 
   @nn.compact
   def __call__(self, x, positions, mask, layer_cache, offset, adapters=None,
-               token_index=None, sliding=None):
-    """adapters: this module's LoRA adapters ({"q_proj": {"lora_a", "lora_b"}, ...}) or None.
+               token_index=None, sliding=None, read_limit=None):
+    """read_limit: a cached pass reads only slots [0, read_limit) (bounded_attention; a
+    traced scalar, None = every slot the mask covers). adapters: this module's LoRA adapters ({"q_proj": {"lora_a", "lora_b"}, ...}) or None.
     token_index (C,): x is (1, C, embed), the packed tokens of the (B, T) rows that `mask`
     (B, T, S) describes (models/packing.py); the projections run on the C tokens, attention
     on the rows. sliding: whether this is a sliding-window layer (None: no layer is), which
@@ -112,6 +114,7 @@ class Attention(nn.Module):
     shared_prompt = layer_cache is not None and "prompt_kt" in layer_cache
     if shared_prompt:  # the prompts' keys held once (kv_cache.py); mask = (prompts', rows')
       prompt_mask, mask = mask
+    fresh = (k, v, mask[..., :k.shape[2]]) if not shared_prompt else None  # a prefill's own keys
     if layer_cache is not None:
       filled = mask.shape[-1]  # read only the slots the mask covers (the filled ones)
       keys = "kt" if keys_transposed else "k"
@@ -127,10 +130,17 @@ class Attention(nn.Module):
     # other), the prompt's length for shared-prompt completions (an int), else unknown.
     first_slot = 0 if layer_cache is None else offset if isinstance(offset, int) else None
     scores = dict(query_pre_attn_scalar=cfg.query_pre_attn_scalar, softcap=cfg.attn_softcap)
-    if shared_prompt:
+    library = cfg.attention_impl != "xla" and not cfg.attn_softcap and not shared_prompt
+    if library and first_slot == 0 and keys_transposed and q.shape[1] > 1:  # the prefill
+      out = library_attention(q, *fresh, cfg.attention_impl, cfg.query_pre_attn_scalar)
+    elif library and not keys_transposed:  # the teacher-forced passes
+      out = library_attention(q, k, v, mask, cfg.attention_impl, cfg.query_pre_attn_scalar)
+    elif shared_prompt:
       out = shared_prompt_attention(q, layer_cache["prompt_kt"].astype(cfg.dtype),
                                     layer_cache["prompt_v"].astype(cfg.dtype), k, v,
-                                    prompt_mask, mask, **scores)
+                                    prompt_mask, mask, read_limit=read_limit, **scores)
+    elif read_limit is not None and keys_transposed:
+      out = bounded_attention(q, k, v, mask, read_limit, **scores)
     elif self.query_blocks and first_slot is not None and not keys_transposed:
       out = causal_blocked_attention(q, k, v, mask, first_slot, **scores)
     else:
@@ -162,7 +172,7 @@ class DecoderLayer(nn.Module):
 
   @nn.compact
   def __call__(self, x, positions, mask, layer_cache, offset, adapters=None, token_index=None,
-               window_mask=None, sliding=None, routes=None):
+               window_mask=None, sliding=None, routes=None, read_limit=None):
     """window_mask: `mask` restricted to the sliding window (None: no layer has one); sliding:
     whether this layer uses it (a bool, or a traced scalar inside the layer scan); routes
     (B, T, k): routing replay, the experts of each token in this layer (models/moe.py)."""
@@ -186,7 +196,7 @@ class DecoderLayer(nn.Module):
 
     def block(x, positions, mask, layer_cache, offset, token_index=None):
       h, layer_cache = attn(attn_norm(x), positions, mask, layer_cache, offset,
-                            adapters.get("self_attn"), token_index, sliding)
+                            adapters.get("self_attn"), token_index, sliding, read_limit)
       if cfg.sandwich_norms:
         h = attn_out_norm(h)
       x = constrain(x + h, ("batch", None, None))
@@ -228,7 +238,7 @@ class Decoder(nn.Module):
   def __call__(self, tokens, positions, kv_mask, cache: Optional[Cache] = None, offset=0,
                return_hidden: bool = False, logits_window: Optional[tuple] = None,
                project: bool = True, adapters=None, prompt_group: int = 0, token_index=None,
-               routes=None):
+               routes=None, read_limit=None):
     """project=False returns (normed hidden states of the window, cache) without the
     vocabulary projection (chunked scoring projects them itself, grpo_jax/models/scoring.py).
     adapters: LoRA adapters (grpo_jax/models/lora.py) added to the projections, or None.
@@ -244,7 +254,8 @@ class Decoder(nn.Module):
     routes (B, T, L, k) int32: routing replay (a mixture of experts, models/moe.py), each
     token's experts in each layer, used instead of the router's own top-k; the passes without
     prompt_group or packing take it. Applied with mutable=["intermediates"], the experts' choices
-    come back too (moe.sown_routing)."""
+    come back too (moe.sown_routing). read_limit (a pass with a cache): only cache slots
+    [0, read_limit) are read, in blocks (attention.bounded_attention; a traced scalar)."""
     cfg = self.cfg
     embed = _embedding(cfg)
     scale = (jnp.asarray(cfg.hidden_size ** 0.5, cfg.dtype) if cfg.embed_scale else None)
@@ -293,7 +304,7 @@ class Decoder(nn.Module):
             {"params": layer}, x, positions, mask, cache[i], offset,
             None if layer_adapters is None else layer_adapters[i], None, window_mask,
             sliding[i] if window else None, None if routes is None else routes[:, :, i],
-            mutable=["intermediates"] if record else False)
+            read_limit, mutable=["intermediates"] if record else False)
         (x, layer_cache), sown = out if record else (out, None)
         if record:
           for name, value in sown["intermediates"]["mlp"].items():

@@ -36,6 +36,21 @@ def split_layers(params, num_layers: int):
   return split(params)
 
 
+def compute_copy(params, dtype):
+  """The params with every floating matrix (ndim >= 2) in the compute `dtype`, the values each
+  layer casts it to at every use (flax promotes kernels, biases and embeddings to the module's
+  dtype), so nothing computed changes; vectors (norm scales) keep theirs. The sampler takes
+  this copy once per call: with float32 master weights and bfloat16 compute, a decode step
+  then reads half the weight bytes and casts nothing. LoraParams and a tree already in
+  `dtype` are returned as they are."""
+  dtype = jnp.dtype(dtype)
+  if isinstance(params, LoraParams):
+    return params
+  cast = lambda x: (x.astype(dtype) if x.ndim >= 2 and jnp.issubdtype(x.dtype, jnp.floating)  # noqa: E731
+                    and jnp.finfo(x.dtype).bits > jnp.finfo(dtype).bits else x)
+  return jax.tree.map(cast, params)
+
+
 def stack_layers(params, num_layers: int):
   """Per-layer params {"layers_0": ..., "layers_{L-1}": ...} -> {"layers": stacked on a
   leading axis}; the other entries are kept."""

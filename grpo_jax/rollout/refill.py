@@ -159,8 +159,10 @@ def generate_refill(params, prompt_tokens, prompt_mask, key, row_limits, *,
     kv_mask = state.kv_mask.at[jnp.arange(slots), prompt_len + t].set(busy)
     safe_row = jnp.maximum(row, 0)
     ended = busy & ((token == eos_id) | (t + 1 >= row_limits[safe_row]))
+    # Only the slots up to the furthest busy row's current one are read (in blocks).
+    read_limit = prompt_len + jnp.max(jnp.where(busy, t, 0)) + 1
     logits, cache = apply(token[:, None], (state.position + t)[:, None], kv_mask, state.cache,
-                          prompt_len + t)
+                          prompt_len + t, read_limit=read_limit)
     going = busy & ~ended
     following, following_logp, following_kept = choose(logits[:, 0], safe_row, t + 1)
     return state._replace(

@@ -32,8 +32,9 @@ from typing import Any
 import jax
 
 from grpo_jax.models.config import ModelConfig
-from grpo_jax.models.layout import split_layers
+from grpo_jax.models.layout import compute_copy, split_layers
 from grpo_jax.models.quantized import quantize_layers
+from grpo_jax.parallel.choices import choose
 from grpo_jax.rollout.refill import generate_refill
 from grpo_jax.rollout.static import generate_static
 from grpo_jax.rollout.types import DecodeStats, Rollout, row_limits_or_max
@@ -53,7 +54,8 @@ class Sampling:
   mesh: Any = None
   group_size: int = 1  # sample rows per prompt row (prefix sharing)
   decode_block: int = 0  # decode steps per segment; <= 0: one segment reading all slots
-  decode_slots: int = 0  # slot-refill engine with this many slots; 0 or >= rows: static
+  decode_slots: int = 0  # slot-refill engine with min(this, rows) slots; 0: static
+  decode_loop: str = "auto"  # the static engine's (static.DECODE_LOOPS); auto: platform table
   # Record each token's top-k / top-p truncation (Rollout.keep_cutoff, kept_logmass) for the
   # keep-sampling mask (rl.keep_sampling_mask); the tokens and log-probs do not change.
   keep_mask: bool = False
@@ -72,7 +74,8 @@ class Sampling:
     return cls(model_cfg, max_new_tokens or rollout_cfg.max_new_tokens, task.eos_id,
                task.pad_id, rollout_cfg.temperature, rollout_cfg.top_k, rollout_cfg.top_p,
                mesh, 1, getattr(rollout_cfg, "decode_block", 0),
-               getattr(rollout_cfg, "decode_slots", 0))
+               getattr(rollout_cfg, "decode_slots", 0),
+               decode_loop=getattr(rollout_cfg, "decode_loop", "auto"))
 
   def greedy(self) -> "Sampling":
     """Greedy, one row per prompt."""
@@ -107,6 +110,8 @@ def _sample(params, prompt_tokens, prompt_mask, key, row_limits, *,
   s = sampling
   if s.weight_dtype:  # the quantised copy the decode steps read (models/quantized.py)
     params = quantize_layers(params, s.weight_dtype)
+  else:  # matrices in the compute dtype once, not cast in every decode step
+    params = compute_copy(params, s.model_cfg.dtype)
   # Stacked layers sliced once here, not in every decode step (models/layout.split_layers).
   params = split_layers(params, s.model_cfg.num_layers)
   rows = prompt_tokens.shape[0] * s.group_size
@@ -114,15 +119,16 @@ def _sample(params, prompt_tokens, prompt_mask, key, row_limits, *,
   common = dict(model_cfg=s.model_cfg, max_new_tokens=s.max_new_tokens,
                 temperature=s.temperature, top_k=s.top_k, top_p=s.top_p, eos_id=s.eos_id,
                 pad_id=s.pad_id, mesh=s.mesh, group_size=s.group_size, keep_mask=s.keep_mask)
-  if 0 < s.decode_slots < rows:
+  if s.decode_slots > 0:
     if s.record_routes:
       raise ValueError(f"rollout.decode_slots={s.decode_slots} (the slot-refill engine) does "
                        f"not record a mixture's routing; set rollout.decode_slots=0 for an "
                        f"MoE model's training rollouts.")
     return generate_refill(params, prompt_tokens, prompt_mask, key, limits,
-                           decode_slots=s.decode_slots, **common)
+                           decode_slots=min(s.decode_slots, rows), **common)
   return generate_static(params, prompt_tokens, prompt_mask, key, limits,
-                         decode_block=s.decode_block, record_routes=s.record_routes, **common)
+                         decode_block=s.decode_block, record_routes=s.record_routes,
+                         decode_loop=choose("rollout.decode_loop", s.decode_loop), **common)
 
 
 def sample(params, prompt_tokens, prompt_mask, key, row_limits=None,
@@ -134,7 +140,7 @@ def sample(params, prompt_tokens, prompt_mask, key, row_limits=None,
 
   prompt_tokens (B / G, P); the Rollout has B = prompts x G rows, groups contiguous, its
   prompts repeated. Token t of row r is drawn with `token_uniforms(key, r, t)`, whichever
-  engine runs: decode_slots in (0, B) runs the slot-refill engine (rollout/refill.py: S slots,
+  engine runs: decode_slots > 0 runs the slot-refill engine (rollout/refill.py: min(S, B) slots,
   a finished row's slot takes the next pending row), else the static one (rollout/static.py:
   every row decoded until the last one ends). Both give the same tokens and masks.
   """

@@ -16,6 +16,15 @@ from grpo_jax.rollout.sampling import choose_tokens, token_uniforms
 from grpo_jax.rollout.types import DecodeStats, Rollout, finish
 
 
+# rollout.decode_loop: how the static engine's decode steps read a cache that fills as they go.
+# "segments": runs of decode_block steps, the cache grown between them, each step reading the
+# whole cache of its segment (no copy; one compiled copy of the decode step per segment);
+# "bounded": one loop, each step reading the blocks below its filled slot (one copy of the
+# decode step; on the CPU each block read is a copy). The platform table picks one
+# (parallel/platform.py, "auto").
+DECODE_LOOPS = ("segments", "bounded")
+
+
 def decode_segments(max_new_tokens: int, decode_block: int) -> list:
   """The decode loop's segment ends: decode steps 0 .. N - 2 (token t + 1 is chosen after the
   forward of token t) in segments of `decode_block` steps; a segment ending at step e reads
@@ -30,7 +39,8 @@ def generate_static(params, prompt_tokens, prompt_mask, key, row_limits, *,
                     model_cfg: ModelConfig, max_new_tokens: int, temperature: float,
                     top_k: int, top_p: float, eos_id: int, pad_id: int, mesh, group_size: int,
                     decode_block: int, keep_mask: bool = False,
-                    record_routes: bool = False) -> tuple[Rollout, DecodeStats]:
+                    record_routes: bool = False,
+                    decode_loop: str = "segments") -> tuple[Rollout, DecodeStats]:
   """The static engine: all B rows decode together until every row has ended (EOS or its
   limit). The loop carries the chosen token, not the (B, V) logits, and runs the decode
   forwards in segments of `decode_block` steps that read only the filled cache
@@ -41,10 +51,14 @@ def generate_static(params, prompt_tokens, prompt_mask, key, row_limits, *,
   mixture of experts): record every token's experts in the Rollout's routes (B, P + N, L, k):
   the prompt's from the prefill, completion token t's from the decode step that reads it (the
   last token is never read: its entry is 0).
+  decode_loop="bounded": one decode loop over a cache of every slot, each step's attention
+  reading only its filled blocks (attention.bounded_attention, the bound a traced value), so
+  the program holds one copy of the decode step whatever `decode_block` (DECODE_LOOPS).
   """
   prompt_len = prompt_tokens.shape[1]
   prompt_mask = prompt_mask.astype(bool)
-  segments = decode_segments(max_new_tokens, decode_block)
+  bounded = decode_loop == "bounded"
+  segments = decode_segments(max_new_tokens, 0 if bounded else decode_block)
   # G > 1: the G rows of a prompt share its cache (prefill's shared_prompt), so that a decode
   # step reads each prompt's keys once; the rows' own slots then start at 0, not at P.
   shared = group_size > 1 and not model_cfg.sliding_window  # (a window needs per-row slots)
@@ -90,7 +104,8 @@ def generate_static(params, prompt_tokens, prompt_mask, key, row_limits, *,
     kv_len = first_slot + end
     read = (prompts_kv_mask, kv_mask[:, :kv_len]) if shared else kv_mask[:, :kv_len]
     out = decoder_apply(model_cfg, params, token[:, None], (next_position + step)[:, None],
-                        read, cache, first_slot + step, record_routing=record_routes)
+                        read, cache, first_slot + step, record_routing=record_routes,
+                        read_limit=first_slot + step + 1 if bounded else None)
     (logits, cache), routing = out if record_routes else (out, None)
     if record_routes:  # completion token `step`'s experts
       outs = (*outs[:4], outs[4].at[:, step].set(routing["routes"][:, 0]))

@@ -17,6 +17,7 @@ import sys
 import jax
 import numpy as np
 
+from grpo_jax import compile_log
 from grpo_jax import config as config_lib
 from grpo_jax.models.config import ModelConfig
 from grpo_jax.models.partitioning import place
@@ -93,6 +94,7 @@ def train(config, workdir: str, log=print, seeds=None, seed_axis: str = "vmap") 
   if not distributed.is_main_process():
     log = lambda *a, **k: None  # noqa: E731  process 0 speaks and writes for everyone
   log(platform_line())
+  compile_log.install(log)  # each program's compile said once (>= 1 s)
   if cpu_fallback_warning():
     log(cpu_fallback_warning())
   # Every input is read and checked before the workdir is touched: a bad one writes nothing.

@@ -23,7 +23,7 @@ def build_model(config, key):
     model_cfg, params = load_hf_checkpoint(config.model.path,
                                            param_dtype=config.model.param_dtype,
                                            compute_dtype=config.model.compute_dtype)
-    layout = {k: config.model[k] for k in ("remat", "logits_chunk") if k in config.model}
+    layout = {k: config.model[k] for k in ("remat", "logits_chunk", "attention_impl") if k in config.model}
     model_cfg = dataclasses.replace(model_cfg, **layout)
   else:
     model_cfg = ModelConfig.from_config_dict(config.model)

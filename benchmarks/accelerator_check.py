@@ -1,0 +1,396 @@
+"""The accelerator check: is the GPU (or TPU) path sound and fast, in one short run.
+
+    python benchmarks/accelerator_check.py --out DIR     # one H100/H200: <= 8 minutes
+    python benchmarks/accelerator_check.py --tiny        # the same parts, tiny shapes, CPU
+
+Each part runs in its own process under its own time limit (--limit PART=SECONDS), so a part
+that hangs or compiles for minutes is stopped and reported while the others still run. The
+parts run twice: with JAX's persistent compilation cache cold (an empty folder), then warm
+(the same folder). Every result is one JSON line on stdout (and in DIR/accelerator_check.jsonl
+with --out), with "part" and "phase" keys.
+
+  env      jax / jaxlib / CUDA plugin versions, backend, device kind and count, XLA_FLAGS, the
+           platform table's choices (grpo_jax/parallel/choices.py); a square bf16 matmul's
+           TFLOP/s (the MFU peak: measured, not the spec sheet) and an elementwise pass's bytes
+           read + written per second (the decode bound's memory rate).
+  sampler  the product's sampler (grpo_jax.rollout.sampler, rollout.decode_loop "auto" and
+           the other loop at the middle batch) at the Qwen2.5-0.5B shape, random weights,
+           float32 master params, bfloat16 compute, prompt 256, 256 new tokens, sampled at
+           temperature 1, G = 8, rows 64 / 256 / 1024: trace, lower and compile seconds, the
+           first call and the steady call, the prefill alone, decode tokens/s =
+           rows x new / (steady call - prefill), and its fraction of the memory bound
+           rows / ((bf16 weight bytes + mean KV-cache bytes read per step) / memory rate).
+  update   the RL step (grpo_jax.train.step.make_rl_step, the state donated) at that shape:
+           256 rows x (256 + 256), K = 8 micro-batches, shared-prompt forward, remat full,
+           logits chunk 64; trace / lower / compile / three calls; tokens/s and MFU.
+  gsm8k    `python -m grpo_jax.main --config=configs/grpo_gsm8k.py` on a random checkpoint of
+           the 0.5B shape (its settings; steps 2, a 64-prompt held-out set): the first and
+           the steady step, the rollout / update split, and every jitted function's trace /
+           lower / compile seconds and program count (JAX's compile log).
+
+MFU's FLOP formula (model FLOPs of one RL step; remat's recomputation not counted):
+  F_fwd = 2 x N_layers x T + 2 x V x H x R x N_new + 4 x L x H_q x D x pairs
+  model FLOPs = 4 x F_fwd   (the policy's forward and backward, 3 F_fwd; the reference's, F_fwd)
+with N_layers the layers' matmul params, T the tokens a pass runs (the prompts once per group
+with the shared-prompt forward, plus every completion token), V x H the vocabulary projection
+(completion positions only), pairs the causal (query, key) pairs. MFU = model FLOPs / seconds /
+the env part's measured matmul TFLOP/s.
+
+--tiny: a 2-layer model, a few rows, on the CPU (tests/test_accelerator_check.py runs it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform as host_platform
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if ROOT not in sys.path:
+  sys.path.insert(0, ROOT)
+
+PARTS = ("env", "sampler", "update", "gsm8k")
+# Seconds per part and phase on one GPU: 8 minutes in all, the cold phase first.
+LIMITS = {("env", "cold"): 40, ("sampler", "cold"): 130, ("update", "cold"): 70,
+          ("gsm8k", "cold"): 140, ("env", "warm"): 0, ("sampler", "warm"): 40,
+          ("update", "warm"): 0, ("gsm8k", "warm"): 60}
+TINY_LIMITS = {key: (60 if value else 0) for key, value in LIMITS.items()}
+REAL = dict(shape="qwen2.5-0.5b", prompt=256, new=256, group=8, batches=(64, 256, 1024),
+            update_rows=256, micro_batches=8, matmul=8192, copy_mib=1024)
+TINY = dict(shape="qwen2-tiny", prompt=16, new=16, group=2, batches=(4, 8), update_rows=8,
+            micro_batches=2, matmul=256, copy_mib=16)
+
+
+def emit(record: dict) -> None:
+  print("CHECK " + json.dumps(record), flush=True)
+
+
+# ----------------------------------------------------------------------------- the parts
+
+
+def model_cfg(sizes: dict, tiny: bool):
+  from grpo_jax.models.config import ModelConfig
+  if tiny:
+    kw = dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4,
+              num_kv_heads=2, head_dim=16, tie_embeddings=True, qkv_bias=True)
+  else:
+    from benchmarks.shapes import shape_table
+    kw = dict(shape_table()[sizes["shape"]])
+  return ModelConfig(**kw, param_dtype="float32",
+                     compute_dtype="float32" if tiny else "bfloat16")
+
+
+def timed(fn):
+  start = time.perf_counter()
+  out = fn()
+  return out, time.perf_counter() - start
+
+
+def part_env(sizes: dict, tiny: bool) -> None:
+  import importlib.metadata as md
+  import jax
+  import jax.numpy as jnp
+  from grpo_jax.parallel.choices import table_lines
+  devices = jax.devices()
+  plugins = {}
+  for name in ("jax-cuda13-plugin", "jax-cuda12-plugin", "jax-cuda13-pjrt", "libtpu"):
+    try:
+      plugins[name] = md.version(name)
+    except md.PackageNotFoundError:
+      pass
+  n = sizes["matmul"]
+  dtype = jnp.float32 if tiny else jnp.bfloat16
+  a = jax.random.normal(jax.random.key(0), (n, n), dtype)
+  matmul = jax.jit(lambda x: x @ x)
+  jax.block_until_ready(matmul(a))
+  _, seconds = timed(lambda: jax.block_until_ready([matmul(a) for _ in range(10)]))
+  tflops = 10 * 2 * n ** 3 / seconds / 1e12
+  x = jnp.ones((sizes["copy_mib"] * 2 ** 20 // 4,), jnp.float32)
+  bump = jax.jit(lambda y: y + 1.0)
+  jax.block_until_ready(bump(x))
+  _, seconds = timed(lambda: jax.block_until_ready([bump(x) for _ in range(10)]))
+  emit(dict(part="env", jax=jax.__version__, jaxlib=md.version("jaxlib"), plugins=plugins,
+            backend=jax.default_backend(), device_kind=devices[0].device_kind,
+            device_count=len(devices), host=host_platform.node(),
+            xla_flags=os.environ.get("XLA_FLAGS", ""), choices=table_lines(),
+            matmul_dtype=str(jnp.dtype(dtype)), matmul_tflops=round(tflops, 4),
+            memory_gbps=round(10 * 2 * x.nbytes / seconds / 1e9, 1)))
+
+
+def part_sampler(sizes: dict, tiny: bool, memory_gbps: float) -> None:
+  import jax
+  import numpy as np
+  from grpo_jax import compile_log
+  from grpo_jax.models.decoder import init_params
+  from grpo_jax.parallel.choices import choose
+  from grpo_jax.rollout.prefill import prefill
+  from grpo_jax.rollout.sampler import Sampling, _sample
+  compile_log.install()
+  cfg = model_cfg(sizes, tiny)
+  params = jax.jit(lambda k: init_params(cfg, k))(jax.random.key(0))
+  plen, new, group = sizes["prompt"], sizes["new"], sizes["group"]
+  matrices = sum(x.size for x in jax.tree.leaves(params) if x.ndim >= 2)
+  kv_per_token = cfg.num_layers * 2 * cfg.num_kv_heads * cfg.head_dim * cfg.dtype.itemsize
+  auto = choose("rollout.decode_loop")
+  middle = sizes["batches"][len(sizes["batches"]) // 2]
+  for rows in sizes["batches"]:
+    loops = [auto] + ([other for other in ("segments", "bounded") if other != auto]
+                      if rows == middle else [])
+    rng = np.random.default_rng(0)
+    tokens = rng.integers(3, cfg.vocab_size, (rows // group, plen), dtype=np.int32)
+    mask = np.ones_like(tokens, bool)
+    fill = jax.jit(lambda p, t, m: prefill(p, t, m, model_cfg=cfg, max_new_tokens=new,
+                                           group_size=group, shared_prompt=group > 1,
+                                           cache_slots=plen + new))
+    jax.block_until_ready(fill(params, tokens, mask))
+    prefill_s = min(timed(lambda: jax.block_until_ready(fill(params, tokens, mask)))[1]
+                    for _ in range(2))
+    for loop in loops:
+      sampling = Sampling(cfg, new, -1, 0, temperature=1.0, group_size=group,
+                          decode_block=128, decode_loop=loop)
+      args = (params, tokens, mask, jax.random.key(1), None)
+      compile_log.reset()
+      traced, trace_s = timed(lambda: _sample.trace(*args, sampling=sampling))
+      lowered, lower_s = timed(traced.lower)
+      compiled, compile_s = timed(lowered.compile)
+      _, first_s = timed(lambda: jax.block_until_ready(compiled(*args)))
+      steady_s = min(timed(lambda: jax.block_until_ready(compiled(*args)))[1] for _ in range(2))
+      decode_s = max(steady_s - prefill_s, 1e-9)
+      per_step = 2 * matrices + kv_per_token * (rows // group * plen + rows * new / 2)
+      bound = rows / (per_step / (memory_gbps * 1e9)) if memory_gbps else None
+      tokens_per_s = rows * new / decode_s
+      emit(dict(part="sampler", rows=rows, group=group, prompt=plen, new=new,
+                decode_loop=loop, decode_block=128, trace_s=round(trace_s, 2),
+                lower_s=round(lower_s, 2), compile_s=round(compile_s, 2),
+                first_call_s=round(first_s, 3),
+                first_call_total_s=round(trace_s + lower_s + compile_s + first_s, 2),
+                steady_s=round(steady_s, 4), prefill_s=round(prefill_s, 4),
+                decode_tokens_per_s=round(tokens_per_s, 1),
+                bound_tokens_per_s=None if bound is None else round(bound, 1),
+                fraction_of_bound=None if bound is None else round(tokens_per_s / bound, 4),
+                programs=sum(r["programs"] for r in compile_log.table().values())))
+
+
+def model_flops(cfg, rows: int, group: int, plen: int, new: int) -> float:
+  """The module docstring's formula: 4 x F_fwd of one RL step with the shared-prompt forward."""
+  h, q, kv, d = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+  per_layer = h * d * (q + 2 * kv) + q * d * h + 3 * h * cfg.intermediate_size
+  prompts = rows // group
+  tokens = prompts * plen + rows * new
+  pairs = prompts * plen * (plen + 1) / 2 + rows * (new * plen + new * (new + 1) / 2)
+  forward = (2 * per_layer * cfg.num_layers * tokens + 2 * cfg.vocab_size * h * rows * new
+             + 4 * cfg.num_layers * q * d * pairs)
+  return 4 * forward
+
+
+def part_update(sizes: dict, tiny: bool, peak_tflops: float) -> None:
+  from benchmarks import scale
+  from grpo_jax import compile_log
+  compile_log.install()
+  cfg = model_cfg(sizes, tiny)
+  timings = {}
+
+  def measure(fn, abstract_args, donate=(), jit_kwargs=None, time_calls=0):
+    import jax
+    jitted = jax.jit(fn, donate_argnums=donate, **(jit_kwargs or {}))
+    traced, timings["trace_s"] = timed(lambda: jitted.trace(*abstract_args))
+    lowered, timings["lower_s"] = timed(traced.lower)
+    compiled, timings["compile_s"] = timed(lowered.compile)
+    args, calls = scale.concrete(abstract_args), []
+    for _ in range(time_calls):
+      result, seconds = timed(lambda: jax.block_until_ready(compiled(*args)))
+      calls.append(round(seconds, 4))
+      args = (result[0],) + tuple(args[1:])
+    return dict(compile_s=timings["compile_s"], lower_s=timings["lower_s"], call_s=calls,
+                temp_gib=None, argument_gib=None, output_gib=None, alias_gib=None, gflop=None)
+
+  scale.measure = measure
+  scale.model_config = lambda args: dataclasses_replace(cfg, remat="full", logits_chunk=64)
+  rows, group = sizes["update_rows"], sizes["group"]
+  argv = ["--rows", str(rows), "--group-size", str(group), "--prompt", str(sizes["prompt"]),
+          "--new", str(sizes["new"]), "--micro-batches", str(sizes["micro_batches"]),
+          "--what", "update", "--shared-prompt-forward", "--time", "3"]
+  import contextlib
+  import io
+  with contextlib.redirect_stdout(io.StringIO()):
+    result = scale.run(scale.parse_args(argv))[0]
+  steady = min(result["call_s"][1:] or result["call_s"])
+  flops = model_flops(cfg, rows, group, sizes["prompt"], sizes["new"])
+  emit(dict(part="update", rows=rows, group=group, prompt=sizes["prompt"], new=sizes["new"],
+            micro_batches=sizes["micro_batches"], trace_s=round(timings["trace_s"], 2),
+            lower_s=round(timings["lower_s"], 2), compile_s=round(timings["compile_s"], 2),
+            call_s=result["call_s"], steady_s=steady,
+            tokens_per_s=round(rows * (sizes["prompt"] + sizes["new"]) / steady, 1),
+            model_tflop=round(flops / 1e12, 3),
+            mfu=round(flops / steady / (peak_tflops * 1e12), 4) if peak_tflops else None,
+            programs=sum(r["programs"] for r in compile_log.table().values())))
+
+
+def dataclasses_replace(cfg, **kw):
+  import dataclasses
+  return dataclasses.replace(cfg, **kw)
+
+
+def write_checkpoint(directory: str, sizes: dict, tiny: bool) -> str:
+  """A random Qwen2 checkpoint with the tests' small BPE tokenizer (GSM8K-trained, ChatML)."""
+  if os.path.isfile(os.path.join(directory, "config.json")):
+    return directory
+  from tests.hf_fixtures import save_tiny_qwen2, save_tiny_tokenizer
+  if tiny:
+    return save_tiny_qwen2(directory)
+  import torch
+  from transformers import Qwen2Config, Qwen2ForCausalLM
+  from benchmarks.common import SHAPES
+  tokenizer = save_tiny_tokenizer(directory)
+  torch.manual_seed(0)
+  config = Qwen2Config(**SHAPES[sizes["shape"]], max_position_embeddings=4096,
+                       tie_word_embeddings=True, eos_token_id=tokenizer.eos_token_id,
+                       pad_token_id=tokenizer.pad_token_id, bos_token_id=None)
+  Qwen2ForCausalLM(config).float().save_pretrained(directory)
+  return directory
+
+
+def part_gsm8k(sizes: dict, tiny: bool, limit: float, workdir: str) -> None:
+  from benchmarks.compile_times import parse
+  checkpoint = write_checkpoint(os.path.join(workdir, "checkpoint"), sizes, tiny)
+  run_dir = tempfile.mkdtemp(dir=workdir, prefix="run-")
+  data = os.path.join(ROOT, "tests", "data", "gsm8k")
+  small = (["--config.rollout.num_prompts=2", "--config.rollout.group_size=2",
+            "--config.rollout.max_new_tokens=12", "--config.data.max_prompt_tokens=200",
+            "--config.rl.num_minibatches=2", "--config.rl.num_micro_batches=1",
+            "--config.train.eval_size=2", "--config.train.eval_batch_size=2"] if tiny else
+           ["--config.train.eval_size=64", "--config.train.eval_batch_size=64"])
+  command = [sys.executable, "-m", "grpo_jax.main", "--config=configs/grpo_gsm8k.py",
+             f"--workdir={run_dir}", f"--config.model.path={checkpoint}",
+             f"--config.data.path={data}", "--config.train.steps=2",
+             "--config.train.eval_every=1000", "--config.train.checkpoint_every=1000",
+             "--config.train.export=False", *small]
+  env = dict(os.environ, JAX_LOG_COMPILES="1")
+  start = time.perf_counter()
+  try:
+    done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=max(limit - 20, 10))
+    log, code = done.stdout + done.stderr, done.returncode
+  except subprocess.TimeoutExpired as e:
+    log = (e.stdout or b"").decode() + (e.stderr or b"").decode() if isinstance(
+        e.stdout, bytes) else (e.stdout or "") + (e.stderr or "")
+    code = "timeout"
+  wall = time.perf_counter() - start
+  steps = {}
+  path = os.path.join(run_dir, "metrics.jsonl")
+  if os.path.exists(path):
+    with open(path) as f:
+      for r in map(json.loads, f):
+        if "time_update_s" in r:
+          steps[r["step"]] = {k: round(r[f"time_{k}_s"], 3) for k in
+                              ("rollout", "reward", "update") if f"time_{k}_s" in r}
+  programs = parse(log)
+  emit(dict(part="gsm8k", exit=code, wall_s=round(wall, 1), first_step=steps.get(1),
+            steady_step=steps.get(2), compiles=sum(t["compiles"] for t in programs.values()),
+            programs={name: {k: round(v, 2) for k, v in t.items()}
+                      for name, t in sorted(programs.items(),
+                                            key=lambda kv: -kv[1]["compile_s"])[:12]},
+            log_tail=None if code == 0 else log[-1500:]))
+
+
+# ----------------------------------------------------------------------------- the harness
+
+
+def run_part(part: str, phase: str, args, env: dict, limit: float, context: dict) -> list:
+  """One part in a child process under `limit` seconds; its CHECK lines, or a timeout line."""
+  command = [sys.executable, os.path.abspath(__file__), "--part", part, "--workdir",
+             args.workdir, "--context", json.dumps(context), "--limit-s", str(limit)]
+  if args.tiny:
+    command.append("--tiny")
+  start = time.perf_counter()
+  try:
+    done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=limit)
+    out, err, status = done.stdout, done.stderr, ("ok" if done.returncode == 0 else
+                                                  f"exit {done.returncode}")
+  except subprocess.TimeoutExpired as e:
+    decode = lambda b: b.decode(errors="replace") if isinstance(b, bytes) else (b or "")  # noqa
+    out, err, status = decode(e.stdout), decode(e.stderr), f"stopped at its {limit:.0f} s limit"
+  seconds = time.perf_counter() - start
+  records = [json.loads(line[6:]) for line in out.splitlines() if line.startswith("CHECK ")]
+  for r in records:
+    r["phase"] = phase
+  records.append(dict(part=part, phase=phase, status=status, wall_s=round(seconds, 1),
+                      **({} if status == "ok" else {"stderr_tail": err[-1200:]})))
+  return records
+
+
+def main():
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--tiny", action="store_true", help="tiny shapes on this machine")
+  parser.add_argument("--out", help="also write the JSON lines to OUT/accelerator_check.jsonl")
+  parser.add_argument("--parts", default=",".join(PARTS))
+  parser.add_argument("--limit", action="append", default=[], metavar="PART[:PHASE]=S",
+                      help="a part's time limit in seconds (0 skips it)")
+  parser.add_argument("--part", help=argparse.SUPPRESS)  # a child: run this one part
+  parser.add_argument("--workdir", default="", help=argparse.SUPPRESS)
+  parser.add_argument("--context", default="{}", help=argparse.SUPPRESS)
+  parser.add_argument("--limit-s", type=float, default=0, help=argparse.SUPPRESS)
+  args = parser.parse_args()
+  sizes = TINY if args.tiny else REAL
+  if args.part:
+    context = json.loads(args.context)
+    if args.part == "env":
+      part_env(sizes, args.tiny)
+    elif args.part == "sampler":
+      part_sampler(sizes, args.tiny, context.get("memory_gbps") or 0.0)
+    elif args.part == "update":
+      part_update(sizes, args.tiny, context.get("matmul_tflops") or 0.0)
+    else:
+      part_gsm8k(sizes, args.tiny, args.limit_s, args.workdir)
+    return
+  limits = dict(TINY_LIMITS if args.tiny else LIMITS)
+  for item in args.limit:
+    key, _, value = item.partition("=")
+    part, _, phase = key.partition(":")
+    for ph in ([phase] if phase else ["cold", "warm"]):
+      limits[(part, ph)] = float(value)
+  parts = [p.strip() for p in args.parts.split(",") if p.strip()]
+  out_file = None
+  if args.out:
+    os.makedirs(args.out, exist_ok=True)
+    out_file = open(os.path.join(args.out, "accelerator_check.jsonl"), "w")  # noqa: SIM115
+  start = time.perf_counter()
+  with tempfile.TemporaryDirectory(prefix="accelerator_check-") as workdir:
+    args.workdir = workdir
+    env = dict(os.environ, JAX_COMPILATION_CACHE_DIR=os.path.join(workdir, "xla_cache"),
+               JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
+               JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="-1",
+               XLA_PYTHON_CLIENT_PREALLOCATE="false", PYTHONPATH=ROOT)
+    if args.tiny:
+      env["JAX_PLATFORMS"] = "cpu"
+    context = {}
+    for phase in ("cold", "warm"):
+      for part in parts:
+        limit = limits.get((part, phase), 0)
+        if not limit:
+          continue
+        for record in run_part(part, phase, args, env, limit, context):
+          if record.get("part") == "env" and "matmul_tflops" in record:
+            context.update(matmul_tflops=record["matmul_tflops"],
+                           memory_gbps=record["memory_gbps"])
+          line = json.dumps(record)
+          print(line, flush=True)
+          if out_file:
+            out_file.write(line + "\n")
+            out_file.flush()
+  summary = dict(part="summary", tiny=args.tiny, wall_s=round(time.perf_counter() - start, 1))
+  print(json.dumps(summary))
+  if out_file:
+    out_file.write(json.dumps(summary) + "\n")
+    out_file.close()
+
+
+if __name__ == "__main__":
+  main()

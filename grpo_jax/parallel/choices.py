@@ -1,0 +1,71 @@
+"""The platform table: every setting whose best value depends on the accelerator, in one place,
+keyed by jax's backend ("cpu", "gpu", "tpu"). A config field set to "auto" takes its value here
+(`choose`), so a CPU habit never becomes a GPU default by accident: each entry says what
+measured it, or that nothing has yet (then `benchmarks/accelerator_check.py` measures the
+alternatives on the device, and the entry changes with its figures in benchmarks/RESULTS.md).
+
+| setting                   | cpu            | gpu            | tpu            |
+|---------------------------|----------------|----------------|----------------|
+| model.compute_dtype       | float32        | bfloat16       | bfloat16       |
+| model.attention_impl      | xla            | xla            | xla            |
+| rollout.decode_loop       | segments       | bounded        | bounded        |
+| train.compilation_cache   | off            | on             | on             |
+
+(train.compilation_cache's "auto" lives in parallel/platform.compilation_cache_dir.)
+"""
+
+from __future__ import annotations
+
+# setting -> {platform: (value, why)}
+PLATFORM_TABLE = {
+    "model.compute_dtype": {
+        "cpu": ("float32", "measured: XLA:CPU's bfloat16 matmuls are slower than float32 on "
+                           "this project's 2-core AVX-512 CPU (SmolLM2's GRPO step 72-73 s "
+                           "against 67-69 s)"),
+        "gpu": ("bfloat16", "the tensor cores' rate; the float32 master params stay float32"),
+        "tpu": ("bfloat16", "the MXU's native input type"),
+    },
+    # Teacher-forced passes and the prefill: "xla" = models/attention.py (grouped-query
+    # products, causal query blocks); "cudnn" = jax.nn.dot_product_attention's cuDNN fused
+    # kernel (GPU, bfloat16/float16); "jax" = jax.nn.dot_product_attention's XLA form.
+    "model.attention_impl": {
+        "cpu": ("xla", "measured: the causal query blocks beat one-pass attention on the CPU "
+                       "(RESULTS: 'Attention one row at a time'), and jax.nn's XLA form has "
+                       "no query blocks"),
+        "gpu": ("xla", "not measured yet: accelerator_check.py times 'cudnn' against it"),
+        "tpu": ("xla", "not measured: no TPU lent; the Pallas TPU kernels are not wired"),
+    },
+    # The static engine's decode loop (rollout/static.py DECODE_LOOPS).
+    "rollout.decode_loop": {
+        "cpu": ("segments", "measured: 1,450 against 1,265 decode tokens/s (qwen2-8L-512, "
+                            "64 rows, prompt 192, 256 new; XLA:CPU copies each block a "
+                            "bounded read takes)"),
+        "gpu": ("bounded", "one compiled decode step whatever the segments: the sampler's "
+                           "first call at the 0.5B shape did not finish in 320 s on an H200 "
+                           "with one compiled step per segment; its steady rate is not "
+                           "measured yet (accelerator_check.py times both)"),
+        "tpu": ("bounded", "as on the GPU (not measured)"),
+    },
+}
+
+
+def platform_of(platform: str | None = None) -> str:
+  """jax's backend name, "cpu", "gpu" or "tpu" (another backend is treated as "gpu")."""
+  if platform is None:
+    import jax  # noqa: PLC0415
+    platform = jax.default_backend()
+  return platform if platform in ("cpu", "tpu") else "gpu"
+
+
+def choose(setting: str, value: str = "auto", platform: str | None = None) -> str:
+  """`value`, or the table's value for `setting` on this platform when value is "auto"."""
+  if value != "auto":
+    return value
+  return PLATFORM_TABLE[setting][platform_of(platform)][0]
+
+
+def table_lines(platform: str | None = None) -> list:
+  """One line per setting: its value on this platform and why (for the docs and the check)."""
+  where = platform_of(platform)
+  return [f"{setting} = {row[where][0]!r} on {where}: {row[where][1]}"
+          for setting, row in PLATFORM_TABLE.items()]
