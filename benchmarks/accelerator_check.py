@@ -333,6 +333,8 @@ def main():
   parser.add_argument("--parts", default=",".join(PARTS))
   parser.add_argument("--limit", action="append", default=[], metavar="PART[:PHASE]=S",
                       help="a part's time limit in seconds (0 skips it)")
+  parser.add_argument("--xla-flags", default="", help="appended to XLA_FLAGS for every part "
+                      "(e.g. --xla_gpu_autotune_level=0 for a second run)")
   parser.add_argument("--part", help=argparse.SUPPRESS)  # a child: run this one part
   parser.add_argument("--workdir", default="", help=argparse.SUPPRESS)
   parser.add_argument("--context", default="{}", help=argparse.SUPPRESS)
@@ -370,6 +372,8 @@ def main():
                XLA_PYTHON_CLIENT_PREALLOCATE="false", PYTHONPATH=ROOT)
     if args.tiny:
       env["JAX_PLATFORMS"] = "cpu"
+    if args.xla_flags:
+      env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + " " + args.xla_flags).strip()
     context = {}
     for phase in ("cold", "warm"):
       for part in parts:

@@ -19,6 +19,7 @@ import jax
 import numpy as np
 import pytest
 
+from grpo_jax.parallel.choices import choose
 from grpo_jax.rollout.refill import generate_refill, shrink_phases
 from grpo_jax.rollout.sampler import sample
 from grpo_jax.rollout.types import row_limits_or_max
@@ -64,9 +65,9 @@ def _refill_fn(cfg, slots, policy):
 
 def simulated_slot_steps(lengths, slots: int) -> int:
   """A plain loop over the schedule: free slots take the next rows in row order, each busy
-  slot records one token per iteration, and once nothing is pending and at most half of a
-  phase's slots are busy the next phase has half as many (`shrink_phases`)."""
-  phases = shrink_phases(slots)
+  slot records one token per iteration, and once nothing is pending and the busy slots fit in
+  the next phase, that phase's fewer slots take them (`shrink_phases`)."""
+  phases = shrink_phases(slots, choose("rollout.refill_shrink"))
   pending, busy, steps, phase = list(lengths), [], 0, 0
   while pending or busy:
     if not pending:
@@ -84,6 +85,8 @@ def test_shrink_phases():
   assert shrink_phases(3) == [3, 1]
   assert shrink_phases(1) == [1]
   assert shrink_phases(256) == [256, 128, 64, 32, 16, 8]
+  assert shrink_phases(64, 0.75) == [64, 48, 36, 27, 20, 15, 11, 8, 6, 4, 3, 2]
+  assert shrink_phases(8, 0.75) == [8, 6, 4, 3, 2, 1]
 
 
 @pytest.mark.parametrize("policy", POLICIES)

@@ -9,6 +9,7 @@ alternatives on the device, and the entry changes with its figures in benchmarks
 | model.compute_dtype       | float32        | bfloat16       | bfloat16       |
 | model.attention_impl      | xla            | xla            | xla            |
 | rollout.decode_loop       | segments       | bounded        | bounded        |
+| rollout.refill_shrink     | 0.75           | 0.5            | 0.5            |
 | train.compilation_cache   | off            | on             | on             |
 
 (train.compilation_cache's "auto" lives in parallel/platform.compilation_cache_dir.)
@@ -45,6 +46,14 @@ PLATFORM_TABLE = {
                            "with one compiled step per segment; its steady rate is not "
                            "measured yet (accelerator_check.py times both)"),
         "tpu": ("bounded", "as on the GPU (not measured)"),
+    },
+    # The slot-refill engine's phases (rollout/refill.shrink_phases): each phase keeps this
+    # fraction of the slots before it.
+    "rollout.refill_shrink": {
+        "cpu": (0.75, "measured: see benchmarks/RESULTS.md, 'The slot-refill engine leads'"),
+        "gpu": (0.5, "fewer compiled copies of the decode step (6 against about 13 at 64 "
+                     "slots); not measured"),
+        "tpu": (0.5, "as on the GPU (not measured)"),
     },
 }
 

@@ -42,6 +42,7 @@ import jax.numpy as jnp
 from grpo_jax.models.config import ModelConfig
 from grpo_jax.models.decoder import decoder_apply, positions_from_mask
 from grpo_jax.models.kv_cache import init_cache, map_cache
+from grpo_jax.parallel import choices
 from grpo_jax.rollout.prefill import constrain_cache, repeat_rows
 from grpo_jax.rollout.types import DecodeStats, Rollout, finish
 from grpo_jax.rollout.sampling import choose_tokens, token_uniforms, truncates
@@ -60,14 +61,19 @@ def _copy_prompts(slot_cache, prompt_cache, prompt_of_slot, assign):
   return map_cache(copy, slot_cache, prompt_cache)
 
 
-def shrink_phases(slots: int, floor_ratio: int = 32) -> list:
-  """The slot counts of the loop's phases: S, S/2, S/4, ... down to max(1, S // floor_ratio).
-  Once no row is pending and at most half of a phase's slots are busy, the busy ones are
-  compacted into the next phase's half as many slots, so the tail of long rows does not keep
-  running idle slots. Each phase is its own compiled loop (at most 6 for the default ratio)."""
+def shrink_phases(slots: int, keep: float = 0.5, floor_ratio: int = 32) -> list:
+  """The slot counts of the loop's phases: S, then each phase floor(keep x) the one before (at
+  least one fewer), down to max(1, S // floor_ratio). Once no row is pending and a phase's busy
+  slots fit in the next phase, they are compacted into it, so the tail of long rows does not
+  keep running idle slots. Each phase is its own compiled loop: keep = 0.5 gives at most 6,
+  0.75 about 13 at 64 slots (fewer idle slot-steps, more compiled copies of the decode step;
+  the platform table's rollout.refill_shrink chooses)."""
   phases, floor = [slots], max(1, slots // floor_ratio)
-  while phases[-1] // 2 >= floor and phases[-1] > 1:
-    phases.append(phases[-1] // 2)
+  while phases[-1] > floor:
+    following = min(phases[-1] - 1, int(phases[-1] * keep))
+    if following < floor:
+      break
+    phases.append(following)
   return phases
 
 
@@ -172,7 +178,7 @@ def generate_refill(params, prompt_tokens, prompt_mask, key, row_limits, *,
         kept=pick(going, following_kept, state.kept), cache=constrain_cache(cache, mesh),
         kv_mask=kv_mask, outs=outs)
 
-  phases = shrink_phases(decode_slots)
+  phases = shrink_phases(decode_slots, choices.choose("rollout.refill_shrink"))
   slots = phases[0]
   keeps = keep_mask and truncates(temperature, top_k, top_p, model_cfg.vocab_size)
   state = _Slots(
