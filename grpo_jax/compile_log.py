@@ -41,7 +41,7 @@ def _listener(event: str, duration: float, **kwargs) -> None:
     say, count = _STATE["say"], sum(r["programs"] for r in _TABLE.values())
   if say is not None and duration >= _STATE["min_s"]:
     say(f"compiled {name} in {duration:.1f} s (+{before:.1f} s tracing and lowering; "
-        f"program {count} of this process)")
+        f"{count} programs compiled so far)")
 
 
 def install(say=None, min_s: float = 1.0) -> None:
