@@ -15,7 +15,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def test_the_tiny_check_runs_every_part_cold_and_warm(tmp_path):
   done = subprocess.run([sys.executable, "benchmarks/accelerator_check.py", "--tiny",
                          "--out", str(tmp_path)], cwd=ROOT, capture_output=True, text=True,
-                        timeout=600)
+                        timeout=3000)
   assert done.returncode == 0, done.stderr[-3000:]
   lines = (tmp_path / "accelerator_check.jsonl").read_text().splitlines()
   records = [json.loads(line) for line in lines]
@@ -36,9 +36,21 @@ def test_the_tiny_check_runs_every_part_cold_and_warm(tmp_path):
   warm = {r["decode_loop"]: r["compile_s"] for r in sampler if r["rows"] == 8
           and r["phase"] == "warm"}
   assert all(warm[loop] < cold[loop] for loop in cold)  # the persistent cache answered
-  update = next(r for r in records if r["part"] == "update" and "mfu" in r)
-  assert update["tokens_per_s"] > 0 and update["mfu"] > 0 and len(update["call_s"]) == 3
+  updates = [r for r in records if r["part"] == "update" and "mfu" in r]
+  assert [r["attention_impl"] for r in updates] == ["xla", "jax"]  # the platform's, the other
+  for update in updates:
+    assert update["tokens_per_s"] > 0 and update["mfu"] > 0 and len(update["call_s"]) == 3
   for r in (r for r in records if r["part"] == "gsm8k" and "exit" in r):
     assert r["exit"] == 0 and r["first_step"] and r["steady_step"]
     assert r["programs"]["rl_step"]["compiles"] == 1
   assert records[-1]["part"] == "summary"
+
+
+def test_a_part_past_its_limit_is_stopped_and_reported():
+  import types
+  sys.path.insert(0, ROOT)
+  from benchmarks.accelerator_check import run_part
+  args = types.SimpleNamespace(workdir=ROOT, tiny=True)
+  records = run_part("sampler", "cold", args, dict(os.environ, JAX_PLATFORMS="cpu"), 0.5, {})
+  assert records == [dict(part="sampler", phase="cold", status="stopped at its 0.5 s limit",
+                          wall_s=records[0]["wall_s"], stderr_tail=records[0]["stderr_tail"])]

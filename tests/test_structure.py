@@ -16,7 +16,7 @@ ROOT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
 # Bottom first. A unit may import its own floor's units only where no circle results (the
 # module graph is checked for circles separately), and any unit of a lower floor.
 FLOORS = [
-    ["errors", "console", "host_allocator", "prompt_batch"],
+    ["errors", "console", "host_allocator", "prompt_batch", "compile_log"],
     ["registry", "parallel", "sweep"],
     ["models", "rl"],
     ["rollout", "rewards", "fetch_model"],

@@ -79,8 +79,10 @@ class Attention(nn.Module):
   @nn.compact
   def __call__(self, x, positions, mask, layer_cache, offset, adapters=None,
                token_index=None, sliding=None, read_limit=None):
-    """read_limit: a cached pass reads only slots [0, read_limit) (bounded_attention; a
-    traced scalar, None = every slot the mask covers). adapters: this module's LoRA adapters ({"q_proj": {"lora_a", "lora_b"}, ...}) or None.
+    """adapters: this module's LoRA adapters ({"q_proj": {"lora_a", "lora_b"}, ...}) or None.
+    read_limit: a cached pass reads only slots [0, read_limit) (bounded_attention; a traced
+    scalar; None = every slot the mask covers). cfg.attention_impl other than "xla": the
+    teacher-forced passes and the prefill call jax.nn.dot_product_attention (library_attention).
     token_index (C,): x is (1, C, embed), the packed tokens of the (B, T) rows that `mask`
     (B, T, S) describes (models/packing.py); the projections run on the C tokens, attention
     on the rows. sliding: whether this is a sliding-window layer (None: no layer is), which
