@@ -20,7 +20,7 @@ with --out), with "part" and "phase" keys.
            first call and the steady call, the prefill alone, decode tokens/s =
            rows x new / (steady call - prefill), and its fraction of the memory bound
            rows / ((bf16 weight bytes + mean KV-cache bytes read per step) / memory rate).
-  update   the RL step (grpo_jax.train.step.make_rl_step, the state donated) at that shape:
+  update   the RL step (grpo_jax.train.learner.step.make_rl_step, the state donated) at that shape:
            256 rows x (256 + 256), K = 8 micro-batches, shared-prompt forward, remat full,
            logits chunk 64; trace / lower / compile / three calls; tokens/s and MFU; with
            the platform's attention, then with the alternative (cuDNN's on a GPU).
@@ -45,7 +45,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import platform as host_platform
 import subprocess

@@ -1,5 +1,5 @@
 """Compares two metrics.jsonl files record by record, every field except the wall-clock ones
-(grpo_jax.train.metrics.TIMING_KEYS): prints "identical" or the first differing record and field.
+(grpo_jax.train.run.metrics.TIMING_KEYS): prints "identical" or the first differing record and field.
 
     python benchmarks/compare_metrics.py A/metrics.jsonl B/metrics.jsonl
 Exit status 0 when identical, 1 otherwise.
@@ -10,7 +10,7 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from grpo_jax.train.metrics import TIMING_KEYS  # noqa: E402
+from grpo_jax.train.run.metrics import TIMING_KEYS  # noqa: E402
 
 
 def records(path):

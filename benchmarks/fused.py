@@ -37,7 +37,7 @@ def _config(steps: int, fused: int):
 
 
 def _arm(name: str, steps: int, fused: int, seeds: int) -> dict:
-  from grpo_jax.train.loop import train  # noqa: PLC0415
+  from grpo_jax.train.stages.rl import train  # noqa: PLC0415
   with tempfile.TemporaryDirectory() as workdir:
     seed_list = list(range(seeds)) if seeds > 1 else None
     with contextlib.redirect_stdout(io.StringIO()):  # the run's progress lines

@@ -34,9 +34,9 @@ def build(model: str, group_size: int, num_prompts: int, prompt_len: int, new_to
   from grpo_jax.defaults import rl_defaults
   from grpo_jax.models.hf import load_hf_checkpoint
   from grpo_jax.rollout.sampler import generate
-  from grpo_jax.train.experience import RewardInputs, make_prepare_batch
-  from grpo_jax.train.state import create_train_state, make_optimizer, step_key
-  from grpo_jax.train.update import make_update, make_update_step
+  from grpo_jax.train.learner.experience import RewardInputs, make_prepare_batch
+  from grpo_jax.train.learner.state import create_train_state, make_optimizer, step_key
+  from grpo_jax.train.learner.update import make_update, make_update_step
 
   cfg, params = load_hf_checkpoint(common.checkpoint(model), dtype, dtype)
   rl = rl_defaults(advantage="grpo", kl_coef=kl_coef, loss_aggregation="token-mean",

@@ -47,9 +47,9 @@ def main(argv=None):
   from grpo_jax.models.decoder import init_params
   from grpo_jax.models.scoring import completion_logprobs
   from grpo_jax.rollout.sampler import generate
-  from grpo_jax.train.experience import RewardInputs
-  from grpo_jax.train.state import create_train_state, make_optimizer
-  from grpo_jax.train.step import StepSpec, make_rl_step
+  from grpo_jax.train.learner.experience import RewardInputs
+  from grpo_jax.train.learner.state import create_train_state, make_optimizer
+  from grpo_jax.train.learner.step import StepSpec, make_rl_step
 
   print(common.header())
   cfg = ModelConfig(**shape_table()[args.shape], lora_scale=lora.lora_scale(args.rank, args.rank))

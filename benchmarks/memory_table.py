@@ -17,7 +17,7 @@ from grpo_jax.models.config import ModelConfig  # noqa: E402
 from grpo_jax.models.decoder import init_params  # noqa: E402
 from grpo_jax.models.partitioning import shardings as tree_shardings  # noqa: E402
 from grpo_jax.parallel.mesh import make_mesh, mesh_config  # noqa: E402
-from grpo_jax.train.state import create_train_state, make_optimizer  # noqa: E402
+from grpo_jax.train.learner.state import create_train_state, make_optimizer  # noqa: E402
 
 CFG = ModelConfig(vocab_size=32_000, hidden_size=768, intermediate_size=2048, num_layers=12,
                   num_heads=12, num_kv_heads=4, head_dim=64, tie_embeddings=True, qkv_bias=True)

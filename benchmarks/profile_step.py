@@ -42,7 +42,7 @@ PARTS = (("MLP", r"/mlp/"), ("q/k/v/o projections", r"/self_attn/[qkvo]_proj/"),
 
 
 def traced(make, step: int, out: str):
-  """A source factory whose advance traces its `step`-th call into out/trace."""
+  """A learner factory (learner.make_advance) whose advance traces its `step`-th call into out/trace."""
   def wrapped(run, state, *args, **kwargs):
     advance, calls = make(run, state, *args, **kwargs), [0]
 
@@ -113,12 +113,8 @@ def main():
   shutil.rmtree(args.out, ignore_errors=True)
   os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + f" --xla_dump_to={args.out}/dump"
                              " --xla_dump_hlo_module_re=rl_step").strip()
-  importlib.import_module("grpo_jax.train.loop")  # registers the built-in sources
-  from grpo_jax.train.experience_source import EXPERIENCE_SOURCES, register_experience_source
-  for name in EXPERIENCE_SOURCES.names():
-    source = EXPERIENCE_SOURCES.get(name)
-    register_experience_source(name, source.on_policy, replace=True)(
-        traced(source.make, args.step, args.out))
+  loop = importlib.import_module("grpo_jax.train.stages.rl")  # the learner's advance, traced
+  loop.make_advance = traced(loop.make_advance, args.step, args.out)
   sys.argv = ["grpo_jax.main"] + flags
   try:
     runpy.run_module("grpo_jax.main", run_name="__main__")

@@ -41,7 +41,7 @@ def main(argv=None):
   from grpo_jax.models import hf
   from grpo_jax.models.quantized import quantize_layers, weight_bytes
   from grpo_jax.rollout.sampler import Sampling, _sample
-  from grpo_jax.train.forward import policy_and_values
+  from grpo_jax.train.learner.forward import policy_and_values
 
   cfg, params = hf.load_hf_checkpoint(args.model)
   params = jax.device_put(params)

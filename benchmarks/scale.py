@@ -2,7 +2,7 @@
 by compiling for this machine's CPU without allocating the model.
 
 What it measures, for each `--what`:
-  update   the whole RL step, `grpo_jax.train.step.make_rl_step(StepSpec(...))`, jitted with
+  update   the whole RL step, `grpo_jax.train.learner.step.make_rl_step(StepSpec(...))`, jitted with
            the state donated (donate_argnums=0) as the host loop does: preparation (reference
            log-probs: GRPO with KL in the loss, beta = 0.001), advantages, and the update with
            rl.num_micro_batches = --micro-batches; AdamW with the GSM8K recipe's optim section
@@ -246,10 +246,10 @@ def run(args) -> list:
   from grpo_jax.models.decoder import init_params
   from grpo_jax.rollout import prefill as prefill_lib
   from grpo_jax.rollout import sampler
-  from grpo_jax.train.experience import RewardInputs
-  from grpo_jax.train.loop import initial_state
-  from grpo_jax.train.state import make_optimizer
-  from grpo_jax.train.step import StepSpec, make_rl_step
+  from grpo_jax.train.learner.experience import RewardInputs
+  from grpo_jax.train.stages.rl import initial_state
+  from grpo_jax.train.learner.state import make_optimizer
+  from grpo_jax.train.learner.step import StepSpec, make_rl_step
 
   cfg = model_config(args)
   if args.lora_rank:
@@ -315,13 +315,13 @@ def run(args) -> list:
         extra["state_gib_per_device"] = round(per_device_gib(state, state_shardings), 4)
         state = with_shardings(state, state_shardings)
         rollout, inputs = rows_sharded(rollout), rows_sharded(inputs)
-        jit_kwargs["out_shardings"] = (state_shardings, None)  # as train/loop.py
+        jit_kwargs["out_shardings"] = (state_shardings, None)  # as train/stages/rl.py
       m = measure(step, (state, rollout, inputs), donate=0, jit_kwargs=jit_kwargs,
                   time_calls=args.time)
     else:
       p_abs, (tok, msk) = params, sampler_prompts
       if args.lora_rank:  # the sampler's policy under LoRA: base + adapters, never merged
-        from grpo_jax.train.state import policy_params
+        from grpo_jax.train.learner.state import policy_params
         p_abs = policy_params(abstract_state(cfg, params, make_optimizer(optim_section(), 1),
                                              key, args.lora_rank, args.base_dtype))
       extra.update(sampler_prompts=rows // group, sampler_group=group,

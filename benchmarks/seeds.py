@@ -18,7 +18,7 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
-from grpo_jax.train.metrics import TIMING_KEYS  # noqa: E402
+from grpo_jax.train.run.metrics import TIMING_KEYS  # noqa: E402
 
 SHORT = ["--config.warmup.steps=300", "--config.train.steps=40", "--config.train.eval_every=20",
          "--config.train.eval_size=200", "--config.train.eval_batch_size=100"]

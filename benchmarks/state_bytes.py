@@ -30,7 +30,7 @@ def abstract_state(cfg, params, optimizer, key, lora_rank: int, base_dtype: str)
   with lora_rank > 0 adapters on every projection over a frozen base cast to base_dtype."""
   import jax
   from grpo_jax.models import lora
-  from grpo_jax.train.state import create_train_state
+  from grpo_jax.train.learner.state import create_train_state
 
   def make(p, k):
     if not lora_rank:
@@ -62,7 +62,7 @@ def state_bytes(state, mesh) -> dict:
 
 def measure_state(args, cfg, params, key, mesh, base: dict) -> dict:
   """scale.py --what state: prints a line and a JSON line, returns the JSON's dict."""
-  from grpo_jax.train.state import make_optimizer
+  from grpo_jax.train.learner.state import make_optimizer
   optimizer = make_optimizer(optim_section(), 100)
   rank = args.lora_rank or 16
   full = state_bytes(abstract_state(cfg, params, optimizer, key, 0, "float32"), mesh)

@@ -17,7 +17,7 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
-from grpo_jax.train.metrics import TIMING_KEYS  # noqa: E402
+from grpo_jax.train.run.metrics import TIMING_KEYS  # noqa: E402
 
 
 def run(config: str, seed: int, workdir: str, extra: list[str]) -> tuple[float, list[dict]]:

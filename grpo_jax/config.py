@@ -339,7 +339,7 @@ def _validate_distill(config) -> None:
 
 
 def _validate_fused(config, task) -> None:
-  """train.fused_steps = K > 0 runs K whole RL iterations per host call (grpo_jax/train/fused.py):
+  """train.fused_steps = K > 0 runs K whole RL iterations per host call (grpo_jax/train/sources/fused.py):
   the task's stream and reward must be JAX functions, and every host event (evaluation,
   checkpoint, the end) must fall between two calls."""
   tr = config.train

@@ -1,7 +1,7 @@
 """A run outlives its console: standard output or error closed under it (`... | head -1` that
 exited, a terminal gone under a `nohup` run, `2>&-`) must not kill it. Its record is the
 workdir, so what it would have printed is dropped and the run goes on. (A closed terminal also
-sends SIGHUP, which saves and stops the run like SIGTERM unless it is ignored: train/faults.py.)"""
+sends SIGHUP, which saves and stops the run like SIGTERM unless it is ignored: train/run/faults.py.)"""
 
 from __future__ import annotations
 

@@ -214,7 +214,7 @@ def get_defaults() -> ml_collections.ConfigDict:
       #   max_concurrency: 4, batch_size: 64}, ...] (grpo_jax/rewards/remote.py's schema)
       remote=[],
       combine="sum",
-      # A process reward model (Math-Shepherd style; grpo_jax/rewards/process_reward_model.py)
+      # A process reward model (Math-Shepherd style; grpo_jax/models/process_reward_model.py)
       # giving rl.advantage="process" its step rewards instead of the task: a causal LM folder
       # sharing the policy's tokenizer; a step ends at each separator token (and at the last
       # token with score_last), scored P(good) / (P(good) + P(bad)). path "" = off.
@@ -229,7 +229,7 @@ def get_defaults() -> ml_collections.ConfigDict:
       # (grpo_jax/data/supervised.py); "" = the task's
       data_path=""))
 
-  # Reward-model training (python -m grpo_jax.train_rm; grpo_jax/train/stages.py): Bradley-Terry
+  # Reward-model training (python -m grpo_jax.train_rm; grpo_jax/train/stages/supervised.py): Bradley-Terry
   # on {prompt, chosen, rejected} jsonl pairs ("" = pairs made from the task: addition), with
   # this config's optim section, train.checkpoint_every and train.keep_checkpoints.
   c.rm = ml_collections.ConfigDict(dict(
@@ -238,7 +238,7 @@ def get_defaults() -> ml_collections.ConfigDict:
       steps=600, batch_size=64, margin=0.0, eval_every=100,
       export=True))  # write workdir/hf_export (a *ForSequenceClassification folder)
 
-  # Preference optimisation (python -m grpo_jax.train_dpo; grpo_jax/train/preference.py): a
+  # Preference optimisation (python -m grpo_jax.train_dpo; grpo_jax/train/stages/preference.py): a
   # loss of the DPO family (grpo_jax/rl/dpo.py: dpo, cdpo, rdpo, ipo, kto, simpo, orpo, rpo) on
   # {prompt, chosen, rejected} pairs, made as the reward model's are when the paths are "",
   # from the warm-up's SFT policy (warmup.steps > 0) or model.path, which is also the frozen
@@ -308,7 +308,7 @@ def get_defaults() -> ml_collections.ConfigDict:
       # K > 0: K RL iterations per host call in one jitted lax.scan; needs a task whose reward
       # is a JAX function
       fused_steps=0,
-      # Where experience comes from (grpo_jax/train/experience_source.py): "host", "fused" or
+      # Where experience comes from (grpo_jax/train/sources/experience_source.py): "host", "fused" or
       # a registered source; "" = "fused" when fused_steps > 0, else "host".
       experience_source="",
       # Resuming a workdir under a config that differs from its config.json (beyond run

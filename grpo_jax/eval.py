@@ -24,10 +24,10 @@ def main(argv):
   from grpo_jax.host_allocator import tune_host_allocator
   tune_host_allocator()  # before JAX starts its threads (see the module)
   from grpo_jax.parallel.platform import check_xla_flags, start_backend
-  from grpo_jax.train.evaluation import evaluate
-  from grpo_jax.train.samples import format_samples
-  from grpo_jax.train.setup import build_model, build_task, check_task_fits_model
-  from grpo_jax.train.workdir import check_workdir
+  from grpo_jax.train.run.evaluation import evaluate
+  from grpo_jax.train.sources.samples import format_samples
+  from grpo_jax.train.run.setup import build_model, build_task, check_task_fits_model
+  from grpo_jax.train.run.workdir import check_workdir
   check_flags()
   config = _CONFIG.value
   try:
@@ -51,7 +51,7 @@ def main(argv):
                            flush=True))
   except RunStopped as e:  # a reward that raises or is not finite (train.on_reward_error)
     _fail(e, 1)
-  from grpo_jax.train import files  # noqa: PLC0415
+  from grpo_jax.train.run import files  # noqa: PLC0415
   files.makedirs(_WORKDIR.value)
   files.write_atomic(files.path(_WORKDIR.value, "eval.json"), json.dumps(metrics, indent=2))
   files.write_atomic(files.path(_WORKDIR.value, "samples.jsonl"),

@@ -1,4 +1,5 @@
-"""Entry point: python -m grpo_jax.main --config=configs/<name>.py --workdir=DIR [--config.x=y]"""
+"""Entry point: python -m grpo_jax.main --config=configs/<name>.py --workdir=DIR [--config.x=y]
+[--stage=rl|sft|rm|dpo|training_free] (grpo_jax/stages.py)."""
 
 from __future__ import annotations
 
@@ -32,11 +33,14 @@ _CONFIG = config_flags.DEFINE_config_file("config", None, "Path to an ml_collect
 _WORKDIR = flags.DEFINE_string("workdir", None, "Directory for every output of the run.")
 _VMAP_SEEDS = flags.DEFINE_list(
     "vmap_seeds", None, "Run these seeds (e.g. 0,1,2) of the config as one vmapped program, "
-    "writing WORKDIR/seed_<s>/; config.seed is then ignored (grpo_jax/train/seed_axis.py).")
+    "writing WORKDIR/seed_<s>/; config.seed is then ignored (grpo_jax/train/run/seed_axis.py).")
 _SEED_AXIS = flags.DEFINE_enum(
     "seed_axis", "vmap", ["vmap", "map"], "With --vmap_seeds: batch the seeds (vmap: fastest; "
     "equal to separate runs up to float rounding) or loop over them inside the one program "
     "(map: bit-identical to separate runs).")
+_STAGE = flags.DEFINE_string(
+    "stage", "rl", "What to run: rl (default), sft, rm, dpo, training_free, or a stage a "
+    "config.imports file registers (grpo_jax/stages.py).")
 flags.mark_flags_as_required(["config"])  # --workdir is checked in main, in one sentence
 
 
@@ -149,7 +153,10 @@ def main(argv):
   stopped by SIGTERM / SIGINT after checkpointing (run it again to resume)."""
 
   def run():
-    from grpo_jax.train.loop import train  # noqa: PLC0415
+    from grpo_jax.registry import import_plugins  # noqa: PLC0415
+    from grpo_jax.stages import STAGES  # noqa: PLC0415
+    import_plugins(_CONFIG.value.get("imports", ""), log=lambda *_: None)  # (a stage's own)
+    stage = STAGES.get(_STAGE.value)
     seeds = None
     if _VMAP_SEEDS.value:
       try:
@@ -160,14 +167,26 @@ def main(argv):
       if not all(0 <= s <= 2**32 - 1 for s in seeds):
         raise ConfigError(f"--vmap_seeds={','.join(_VMAP_SEEDS.value)}: use whole numbers in "
                           f"[0, {2**32 - 1}] (jax.random.key keeps 32 bits of a seed).")
-    train(_CONFIG.value, _WORKDIR.value, seeds=seeds, seed_axis=_SEED_AXIS.value)
+    if seeds and _STAGE.value != "rl":
+      raise ConfigError(f"--vmap_seeds runs seeds of the RL stage; --stage={_STAGE.value} runs "
+                        f"one seed (config.seed): drop --vmap_seeds or run --stage=rl.")
+    if _STAGE.value == "rl":
+      stage(_CONFIG.value, _WORKDIR.value, seeds=seeds, seed_axis=_SEED_AXIS.value)
+    else:
+      stage(_CONFIG.value, _WORKDIR.value)
 
   run_command(argv, run)
 
 
+def alias(stage: str) -> None:
+  """`python -m grpo_jax.train_<stage>`: grpo_jax.main with --stage=<stage> as its default."""
+  flags.FLAGS.set_default("stage", stage)
+  start(main)
+
+
 def run_command(argv, run) -> None:
-  """Runs run() (a stage reading --config and --workdir: the RL loop, grpo_jax.train_sft,
-  grpo_jax.train_rm) with the exit statuses of `main`."""
+  """Runs run() (a command reading --config and --workdir: a stage, grpo_jax.eval) with the
+  exit statuses of `main`."""
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {' '.join(argv[1:])}")
   from grpo_jax.host_allocator import tune_host_allocator
@@ -181,7 +200,7 @@ def run_command(argv, run) -> None:
     # one-sentence errors, which say what happened. JAX's warnings (its own loggers) still
     # show; --verbosity=0 shows all.
     logging.get_absl_logger().setLevel(std_logging.CRITICAL)
-  from grpo_jax.train import faults  # imported late so that --help stays fast
+  from grpo_jax.train.run import faults  # imported late so that --help stays fast
   check_flags()
   from grpo_jax.parallel.platform import check_xla_flags  # noqa: PLC0415
   try:
@@ -200,7 +219,7 @@ def run_command(argv, run) -> None:
 
 
 def start(entry) -> None:
-  """`python -m` of a command (this one, grpo_jax.train_sft, grpo_jax.train_rm, grpo_jax.eval):
+  """`python -m` of a command (this one, its stage aliases, grpo_jax.eval):
   absl's app.run with our flag parsing, the run surviving a console closed under it."""
   from grpo_jax.console import survive_a_closed_console  # noqa: PLC0415
   survive_a_closed_console()

@@ -1,18 +1,7 @@
-"""Reward-model training (Bradley-Terry): python -m grpo_jax.train_rm
---config=configs/<name>.py --workdir=DIR (grpo_jax/train/stages.py; the flags and exit statuses
-of grpo_jax.main; resumes from WORKDIR's newest checkpoint)."""
+"""The reward-model stage (grpo_jax/train/stages/supervised.py): python -m grpo_jax.train_rm --config=... --workdir=DIR, an alias of
+python -m grpo_jax.main --stage=rm (the same flags and exit statuses)."""
 
-from __future__ import annotations
-
-from grpo_jax.main import _CONFIG, _WORKDIR, run_command, start
-
-
-def main(argv):
-  def run():
-    from grpo_jax.train.stages import train_reward_model  # noqa: PLC0415
-    train_reward_model(_CONFIG.value, _WORKDIR.value)
-  run_command(argv, run)
-
+from grpo_jax.main import alias
 
 if __name__ == "__main__":
-  start(main)
+  alias("rm")

@@ -1,17 +1,7 @@
-"""The SFT stage: python -m grpo_jax.train_sft --config=configs/<name>.py --workdir=DIR
-(grpo_jax/train/stages.py; the flags and exit statuses of grpo_jax.main)."""
+"""The SFT stage (grpo_jax/train/stages/supervised.py): python -m grpo_jax.train_sft --config=... --workdir=DIR, an alias of
+python -m grpo_jax.main --stage=sft (the same flags and exit statuses)."""
 
-from __future__ import annotations
-
-from grpo_jax.main import _CONFIG, _WORKDIR, run_command, start
-
-
-def main(argv):
-  def run():
-    from grpo_jax.train.stages import train_sft  # noqa: PLC0415
-    train_sft(_CONFIG.value, _WORKDIR.value)
-  run_command(argv, run)
-
+from grpo_jax.main import alias
 
 if __name__ == "__main__":
-  start(main)
+  alias("sft")

@@ -1,17 +1,7 @@
-"""Training-Free GRPO: python -m grpo_jax.train_training_free --config=configs/<name>.py
---workdir=DIR (grpo_jax/training_free/loop.py; the flags and exit statuses of grpo_jax.main)."""
+"""Training-Free GRPO (grpo_jax/training_free/loop.py): python -m grpo_jax.train_training_free --config=... --workdir=DIR, an alias of
+python -m grpo_jax.main --stage=training_free (the same flags and exit statuses)."""
 
-from __future__ import annotations
-
-from grpo_jax.main import _CONFIG, _WORKDIR, run_command, start
-
-
-def main(argv):
-  def run():
-    from grpo_jax.training_free.loop import train_training_free  # noqa: PLC0415
-    train_training_free(_CONFIG.value, _WORKDIR.value)
-  run_command(argv, run)
-
+from grpo_jax.main import alias
 
 if __name__ == "__main__":
-  start(main)
+  alias("training_free")

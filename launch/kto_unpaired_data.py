@@ -16,8 +16,8 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from grpo_jax.data.supervised import write_jsonl  # noqa: E402
-from grpo_jax.train.setup import build_task  # noqa: E402
-from grpo_jax.train.stages import preference_pairs  # noqa: E402
+from grpo_jax.train.run.setup import build_task  # noqa: E402
+from grpo_jax.train.stages.supervised import preference_pairs  # noqa: E402
 
 
 def unpaired(pairs: list, undesirable_every: int) -> list:

@@ -17,9 +17,9 @@ from grpo_jax.models.partitioning import shardings
 from grpo_jax.parallel.mesh import make_mesh, mesh_config, shard_batch
 from grpo_jax.rollout.prefill import prefill
 from grpo_jax.rollout.sampler import Sampling, generate
-from grpo_jax.train.experience import RewardInputs, make_prepare_batch
-from grpo_jax.train.state import create_train_state, make_optimizer
-from grpo_jax.train.update import make_update_step
+from grpo_jax.train.learner.experience import RewardInputs, make_prepare_batch
+from grpo_jax.train.learner.state import create_train_state, make_optimizer
+from grpo_jax.train.learner.update import make_update_step
 from tests.fixtures import perturbed_params, tiny_model_config
 
 CFG = tiny_model_config(vocab_size=16)

@@ -21,12 +21,13 @@ from grpo_jax.defaults import rl_defaults
 from grpo_jax.data.arithmetic import AdditionTask
 from grpo_jax.rollout.types import Rollout
 from grpo_jax.rewards import guard
-from grpo_jax.train import faults, update as update_lib
-from grpo_jax.train.checkpoint import Checkpoints
-from grpo_jax.train.collect import Samplers, collect, score_round
-from grpo_jax.train.loop import train
-from grpo_jax.train.metrics import keep_records_until
-from grpo_jax.train.seed_axis import SeedAxis
+from grpo_jax.train.run import faults
+from grpo_jax.train.learner import update as update_lib
+from grpo_jax.train.run.checkpoint import Checkpoints
+from grpo_jax.train.sources.collect import Samplers, collect, score_round
+from grpo_jax.train.stages.rl import train
+from grpo_jax.train.run.metrics import keep_records_until
+from grpo_jax.train.run.seed_axis import SeedAxis
 from tests.tiny_runs import N, ROOT, assert_trees_equal as _assert_trees_equal
 from tests.tiny_runs import command as _command, raw_state as _raw_state, records as _records
 from tests.tiny_runs import run as _run, start_and_signal as _start_and_signal, strip
@@ -54,7 +55,8 @@ def test_sigkill_then_resume_reproduces_the_uninterrupted_run(reference, tmp_pat
   assert strip(_records(workdir)) == strip(ref_records), where
   final, ref_final = _raw_state(workdir, 2 * N), _raw_state(ref_dir, 2 * N)
   _assert_trees_equal(final, ref_final)
-  assert int(final["data_position"]) == 2 * N * 4 and float(final["kl_coef"]) != 0.02
+  assert int(final["source"]["data_position"]) == 2 * N * 4 and float(final["kl_coef"]) != 0.02
+  assert int(final["source"]["rollouts"]) == 2 * N
   # The workdir records its config, versions and code; the resume is a second start.
   starts = json.loads((workdir / "run_info.json").read_text())["starts"]
   assert [s["resumed_from_step"] for s in starts] == [None, N]
@@ -79,7 +81,7 @@ def test_sigterm_saves_the_current_step_and_a_damaged_latest_falls_back(referenc
   assert ckpts.steps() == [0, stopped]
   template = _template()
   state = ckpts.restore_latest(template)
-  assert int(state.step) == stopped and int(state.data_position) == stopped * 4 and not logged
+  assert int(state.step) == stopped and int(state.source.data_position) == stopped * 4 and not logged
   # Truncate the largest file of the latest checkpoint: restoring falls back to step 0.
   latest = workdir / "checkpoints" / str(stopped)
   largest = max((p for p in latest.rglob("*") if p.is_file()), key=lambda p: p.stat().st_size)
@@ -362,7 +364,7 @@ def test_resume_under_a_changed_config_is_refused_unless_allowed(reference, tmp_
 def test_a_field_added_since_the_record_at_its_default_is_no_change(tmp_path):
   """A workdir written before a config field existed resumes under the new code: the field the
   record lacks counts as a change only when the config sets it away from its default."""
-  from grpo_jax.train.workdir import config_changes  # noqa: PLC0415
+  from grpo_jax.train.run.workdir import config_changes  # noqa: PLC0415
   config = grpo_tiny.get_config()
   record = json.loads(config.to_json_best_effort(sort_keys=True))
   del record["train"]["export_dtype"], record["data"]["system_prompt"]
@@ -376,7 +378,7 @@ def test_runs_without_kl_hold_no_reference_and_read_older_checkpoints(tmp_path):
   """With rl.kl_coef == 0 the state holds no reference copy (nothing reads it); a checkpoint
   written with one (before this rule) restores into such a state, the copy dropped, every
   other leaf bit for bit."""
-  from grpo_jax.train.state import create_train_state
+  from grpo_jax.train.learner.state import create_train_state
   params = {"w": jnp.arange(6.0).reshape(2, 3), "b": jnp.float32(0.5)}
   optimizer = optax.adam(1e-3)
   assert create_train_state(params, optimizer, jax.random.key(0)).ref_params is None

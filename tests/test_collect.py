@@ -15,8 +15,8 @@ from grpo_jax.rl import advantages as adv_lib
 from grpo_jax.rl.estimators import ESTIMATORS, make_estimator
 from grpo_jax.rl.shaping import overlong_penalty
 from grpo_jax.rollout.types import DecodeStats, Rollout
-from grpo_jax.train.collect import Samplers, collect
-from grpo_jax.train.seed_axis import SeedAxis
+from grpo_jax.train.sources.collect import Samplers, collect
+from grpo_jax.train.run.seed_axis import SeedAxis
 
 
 def test_overlong_penalty_matches_piecewise_definition():
@@ -136,7 +136,7 @@ class _NanSteps:
 
 @pytest.mark.parametrize("mode", ["raise", "zero"])
 def test_non_finite_step_rewards_stop_the_run_or_score_zero(mode):
-  from grpo_jax.train.collect import score_round  # noqa: PLC0415
+  from grpo_jax.train.sources.collect import score_round  # noqa: PLC0415
   from grpo_jax.errors import RewardError  # noqa: PLC0415
   task = AdditionTask(2, 100, 4, True, True)
   prompts = task.encode(np.array([[7, 68], [12, 30]]))

@@ -8,7 +8,7 @@ import pytest
 
 from configs import grpo_tiny
 from grpo_jax.config import ConfigError, validate
-from grpo_jax.train.loop import train
+from grpo_jax.train.stages.rl import train
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

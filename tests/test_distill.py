@@ -71,7 +71,7 @@ def _student(teacher, steps=2, **rl):
 
 @pytest.mark.parametrize("placement", ["reward", "loss"])
 def test_both_placements_run_and_report_the_reverse_kl(placement, tmp_path):
-  from grpo_jax.train.loop import train
+  from grpo_jax.train.stages.rl import train
   teacher = _tiny_teacher(tmp_path / "teacher")
   train(_student(teacher, distill_in=placement), str(tmp_path / "run"), log=lambda *a: None)
   with open(os.path.join(tmp_path, "run", "metrics.jsonl")) as f:
@@ -97,8 +97,8 @@ def test_bad_distillation_configs_are_one_sentence(fields, words, tmp_path):
 
 
 def test_a_teacher_of_another_vocabulary_is_refused(tmp_path):
-  from grpo_jax.rewards.sources import build_reward_sources
-  from grpo_jax.train.setup import build_task
+  from grpo_jax.train.run.reward_models import build_reward_sources
+  from grpo_jax.train.run.setup import build_task
   config = _student(_tiny_teacher(tmp_path / "teacher", vocab_size=40))
   with pytest.raises(ConfigError, match="vocab_size=40, the policy 16"):
     build_reward_sources(config, build_task(config))
@@ -126,9 +126,9 @@ def test_a_remote_teacher_gives_the_local_teachers_logprobs_and_run(served, tmp_
   """rl.distill_teacher = the URL of `python -m grpo_jax.serve_teacher`: the same per-token
   log-probs as the folder loaded in the run (within 1e-5: other padding), and a 2-step run with
   the same reverse KL to the teacher at each step."""
-  from grpo_jax.rewards.sources import build_reward_sources  # noqa: PLC0415
-  from grpo_jax.train.loop import train  # noqa: PLC0415
-  from grpo_jax.train.setup import build_task  # noqa: PLC0415
+  from grpo_jax.train.run.reward_models import build_reward_sources  # noqa: PLC0415
+  from grpo_jax.train.stages.rl import train  # noqa: PLC0415
+  from grpo_jax.train.run.setup import build_task  # noqa: PLC0415
   folder = _tiny_teacher(tmp_path / "teacher")
   url = served(folder)
   local_cfg, remote_cfg = _student(folder), _student(url)
@@ -151,8 +151,8 @@ def test_a_remote_teacher_gives_the_local_teachers_logprobs_and_run(served, tmp_
 
 
 def test_a_remote_teacher_of_another_vocabulary_or_not_there_is_one_sentence(served, tmp_path):
-  from grpo_jax.rewards.sources import build_reward_sources  # noqa: PLC0415
-  from grpo_jax.train.setup import build_task  # noqa: PLC0415
+  from grpo_jax.train.run.reward_models import build_reward_sources  # noqa: PLC0415
+  from grpo_jax.train.run.setup import build_task  # noqa: PLC0415
   url = served(_tiny_teacher(tmp_path / "teacher", vocab_size=40))
   config = _student(url)
   with pytest.raises(ConfigError, match="has another tokenizer than the policy's"):

@@ -170,8 +170,8 @@ def test_the_update_applies_the_drpo_objective():
   gradient of forward + drpo_loss on the batch's 0/1 rewards, groups of 4 consecutive rows."""
   import optax
 
-  from grpo_jax.train.forward import policy_and_values
-  from grpo_jax.train.update import make_update_step
+  from grpo_jax.train.learner.forward import policy_and_values
+  from grpo_jax.train.learner.update import make_update_step
   from tests.test_update import CFG, _batch_and_state
 
   rl = rl_defaults(objective="drpo", kl_coef=0.0, **HYPER)

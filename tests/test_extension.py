@@ -18,7 +18,7 @@ from grpo_jax.config import ConfigError, validate
 from grpo_jax.rewards.registry import REWARDS, register_reward
 from grpo_jax.rl.advantages import broadcast_to_tokens
 from grpo_jax.rl.estimators import ESTIMATORS, register_estimator
-from grpo_jax.train.loop import train
+from grpo_jax.train.stages.rl import train
 from tests.fixtures import small_tiny_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -13,9 +13,9 @@ import pytest
 from grpo_jax.defaults import rl_defaults
 from grpo_jax.data.arithmetic import AdditionTask
 from grpo_jax.rewards import guard
-from grpo_jax.train import faults
-from grpo_jax.train import update as update_lib
-from grpo_jax.train.state import make_optimizer
+from grpo_jax.train.run import faults
+from grpo_jax.train.learner import update as update_lib
+from grpo_jax.train.learner.state import make_optimizer
 from tests.tiny_runs import ROOT, command as _command
 
 
@@ -71,7 +71,7 @@ def test_evaluation_scores_take_the_training_rewards_error_policy(mode):
   """A held-out score that is not finite: one sentence showing the prompt and completion, or
   (train.on_reward_error='zero') scored 0 and counted in eval_reward_errors; never a NaN in the
   figures (they used to print 'eval_acc nan' and exit 0)."""
-  from grpo_jax.train.evaluation import evaluate_models  # noqa: PLC0415
+  from grpo_jax.train.run.evaluation import evaluate_models  # noqa: PLC0415
   task = AdditionTask(2, 100, 4, fixed_width=True, reverse_answer=True)
   batch = task.test_batch(4)
   right = batch.target_tokens.copy()  # the right answers, one of them emptied
@@ -95,7 +95,7 @@ def test_evaluation_scores_take_the_training_rewards_error_policy(mode):
 
 
 def test_held_out_scores_of_shape_b_by_1_still_count_and_a_wrong_shape_is_named():
-  from grpo_jax.train.evaluation import evaluate_models  # noqa: PLC0415
+  from grpo_jax.train.run.evaluation import evaluate_models  # noqa: PLC0415
   task = AdditionTask(2, 100, 4, fixed_width=True, reverse_answer=True)
   batch = task.test_batch(4)
   rollout = types.SimpleNamespace(completion_tokens=batch.target_tokens[None],
@@ -164,7 +164,7 @@ def test_a_second_run_on_a_locked_workdir_stops_naming_the_holder(tmp_path):
   """One run per workdir: while this process holds the lock, `grpo_jax.main` on the same
   workdir stops with one sentence naming our PID and writes nothing; a holder killed with
   SIGKILL leaves no stale lock."""
-  from grpo_jax.train.workdir import WorkdirBusy, WorkdirLock  # noqa: PLC0415
+  from grpo_jax.train.run.workdir import WorkdirBusy, WorkdirLock  # noqa: PLC0415
   workdir = tmp_path / "run"
   with WorkdirLock(str(workdir)):
     out = subprocess.run(_command(workdir), cwd=ROOT, capture_output=True, text=True,
@@ -177,7 +177,7 @@ def test_a_second_run_on_a_locked_workdir_stops_naming_the_holder(tmp_path):
       f"it to end, stop it, or pass another --workdir."]
   assert sorted(os.listdir(workdir)) == [".lock"]
   holder = subprocess.Popen([sys.executable, "-c", (
-      "import sys, time; from grpo_jax.train.workdir import WorkdirLock; "
+      "import sys, time; from grpo_jax.train.run.workdir import WorkdirLock; "
       f"WorkdirLock({str(workdir)!r}).__enter__(); print('held', flush=True); time.sleep(60)")],
       cwd=ROOT, stdout=subprocess.PIPE, text=True)
   assert holder.stdout.readline().strip() == "held"
@@ -199,7 +199,7 @@ def test_an_unreadable_newest_checkpoint_stops_the_run_and_stays_in_place(refere
   resumes from it and reproduces the uninterrupted run."""
   import builtins  # noqa: PLC0415
   import shutil  # noqa: PLC0415
-  from grpo_jax.train.checkpoint import Checkpoints  # noqa: PLC0415
+  from grpo_jax.train.run.checkpoint import Checkpoints  # noqa: PLC0415
   from tests.tiny_runs import N, records, run, strip, template  # noqa: PLC0415
   ref_dir, ref_records = reference
   workdir = tmp_path / "run"

@@ -1,5 +1,5 @@
 """A gs:// workdir, offline: every file a run writes under its workdir goes through
-grpo_jax/train/files.py (etils.epath), so a training run and its resume work on a bucket. The
+grpo_jax/train/run/files.py (etils.epath), so a training run and its resume work on a bucket. The
 bucket is fsspec's in-memory file system registered for gs:// (what gcsfs serves online).
 Checkpoints are orbax's, which writes gs:// through tensorstore's own GCS driver, unreachable
 offline: here they go to a local folder."""
@@ -12,8 +12,10 @@ import pytest
 from fsspec.implementations.memory import MemoryFileSystem
 
 from grpo_jax.main import cli
-from grpo_jax.train import checkpoint, files, loop
+from grpo_jax.train.run import checkpoint
 
+from grpo_jax.train.run import files
+from grpo_jax.train.stages import rl as loop
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = ["--config=configs/grpo_tiny.py", "--config.warmup.steps=20", "--config.train.eval_every=2",
         "--config.train.eval_size=8", "--config.train.eval_batch_size=8",

@@ -1,4 +1,4 @@
-"""The fused path (grpo_jax/train/fused.py): the whole RL iteration in one program equals the
+"""The fused path (grpo_jax/train/sources/fused.py): the whole RL iteration in one program equals the
 host path's step, runs K steps per call, and composes with seeds."""
 
 import json
@@ -9,15 +9,15 @@ import pytest
 
 from grpo_jax.config import ConfigError, validate
 from grpo_jax.rl.estimators import ESTIMATORS
-from grpo_jax.train.collect import Samplers, collect
-from grpo_jax.train.fused import make_device_experience, make_fused_iteration
-from grpo_jax.train.experience_source import Run
-from grpo_jax.train.loop import initial_state, train
-from grpo_jax.train.metrics import TIMING_KEYS
-from grpo_jax.train.seed_axis import SeedAxis
-from grpo_jax.train.setup import build_model, build_task
-from grpo_jax.train.state import make_optimizer, step_key
-from grpo_jax.train.step import StepSpec, make_rl_step
+from grpo_jax.train.sources.collect import Samplers, collect
+from grpo_jax.train.sources.fused import make_device_experience, make_fused_iteration
+from grpo_jax.train.sources.experience_source import Run
+from grpo_jax.train.stages.rl import initial_state, train
+from grpo_jax.train.run.metrics import TIMING_KEYS
+from grpo_jax.train.run.seed_axis import SeedAxis
+from grpo_jax.train.run.setup import build_model, build_task
+from grpo_jax.train.learner.state import RunState, create_source_state, make_optimizer, rollout_key
+from grpo_jax.train.learner.step import StepSpec, make_rl_step
 from grpo_jax.rollout.sampler import generate, sample
 from tests.fixtures import small_tiny_config
 
@@ -40,7 +40,9 @@ def _run_and_state(config):
                   config.rollout.temperature, config.rollout.max_new_tokens)
   run = Run(config, SeedAxis((0,)), task, spec, (jax.random.key(0),), ("",), None, quiet)
   state = initial_state(config, model_cfg, params, optimizer, jax.random.key(0))
-  return run, state.replace(data_position=np.int32(8))  # a position past the stream's start
+  # a position past the stream's start
+  source = create_source_state(state.key).replace(data_position=np.int32(8))
+  return run, state, source
 
 
 @pytest.mark.parametrize("rl", [dict(), dict(advantage="process"), dict(advantage="remax")])
@@ -50,7 +52,7 @@ def test_first_fused_step_equals_the_host_path(rl, first_token_parity_reward):
   (a reward with a spread under a random policy: the parity reward of conftest)."""
   config = _config(**rl)
   config.reward.name = first_token_parity_reward
-  run, state = _run_and_state(config)
+  run, state, source = _run_and_state(config)
   r = config.rollout
   common = dict(model_cfg=run.spec.model_cfg, max_new_tokens=r.max_new_tokens,
                 eos_id=run.task.eos_id, pad_id=run.task.pad_id)
@@ -58,11 +60,12 @@ def test_first_fused_step_equals_the_host_path(rl, first_token_parity_reward):
       sample=lambda p, t, m, k: sample(p, t, m, k, temperature=r.temperature,
                                        group_size=r.group_size, **common),
       greedy=lambda p, t, m: generate(p, t, m, jax.random.key(0), temperature=0.0, **common))
-  (host,) = collect(state.params, [8], [step_key(state, 0)], run.task, config, samplers,
+  (host,) = collect(state.params, [8], [rollout_key(source)], run.task, config, samplers,
                     run.axis, run.needs)
   device_task = run.task.device_task()
   table = jax.tree.map(jax.numpy.asarray, device_task.stream(0, 64))
-  rollout, inputs, _ = jax.jit(make_device_experience(run, device_task))(state, table)
+  rollout, inputs, _ = jax.jit(make_device_experience(run, device_task))(state, source,
+                                                                             table)
   np.testing.assert_array_equal(rollout.prompt_tokens, host.rollout.prompt_tokens)
   np.testing.assert_array_equal(rollout.completion_tokens, host.rollout.completion_tokens)
   np.testing.assert_array_equal(rollout.completion_mask, host.rollout.completion_mask)
@@ -75,14 +78,16 @@ def test_first_fused_step_equals_the_host_path(rl, first_token_parity_reward):
 
   rl_step = jax.jit(make_rl_step(run.spec))
   want, want_metrics = rl_step(state, host.rollout, host.inputs)
-  got, got_metrics = jax.jit(make_fused_iteration(run, device_task))(state, table)
+  got, got_metrics = jax.jit(make_fused_iteration(run, device_task))(RunState(state, source),
+                                                                     table)
+  got, got_source = got.train, got.source
   moved = 0.0
   for a, b, before in zip(jax.tree.leaves(got.params), jax.tree.leaves(want.params),
                           jax.tree.leaves(state.params)):
     np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=0, atol=1e-6)
     moved = max(moved, float(np.max(np.abs(np.asarray(b) - np.asarray(before)))))
   assert moved > 1e-4  # a real update
-  assert int(got.data_position) == int(want.data_position) == 8 + r.num_prompts
+  assert int(got_source.data_position) == 8 + r.num_prompts and int(got_source.rollouts) == 1
   assert int(got.step) == 1
   assert float(got_metrics["loss"]) == pytest.approx(float(want_metrics["loss"]), abs=1e-6)
 

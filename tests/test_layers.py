@@ -19,8 +19,8 @@ from grpo_jax.models.hf_export import export_hf_checkpoint
 from grpo_jax.models.partitioning import axes_of, declared_axes
 from grpo_jax.models.scoring import completion_scores
 from grpo_jax.rollout.sampler import generate
-from grpo_jax.train.checkpoint import Checkpoints, to_saveable
-from grpo_jax.train.loop import train
+from grpo_jax.train.run.checkpoint import Checkpoints, to_saveable
+from grpo_jax.train.stages.rl import train
 from tests import numpy_reference
 from tests.fixtures import perturbed_params, small_tiny_config, tiny_model_config
 from tests.test_memory import _seqs
@@ -112,7 +112,7 @@ def test_a_run_goes_through_the_loop_with_stacked_params(tmp_path):
   config = small_tiny_config(steps=2)
   config.model.update(remat="full", logits_chunk=2)
   state = train(config, str(tmp_path), log=lambda *_: None)
-  assert "layers" in state.params and "layers_0" not in state.params
+  assert "layers" in state.train.params and "layers_0" not in state.train.params
   with open(tmp_path / "metrics.jsonl") as f:
     assert [json.loads(line)["step"] for line in f] == [0, 1, 2]
 
@@ -188,7 +188,7 @@ def test_resume_with_remat_reproduces_the_run(tmp_path):
   assert any("resumed from checkpoint" in str(x) and x.endswith("/1 (no warm-up)")
              for x in lines), lines
   assert strip(_records(resumed_dir)) == strip(_records(tmp_path / "whole"))
-  for a, b in zip(jax.tree.leaves(resumed.params), jax.tree.leaves(whole.params)):
+  for a, b in zip(jax.tree.leaves(resumed.train.params), jax.tree.leaves(whole.train.params)):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
@@ -216,8 +216,9 @@ def test_a_checkpoint_of_the_per_layer_layout_resumes_bit_identically(tmp_path, 
   checkpoints = Checkpoints(str(ckpt_dir), keep=10, log=lambda *_: None)
   template = checkpoints.restore(1, whole)
   layers = config.model.num_layers
-  old = template.replace(**{f: _per_layer(getattr(template, f), layers)
-                            for f in ("params", "opt_state", "ref_params", "value_params")})
+  old = template.replace(train=template.train.replace(**{
+      f: _per_layer(getattr(template.train, f), layers)
+      for f in ("params", "opt_state", "ref_params", "value_params")}))
   for step in (1, 2, 3):
     shutil.rmtree(ckpt_dir / str(step))
   checkpoints = Checkpoints(str(ckpt_dir), keep=10, log=lambda *_: None)

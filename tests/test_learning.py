@@ -1,4 +1,4 @@
-"""GRPO learns: the real sampler and the run's own RL step (grpo_jax/train/step.py, jitted with
+"""GRPO learns: the real sampler and the run's own RL step (grpo_jax/train/learner/step.py, jitted with
 the state donated as the loop does) raise a reward within seconds."""
 
 import functools
@@ -10,9 +10,9 @@ import numpy as np
 from grpo_jax.defaults import rl_defaults
 from grpo_jax.models.decoder import init_params
 from grpo_jax.rollout.sampler import generate
-from grpo_jax.train.experience import RewardInputs
-from grpo_jax.train.state import create_train_state, make_optimizer, step_key
-from grpo_jax.train.step import StepSpec, make_rl_step
+from grpo_jax.train.learner.experience import RewardInputs
+from grpo_jax.train.learner.state import create_train_state, make_optimizer, step_key
+from grpo_jax.train.learner.step import StepSpec, make_rl_step
 from tests.fixtures import tiny_model_config
 
 TARGET = 7  # reward: the fraction of generated tokens that are TARGET
@@ -44,4 +44,3 @@ def test_grpo_raises_reward_on_a_toy_task():
   assert np.mean(rewards[:3]) < 0.2
   assert np.mean(rewards[-3:]) > np.mean(rewards[:3]) + 0.4, rewards
   assert int(state.step) == 25 and int(state.skipped_updates) == 0
-  assert int(state.data_position) == 25 * 4  # the step moved the data stream too

@@ -19,10 +19,10 @@ from grpo_jax.defaults import rl_defaults
 from grpo_jax.models import hf, hf_export, lora
 from grpo_jax.models.decoder import decoder_apply, init_params, positions_from_mask
 from grpo_jax.rollout.sampler import generate
-from grpo_jax.train.experience import RewardInputs
-from grpo_jax.train.state import (create_train_state, make_optimizer, policy_params,
+from grpo_jax.train.learner.experience import RewardInputs
+from grpo_jax.train.learner.state import (create_train_state, make_optimizer, policy_params,
                                   reference_params)
-from grpo_jax.train.step import StepSpec, make_rl_step
+from grpo_jax.train.learner.step import StepSpec, make_rl_step
 from tests.fixtures import tiny_model_config
 from tests.fixtures import transformers_logits
 from tests.test_hf import MASK, TOKENS, assert_logits_close, save, tiny_hf_model

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from grpo_jax.train.metrics import TIMING_KEYS
+from grpo_jax.train.run.metrics import TIMING_KEYS
 from tests.tiny_runs import cache_env
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

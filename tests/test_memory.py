@@ -97,8 +97,8 @@ def test_preparation_in_row_chunks_equals_one_pass():
   from grpo_jax.defaults import rl_defaults  # noqa: PLC0415
   from grpo_jax.models.value_head import init_value_params  # noqa: PLC0415
   from grpo_jax.rollout.sampler import generate  # noqa: PLC0415
-  from grpo_jax.train.experience import RewardInputs, make_prepare_batch  # noqa: PLC0415
-  from grpo_jax.train.state import create_train_state, make_optimizer  # noqa: PLC0415
+  from grpo_jax.train.learner.experience import RewardInputs, make_prepare_batch  # noqa: PLC0415
+  from grpo_jax.train.learner.state import create_train_state, make_optimizer  # noqa: PLC0415
   import ml_collections  # noqa: PLC0415
   rl = rl_defaults(num_minibatches=2, num_micro_batches=2, kl_coef=0.1, value_head="separate",
                    advantage="gae")

@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from grpo_jax.train.metrics import TIMING_KEYS
+from grpo_jax.train.run.metrics import TIMING_KEYS
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # No warm-up (fast); the soft overlong penalty gives a random policy varied rewards, so the

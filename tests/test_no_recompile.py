@@ -10,7 +10,7 @@ import jax
 import pytest
 
 from configs import grpo_tiny
-from grpo_jax.train import loop
+from grpo_jax.train.stages import rl as loop
 
 COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
 

@@ -9,8 +9,8 @@ import pytest
 
 from grpo_jax.defaults import rl_defaults
 from grpo_jax.rl.objective import make_objective
-from grpo_jax.train.forward import policy_and_values
-from grpo_jax.train.update import make_update_step
+from grpo_jax.train.learner.forward import policy_and_values
+from grpo_jax.train.learner.update import make_update_step
 from tests.test_update import CFG, _batch_and_state
 
 

@@ -79,7 +79,7 @@ def test_settings_it_cannot_serve_are_one_sentence(bad, words):
 
 
 def test_the_switch_runs_end_to_end(tmp_path):
-  from grpo_jax.train.loop import train
+  from grpo_jax.train.stages.rl import train
   from tests.fixtures import small_tiny_config
   config = small_tiny_config(steps=2, eval_every=2, num_minibatches=1)
   config.rl.update(dict(objective="online_dpo", kl_coef=0.1))

@@ -22,10 +22,10 @@ from grpo_jax.models.attention import attention_mask
 from grpo_jax.models.packing import pack_tokens, packed_index, token_capacity, unpack_tokens
 from grpo_jax.models.scoring import completion_scores
 from grpo_jax.rollout.sampler import generate
-from grpo_jax.train import loop
-from grpo_jax.train.experience import RewardInputs
-from grpo_jax.train.state import create_train_state
-from grpo_jax.train.step import StepSpec, make_rl_step
+from grpo_jax.train.stages import rl as loop
+from grpo_jax.train.learner.experience import RewardInputs
+from grpo_jax.train.learner.state import create_train_state
+from grpo_jax.train.learner.step import StepSpec, make_rl_step
 from tests.fixtures import perturbed_params, small_tiny_config, tiny_model_config
 from tests.test_shared_prompt import G, _seqs
 

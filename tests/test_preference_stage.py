@@ -1,4 +1,4 @@
-"""The preference-optimisation stage (grpo_jax/train/preference.py, python -m
+"""The preference-optimisation stage (grpo_jax/train/stages/preference.py, python -m
 grpo_jax.train_dpo) at a few steps: exact resume, the start's loss, the cached reference against
 the on-the-fly one, KTO's and the reference-free losses' paths, bad configs."""
 
@@ -32,7 +32,7 @@ def _config(steps, **fields):
 
 
 def _train(config, workdir, log=lambda *a: None):
-  from grpo_jax.train.preference import train_dpo  # noqa: PLC0415
+  from grpo_jax.train.stages.preference import train_dpo  # noqa: PLC0415
   return train_dpo(config, str(workdir), log=log)
 
 
@@ -87,8 +87,8 @@ def _unpaired_files(tmp_path, config):
   """The task's pairs as KTO's unpaired records: every chosen completion desirable, one
   rejected completion in three undesirable (an imbalanced set, as real feedback is)."""
   from grpo_jax.data.supervised import write_jsonl  # noqa: PLC0415
-  from grpo_jax.train.setup import build_task  # noqa: PLC0415
-  from grpo_jax.train.stages import preference_pairs  # noqa: PLC0415
+  from grpo_jax.train.run.setup import build_task  # noqa: PLC0415
+  from grpo_jax.train.stages.supervised import preference_pairs  # noqa: PLC0415
   task = build_task(config, lambda *a: None)
   paths = {}
   for split in ("train", "test"):

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from grpo_jax.models import hf
-from grpo_jax.rewards.process_reward_model import (prm_token_scores, step_end_mask,
+from grpo_jax.models.process_reward_model import (prm_token_scores, step_end_mask,
                                                    step_rewards_from_token_scores)
 from grpo_jax.rl.token_advantages import process_advantages
 from tests.hf_fixtures import save_tiny_qwen2

@@ -72,7 +72,7 @@ def test_an_moe_run_with_int8_rollouts_reports_the_routing_mismatch(tmp_path):
   the sampler and the float32 trainer, and the log-prob gap the quantisation opens."""
   import json  # noqa: PLC0415
 
-  from grpo_jax.train.loop import train  # noqa: PLC0415
+  from grpo_jax.train.stages.rl import train  # noqa: PLC0415
   from tests.fixtures import small_tiny_config  # noqa: PLC0415
   config = small_tiny_config(steps=2, num_minibatches=1)
   config.model.update(dict(num_experts=4, experts_per_token=2, moe_intermediate_size=32,

@@ -106,8 +106,8 @@ def test_a_reward_model_with_its_own_tokenizer_reads_re_tokenised_text(tmp_path)
   """The policy's ids (the addition task's characters) are decoded, wrapped in the RM's chat
   template and re-tokenised with its tokenizer: the score is transformers' on that text."""
   from configs import grpo_tiny
-  from grpo_jax.rewards.sources import build_reward_sources
-  from grpo_jax.train.setup import build_task
+  from grpo_jax.train.run.reward_models import build_reward_sources
+  from grpo_jax.train.run.setup import build_task
   from tests.hf_fixtures import save_tiny_tokenizer
   tokenizer = save_tiny_tokenizer(tmp_path)
   torch.manual_seed(0)

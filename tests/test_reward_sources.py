@@ -17,9 +17,9 @@ from grpo_jax.errors import ConfigError
 from grpo_jax.models.reward_model import (export_reward_model, init_reward_model,
                                           load_reward_model, sequence_reward)
 from grpo_jax.models.value_head import critic_from_reward_model
-from grpo_jax.rewards.sources import build_reward_sources
+from grpo_jax.train.run.reward_models import build_reward_sources
 from grpo_jax.errors import RewardError
-from grpo_jax.train.setup import build_model, build_task
+from grpo_jax.train.run.setup import build_model, build_task
 from tests.test_remote_reward import _Box
 
 
@@ -97,7 +97,7 @@ def test_rule_and_reward_model_weighted_against_numpy(rm_dir, combine):
 
 
 def test_per_reward_metrics_and_the_critic_from_the_reward_model(rm_dir, tmp_path):
-  from grpo_jax.train.loop import train
+  from grpo_jax.train.stages.rl import train
   config = _config(**{"warmup.steps": 20, "train.steps": 2, "train.eval_every": 2,
                       "train.eval_size": 40, "train.eval_batch_size": 40,
                       "rollout.num_prompts": 4, "rollout.group_size": 4,
@@ -111,11 +111,11 @@ def test_per_reward_metrics_and_the_critic_from_the_reward_model(rm_dir, tmp_pat
   cfg, params, _ = load_reward_model(rm_dir)
   critic = critic_from_reward_model(params, cfg, cfg)
   np.testing.assert_array_equal(critic["head"]["kernel"], params["score"]["kernel"])
-  assert state.value_params["backbone"].keys() == critic["backbone"].keys()
+  assert state.train.value_params["backbone"].keys() == critic["backbone"].keys()
 
 
 def _remote_run(tmp_path, url, on_error, steps=3):
-  from grpo_jax.train.loop import train
+  from grpo_jax.train.stages.rl import train
   config = _config(**{"warmup.steps": 20, "train.steps": steps, "train.eval_every": steps,
                       "train.eval_size": 40, "train.eval_batch_size": 40,
                       "rollout.num_prompts": 4, "rollout.group_size": 4,
@@ -147,7 +147,7 @@ def test_remote_faults_are_counted_and_nothing_else_is_lost(tmp_path):
 
 
 def test_gfpo_keeps_the_shortest_rows_of_each_group():
-  from grpo_jax.train.collect import gfpo_rows
+  from grpo_jax.train.sources.collect import gfpo_rows
   config = _config(**{"rollout.group_size": 6, "rl.gfpo_keep": 2})
   lengths = np.array([5, 1, 3, 2, 2, 4, 1, 1, 6, 6, 6, 6])
   mask = np.arange(8)[None] < lengths[:, None]
@@ -156,7 +156,7 @@ def test_gfpo_keeps_the_shortest_rows_of_each_group():
 
 
 def test_gfpo_run_updates_on_the_kept_rows(tmp_path):
-  from grpo_jax.train.loop import train
+  from grpo_jax.train.stages.rl import train
   config = _config(**{"warmup.steps": 20, "train.steps": 2, "train.eval_every": 2,
                       "train.eval_size": 40, "train.eval_batch_size": 40,
                       "rollout.num_prompts": 4, "rollout.group_size": 6, "rl.gfpo_keep": 3,
@@ -200,9 +200,9 @@ def test_process_reward_model_gives_the_process_estimator_its_step_rewards(tmp_p
   step ends at each digit '1' and at the last token) and rl.advantage='process' trains on it."""
   from grpo_jax.models.decoder import init_params
   from grpo_jax.models.hf_export import export_hf_checkpoint
-  from grpo_jax.rewards.sources import build_reward_sources
-  from grpo_jax.train.collect import score_round
-  from grpo_jax.train.loop import train
+  from grpo_jax.train.run.reward_models import build_reward_sources
+  from grpo_jax.train.sources.collect import score_round
+  from grpo_jax.train.stages.rl import train
   config = _config(**{"warmup.steps": 20, "train.steps": 2, "train.eval_every": 2,
                       "train.eval_size": 40, "train.eval_batch_size": 40,
                       "rollout.num_prompts": 4, "rollout.group_size": 4,
@@ -236,7 +236,7 @@ def test_process_reward_model_gives_the_process_estimator_its_step_rewards(tmp_p
 
 def test_a_missing_reward_model_is_one_sentence_before_the_workdir_is_touched(tmp_path):
   from grpo_jax.errors import InputError
-  from grpo_jax.train.loop import train
+  from grpo_jax.train.stages.rl import train
   config = _config(**{"warmup.steps": 1})
   config.reward.models = [dict(path=str(tmp_path / "no_rm"))]
   with pytest.raises(InputError) as error:

@@ -12,7 +12,7 @@ import numpy as np
 from grpo_jax.models.moe import load_balancing_loss, route, routes_differ
 from grpo_jax.models.scoring import completion_logits
 from grpo_jax.rollout.sampler import Sampling
-from grpo_jax.train.forward import policy_and_values
+from grpo_jax.train.learner.forward import policy_and_values
 from tests.fixtures import perturbed_params, small_tiny_config, tiny_model_config
 
 
@@ -133,7 +133,7 @@ def test_a_tiny_moe_grpo_run_replays_its_routing(tmp_path):
   exactly 1); the routing metrics are reported (with int8 rollouts and the update's own old
   log-probs: tests/test_quantized_rollout.py)."""
   replay, reuse = "rollout", False
-  from grpo_jax.train.loop import train  # noqa: PLC0415
+  from grpo_jax.train.stages.rl import train  # noqa: PLC0415
   config = small_tiny_config(steps=2, num_minibatches=1)
   config.model.update(dict(num_experts=4, experts_per_token=2, moe_intermediate_size=32,
                            norm_topk_prob=True))

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from grpo_jax.main import cli
-from grpo_jax.train import workdir as workdir_lib
+from grpo_jax.train.run import workdir as workdir_lib
 from tests.tiny_runs import N, command
 
 
@@ -146,7 +146,7 @@ def test_nohup_keeps_sighup_ignored():
   """Under `nohup` (SIGHUP ignored) the run outlives its terminal: the flag does not take
   SIGHUP over; otherwise SIGHUP saves and stops like SIGTERM."""
   import signal  # noqa: PLC0415
-  from grpo_jax.train.faults import TerminationFlag  # noqa: PLC0415
+  from grpo_jax.train.run.faults import TerminationFlag  # noqa: PLC0415
   previous = signal.signal(signal.SIGHUP, signal.SIG_IGN)
   try:
     with TerminationFlag():

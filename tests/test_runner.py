@@ -1,4 +1,4 @@
-"""A new training objective on the loop skeleton (grpo_jax/train/runner.py) is this one file: a
+"""A new training objective on the loop skeleton (grpo_jax/train/run/runner.py) is this one file: a
 toy regression stage (fit y = 3x - 1 by SGD on a deterministic data stream) gets step 0's
 evaluation, the evaluation cadence, checkpoints, SIGTERM and an exact resume from the
 skeleton."""
@@ -9,10 +9,10 @@ import numpy as np
 import optax
 import pytest
 
-from grpo_jax.train.checkpoint import Checkpoints
-from grpo_jax.train.faults import Preempted, TerminationFlag
-from grpo_jax.train.runner import Schedule, run_steps
-from grpo_jax.train.state import create_train_state
+from grpo_jax.train.run.checkpoint import Checkpoints
+from grpo_jax.train.run.faults import Preempted, TerminationFlag
+from grpo_jax.train.run.runner import Schedule, run_steps
+from grpo_jax.train.learner.state import create_train_state
 
 SCHEDULE = Schedule(steps=6, eval_every=3, checkpoint_every=2)
 OPTIMIZER = optax.sgd(0.1)
@@ -29,11 +29,11 @@ def _loss(params, x, y):
 
 @jax.jit
 def _step(state):
-  x, y = _batch(state.data_position)
+  x, y = _batch(8 * state.step)
   loss, grads = jax.value_and_grad(_loss)(state.params, x, y)
   updates, opt_state = OPTIMIZER.update(grads, state.opt_state, state.params)
   return state.replace(step=state.step + 1, params=optax.apply_updates(state.params, updates),
-                       opt_state=opt_state, data_position=state.data_position + 8), loss
+                       opt_state=opt_state), loss
 
 
 def _stage(workdir, stop_after=None):

@@ -11,13 +11,13 @@ import pytest
 from configs import grpo_tiny
 from grpo_jax.config import ConfigError
 from grpo_jax.rollout.sampler import generate
-from grpo_jax.train.experience import RewardInputs
-from grpo_jax.train.loop import initial_state, train
-from grpo_jax.train.metrics import TIMING_KEYS
-from grpo_jax.train.seed_axis import SeedAxis
-from grpo_jax.train.setup import build_model, build_task
-from grpo_jax.train.state import make_optimizer
-from grpo_jax.train.step import StepSpec, make_rl_step
+from grpo_jax.train.learner.experience import RewardInputs
+from grpo_jax.train.stages.rl import initial_state, train
+from grpo_jax.train.run.metrics import TIMING_KEYS
+from grpo_jax.train.run.seed_axis import SeedAxis
+from grpo_jax.train.run.setup import build_model, build_task
+from grpo_jax.train.learner.state import make_optimizer
+from grpo_jax.train.learner.step import StepSpec, make_rl_step
 
 SEEDS = [0, 1, 2]
 quiet = lambda *a, **k: None  # noqa: E731
@@ -60,7 +60,8 @@ def _assert_equal_runs(tmp_path, separate, stacked, seeds, steps):
     together = _records(tmp_path / "seeds" / f"seed_{s}" / "metrics.jsonl")
     assert [r["step"] for r in together] == list(range(steps + 1))
     assert together == alone, s
-    for a, b in zip(jax.tree.leaves(separate[i].params), jax.tree.leaves(stacked.params)):
+    for a, b in zip(jax.tree.leaves(separate[i].train.params),
+                    jax.tree.leaves(stacked.train.params)):
       np.testing.assert_array_equal(np.asarray(a), np.asarray(b[i]))
 
 
@@ -145,7 +146,7 @@ def test_vmapped_step_matches_single_seed_step_to_float_rounding():
     assert moved > 1e-4  # the update did move the params
     for k in ("loss", "kl", "entropy", "clip_frac", "advantage_abs_mean"):
       np.testing.assert_allclose(one_metrics[k], metrics[k][i], rtol=1e-4, atol=1e-7)
-    assert int(new_states.data_position[i]) == int(new_state.data_position) == r.num_prompts
+    assert int(new_states.step[i]) == int(new_state.step) == 1
   # The slot-refill engine vmapped over the seeds (its loops and refill branch batched): each
   # seed's tokens are its single-seed static ones.
   refilled = axis.compile(lambda p, t, m, k: generate(p, t, m, k, decode_slots=5, **common))(

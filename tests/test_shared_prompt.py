@@ -17,10 +17,10 @@ from grpo_jax.config import ConfigError, validate
 from grpo_jax.defaults import rl_defaults
 from grpo_jax.models.scoring import completion_scores
 from grpo_jax.rollout.sampler import generate
-from grpo_jax.train.experience import RewardInputs, make_prepare_batch
-from grpo_jax.train.loop import train
-from grpo_jax.train.state import create_train_state, end_of_step
-from grpo_jax.train.update import make_update_step, minibatch_order
+from grpo_jax.train.learner.experience import RewardInputs, make_prepare_batch
+from grpo_jax.train.stages.rl import train
+from grpo_jax.train.learner.state import create_train_state, end_of_step
+from grpo_jax.train.learner.update import make_update_step, minibatch_order
 from tests.fixtures import perturbed_params, small_tiny_config, tiny_model_config
 
 G = 3

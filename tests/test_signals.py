@@ -9,7 +9,7 @@ import subprocess
 
 import pytest
 
-from grpo_jax.train import faults
+from grpo_jax.train.run import faults
 from tests.tiny_runs import N, ROOT, command, records, run, start_and_signal, strip
 
 

@@ -1,4 +1,4 @@
-"""The supervised stages (grpo_jax/train/stages.py): SFT as a stage, Bradley-Terry reward-model
+"""The supervised stages (grpo_jax/train/stages/supervised.py): SFT as a stage, Bradley-Terry reward-model
 training with checkpoints and exact resume, and the three stages chained (SFT -> RM -> PPO with
 the learned RM and a critic started from it), at a few steps each."""
 
@@ -12,7 +12,7 @@ import pytest
 from configs import rlhf_tiny_ppo, rlhf_tiny_rm, rlhf_tiny_sft
 from grpo_jax.data.supervised import addition_preference_pairs, write_jsonl
 from grpo_jax.rl.preference import bradley_terry_loss, pair_accuracy
-from grpo_jax.train.setup import build_task
+from grpo_jax.train.run.setup import build_task
 
 
 def _records(workdir):
@@ -56,7 +56,7 @@ def _small(config, **fields):
 @pytest.fixture(scope="module")
 def sft_root(tmp_path_factory):
   """A 60-step SFT stage on a jsonl file of {prompt, response} (the addition task's format)."""
-  from grpo_jax.train.stages import train_sft
+  from grpo_jax.train.stages.supervised import train_sft
   root = tmp_path_factory.mktemp("rlhf")
   task = build_task(rlhf_tiny_sft.get_config())
   pairs = addition_preference_pairs(task, "train", 256, 0)
@@ -83,7 +83,7 @@ def test_sft_stage_resumes_exactly(sft_root, tmp_path):
   """SFT on the loop skeleton: a run stopped after its step-20 checkpoint and run again with
   the same command ends where the straight run ends (params and every record)."""
   import shutil
-  from grpo_jax.train.stages import train_sft
+  from grpo_jax.train.stages.supervised import train_sft
   config = _small(rlhf_tiny_sft.get_config(), **{
       "warmup.steps": 40, "warmup.batch_size": 32,
       "warmup.data_path": str(sft_root / "sft.jsonl"), "train.eval_size": 20,
@@ -110,7 +110,7 @@ def _rm_config(root, steps):
 
 
 def test_reward_model_training_resumes_exactly(sft_root, tmp_path):
-  from grpo_jax.train.stages import train_reward_model
+  from grpo_jax.train.stages.supervised import train_reward_model
   quiet = lambda *a: None  # noqa: E731
   straight = train_reward_model(_rm_config(sft_root, 8), str(tmp_path / "straight"), log=quiet)
   train_reward_model(_rm_config(sft_root, 4), str(tmp_path / "split"), log=quiet)
@@ -126,8 +126,8 @@ def test_reward_model_training_resumes_exactly(sft_root, tmp_path):
 
 def test_the_three_stages_chain(sft_root, tmp_path):
   """PPO from the SFT export, the learned RM its only reward and the critic's start."""
-  from grpo_jax.train.loop import train
-  from grpo_jax.train.stages import train_reward_model
+  from grpo_jax.train.stages.rl import train
+  from grpo_jax.train.stages.supervised import train_reward_model
   train_reward_model(_rm_config(sft_root, 4), str(sft_root / "rm"), log=lambda *a: None)
   config = _small(rlhf_tiny_ppo.get_config(str(sft_root)), **{
       "train.steps": 2, "train.eval_every": 2, "train.eval_size": 40,

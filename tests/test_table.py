@@ -86,7 +86,7 @@ def test_the_readmes_own_data_and_reward_learn_from_outside_the_repository(tmp_p
 
 def _task(source, model_dir, **data):
   from grpo_jax.defaults import get_defaults  # noqa: PLC0415
-  from grpo_jax.train.setup import build_task  # noqa: PLC0415
+  from grpo_jax.train.run.setup import build_task  # noqa: PLC0415
   config = get_defaults()
   config.task.name = "table"
   config.model.path = model_dir

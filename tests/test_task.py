@@ -115,7 +115,7 @@ def test_capabilities_are_declared_at_registration_and_checked_by_validation():
   with pytest.raises(ConfigError, match=r"^warmup.steps=1000 \(a supervised warm-up on the "
                      r"task's own data\) needs a task with the 'warmup' capability"):
     validate(config)
-  from grpo_jax.train.stages import check_pair_sources
+  from grpo_jax.train.stages.supervised import check_pair_sources
   with pytest.raises(ConfigError, match=r"^rm.train_path='' \(pairs made by the task\) needs a "
                      r"task with the 'preference_pairs' capability \(train_operands\), which "
                      r"task 'table' does not declare \(it declares: none\); give a jsonl"):

@@ -9,6 +9,7 @@ import pytest
 
 from configs import training_free_grpo_smollm2 as recipe
 from grpo_jax.data.chat_arithmetic import ChatArithmeticTask
+from grpo_jax.errors import ConfigError
 from grpo_jax.training_free import library as lib
 from grpo_jax.training_free.loop import train_training_free, update_library
 from tests.hf_fixtures import save_tiny_qwen2
@@ -163,6 +164,12 @@ def test_loop_resumes_to_the_same_library(tmp_path, monkeypatch):
     records[run] = [{k: v for k, v in json.loads(x).items() if k != "time_step_s"}
                     for x in lines]
   assert records["whole"] == records["parts"]
+  # Its resume is checked like every stage's: another config is refused before anything runs.
+  changed = _config(ckpt, 3)
+  changed.rollout.temperature = 0.5
+  with pytest.raises(ConfigError, match="under a config that differs from its config.json "
+                                        r"\(rollout.temperature 1.0 -> 0.5\)"):
+    train_training_free(changed, str(tmp_path / "parts"), scripted_chat([]), log=lambda *a: None)
   assert [r["step"] for r in records["whole"]] == [0, 1, 2, 3]
   assert "eval_accuracy" in records["whole"][0] and "eval_accuracy" in records["whole"][3]
   assert sum(r.get("tfgrpo_kept_groups", 0) for r in records["whole"]) > 0

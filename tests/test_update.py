@@ -12,10 +12,10 @@ from grpo_jax.defaults import rl_defaults
 from grpo_jax.models.value_head import init_value_params
 from grpo_jax.rl.aggregation import LOSS_AGGREGATIONS
 from grpo_jax.rollout.sampler import generate
-from grpo_jax.train.experience import (RewardInputs, make_prepare_batch,
+from grpo_jax.train.learner.experience import (RewardInputs, make_prepare_batch,
                                        reuses_current_logprobs)
-from grpo_jax.train.state import create_train_state, end_of_step, make_optimizer
-from grpo_jax.train.update import make_update_step
+from grpo_jax.train.learner.state import create_train_state, end_of_step, make_optimizer
+from grpo_jax.train.learner.update import make_update_step
 from tests.fixtures import perturbed_params, tiny_model_config
 
 CFG = tiny_model_config(vocab_size=16)

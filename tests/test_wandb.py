@@ -6,8 +6,8 @@ import json
 import pytest
 
 from configs import grpo_tiny
-from grpo_jax.train.loop import train
-from grpo_jax.train.metrics import dashboard_tag
+from grpo_jax.train.stages.rl import train
+from grpo_jax.train.run.metrics import dashboard_tag
 
 wandb = pytest.importorskip("wandb")
 

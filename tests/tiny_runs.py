@@ -13,7 +13,7 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
-from grpo_jax.train.metrics import TIMING_KEYS
+from grpo_jax.train.run.metrics import TIMING_KEYS
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 N = 3  # checkpoint every N steps; runs are 2N steps
@@ -96,14 +96,16 @@ def assert_trees_equal(a, b):
 
 
 def template():
-  """The abstract state of the SMALL runs (shapes and dtypes only)."""
+  """The abstract RunState of the SMALL runs (shapes and dtypes only)."""
   from configs import grpo_tiny  # noqa: PLC0415
-  from grpo_jax.train.loop import initial_state  # noqa: PLC0415
-  from grpo_jax.train.setup import build_model  # noqa: PLC0415
-  from grpo_jax.train.state import make_optimizer  # noqa: PLC0415
+  from grpo_jax.train.stages.rl import initial_state  # noqa: PLC0415
+  from grpo_jax.train.run.setup import build_model  # noqa: PLC0415
+  from grpo_jax.train.learner.state import RunState, create_source_state, make_optimizer  # noqa: PLC0415
   config = grpo_tiny.get_config()
   config.rl.value_head = "separate"
   model_cfg, params = build_model(config, jax.random.key(0))
   optimizer = make_optimizer(config.optim, 1)
-  return jax.eval_shape(lambda p, k: initial_state(config, model_cfg, p, optimizer, k), params,
-                        jax.random.key(0))
+  def state(p, k):
+    train = initial_state(config, model_cfg, p, optimizer, k)
+    return RunState(train, create_source_state(train.key))
+  return jax.eval_shape(state, params, jax.random.key(0))

@@ -118,7 +118,7 @@ def epoch_positions(position: int, count: int, num: int, seed: int) -> np.ndarra
 
 class SupervisedData:
   """{prompt, response} records tokenised by `task`: `warmup_batch(step, count, seed, _)` as the
-  warm-up asks of a task (grpo_jax/train/warmup.py)."""
+  warm-up asks of a task (grpo_jax/train/stages/warmup.py)."""
 
   def __init__(self, task, records: list[dict], max_new_tokens: int):
     self.examples = [task.supervised_example(r["prompt"], r["response"]) for r in records]

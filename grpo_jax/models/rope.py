@@ -12,7 +12,7 @@ current sequence length L once L exceeds max_position_embeddings, and equals the
 otherwise. Beyond that length the frequencies depend on how long the batch is at each call, so
 the sampler's cached keys (rotated as the sequence grew) and the update's teacher-forced keys
 (rotated at the full length) would differ, and the importance ratio would compare two
-functions. train/setup.py already refuses prompt + completion positions beyond
+functions. train/run/setup.py already refuses prompt + completion positions beyond
 max_position_embeddings, so within a run `dynamic` is exactly the default frequencies, as in
 transformers, and a dynamic model without max_position_embeddings is refused.
 

@@ -1,8 +1,8 @@
 """Per-row estimator inputs by name: what an advantage estimator `needs` besides the rewards
 (grpo_jax/rl/estimators.py; it reads them from `x.extras`). Each input is made by one
 registered provider with a host form (NumPy, from one scored sampling round: the "host"
-experience source, train/collect.py) and, optionally, a device form (jnp, inside the "fused"
-experience source's program, train/fused.py). Only the inputs the configured estimator needs
+experience source, train/sources/collect.py) and, optionally, a device form (jnp, inside the "fused"
+experience source's program, train/sources/fused.py). Only the inputs the configured estimator needs
 are made. An estimator that needs a new input is its own file with the provider beside it:
 
     @register_input("first_token", device=lambda r: r.tokens[:, 0].astype(jnp.float32))

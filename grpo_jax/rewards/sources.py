@@ -18,10 +18,8 @@ and completion, re-tokenised with its own tokenizer and chat template.
 from __future__ import annotations
 
 import dataclasses
-import pathlib
 from typing import Any, Callable
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -57,7 +55,7 @@ class RewardModelSource:
 
 @dataclasses.dataclass(frozen=True)
 class ProcessModelSource:
-  """A frozen process reward model (grpo_jax/rewards/process_reward_model.py) giving the
+  """A frozen process reward model (grpo_jax/models/process_reward_model.py) giving the
   process estimator's step rewards instead of the task (reward.process_model)."""
   params: Any
   step_fn: Callable  # jitted (params, prompt_tokens, prompt_mask, tokens, mask) -> 3 arrays
@@ -185,7 +183,7 @@ def retokenise(tokenizer, prompts: list, completions: list, max_tokens: int):
 # ----------------------------------------------------------------------------- building
 
 
-def _entries(section, key: str) -> list:
+def config_entries(section, key: str) -> list:
   value = section.get(key, ()) if section is not None else ()
   return [dict(v) for v in (value or ())]
 
@@ -203,7 +201,7 @@ def check_reward_config(config) -> None:
   if combine not in COMBINE_MODES:
     raise ConfigError(f"reward.combine={combine!r} is unknown; valid: {', '.join(COMBINE_MODES)}.")
   rule_weight = float(reward.rule_weight)
-  models, remote = _entries(reward, "models"), _entries(reward, "remote")
+  models, remote = config_entries(reward, "models"), config_entries(reward, "remote")
   if rule_weight == 0 and not models and not remote:
     raise ConfigError("reward.rule_weight=0 with no reward.models and no reward.remote leaves "
                       "no reward; add a reward model or a remote reward, or set rule_weight > 0.")
@@ -225,7 +223,7 @@ def check_reward_config(config) -> None:
     if unknown:
       raise ConfigError(f"reward.remote[{i}] has unknown field(s) {sorted(unknown)}; valid: "
                         f"{', '.join(sorted(fields))}.")
-    _remote_config(r, i).check(f"reward.remote[{i}]")
+    remote_config(r, i).check(f"reward.remote[{i}]")
   if uses_process_model(config):
     pm = reward.process_model
     for field in ("separator_id", "good_id", "bad_id"):
@@ -241,7 +239,7 @@ def check_reward_config(config) -> None:
                       f"entry its own name.")
 
 
-def _remote_config(entry: dict, index: int):
+def remote_config(entry: dict, index: int):
   from grpo_jax.rewards.remote import RemoteRewardConfig  # noqa: PLC0415
   fields = {k: v for k, v in entry.items() if k != "weight"}
   fields.setdefault("name", f"remote{index}")
@@ -250,106 +248,6 @@ def _remote_config(entry: dict, index: int):
   return RemoteRewardConfig(**fields)
 
 
-def _same_vocabulary(path: pathlib.Path, policy_tokenizer) -> bool:
-  """Whether the reward model's folder has no tokenizer (it reads the policy's ids) or one with
-  the policy's vocabulary."""
-  if not any((path / f).is_file() for f in ("tokenizer.json", "vocab.json", "tokenizer.model")):
-    return True
-  vocab = getattr(policy_tokenizer, "get_vocab", None)
-  if vocab is None:
-    return False
-  from transformers import AutoTokenizer  # noqa: PLC0415
-  return AutoTokenizer.from_pretrained(path).get_vocab() == vocab()
-
-
-def build_reward_sources(config, task, mesh=None, rule_name: str = RULE) -> RewardSources:
-  """The run's RewardSources: reward models loaded (frozen, on the mesh like the policy)."""
-  reward = config.get("reward")
-  if reward is None:
-    return RewardSources(rule_name=rule_name, teacher=_teacher(config, task, mesh))
-  check_reward_config(config)
-  from grpo_jax.models.reward_model import load_reward_model, sequence_reward  # noqa: PLC0415
-  models = []
-  for i, m in enumerate(_entries(reward, "models")):
-    path = pathlib.Path(m["path"])
-    cfg, params, _ = load_reward_model(path, config.model.param_dtype,
-                                       config.model.compute_dtype)
-    if mesh is not None:
-      from grpo_jax.models.partitioning import place  # noqa: PLC0415
-      params = place(params, mesh)
-    mode = m.get("tokenizer", "auto")
-    own = mode == "own" or (mode == "auto" and not _same_vocabulary(path, task.tokenizer))
-    tokenizer = None
-    if own:
-      from transformers import AutoTokenizer  # noqa: PLC0415
-      tokenizer = AutoTokenizer.from_pretrained(path)
-    elif cfg.vocab_size < len(task.tokenizer):
-      raise ConfigError(f"reward.models[{i}] ({path}) has vocab_size={cfg.vocab_size} but reads "
-                        f"the policy's {len(task.tokenizer)}-token ids; set "
-                        f"reward.models[{i}].tokenizer='own' (its folder needs a tokenizer).")
-    score = jax.jit(lambda p, pt, pm, t, tm, cfg=cfg: sequence_reward(p, cfg, pt, pm, t, tm))
-    models.append(RewardModelSource(m.get("name") or f"rm{i}", float(m.get("weight", 1.0)), cfg,
-                                    params, score, tokenizer, int(m.get("max_tokens", 1024))))
-  remote = [RemoteSource(r.get("name") or f"remote{i}", float(r.get("weight", 1.0)),
-                         _remote_config(r, i)) for i, r in enumerate(_entries(reward, "remote"))]
-  return RewardSources(float(reward.rule_weight), rule_name, tuple(models),
-                       tuple(remote), reward.combine,
-                       _process_model(config, mesh), _teacher(config, task, mesh))
-
-
-def _teacher(config, task, mesh) -> TeacherSource | None:
-  """rl.distill_teacher's model (any HF causal LM folder with the policy's tokenizer), frozen and
-  placed like the policy, or the teacher served at that URL (RemoteTeacher), or None when the
-  run does not distil."""
-  rl = config.get("rl")
-  if rl is None or not rl.get("distill_coef", 0) > 0:
-    return None
-  from grpo_jax.rewards.remote_teacher import RemoteTeacher, is_url  # noqa: PLC0415
-  if is_url(rl.distill_teacher):  # served elsewhere (python -m grpo_jax.serve_teacher)
-    return RemoteTeacher.connect(rl.distill_teacher, task.tokenizer,
-                                 None if config.model.path else config.model.vocab_size)
-  from grpo_jax.models.hf import load_hf_checkpoint  # noqa: PLC0415
-  from grpo_jax.models.scoring import completion_logprobs  # noqa: PLC0415
-  path = pathlib.Path(rl.distill_teacher)
-  if not _same_vocabulary(path, task.tokenizer):
-    raise ConfigError(f"rl.distill_teacher={str(path)!r} has another tokenizer than the policy's; "
-                      f"on-policy distillation compares log-probs token by token, so the "
-                      f"teacher must share the policy's vocabulary.")
-  cfg, params = load_hf_checkpoint(path, config.model.param_dtype, config.model.compute_dtype)
-  if cfg.vocab_size != config.model.vocab_size and not config.model.path:
-    raise ConfigError(f"rl.distill_teacher={str(path)!r} has vocab_size={cfg.vocab_size}, the "
-                      f"policy {config.model.vocab_size}; the teacher must share the policy's "
-                      f"tokenizer.")
-  if mesh is not None:
-    from grpo_jax.models.partitioning import place  # noqa: PLC0415
-    params = place(params, mesh)
-
-  def logprobs(p, pt, pm, t, tm):
-    return completion_logprobs(p, cfg, pt, pm, t, tm)[0]
-  return TeacherSource(params, jax.jit(logprobs))
-
-
 def uses_process_model(config) -> bool:
   reward = config.get("reward")
   return bool(reward and reward.get("process_model") and reward.process_model.get("path"))
-
-
-def _process_model(config, mesh):
-  """reward.process_model's PRM (a causal LM folder sharing the policy's tokenizer), or None."""
-  if not uses_process_model(config):
-    return None
-  from grpo_jax.models.hf import load_hf_checkpoint  # noqa: PLC0415
-  from grpo_jax.rewards.process_reward_model import (prm_token_scores,  # noqa: PLC0415
-                                                     step_rewards_from_token_scores)
-  pm = config.reward.process_model
-  cfg, params = load_hf_checkpoint(pm.path, config.model.param_dtype, config.model.compute_dtype)
-  if mesh is not None:
-    from grpo_jax.models.partitioning import place  # noqa: PLC0415
-    params = place(params, mesh)
-  ids = dict(separator_id=int(pm.separator_id), good_id=int(pm.good_id), bad_id=int(pm.bad_id))
-
-  def steps(p, pt, pm_, t, tm):
-    scores, ends = prm_token_scores(p, cfg, pt, pm_, t, tm, score_last=bool(pm.score_last),
-                                    **ids)
-    return step_rewards_from_token_scores(scores, ends, int(pm.max_steps))
-  return ProcessModelSource(params, jax.jit(steps))

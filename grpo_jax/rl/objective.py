@@ -12,7 +12,7 @@ reference (rl/kl.py; times pi / pi_old with rl.unbiased_kl), H_t the entropy, an
 rl.loss_aggregation (rl/aggregation.py) over the loss mask with the given normaliser. The value loss is the clipped one of rl/losses.py
 against the returns.
 
-The update (grpo_jax/train/update.py) is "forward, then this": it computes log-probs, entropy
+The update (grpo_jax/train/learner/update.py) is "forward, then this": it computes log-probs, entropy
 and values with the model and calls the objective on them, so the objective is the exact loss
 and gradient the update applies (tests/test_objective.py). Hyperparameters are bound when the
 objective is built (`make_objective(rl)`, optax style); arrays come at the call. The shape is

@@ -33,6 +33,9 @@ class Rollout(NamedTuple):
   # every layer (0 where a token was never run: padding after EOS, the last token). The
   # update's forward passes replay it under rl.routing_replay = "rollout".
   routes: jax.Array | None = None
+  # (B,) int32: the policy version (the learner's step) that sampled each row, set by the
+  # experience source (train/sources/experience_source.py); None straight from the sampler.
+  version: jax.Array | None = None
 
 
 class DecodeStats(NamedTuple):

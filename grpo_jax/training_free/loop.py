@@ -4,7 +4,7 @@ what is learned is an experience library in its prompt.
     python -m grpo_jax.train_training_free --config=configs/training_free_grpo_smollm2.py \\
         --workdir=DIR
 
-Each step, on the loop skeleton (train/runner.py):
+Each step, on the loop skeleton (train/run/runner.py):
   1. tfgrpo.batch_size training problems, each with the library in its user turn
      (tfgrpo.prompts.problem), G = rollout.group_size completions at rollout.temperature by our
      sampler; a completion is correct when the task's held-out score (eval_accuracy, the binary
@@ -42,12 +42,13 @@ from grpo_jax.errors import ConfigError
 from grpo_jax.prompt_batch import take_rows
 from grpo_jax.rollout.sampler import sample
 from grpo_jax.training_free import library as lib
-from grpo_jax.train import files
-from grpo_jax.train.faults import TerminationFlag
-from grpo_jax.train.metrics import MetricsWriter, keep_records_until
-from grpo_jax.train.runner import Schedule, run_steps
-from grpo_jax.train.setup import build_model, build_task, check_task_fits_model
-from grpo_jax.train.workdir import WorkdirLock, check_workdir, write_config
+from grpo_jax.train.run import files
+from grpo_jax.train.run.faults import TerminationFlag
+from grpo_jax.train.run.metrics import MetricsWriter
+from grpo_jax.train.run.runner import Schedule, run_steps
+from grpo_jax.train.run.setup import build_model, build_task, check_task_fits_model
+from grpo_jax.train.run.workdir import WorkdirLock, check_workdir, open_records, resume_records
+from grpo_jax.parallel.platform import devices_record
 
 Chat = Callable[[list], list]  # user messages -> the replies, in order
 
@@ -59,7 +60,7 @@ class LibraryState:
 
 
 class LibraryFiles:
-  """The loop skeleton's checkpoints for a library: DIR/library/step_k.json (train/files.py:
+  """The loop skeleton's checkpoints for a library: DIR/library/step_k.json (train/run/files.py:
   local or gs://, written atomically)."""
 
   def __init__(self, workdir: str):
@@ -228,10 +229,12 @@ def train_training_free(config, workdir: str, chat: Chat | None = None, log=prin
     writer.write(first, record)
 
   with WorkdirLock(workdir), TerminationFlag() as sigterm:
-    write_config(config, workdir)
+    devices = devices_record()  # resumed like every stage (train/run/workdir.py)
+    changes = open_records([config], [workdir], library_files.latest() is not None, devices,
+                           log, free=("tfgrpo.steps",), missing_ok=True)
     state = library_files.latest()
+    resume_records([workdir], state.step if state else None, changes, devices)
     writer = MetricsWriter(workdir, t.steps, stream=None)
-    keep_records_until(writer.path, state.step if state else -1)
     if state is not None:
       log(f"tfgrpo: resumed from {library_files.directory}/step_{state.step}.json")
     seed_library = lib.renumber(dict(enumerate(

@@ -1,6 +1,6 @@
 """Where metrics go: workdir/metrics.jsonl (one JSON object per record), TensorBoard event
 files (tensorboardX, no TensorFlow needed), a W&B run when train.wandb_project is set
-(grpo_jax/train/wandb_logging.py), and a progress line on stdout."""
+(grpo_jax/train/run/wandb_logging.py), and a progress line on stdout."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from typing import Mapping
 
 import numpy as np
 
-from grpo_jax.train import files
+from grpo_jax.train.run import files
 
 # Wall-clock fields: the only metrics that differ between two runs of the same config.
 TIMING_KEYS = ("tokens_per_s", "step_time_s", "elapsed_s", "rollout_tokens_per_s",

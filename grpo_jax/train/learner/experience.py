@@ -1,6 +1,7 @@
 """From a rollout and its rewards to the update's `Batch`: old, reference and rollout log-probs,
 old values, shaped rewards, advantages and returns: a pure function that the RL step
-(grpo_jax/train/step.py) jits together with the update.
+(grpo_jax/train/learner/step.py) jits together with the update. Its maths, after the forward passes,
+is `prepare_from_logprobs`, a public function of arrays alone.
 
 When `reuses_current_logprobs(rl)` holds (one pass, one minibatch, nothing before the update
 needs them), the old log-probs are not computed here: they equal the policy's log-probs at the
@@ -23,8 +24,8 @@ from grpo_jax.rl.kl import kl_penalty
 from grpo_jax.rl.losses import truncated_is_weights
 from grpo_jax.rl.shaping import overlong_penalty
 from grpo_jax.rollout.types import Rollout
-from grpo_jax.train.forward import policy_and_values, prompt_group
-from grpo_jax.train.state import policy_params, reference_params
+from grpo_jax.train.learner.forward import policy_and_values, prompt_group
+from grpo_jax.train.learner.state import policy_params, reference_params
 
 
 class RewardInputs(NamedTuple):
@@ -108,9 +109,7 @@ def make_prepare_batch(model_cfg: ModelConfig, rl, group_size: int, temperature:
   the passes then take the rows in micro-batch-sized pieces, which the capacity bounds."""
 
   reuse = reuses_current_logprobs(rl)
-  critic = rl.value_head != "none"
   group = prompt_group(rl, group_size)
-  estimate = make_estimator(rl)
 
   def prepare(state, rollout: Rollout, inputs: RewardInputs):
     mask = rollout.completion_mask.astype(bool)
@@ -132,57 +131,84 @@ def make_prepare_batch(model_cfg: ModelConfig, rl, group_size: int, temperature:
       ref_logp = in_row_chunks(lambda r: policy_and_values(
           reference_params(state), None, r, model_cfg, "none", temperature, group,
           token_capacity)[0], rollout, passes)
-    rewards = inputs.rewards.astype(jnp.float32)
-    if rl.overlong_buffer > 0:
-      rewards = rewards + overlong_penalty(jnp.sum(mask, axis=1), max_new_tokens,
-                                           rl.overlong_buffer, rl.overlong_penalty)
-    token_rewards = adv_lib.place_reward_on_last_token(rewards, mask)
-    if not reuse:
-      kl = kl_penalty(old_logp, old_logp if ref_logp is None else ref_logp, mask,
-                      rl.kl_estimator, rl.kl_clamp or None)
-      if rl.kl_in == "reward" and rl.kl_coef > 0:
-        token_rewards = token_rewards - state.kl_coef * kl
-    advantages, returns = estimate(group_size, token_rewards, mask, old_values, inputs.extras)
-    # The loss is taken on the policy's own tokens (Rollout.action_mask), less truncated rows
-    # under rl.mask_truncated.
-    actions = rollout.action_mask.astype(bool) & mask
-    loss_mask = actions & ~rollout.truncated[:, None] if rl.mask_truncated else actions
-    sampler_logp = rollout.logprobs
-    if rollout.kept_logmass is not None:  # the sampler's policy renormalised over its kept set
-      sampler_logp = sampler_logp - rollout.kept_logmass
-    teacher_logp = inputs.extras.get("teacher_logprobs")
-    distill = teacher_logp is not None and rl.distill_coef > 0
-    if distill:
-      teacher_logp = jnp.where(mask, teacher_logp.astype(jnp.float32), 0.0)
-      if rl.distill_in == "reward":
-        advantages = distilled_advantages(advantages, sampler_logp, teacher_logp, mask,
-                                          rl.distill_coef)
-    is_weights = None
-    if rl.tis_cap > 0 and not reuse:
-      is_weights = truncated_is_weights(old_logp, sampler_logp, mask, rl.tis_cap)
-    batch = Batch(rollout.prompt_tokens, rollout.prompt_mask, rollout.completion_tokens, mask,
-                  loss_mask, jnp.where(mask, advantages, 0.0),
-                  jnp.where(mask, sampler_logp, 0.0), old_logprobs=old_logp,
-                  ref_logprobs=ref_logp, old_values=old_values,
-                  returns=jnp.where(mask, returns, 0.0) if critic else None,
-                  is_weights=is_weights, outcome_rewards=inputs.rewards.astype(jnp.float32),
-                  keep_cutoff=rollout.keep_cutoff, routes=rollout.routes,
-                  teacher_logprobs=teacher_logp if distill and rl.distill_in == "loss" else None)
-    metrics = dict(shaped_reward_mean=jnp.mean(rewards),
-                   advantage_abs_mean=masked_mean(jnp.abs(advantages), mask))
-    if distill:  # the sampling policy's reverse KL to the teacher, per completion token
-      metrics["distill_reverse_kl"] = masked_mean(
-          reverse_kl_per_token(sampler_logp, teacher_logp, mask), mask)
-    if not reuse:  # otherwise the update reports these two
-      metrics.update(rollout_kl=masked_mean(kl, mask), sampler_logprob_gap=masked_mean(
-          jnp.abs(old_logp - sampler_logp), mask))
-    if not reuse and "routed" in routing:  # otherwise the update reports it
-      metrics["routing_mismatch"] = (jnp.sum(routing["mismatched"]) /
-                                     jnp.maximum(jnp.sum(routing["routed"]), 1.0))
-    if rollout.kept_logmass is not None:  # the probability mass top-k / top-p cut away
-      metrics["keep_truncated_mass"] = masked_mean(1.0 - jnp.exp(rollout.kept_logmass), mask)
-    if old_values is not None:
-      metrics["value_mean"] = masked_mean(old_values, mask)
-    return batch, metrics
+    return prepare_from_logprobs(rl, group_size, max_new_tokens, rollout, inputs,
+                                 old_logp=old_logp, ref_logp=ref_logp, old_values=old_values,
+                                 kl_coef=state.kl_coef, routing=routing)
 
   return prepare
+
+
+def prepare_from_logprobs(rl, group_size: int, max_new_tokens: int, rollout: Rollout,
+                          inputs: RewardInputs, *, old_logp, ref_logp, old_values, kl_coef,
+                          routing=None):
+  """The preparation between a rollout and the update, from arrays alone (no model call): a
+  pure function that peers' code can be checked against with log-probs, values and rewards
+  made up. Returns (Batch, metrics).
+
+    r_i        = outcome reward (+ overlong penalty when rl.overlong_buffer > 0)
+    r_{i,t}    = r_i on the last completion token, 0 elsewhere
+                 (- kl_coef * KL_t(old || ref) when rl.kl_in == "reward")
+    A, R       = rl.advantage's estimator of r_{i,t} (with old values for GAE)
+    loss mask  = the policy's own tokens (Rollout.action_mask), less truncated rows under
+                 rl.mask_truncated
+    IS weights = truncated importance weights old / sampler, capped at rl.tis_cap (> 0)
+
+  old_logp None: the update reuses its own log-probs (reuses_current_logprobs); ref_logp None
+  without a KL reference; old_values None without a critic."""
+  routing = routing or {}
+  reuse = old_logp is None
+  critic = rl.value_head != "none"
+  mask = rollout.completion_mask.astype(bool)
+  estimate = make_estimator(rl)
+  rewards = inputs.rewards.astype(jnp.float32)
+  if rl.overlong_buffer > 0:
+    rewards = rewards + overlong_penalty(jnp.sum(mask, axis=1), max_new_tokens,
+                                         rl.overlong_buffer, rl.overlong_penalty)
+  token_rewards = adv_lib.place_reward_on_last_token(rewards, mask)
+  if not reuse:
+    kl = kl_penalty(old_logp, old_logp if ref_logp is None else ref_logp, mask,
+                    rl.kl_estimator, rl.kl_clamp or None)
+    if rl.kl_in == "reward" and rl.kl_coef > 0:
+      token_rewards = token_rewards - kl_coef * kl
+  advantages, returns = estimate(group_size, token_rewards, mask, old_values, inputs.extras)
+  # The loss is taken on the policy's own tokens (Rollout.action_mask), less truncated rows
+  # under rl.mask_truncated.
+  actions = rollout.action_mask.astype(bool) & mask
+  loss_mask = actions & ~rollout.truncated[:, None] if rl.mask_truncated else actions
+  sampler_logp = rollout.logprobs
+  if rollout.kept_logmass is not None:  # the sampler's policy renormalised over its kept set
+    sampler_logp = sampler_logp - rollout.kept_logmass
+  teacher_logp = inputs.extras.get("teacher_logprobs")
+  distill = teacher_logp is not None and rl.distill_coef > 0
+  if distill:
+    teacher_logp = jnp.where(mask, teacher_logp.astype(jnp.float32), 0.0)
+    if rl.distill_in == "reward":
+      advantages = distilled_advantages(advantages, sampler_logp, teacher_logp, mask,
+                                        rl.distill_coef)
+  is_weights = None
+  if rl.tis_cap > 0 and not reuse:
+    is_weights = truncated_is_weights(old_logp, sampler_logp, mask, rl.tis_cap)
+  batch = Batch(rollout.prompt_tokens, rollout.prompt_mask, rollout.completion_tokens, mask,
+                loss_mask, jnp.where(mask, advantages, 0.0),
+                jnp.where(mask, sampler_logp, 0.0), old_logprobs=old_logp,
+                ref_logprobs=ref_logp, old_values=old_values,
+                returns=jnp.where(mask, returns, 0.0) if critic else None,
+                is_weights=is_weights, outcome_rewards=inputs.rewards.astype(jnp.float32),
+                keep_cutoff=rollout.keep_cutoff, routes=rollout.routes,
+                teacher_logprobs=teacher_logp if distill and rl.distill_in == "loss" else None)
+  metrics = dict(shaped_reward_mean=jnp.mean(rewards),
+                 advantage_abs_mean=masked_mean(jnp.abs(advantages), mask))
+  if distill:  # the sampling policy's reverse KL to the teacher, per completion token
+    metrics["distill_reverse_kl"] = masked_mean(
+        reverse_kl_per_token(sampler_logp, teacher_logp, mask), mask)
+  if not reuse:  # otherwise the update reports these two
+    metrics.update(rollout_kl=masked_mean(kl, mask), sampler_logprob_gap=masked_mean(
+        jnp.abs(old_logp - sampler_logp), mask))
+  if not reuse and "routed" in routing:  # otherwise the update reports it
+    metrics["routing_mismatch"] = (jnp.sum(routing["mismatched"]) /
+                                   jnp.maximum(jnp.sum(routing["routed"]), 1.0))
+  if rollout.kept_logmass is not None:  # the probability mass top-k / top-p cut away
+    metrics["keep_truncated_mass"] = masked_mean(1.0 - jnp.exp(rollout.kept_logmass), mask)
+  if old_values is not None:
+    metrics["value_mean"] = masked_mean(old_values, mask)
+  return batch, metrics

@@ -16,9 +16,10 @@ from grpo_jax.rl.kl import adaptive_kl_coef
 class TrainState(flax.struct.PyTreeNode):
   """Everything a run needs to continue: checkpoint it, shard it or vmap it whole.
 
-  step: RL steps done; key: the run's base key (per-step keys are fold_in(key, step), so the
-  randomness of step s does not depend on how the run got there); data_position: training
-  prompts consumed.
+  step: updates done (the policy's version); key: the run's base key (per-step keys are
+  fold_in(key, step), so the randomness of step s does not depend on how the run got there).
+  Where the data stands and which rollout comes next belong to the experience source
+  (`SourceState`), not to the learner.
 
   Under LoRA (config.lora.rank > 0) `params` holds the trainable adapters only and
   `base_params` the frozen base weights, which are also the reference (no copy: ref_params is
@@ -33,7 +34,6 @@ class TrainState(flax.struct.PyTreeNode):
   # rl.kl_coef == 0 (nothing reads it)
   kl_coef: jax.Array  # beta (moves under the adaptive controller)
   key: jax.Array
-  data_position: jax.Array
   skipped_updates: jax.Array  # updates refused for a non-finite loss or gradient
   consecutive_skips: jax.Array  # ... of which the latest in a row (0 after an applied one)
   base_params: Any = None  # LoRA's frozen base weights; None for full fine-tuning
@@ -73,14 +73,61 @@ def create_train_state(params, optimizer: optax.GradientTransformation, key,
   ref = jax.tree.map(jnp.copy, params) if base_params is None and kl_coef > 0 else None
   return TrainState(step=jnp.int32(0), params=params, value_params=value_params,
                     opt_state=optimizer.init((params, value_params)), ref_params=ref,
-                    kl_coef=jnp.float32(kl_coef), key=key, data_position=jnp.int32(0),
+                    kl_coef=jnp.float32(kl_coef), key=key,
                     skipped_updates=jnp.int32(0), consecutive_skips=jnp.int32(0),
                     base_params=base_params)
 
 
+class SourceState(flax.struct.PyTreeNode):
+  """What an experience source owns, checkpointed in the same step as the learner's state.
+
+  key: the run's base key (the same as TrainState.key); data_position: training prompts
+  consumed; rollouts: rollouts drawn (the rollout-key counter: rollout r samples with
+  fold_in(fold_in(key, r), 0), so a token's randomness depends on the rollout's number, never
+  on timing); in_flight: experience sampled but not yet learned from (a source's own pytree;
+  None for the on-policy sources)."""
+  key: jax.Array
+  data_position: jax.Array
+  rollouts: jax.Array
+  in_flight: Any = None
+
+
+def create_source_state(key) -> SourceState:
+  """A fresh source state: position 0, no rollout drawn; `key` copied (the learner's state,
+  which may hold the same key, is donated to its step)."""
+  return SourceState(key=jax.random.clone(key), data_position=jnp.int32(0),
+                     rollouts=jnp.int32(0))
+
+
+class RunState(flax.struct.PyTreeNode):
+  """The RL loop's state: the learner's and the source's, checkpointed together."""
+  train: TrainState
+  source: SourceState
+
+  @property
+  def step(self):
+    return self.train.step
+
+
 def step_key(state: TrainState, purpose: int) -> jax.Array:
-  """The key for one purpose (0 rollout, 1 update) of the current step."""
+  """The key for one purpose (1 update) of the current step."""
   return jax.random.fold_in(jax.random.fold_in(state.key, state.step), purpose)
+
+
+def rollout_key(source: SourceState) -> jax.Array:
+  """The key of the source's next rollout: fold_in(fold_in(key, rollouts), 0) (what
+  step_key(state, 0) was while the learner counted the rollouts)."""
+  return jax.random.fold_in(jax.random.fold_in(source.key, source.rollouts), 0)
+
+
+def guarded_update(state: TrainState, grads, loss, optimizer) -> TrainState:
+  """One optimizer step of the policy's params (`apply_if_finite`), the step counted and a
+  refused update counted as skipped: the update of the SFT, reward-model and preference
+  stages."""
+  (params, _), opt_state, applied = apply_if_finite(
+      (state.params, None), state.opt_state, (grads, None), loss, optimizer)
+  return state.replace(step=state.step + 1, params=params, opt_state=opt_state,
+                       skipped_updates=state.skipped_updates + (~applied).astype(jnp.int32))
 
 
 def apply_if_finite(params, opt_state, grads, loss, optimizer):

@@ -49,17 +49,17 @@ from grpo_jax.models.lora import LoraParams, merge
 from grpo_jax.models.scoring import completion_logprobs
 from grpo_jax.parallel.platform import start_backend
 from grpo_jax.rl.dpo import PREFERENCE_LOSSES, PairLogps, implicit_rewards, kto_reference_point
-from grpo_jax.train.evaluation import make_evaluator
-from grpo_jax.train.runner import Schedule
-from grpo_jax.train.seed_axis import SeedAxis
-from grpo_jax.train.export import export_policy
-from grpo_jax.train.setup import (build_model, build_task, check_task_fits_model,
+from grpo_jax.train.run.evaluation import make_evaluator
+from grpo_jax.train.run.runner import Schedule
+from grpo_jax.train.run.seed_axis import SeedAxis
+from grpo_jax.train.run.export import export_policy
+from grpo_jax.train.run.setup import (build_model, build_task, check_task_fits_model,
                                   initial_adapters, uses_lora)
-from grpo_jax.train.stages import check_pair_sources, preference_pairs, run_stage
-from grpo_jax.train.state import (apply_if_finite, create_train_state, make_optimizer,
+from grpo_jax.train.stages.supervised import check_pair_sources, preference_pairs, run_stage
+from grpo_jax.train.learner.state import (create_train_state, guarded_update, make_optimizer,
                                   policy_params, reference_params)
-from grpo_jax.train.warmup import run_warmup
-from grpo_jax.train.workdir import WorkdirLock, check_workdir
+from grpo_jax.train.stages.warmup import run_warmup
+from grpo_jax.train.run.workdir import WorkdirLock, check_workdir
 
 REFERENCES = ("cached", "on_the_fly")
 
@@ -174,11 +174,7 @@ def make_dpo_step(model_cfg, optimizer, section):
       return loss_fn(p), p
 
     (loss, p), grads = jax.value_and_grad(objective, has_aux=True)(state.params)
-    (params, _), opt_state, applied = apply_if_finite(
-        (state.params, None), state.opt_state, (grads, None), loss, optimizer)
-    state = state.replace(step=state.step + 1, params=params, opt_state=opt_state,
-                          data_position=state.data_position + b.prompt_tokens.shape[0],
-                          skipped_updates=state.skipped_updates + (~applied).astype(jnp.int32))
+    state = guarded_update(state, grads, loss, optimizer)
     metrics = dict(loss=loss, **reward_metrics(p, beta, reference_free))
     if p.kl is not None:
       metrics["kl"] = p.kl
@@ -364,7 +360,7 @@ def train_dpo(config, workdir: str, log=print):
       state = state.replace(ref_params=now)
     pairs = prepared(state)
     step = int(state.step)
-    position = int(state.data_position) if rounds == 0 else (step % d.steps) * d.batch_size
+    position = (step if rounds == 0 else step % d.steps) * d.batch_size
     rows = epoch_positions(position, d.batch_size, len(pairs["train"]), seed)
     ref = tuple(x[rows] for x in pairs["ref"]) if "ref" in pairs else None
     state, metrics = step_fn(state, pairs["train"].batch(rows), ref)

@@ -31,21 +31,54 @@ import orbax.checkpoint as ocp
 
 from grpo_jax.errors import silence_stderr_for_good
 from grpo_jax.models.layout import stack_layers, unstack_layers
-from grpo_jax.train import files
-from grpo_jax.train.faults import RunStopped
-from grpo_jax.train.state import TrainState
+from grpo_jax.train.run import files
+from grpo_jax.train.run.faults import RunStopped
+from grpo_jax.train.learner.state import RunState, SourceState, TrainState
 
 
-def to_saveable(state: TrainState) -> TrainState:
-  """The state with its typed PRNG key replaced by the key's raw uint32 data, and without
-  LoRA's frozen base (rebuilt from model.path on resume: a checkpoint holds the adapters)."""
+class _WithSource(TrainState):
+  """What an RL checkpoint holds: the learner's fields and, beside them, the source's."""
+  source: SourceState | None = None
+
+
+class _WithDataPosition(TrainState):
+  """The layout of checkpoints written before the source owned the data position (main
+  a772176 and earlier): the learner's fields and data_position among them."""
+  data_position: jax.Array | None = None
+
+
+def _fields(state: TrainState) -> dict:
+  return {f: getattr(state, f) for f in TrainState.__dataclass_fields__}
+
+
+def to_saveable(state: TrainState | RunState) -> TrainState:
+  """The state with its typed PRNG keys replaced by their raw uint32 data, and without
+  LoRA's frozen base (rebuilt from model.path on resume: a checkpoint holds the adapters); a
+  RunState as the learner's fields with the source's beside them."""
+  if isinstance(state, RunState):
+    source = state.source.replace(key=jax.random.key_data(state.source.key))
+    return _WithSource(**_fields(to_saveable(state.train)), source=source)
   return state.replace(key=jax.random.key_data(state.key), base_params=None)
 
 
-def from_saveable(tree: TrainState) -> TrainState:
-  """Inverse of to_saveable (the key gets jax's default implementation, as at the start;
+def from_saveable(tree: TrainState) -> TrainState | RunState:
+  """Inverse of to_saveable (the keys get jax's default implementation, as at the start;
   base_params stays None until the caller puts the base back)."""
+  if isinstance(tree, _WithSource):
+    return RunState(from_saveable(TrainState(**_fields(tree))),
+                    tree.source.replace(key=jax.random.wrap_key_data(tree.source.key)))
   return tree.replace(key=jax.random.wrap_key_data(tree.key))
+
+
+def _from_data_position(tree: _WithDataPosition, template) -> TrainState | RunState:
+  """A checkpoint of the older layout in the new one: its data_position and step become the
+  source's position and rollout counter (one rollout per step, the key the learner's)."""
+  train = from_saveable(TrainState(**_fields(tree)))
+  if not isinstance(template, RunState):
+    return train
+  return RunState(train, SourceState(key=jax.random.clone(train.key),  # (not shared: the
+                                     data_position=tree.data_position,  # train state is donated)
+                                     rollouts=jnp.copy(tree.step)))
 
 
 def step_of(state: TrainState) -> int:
@@ -275,6 +308,10 @@ class Checkpoints:
     item = os.path.join(step_dir, "default")
     with ocp.StandardCheckpointer() as checkpointer:
       saved = checkpointer.metadata(item).item_metadata.tree
+      before_source = "data_position" in saved  # the older layout (_WithDataPosition)
+      if before_source:
+        step_leaf = abstract.step
+        abstract = _WithDataPosition(**_fields(abstract), data_position=step_leaf)
       # Saved before runs without KL stopped holding a reference copy: read it, then drop it.
       drop_reference = abstract.ref_params is None and bool(jax.tree.leaves(
           saved.get("ref_params")))
@@ -287,7 +324,7 @@ class Checkpoints:
         tree = checkpointer.restore(item, abstract)
     if drop_reference:
       tree = tree.replace(ref_params=None)
-    state = from_saveable(tree)
+    state = _from_data_position(tree, template) if before_source else from_saveable(tree)
     check_restored(state, step)
     return state
 

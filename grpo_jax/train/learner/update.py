@@ -1,4 +1,4 @@
-"""The policy (and critic) update, the second part of the RL step (grpo_jax/train/step.py): a
+"""The policy (and critic) update, the second part of the RL step (grpo_jax/train/learner/step.py): a
 pure `update(state, batch) -> (state, metrics)` (make_update; make_update_step jits it alone).
 
 Each minibatch's loss is the model's forward (log-probs, entropy, values), then the objective
@@ -29,9 +29,9 @@ from grpo_jax.rl.aggregation import loss_normalizer, masked_sum
 from grpo_jax.rl.kl import kl_penalty
 from grpo_jax.rl.losses import truncated_is_weights
 from grpo_jax.rl.objective import OBJECTIVES, TOKEN_SUMS, make_objective
-from grpo_jax.train.experience import Batch, reuses_current_logprobs
-from grpo_jax.train.forward import policy_and_values, prompt_group
-from grpo_jax.train.state import TrainState, apply_if_finite, step_key
+from grpo_jax.train.learner.experience import Batch, reuses_current_logprobs
+from grpo_jax.train.learner.forward import policy_and_values, prompt_group
+from grpo_jax.train.learner.state import TrainState, apply_if_finite, step_key
 
 # Metrics summed over micro-batches, then divided by the token count (`tokens`): the
 # objective's (rl/objective.py TOKEN_SUMS).
@@ -107,7 +107,7 @@ def minibatch_order(key, batch_size: int, passes: int, num_minibatches: int, gro
 def make_update(model_cfg: ModelConfig, rl, optimizer, temperature: float,
                 group_size: int = 1, token_capacity: int | None = None):
   """update(state, batch) -> (state, metrics) for a config (the rl section is read at trace
-  time): a pure function that the RL step (grpo_jax/train/step.py) jits with the rest.
+  time): a pure function that the RL step (grpo_jax/train/learner/step.py) jits with the rest.
   group_size: the batch's completions per prompt (consecutive rows). With
   rl.shared_prompt_forward the minibatches are drawn as whole groups, so that each prompt's
   rows stay side by side and run their prompt once. token_capacity: each micro-batch's

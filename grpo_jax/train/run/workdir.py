@@ -11,8 +11,9 @@ import platform
 import subprocess
 
 from grpo_jax.errors import InputError, first_line
-from grpo_jax.train import files
-from grpo_jax.train.faults import RunStopped
+from grpo_jax.train.run import files
+from grpo_jax.train.run.faults import RunStopped
+from grpo_jax.train.run.metrics import keep_records_until
 
 PACKAGES = ("jax", "jaxlib", "flax", "optax", "orbax-checkpoint", "transformers", "numpy")
 
@@ -316,3 +317,39 @@ def record_start(workdir: str, resumed_from_step: int | None,
   info["starts"] = [*info["starts"], entry]
   files.write_atomic(path, json.dumps(info, indent=2))
   return entry
+
+
+# ----------------------------------------------------------------------------- one lifecycle
+
+
+def open_records(configs, workdirs, resuming: bool, devices: dict, log=print, free: tuple = (),
+                 missing_ok: bool = False) -> list[dict]:
+  """The first half of every stage's start (RL, SFT, RM, DPO, Training-Free GRPO), inside its
+  workdir lock: when `resuming` (the workdir holds checkpoints), the config and devices are
+  checked against the workdir's record (`check_resume_config`, before anything is rewritten);
+  then each config is written. Returns each workdir's changes for `resume_records`."""
+  allow = bool(configs[0].train.allow_config_change)
+  changes = [{} for _ in workdirs]
+  if resuming:
+    changes = [{**config_changes(c, wd, allow), **record_changes(wd, devices, allow, missing_ok)}
+               for c, wd in zip(configs, workdirs)]
+    for wd, changed in zip(workdirs, changes):
+      check_resume_config(changed, wd, allow, log, free)
+  for c, wd in zip(configs, workdirs):
+    write_config(c, wd)
+  return changes
+
+
+def resume_records(workdirs, step: int | None, changes: list, devices: dict) -> list[int]:
+  """The second half, once the newest checkpoint is restored (step) or none is (None): the
+  start recorded in run_info.json and the records trimmed to the step (metrics.jsonl and
+  samples.jsonl: a run killed after its last checkpoint wrote records the resumed run writes
+  again). Returns the metrics lines dropped per workdir."""
+  dropped = []
+  for wd, changed in zip(workdirs, changes):
+    record_start(wd, step, changed, devices)
+    dropped.append(keep_records_until(files.path(wd, "metrics.jsonl"),
+                                      -1 if step is None else step))
+    if files.exists(files.path(wd, "samples.jsonl")):
+      keep_records_until(files.path(wd, "samples.jsonl"), -1 if step is None else step)
+  return dropped

@@ -30,54 +30,47 @@ from grpo_jax.models.reward_model import (export_reward_model, init_reward_model
                                           sequence_reward)
 from grpo_jax.parallel.platform import devices_record, start_backend
 from grpo_jax.rl.preference import bradley_terry_loss, pair_accuracy
-from grpo_jax.train import files
-from grpo_jax.train.checkpoint import Checkpoints, step_of
-from grpo_jax.train.evaluation import make_evaluator
-from grpo_jax.train.export import export_model_type
-from grpo_jax.train.faults import TerminationFlag
-from grpo_jax.train.metrics import MetricsWriter, keep_records_until
-from grpo_jax.train.runner import Schedule, run_steps
-from grpo_jax.train.seed_axis import SeedAxis
-from grpo_jax.train.setup import build_model, build_task, check_task_fits_model
-from grpo_jax.train.state import apply_if_finite, create_train_state, make_optimizer
-from grpo_jax.train.warmup import make_warmup_step, warmup_log_due
-from grpo_jax.train.workdir import (WorkdirLock, check_resume_config, check_workdir,
-                                     config_changes, record_changes, record_start, write_config)
+from grpo_jax.train.run import files
+from grpo_jax.train.run.checkpoint import Checkpoints, step_of
+from grpo_jax.train.run.evaluation import make_evaluator
+from grpo_jax.train.run.export import export_model_type
+from grpo_jax.train.run.faults import TerminationFlag
+from grpo_jax.train.run.metrics import MetricsWriter
+from grpo_jax.train.run.runner import Schedule, run_steps
+from grpo_jax.train.run.seed_axis import SeedAxis
+from grpo_jax.train.run.setup import build_model, build_task, check_task_fits_model
+from grpo_jax.train.learner.state import create_train_state, guarded_update, make_optimizer
+from grpo_jax.train.stages.warmup import make_warmup_step, warmup_log_due
+from grpo_jax.train.run.workdir import WorkdirLock, check_workdir, open_records, resume_records
 
 
 def run_stage(name: str, config, workdir: str, fresh, advance, evaluate, write,
               schedule: Schedule, log=print, free: tuple = (), fresh_shape=None,
               restored=None):
-  """A supervised stage on the loop skeleton (train/runner.py), inside the caller's workdir
+  """A supervised stage on the loop skeleton (train/run/runner.py), inside the caller's workdir
   lock: the config recorded, the newest checkpoint restored (the records trimmed to its step)
   or `fresh()` started, `run_steps` with SIGTERM / SIGINT handled, the records written by
   write(writer, state, first, records, tokens, seconds, clock) to metrics.jsonl. A resume
-  follows the RL run's rules (train/workdir.py), `free` naming the stage's own fields that may
+  follows the RL run's rules (train/run/workdir.py), `free` naming the stage's own fields that may
   change (its length); `fresh_shape` (default `fresh`) builds a state of the same structure
   cheaply, for restoring (a `fresh` that trains, a warm-up, is not traced); `restored(state)`
   puts back what a checkpoint does not hold (LoRA's frozen base). Returns the last state."""
   with TerminationFlag() as sigterm:
     ckpts = Checkpoints(os.path.join(workdir, "checkpoints"), config.train.keep_checkpoints, log)
     # Resumed like the RL run: under its recorded config, on its devices, its record intact.
-    allow, devices = bool(config.train.allow_config_change), devices_record()
-    changes = {}
-    if ckpts.steps():
-      changes = {**config_changes(config, workdir, allow),
-                 **record_changes(workdir, devices, allow, missing_ok=True)}
-      check_resume_config(changes, workdir, allow, log, free)
-    write_config(config, workdir)
+    devices = devices_record()
+    changes = open_records([config], [workdir], bool(ckpts.steps()), devices, log, free,
+                           missing_ok=True)
     try:
       state = ckpts.restore_latest(jax.eval_shape(fresh_shape or fresh))
-      record_start(workdir, step_of(state) if state is not None else None, changes, devices)
-      writer = MetricsWriter(workdir, schedule.steps, stream=None)
       resumed = state is not None
+      resume_records([workdir], step_of(state) if resumed else None, changes, devices)
+      writer = MetricsWriter(workdir, schedule.steps, stream=None)
       if resumed:
-        keep_records_until(writer.path, step_of(state))
         log(f"{name}: resumed from checkpoint {ckpts.directory}/{step_of(state)}")
         state = restored(state) if restored is not None else state
       else:
         state = fresh()
-        keep_records_until(writer.path, -1)
       state = run_steps(state, advance, evaluate, functools.partial(write, writer),
                         schedule=schedule, ckpts=ckpts, sigterm=sigterm, resumed=resumed)
       writer.close()
@@ -90,7 +83,7 @@ def run_stage(name: str, config, workdir: str, fresh, advance, evaluate, write,
 
 
 def train_sft(config, workdir: str, log=print):
-  """The SFT stage (module docstring) on the loop skeleton (train/runner.py): held-out accuracy
+  """The SFT stage (module docstring) on the loop skeleton (train/run/runner.py): held-out accuracy
   at step 0 and at the end, the loss at every step, checkpoints every
   train.checkpoint_every steps, SIGTERM / SIGINT save and stop, and a rerun resumes from the
   newest checkpoint exactly. Returns the trained params."""
@@ -114,8 +107,9 @@ def train_sft(config, workdir: str, log=print):
 
   @functools.partial(jax.jit, donate_argnums=0)
   def step_fn(state, batch):
-    new_params, opt_state, loss = sft_step(state.params, state.opt_state, *batch)
-    return state.replace(params=new_params, opt_state=opt_state, step=state.step + 1), loss
+    new_params, opt_state, loss, applied = sft_step(state.params, state.opt_state, *batch)
+    return state.replace(params=new_params, opt_state=opt_state, step=state.step + 1,
+                         skipped_updates=state.skipped_updates + (~applied).astype(jnp.int32)), loss
 
   seed, warm = int(config.seed), config.warmup
   fields = ("prompt_tokens", "prompt_mask", "target_tokens", "target_mask")
@@ -237,11 +231,7 @@ def make_rm_step(model_cfg, optimizer, margin: float):
   def step(state, b):
     (loss, (chosen, rejected)), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params,
                                                                                    b)
-    (params, _), opt_state, applied = apply_if_finite(
-        (state.params, None), state.opt_state, (grads, None), loss, optimizer)
-    state = state.replace(step=state.step + 1, params=params, opt_state=opt_state,
-                          data_position=state.data_position + b.prompt_tokens.shape[0],
-                          skipped_updates=state.skipped_updates + (~applied).astype(jnp.int32))
+    state = guarded_update(state, grads, loss, optimizer)
     return state, dict(loss=loss, train_pair_accuracy=pair_accuracy(chosen, rejected),
                        reward_margin=jnp.mean(chosen - rejected))
 
@@ -289,7 +279,7 @@ def train_reward_model(config, workdir: str, log=print):
   seed = int(config.seed)
 
   def advance(state):
-    batch = train.stream_batch(int(state.data_position), rm.batch_size, seed)
+    batch = train.stream_batch(int(state.step) * rm.batch_size, rm.batch_size, seed)
     state, metrics = step_fn(state, batch)
     return state, [[{k: float(v) for k, v in metrics.items()}]], None
 

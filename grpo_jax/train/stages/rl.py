@@ -2,10 +2,12 @@
 evaluation, checkpoints and SIGTERM, for one seed or S seeds (a `SeedAxis`), whatever the
 experience source.
 
-Each call of the source's `advance` (grpo_jax/train/experience_source.py: "host", one step
-with prompts and rewards on the host; "fused", train.fused_steps steps in one lax.scan; or a
-registered one) moves the run forward on the devices and returns its records. Everything else
-here is the same for every source, and for any number of seeds.
+The run's state is a RunState: the learner's TrainState and its experience source's
+SourceState, checkpointed together. Each call of the learner's `advance`
+(grpo_jax/train/learner/advance.py) takes one Experience from the source
+(grpo_jax/train/sources/experience_source.py: "host", prompts and rewards on the host; "fused",
+train.fused_steps steps in one lax.scan; or a registered one) and applies the RL step to it.
+Everything else here is the same for every source, and for any number of seeds.
 """
 
 from __future__ import annotations
@@ -29,27 +31,31 @@ from grpo_jax.parallel.platform import (cpu_fallback_warning, devices_record, pl
 from grpo_jax.parallel.mesh import batch_axis_size, bytes_per_device, make_mesh, split_heads_note
 from grpo_jax.rewards.estimator_inputs import uses_greedy
 from grpo_jax.rewards.guard import reward_name
-from grpo_jax.rewards.sources import RewardSources, build_reward_sources
+from grpo_jax.rewards.sources import RewardSources
 from grpo_jax.rl.estimators import ESTIMATORS
-from grpo_jax.train import files, fused, host_source  # noqa: F401  (fused, host_source: register the built-in sources)
-from grpo_jax.train.checkpoint import Checkpoints, step_of
-from grpo_jax.train.evaluation import make_evaluator
-from grpo_jax.train.experience_source import (EXPERIENCE_SOURCES, Run, for_source,
+from grpo_jax.train.run import files  # noqa: F401  (fused, host_source: register the built-in sources)
+from grpo_jax.train.sources import fused
+from grpo_jax.train.sources import host as host_source
+from grpo_jax.train.run.checkpoint import Checkpoints, step_of
+from grpo_jax.train.run.evaluation import make_evaluator
+from grpo_jax.train.sources.experience_source import (EXPERIENCE_SOURCES, Run, for_source,
                                               source_name)
-from grpo_jax.train.export import export_policy
-from grpo_jax.train.faults import TerminationFlag, check_skips, check_state_finite
-from grpo_jax.train.metrics import MetricsWriter, keep_records_until
-from grpo_jax.train.runner import Schedule, run_steps
-from grpo_jax.train.samples import SamplesWriter, format_samples
-from grpo_jax.train.seed_axis import SeedAxis
-from grpo_jax.train.setup import (build_model, build_task, check_task_fits_model,
+from grpo_jax.train.learner.advance import make_advance
+from grpo_jax.train.run.reward_models import build_reward_sources
+from grpo_jax.train.run.export import export_policy
+from grpo_jax.train.run.faults import TerminationFlag, check_skips, check_state_finite
+from grpo_jax.train.run.metrics import MetricsWriter
+from grpo_jax.train.run.runner import Schedule, run_steps
+from grpo_jax.train.sources.samples import SamplesWriter, format_samples
+from grpo_jax.train.run.seed_axis import SeedAxis
+from grpo_jax.train.run.setup import (build_model, build_task, check_task_fits_model,
                                    initial_adapters, uses_checkpoint, uses_lora)
-from grpo_jax.train.state import TrainState, create_train_state, make_optimizer, policy_params
-from grpo_jax.train.step import StepSpec
-from grpo_jax.train.wandb_logging import start_wandb
-from grpo_jax.train.warmup import run_warmup
-from grpo_jax.train.workdir import (WorkdirLock, check_resume_config, check_workdir,
-                                     config_changes, record_changes, record_start, write_config)
+from grpo_jax.train.learner.state import (RunState, TrainState, create_source_state, create_train_state,
+                                  make_optimizer, policy_params)
+from grpo_jax.train.learner.step import StepSpec
+from grpo_jax.train.run.wandb_logging import start_wandb
+from grpo_jax.train.stages.warmup import run_warmup
+from grpo_jax.train.run.workdir import WorkdirLock, check_workdir, open_records, resume_records
 
 
 def initial_state(config, model_cfg: ModelConfig, params, optimizer, base_key,
@@ -75,7 +81,7 @@ def seed_workdir(workdir: str, seed: int) -> str:
   return os.path.join(workdir, f"seed_{seed}")
 
 
-def train(config, workdir: str, log=print, seeds=None, seed_axis: str = "vmap") -> TrainState:
+def train(config, workdir: str, log=print, seeds=None, seed_axis: str = "vmap") -> RunState:
   """Runs RL steps until config.train.steps, resuming from the newest checkpoint if there is
   one (without the warm-up, whose result it holds); writes config.json, run_info.json and
   metrics.jsonl. With `seeds`, runs those seeds of the config as one program (config.seed
@@ -113,7 +119,7 @@ def train(config, workdir: str, log=print, seeds=None, seed_axis: str = "vmap") 
 
 
 def _train(config, workdir: str, log, axis: SeedAxis, mesh, task, configs, base_keys,
-           model_cfg, params, sources: RewardSources) -> TrainState:
+           model_cfg, params, sources: RewardSources) -> RunState:
   """`train` once the inputs are checked, the devices are up and the workdir is this run's."""
   workdirs = (workdir,) if not axis.stacked else tuple(seed_workdir(workdir, s)
                                                        for s in axis.seeds)
@@ -130,20 +136,14 @@ def _train(config, workdir: str, log, axis: SeedAxis, mesh, task, configs, base_
   ckpts = Checkpoints(os.path.join(workdir, directory), t_cfg.keep_checkpoints, log)
   # A workdir with checkpoints is resumed: under its recorded config, on its recorded devices,
   # with its record intact (workdir.py), checked before config.json is rewritten.
-  allow, devices = bool(t_cfg.allow_config_change), devices_record(mesh)
+  devices = devices_record(mesh)
   changes, refusal = [{} for _ in workdirs], None
-  if main_process and ckpts.steps():
+  if main_process:
     try:
-      changes = [{**config_changes(c, wd, allow), **record_changes(wd, devices, allow)}
-                 for c, wd in zip(configs, workdirs)]
-      for wd, changed in zip(workdirs, changes):
-        check_resume_config(changed, wd, allow, log)
+      changes = open_records(configs, workdirs, bool(ckpts.steps()), devices, log)
     except config_lib.ConfigError as e:
       refusal = e
   _all_processes_stop_with(refusal)
-  if main_process:
-    for c, wd in zip(configs, workdirs):
-      write_config(c, wd)
   try:
     with TerminationFlag() as sigterm:
       # Printed once SIGTERM / SIGINT / SIGHUP only set the flag: a signal after this line
@@ -155,23 +155,21 @@ def _train(config, workdir: str, log, axis: SeedAxis, mesh, task, configs, base_
               f", {len(axis)} seeds {list(axis.seeds)} in one program ({axis.mode})"
               if axis.stacked else ""))
       states = lambda p: axis.stack([  # noqa: E731
-          initial_state(config, model_cfg, q, optimizer, k, run.sources)
-          for q, k in zip(axis.unstack(p), base_keys)])
+          RunState(t, create_source_state(t.key)) for t in (
+              initial_state(config, model_cfg, q, optimizer, k, run.sources)
+              for q, k in zip(axis.unstack(p), base_keys))])
       state = ckpts.restore_latest(jax.eval_shape(states, params))
       resumed = state is not None
-      for wd, changed in zip(workdirs, changes) if main_process else ():
-        record_start(wd, step_of(state) if resumed else None, changed, devices)
-        dropped = keep_records_until(files.path(wd, "metrics.jsonl"),
-                                     step_of(state) if resumed else -1)
-        if files.exists(files.path(wd, "samples.jsonl")):
-          keep_records_until(files.path(wd, "samples.jsonl"), step_of(state) if resumed else -1)
+      if main_process:
+        dropped = resume_records(workdirs, step_of(state) if resumed else None, changes,
+                                 devices)[-1]
       if resumed and uses_lora(config):  # the frozen base is not in the checkpoint
         origin = "model.path" if uses_checkpoint(config) else "the seed"
         log(f"resumed from checkpoint {ckpts.directory}/{step_of(state)} (LoRA adapters; the "
             f"frozen base rebuilt from {origin}"
             f"{' and the warm-up' if config.warmup.steps else ''})")
         base = run_warmup(params, task, model_cfg, config.warmup, axis, log)
-        state = state.replace(base_params=base)
+        state = state.replace(train=state.train.replace(base_params=base))
         if main_process:
           log(f"dropped {dropped} metrics records written after it")
       elif resumed:
@@ -194,10 +192,10 @@ def _train(config, workdir: str, log, axis: SeedAxis, mesh, task, configs, base_
         state = place(state, mesh)
         log(f"mesh ({', '.join(mesh.axis_names)}) = {tuple(mesh.shape.values())} over "
             f"{mesh.size} devices, {jax.process_count()} process(es); per device: params "
-            f"{bytes_per_device(state.params) / 2**20:.2f} MiB, optimizer state "
-            f"{bytes_per_device(state.opt_state) / 2**20:.2f} MiB, reference "
-            f"{bytes_per_device(state.ref_params) / 2**20:.2f} MiB, frozen base "
-            f"{bytes_per_device(state.base_params) / 2**20:.2f} MiB")
+            f"{bytes_per_device(state.train.params) / 2**20:.2f} MiB, optimizer state "
+            f"{bytes_per_device(state.train.opt_state) / 2**20:.2f} MiB, reference "
+            f"{bytes_per_device(state.train.ref_params) / 2**20:.2f} MiB, frozen base "
+            f"{bytes_per_device(state.train.base_params) / 2**20:.2f} MiB")
       # Under the run's mesh, the model's activation constraints (parallel/mesh.constrain)
       # take effect.
       with (jax.set_mesh(mesh) if mesh is not None else contextlib.nullcontext()):
@@ -296,12 +294,12 @@ def _check_batches_fit_mesh(config, mesh) -> None:
         f"expert devices.")
 
 
-def _run(run: Run, state, resumed: bool, ckpts, sigterm) -> TrainState:
+def _run(run: Run, state, resumed: bool, ckpts, sigterm) -> RunState:
   """The RL steps from the state's step to config.train.steps (see `train`)."""
   config, axis, log = run.config, run.axis, run.log
   r_cfg, t_cfg = config.rollout, config.train
-  pending = []  # sample records of the step being run (grpo_jax/train/samples.py)
-  advance = EXPERIENCE_SOURCES.get(source_name(t_cfg)).make(run, state, pending)
+  pending = []  # sample records of the step being run (grpo_jax/train/sources/samples.py)
+  advance = make_advance(run, state, pending)
   run_eval = make_evaluator(run.task, run.spec.model_cfg, t_cfg, r_cfg,
                             [jax.random.fold_in(k, 3) for k in run.base_keys], axis, run.mesh,
                             config.data.prompt_bucket)
@@ -313,7 +311,7 @@ def _run(run: Run, state, resumed: bool, ckpts, sigterm) -> TrainState:
 
   def evaluate(state, step):
     per_model = []
-    evals = run_eval(policy_params(state), per_model)
+    evals = run_eval(policy_params(state.train), per_model)
     for sink, samples in zip(samplers, per_model):
       sink.write([dict(s, step=step) for s in samples])
     if not axis.stacked and per_model:  # (none with train.num_samples=0)
@@ -351,7 +349,7 @@ def _run(run: Run, state, resumed: bool, ckpts, sigterm) -> TrainState:
                         clock.seconds_per_step))
       else:
         writers[0].progress(at, per_seed[0], clock.seconds_per_step)
-    check_skips(int(np.max(np.asarray(to_host(state.consecutive_skips)))),
+    check_skips(int(np.max(np.asarray(to_host(state.train.consecutive_skips)))),
                 t_cfg.max_consecutive_skips, first + len(records) - 1)
 
   try:
@@ -362,7 +360,7 @@ def _run(run: Run, state, resumed: bool, ckpts, sigterm) -> TrainState:
     for writer in writers:
       writer.close()
   if not axis.stacked:
-    export_policy(config, state, run.spec.model_cfg, run.workdirs[0], log)
+    export_policy(config, state.train, run.spec.model_cfg, run.workdirs[0], log)
   return state
 
 

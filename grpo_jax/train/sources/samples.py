@@ -15,7 +15,7 @@ import json
 import numpy as np
 
 from grpo_jax.prompt_batch import concat_batches, take_rows
-from grpo_jax.train import files
+from grpo_jax.train.run import files
 
 
 def describe(task, batch, rows, completion_tokens, completion_mask, rewards, split: str,

@@ -13,8 +13,8 @@ from grpo_jax.models.config import ModelConfig
 from grpo_jax.models.lora import merge
 from grpo_jax.parallel import distributed
 from grpo_jax.parallel.distributed import to_host
-from grpo_jax.train import files
-from grpo_jax.train.setup import uses_checkpoint, uses_lora
+from grpo_jax.train.run import files
+from grpo_jax.train.run.setup import uses_checkpoint, uses_lora
 
 
 def export_model_type(config, model_cfg) -> str:

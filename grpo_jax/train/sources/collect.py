@@ -3,7 +3,7 @@ sampled groups -> rewards, with DAPO's dynamic sampling (resample until every gr
 reward spread) and only the estimator inputs that rl.advantage needs (ReMax's greedy
 rewards, process supervision's step rewards).
 
-Seed s's round k samples with key fold_in(step_key(state_s, 0), k), whatever the other seeds
+Seed s's round k samples with key fold_in(rollout_key(source_s), k), whatever the other seeds
 do: a seed whose batch is full sits out the remaining rounds (its rows in the stacked sampler
 call are discarded), so each seed collects exactly what a run of it alone collects.
 """
@@ -20,7 +20,7 @@ from grpo_jax.data.task import bucketed_width, cut_prompts
 from grpo_jax.parallel.distributed import to_host
 from grpo_jax.rewards.estimator_inputs import HostRound, provide_host, uses_greedy
 from grpo_jax.rollout.types import Rollout
-from grpo_jax.train.experience import RewardInputs
+from grpo_jax.train.learner.experience import RewardInputs
 from grpo_jax.rewards.sources import RewardSources
 
 

@@ -6,7 +6,9 @@ for LLM RL, S seeds x K steps in one jitted program.
 
 Iteration i of a seed is what the host path does for that seed at that step, on the devices:
 the same prompts (the stream's rows [position, position + num_prompts)), the same rollout key
-fold_in(step_key(state, 0), 0), the same reward, the same `rl_step`. Host-only features are
+fold_in(rollout_key(source), 0), the same reward, the same `rl_step`. It is a source that owns
+the step (train/sources/experience_source.py): the scan carries the whole RunState, the learner's
+state and the source's. Host-only features are
 refused up front by config validation (dynamic sampling; a host reward).
 """
 
@@ -19,16 +21,16 @@ import numpy as np
 from grpo_jax.parallel.distributed import to_host
 from grpo_jax.rewards.estimator_inputs import DeviceRound, provide_device
 from grpo_jax.rollout.sampler import Sampling
-from grpo_jax.train.experience import RewardInputs
-from grpo_jax.train.experience_source import register_experience_source, state_jit_options
-from grpo_jax.train.metrics import rollout_metrics, step_record
-from grpo_jax.train.state import policy_params, step_key
-from grpo_jax.train.step import make_rl_step
+from grpo_jax.train.learner.experience import RewardInputs
+from grpo_jax.train.sources.experience_source import register_experience_source, state_jit_options
+from grpo_jax.train.run.metrics import rollout_metrics, step_record
+from grpo_jax.train.learner.state import RunState, policy_params, rollout_key
+from grpo_jax.train.learner.step import make_rl_step
 
 
 def make_device_experience(run, device_task):
-  """experience(state, table) -> (rollout, reward_inputs, DecodeStats): the host path's
-  `collect` for one seed without dynamic sampling, on the devices; table is that seed's
+  """experience(state, source, table) -> (rollout, reward_inputs, DecodeStats): the host
+  path's `collect` for one seed without dynamic sampling, on the devices; table is that seed's
   stream."""
   r_cfg, spec = run.config.rollout, run.spec
   num_prompts, group = r_cfg.num_prompts, r_cfg.group_size
@@ -37,11 +39,11 @@ def make_device_experience(run, device_task):
                              record_routes=True).quantized(r_cfg.weight_dtype)
   needs = run.needs
 
-  def experience(state, table):
-    prompts = device_task.prompts(table, state.data_position, num_prompts)
+  def experience(state, source, table):
+    prompts = device_task.prompts(table, source.data_position, num_prompts)
     rollout, stats = grouped.with_stats(policy_params(state), prompts.prompt_tokens,
                                         prompts.prompt_mask,
-                                        jax.random.fold_in(step_key(state, 0), 0))
+                                        jax.random.fold_in(rollout_key(source), 0))
     tokens, mask = rollout.completion_tokens, rollout.completion_mask
     greedy = lambda: sampling.greedy()(policy_params(state), prompts.prompt_tokens,  # noqa
                                        prompts.prompt_mask, jax.random.key(0))
@@ -54,28 +56,33 @@ def make_device_experience(run, device_task):
 
 
 def make_fused_iteration(run, device_task):
-  """iteration(state, table) -> (state, metrics): one whole RL step of one seed on device."""
+  """iteration(run_state, table) -> (run_state, metrics): one whole RL step of one seed on
+  device."""
   experience = make_device_experience(run, device_task)
   rl_step = make_rl_step(run.spec)
   group = run.config.rollout.group_size
 
-  def iteration(state, table):
-    rollout, inputs, stats = experience(state, table)
-    state, metrics = rl_step(state, rollout, inputs)
+  def iteration(run_state, table):
+    source = run_state.source
+    rollout, inputs, stats = experience(run_state.train, source, table)
+    state, metrics = rl_step(run_state.train, rollout, inputs)
+    source = source.replace(data_position=source.data_position + inputs.prompts_consumed,
+                            rollouts=source.rollouts + 1)
     metrics["rollout"] = rollout_metrics(inputs.rewards, rollout.completion_mask,
                                          rollout.truncated, group, xp=jnp)
     metrics["decode"] = (jnp.sum(rollout.completion_mask, dtype=jnp.int32), stats.slot_steps)
     metrics["step_tokens"] = (jnp.sum(rollout.prompt_mask) +
                               jnp.sum(rollout.completion_mask)).astype(jnp.int32)
-    return state, metrics
+    return RunState(state, source), metrics
 
   return iteration
 
 
-@register_experience_source("fused")
+@register_experience_source("fused", owns_step=True)
 def make_fused_advance(run, state, samples_out=None):
-  """advance(state) -> (state, records of K steps (each per seed), tokens of each step): the
-  experience source "fused" (on-policy). samples_out: unused (no text on the devices)."""
+  """advance(run_state) -> (run_state, records of K steps (each per seed), tokens of each
+  step): the experience source "fused" (on-policy, owns the step). samples_out: unused (no
+  text on the devices)."""
   config, axis = run.config, run.axis
   k = config.train.fused_steps
   device_task = run.task.device_task()

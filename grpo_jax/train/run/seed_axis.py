@@ -6,7 +6,7 @@ A `SeedAxis` says how the run's per-seed values are held and how a function appl
           to separate runs up to float rounding, since XLA vectorises reductions differently);
   "map"   stacked likewise, functions looped over the seeds inside the program (jax.lax.map):
           op for op the shapes of a single run, so bit-identical to separate runs.
-The host loop (grpo_jax/train/loop.py) handles host values (prompts, rewards, records) as lists
+The host loop (grpo_jax/train/stages/rl.py) handles host values (prompts, rewards, records) as lists
 of one entry per seed and crosses to device values with `stack` / `unstack`.
 """
 

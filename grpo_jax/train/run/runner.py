@@ -1,5 +1,5 @@
-"""The loop skeleton the training stages run on: the RL loop (train/loop.py) and the SFT and
-reward-model stages (train/stages.py). A stage brings its own `advance` (one call moves the state one or more
+"""The loop skeleton the training stages run on: the RL loop (train/stages/rl.py) and the SFT and
+reward-model stages (train/stages/supervised.py). A stage brings its own `advance` (one call moves the state one or more
 steps and returns their records), `evaluate` and `write`; the skeleton owns the order of
 things, the same for every stage:
 
@@ -18,7 +18,7 @@ import dataclasses
 import time
 from typing import Callable
 
-from grpo_jax.train.checkpoint import step_of
+from grpo_jax.train.run.checkpoint import step_of
 
 
 @dataclasses.dataclass(frozen=True)
