@@ -25,7 +25,7 @@ def main(argv):
   tune_host_allocator()  # before JAX starts its threads (see the module)
   from grpo_jax.parallel.platform import check_xla_flags, start_backend
   from grpo_jax.train.run.evaluation import evaluate
-  from grpo_jax.train.sources.samples import format_samples
+  from grpo_jax.train.run.samples import format_samples
   from grpo_jax.train.run.setup import build_model, build_task, check_task_fits_model
   from grpo_jax.train.run.workdir import check_workdir
   check_flags()

@@ -107,3 +107,19 @@ def test_named_regressions(unit_a, unit_b):
   graph = _graph()
   assert not any(_unit(d) == unit_b for m, deps in graph.items() if _unit(m) == unit_a
                  for d in deps)
+
+
+TRAIN_ROOMS = ["learner", "run", "sources", "stages"]  # grpo_jax/train/'s rooms, bottom first
+
+
+def test_train_rooms_import_down():
+  """grpo_jax/train/ is four rooms (docs/architecture.md): the learner's maths, the run's
+  infrastructure, the experience sources, the stages; an import between them points down."""
+  def room(module):
+    parts = module.split(".")
+    return parts[2] if len(parts) > 3 and parts[1] == "train" else None
+  graph = _graph()
+  assert {room(m) for m in graph} - {None} == set(TRAIN_ROOMS)
+  up = sorted(f"{m} -> {d}" for m, deps in graph.items() for d in deps
+              if room(m) and room(d) and TRAIN_ROOMS.index(room(d)) > TRAIN_ROOMS.index(room(m)))
+  assert up == [], "imports pointing up a room of train/:\n" + "\n".join(up)

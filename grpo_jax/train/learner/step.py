@@ -15,7 +15,7 @@ Everything a step does on the devices, in order:
 The step learns; it reads no data position and draws no rollout: those belong to the
 experience source (grpo_jax/train/sources/experience_source.py, SourceState).
 
-The learner (grpo_jax/train/learner/advance.py) jits it once with the state donated; several seeds are
+The learner (grpo_jax/train/stages/rl_advance.py) jits it once with the state donated; several seeds are
 `SeedAxis.compile(rl_step)` (vmap or lax.map over stacked states); the fused source
 (grpo_jax/train/sources/fused.py) calls it inside a lax.scan after an on-device rollout and reward.
 """

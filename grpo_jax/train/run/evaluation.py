@@ -12,7 +12,7 @@ from grpo_jax.parallel.mesh import shard_batch
 from grpo_jax.prompt_batch import take_rows
 from grpo_jax.rewards.guard import guarded_eval_scores, guarded_score
 from grpo_jax.rollout.sampler import Sampling
-from grpo_jax.train.sources.samples import describe
+from grpo_jax.train.run.samples import describe
 
 
 def make_evaluator(task, model_cfg: ModelConfig, train_cfg, rollout_cfg, eval_keys: list,
@@ -66,7 +66,7 @@ def evaluate_models(generate_fn, num_models: int, task, train_cfg,
   evaluation key folded with chunk_start. Each chunk's prompts are cut to its longest prompt,
   rounded up to a multiple of prompt_bucket (0: not cut). With a list `samples_out`, each
   model's first train.num_samples greedy completions are appended to it as sample records
-  (grpo_jax/train/sources/samples.py; step -1, for the caller to set), one list per model. Scores go
+  (grpo_jax/train/run/samples.py; step -1, for the caller to set), one list per model. Scores go
   through train.on_reward_error as training rewards do (grpo_jax/rewards/guard.py): a
   non-finite one stops the run in one sentence, or scores 0 and is counted in
   eval_reward_errors; never a NaN in the figures.

@@ -10,7 +10,7 @@ Experience(rollout, reward_inputs, records, version, tokens): the rows to learn 
 row's `Rollout.version` the policy step that sampled it), one host record per seed of what the
 source measured, and the oldest row's version. The source owns a `SourceState` (data
 position, rollout-key counter, anything in flight; grpo_jax/train/learner/state.py), checkpointed in
-the same step as the learner's `TrainState`. The loop (grpo_jax/train/learner/advance.py) calls the
+the same step as the learner's `TrainState`. The loop (grpo_jax/train/stages/rl_advance.py) calls the
 RL step on each Experience; evaluation, records, checkpoints and signals are the same for
 every source.
 

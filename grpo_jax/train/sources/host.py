@@ -1,6 +1,6 @@
 """The host experience source ("host", on-policy): each call samples the step's prompts with
 the current policy and scores them on the host (train/sources/collect.py: dynamic sampling, estimator
-inputs, reward sources); the learner (train/learner/advance.py) then runs the RL step on them."""
+inputs, reward sources); the learner (train/stages/rl_advance.py) then runs the RL step on them."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from grpo_jax.train.sources.collect import Samplers, collect
 from grpo_jax.train.sources.experience_source import Experience, Run, register_experience_source
 from grpo_jax.train.run.faults import check_reward_error_fraction
 from grpo_jax.train.run.metrics import rollout_metrics, step_tokens
-from grpo_jax.train.sources.samples import samples_due, train_samples
+from grpo_jax.train.run.samples import samples_due, train_samples
 from grpo_jax.train.learner.state import policy_params, rollout_key
 
 

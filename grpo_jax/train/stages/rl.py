@@ -4,7 +4,7 @@ experience source.
 
 The run's state is a RunState: the learner's TrainState and its experience source's
 SourceState, checkpointed together. Each call of the learner's `advance`
-(grpo_jax/train/learner/advance.py) takes one Experience from the source
+(grpo_jax/train/stages/rl_advance.py) takes one Experience from the source
 (grpo_jax/train/sources/experience_source.py: "host", prompts and rewards on the host; "fused",
 train.fused_steps steps in one lax.scan; or a registered one) and applies the RL step to it.
 Everything else here is the same for every source, and for any number of seeds.
@@ -40,13 +40,13 @@ from grpo_jax.train.run.checkpoint import Checkpoints, step_of
 from grpo_jax.train.run.evaluation import make_evaluator
 from grpo_jax.train.sources.experience_source import (EXPERIENCE_SOURCES, Run, for_source,
                                               source_name)
-from grpo_jax.train.learner.advance import make_advance
+from grpo_jax.train.stages.rl_advance import make_advance
 from grpo_jax.train.run.reward_models import build_reward_sources
 from grpo_jax.train.run.export import export_policy
 from grpo_jax.train.run.faults import TerminationFlag, check_skips, check_state_finite
 from grpo_jax.train.run.metrics import MetricsWriter
 from grpo_jax.train.run.runner import Schedule, run_steps
-from grpo_jax.train.sources.samples import SamplesWriter, format_samples
+from grpo_jax.train.run.samples import SamplesWriter, format_samples
 from grpo_jax.train.run.seed_axis import SeedAxis
 from grpo_jax.train.run.setup import (build_model, build_task, check_task_fits_model,
                                    initial_adapters, uses_checkpoint, uses_lora)
@@ -298,7 +298,7 @@ def _run(run: Run, state, resumed: bool, ckpts, sigterm) -> RunState:
   """The RL steps from the state's step to config.train.steps (see `train`)."""
   config, axis, log = run.config, run.axis, run.log
   r_cfg, t_cfg = config.rollout, config.train
-  pending = []  # sample records of the step being run (grpo_jax/train/sources/samples.py)
+  pending = []  # sample records of the step being run (grpo_jax/train/run/samples.py)
   advance = make_advance(run, state, pending)
   run_eval = make_evaluator(run.task, run.spec.model_cfg, t_cfg, r_cfg,
                             [jax.random.fold_in(k, 3) for k in run.base_keys], axis, run.mesh,
