@@ -18,7 +18,7 @@ from grpo_jax.config import ConfigError
 from grpo_jax.models.packing import token_capacity
 from grpo_jax.parallel.distributed import to_host
 from grpo_jax.train.run.checkpoint import step_of
-from grpo_jax.train.sources.experience_source import (EXPERIENCE_SOURCES, Experience, Run,
+from grpo_jax.train.sources.experience_source import (EXPERIENCE_SOURCES, Run,
                                               source_name, state_jit_options)
 from grpo_jax.train.run.metrics import step_record
 from grpo_jax.train.learner.state import RunState
@@ -74,7 +74,6 @@ def make_advance(run: Run, state: RunState, samples_out=None):
 
   def advance(state: RunState):
     source_state, experience = made(state.train, state.source)
-    experience: Experience
     step = step_of(state)  # (read before the step donates the state)
     check_staleness(experience.version, step, source.max_staleness, name)
     capacity, rl_step = rl_step_for(experience.rollout)
