@@ -20,7 +20,7 @@ RELEASED = {
     "qwen3-30b-a3b": dict(vocab_size=151_936, hidden_size=2048, num_layers=48, num_heads=32,
                           num_kv_heads=4, head_dim=128, intermediate_size=6144,
                           tie_embeddings=False, qk_norm=True, rope_theta=1_000_000.0,
-                          rms_norm_eps=1e-6, num_experts=128, experts_per_token=8,
+                          rms_norm_eps=1e-6, family="qwen3_moe", num_experts=128, experts_per_token=8,
                           moe_intermediate_size=768, norm_topk_prob=True),
     # HuggingFaceTB/SmolLM2-135M-Instruct (the real model of configs/grpo_smollm2.py)
     "smollm2-135m": dict(vocab_size=49_152, hidden_size=576, num_layers=30, num_heads=9,

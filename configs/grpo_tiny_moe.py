@@ -10,6 +10,6 @@ from configs import grpo_tiny
 
 def get_config():
   c = grpo_tiny.get_config()
-  c.model.update(dict(num_experts=4, experts_per_token=2,
+  c.model.update(dict(family="qwen3_moe", num_experts=4, experts_per_token=2,
                       moe_intermediate_size=c.model.intermediate_size // 2, norm_topk_prob=True))
   return c

@@ -146,6 +146,9 @@ def get_defaults() -> ml_collections.ConfigDict:
       num_layers=2, num_heads=4, num_kv_heads=2, head_dim=32,  # kv heads < heads: GQA
       rope_theta=10_000.0, rms_norm_eps=1e-6,
       tie_embeddings=True,  # output projection = the embedding's transpose
+      # The family's blocks (grpo_jax/models/families/): llama (Llama, Mistral, Qwen2/3),
+      # gemma, qwen3_moe, or one a config.imports module registers.
+      family="llama",
       qkv_bias=False,  # Qwen2 has biases on q/k/v
       qk_norm=False,  # Qwen3 RMS-normalises q and k per head
       param_dtype="float32", compute_dtype="float32",  # weights / activations and matmuls
@@ -156,8 +159,8 @@ def get_defaults() -> ml_collections.ConfigDict:
       # The teacher-forced passes' and the prefill's attention: xla (ours), jax or cudnn
       # (jax.nn.dot_product_attention); auto = the platform table (grpo_jax/parallel/choices.py).
       attention_impl="auto",
-      # A mixture of experts in every layer's MLP (grpo_jax/models/moe.py; Qwen3-MoE's
-      # fields): num_experts > 0 experts of moe_intermediate_size, experts_per_token per token
+      # A mixture of experts in every layer's MLP (family qwen3_moe, grpo_jax/models/moe.py;
+      # Qwen3-MoE's fields): num_experts > 0 experts of moe_intermediate_size, experts_per_token per token
       # (their router weights renormalised when norm_topk_prob). A checkpoint sets them itself.
       num_experts=0, experts_per_token=0, moe_intermediate_size=0, norm_topk_prob=False))
 

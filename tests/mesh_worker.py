@@ -141,8 +141,8 @@ def refill_main(path: str):
                    logprobs=np.asarray(out.logprobs).tolist()), f)
 
 
-MOE_CFG = tiny_model_config(vocab_size=16, num_experts=4, experts_per_token=2,
-                            moe_intermediate_size=16, norm_topk_prob=True)
+MOE_CFG = tiny_model_config(vocab_size=16, family="qwen3_moe", num_experts=4,
+                            experts_per_token=2, moe_intermediate_size=16, norm_topk_prob=True)
 MOE_MESHES = [(1, 2, 1, 4), (2, 1, 2, 2)]
 
 

@@ -23,8 +23,14 @@ def _rope(x, positions, theta):
   return out
 
 
-def forward(params, cfg, tokens, mask):
-  """Logits (T, V) for one row; tokens (T,), mask (T,) bool (False = padding)."""
+def _silu(x):
+  return x / (1 + np.exp(-x))
+
+
+def forward(params, cfg, tokens, mask, parallel=False, activation=_silu):
+  """Logits (T, V) for one row; tokens (T,), mask (T,) bool (False = padding). parallel: the
+  layer is x + attn(norm(x)) + mlp(norm(x)) with one norm (GPT-J / PaLM), else Llama's
+  x + attn(norm(x)), then + mlp(norm(.)); activation: the MLP gate's."""
   p = {k: v for k, v in params.items()}
   f64 = lambda a: np.asarray(a, np.float64)  # noqa: E731
   emb = f64(p["embed_tokens"]["embedding"])
@@ -59,12 +65,14 @@ def forward(params, cfg, tokens, mask):
         w = np.exp(scores - scores.max())
         w /= w.sum()
         out[i, head] = sum(wj * v[j, kv] for wj, j in zip(w, keys))
-    x = x + out.reshape(t_len, -1) @ f64(att["o_proj"]["kernel"]).reshape(-1, x.shape[-1])
-    h = _rms_norm(x, f64(lp["post_attention_layernorm"]["weight"]), cfg.rms_norm_eps)
+    attended = out.reshape(t_len, -1) @ f64(att["o_proj"]["kernel"]).reshape(-1, x.shape[-1])
+    if not parallel:
+      x = x + attended
+      h = _rms_norm(x, f64(lp["post_attention_layernorm"]["weight"]), cfg.rms_norm_eps)
     mlp = lp["mlp"]
     gate = h @ f64(mlp["gate_proj"]["kernel"])
-    hidden = gate / (1 + np.exp(-gate)) * (h @ f64(mlp["up_proj"]["kernel"]))
-    x = x + hidden @ f64(mlp["down_proj"]["kernel"])
+    hidden = activation(gate) * (h @ f64(mlp["up_proj"]["kernel"]))
+    x = x + (attended if parallel else 0.0) + hidden @ f64(mlp["down_proj"]["kernel"])
   x = _rms_norm(x, f64(p["norm"]["weight"]), cfg.rms_norm_eps)
   if cfg.tie_embeddings:
     return x @ emb.T

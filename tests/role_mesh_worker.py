@@ -18,8 +18,8 @@ PROMPTS = np.repeat(np.array([[1, 5, 6], [1, 9, 4], [0, 1, 3], [1, 12, 11]], np.
 
 
 def _run(mesh, rollout_mesh):
-  return Run(config=None, axis=None, task=None, spec=None, base_keys=(), workdirs=(), mesh=mesh,
-             log=print, rollout_mesh=rollout_mesh)
+  return Run(settings=None, axis=None, task=None, spec=None, base_keys=(), workdirs=(),
+             mesh=mesh, log=print, rollout_mesh=rollout_mesh)
 
 
 def main():

@@ -7,7 +7,6 @@ import os
 import random
 import signal
 import subprocess
-import types
 
 import jax
 import jax.numpy as jnp
@@ -25,6 +24,7 @@ from grpo_jax.train.run import faults
 from grpo_jax.train.learner import update as update_lib
 from grpo_jax.train.run.checkpoint import Checkpoints
 from grpo_jax.train.sources.collect import Samplers, collect, score_round
+from grpo_jax.train.sources.experience_source import SourceSettings
 from grpo_jax.train.stages.rl import train
 from grpo_jax.train.run.metrics import keep_records_until
 from grpo_jax.train.run.seed_axis import SeedAxis
@@ -277,10 +277,9 @@ def test_collect_counts_zeroed_rewards_or_stops():
   task = AdditionTask(2, 100, 4, True, True)
 
   def run(task, on_reward_error="raise"):
-    config = types.SimpleNamespace(
-        seed=0, rollout=types.SimpleNamespace(num_prompts=6, group_size=4), rl=rl_defaults(),
-        train=types.SimpleNamespace(on_reward_error=on_reward_error))
-    (out,) = collect(None, [0], [jax.random.key(0)], task, config,
+    settings = SourceSettings("host", num_prompts=6, group_size=4,
+                              on_reward_error=on_reward_error)
+    (out,) = collect(None, [0], [jax.random.key(0)], task, settings,
                      Samplers(sample=_ScriptedSampler(task, 4), greedy=None), SeedAxis((0,)),
                      needs=("step_rewards",))
     return out

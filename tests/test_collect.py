@@ -1,6 +1,5 @@
 """Reward shaping, process rewards, advantage dispatch and DAPO's dynamic sampling."""
 
-import types
 
 import jax
 import jax.numpy as jnp
@@ -16,6 +15,7 @@ from grpo_jax.rl.estimators import ESTIMATORS, make_estimator
 from grpo_jax.rl.shaping import overlong_penalty
 from grpo_jax.rollout.types import DecodeStats, Rollout
 from grpo_jax.train.sources.collect import Samplers, collect
+from grpo_jax.train.sources.experience_source import SourceSettings
 from grpo_jax.train.run.seed_axis import SeedAxis
 
 
@@ -99,12 +99,10 @@ class _ScriptedSampler:
 @pytest.mark.parametrize("max_extra", [4, 1])
 def test_dynamic_sampling_keeps_only_groups_with_a_reward_spread(max_extra):
   task = AdditionTask(2, 100, 4, True, True)
-  config = types.SimpleNamespace(
-      seed=0, rollout=types.SimpleNamespace(num_prompts=6, group_size=4),
-      rl=rl_defaults(dynamic_sampling=True, max_extra_rollouts=max_extra),
-      train=types.SimpleNamespace(on_reward_error="raise"))
+  settings = SourceSettings("host", num_prompts=6, group_size=4, dynamic_sampling=True,
+                            max_extra_rollouts=max_extra)
   sampler = _ScriptedSampler(task, 4)
-  (out,) = collect(None, [12], [jax.random.key(0)], task, config,
+  (out,) = collect(None, [12], [jax.random.key(0)], task, settings,
                    Samplers(sample=sampler, greedy=None), SeedAxis((0,)))
   rewards = np.asarray(out.inputs.rewards).reshape(6, 4)
   spread = rewards.max(1) > rewards.min(1)

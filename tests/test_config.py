@@ -108,7 +108,8 @@ def test_the_shipped_configs_are_valid(tmp_path):
 
 def test_an_moe_model_refuses_what_cannot_record_its_routing():
   config = grpo_tiny.get_config()
-  config.model.update(dict(num_experts=4, experts_per_token=2, moe_intermediate_size=16))
+  config.model.update(dict(family="qwen3_moe", num_experts=4, experts_per_token=2,
+                           moe_intermediate_size=16))
   config.rollout.decode_slots = 4
   with pytest.raises(ConfigError, match=r"an MoE model \(model.num_experts=4\) records its "
                                         r"routing on the per-row passes; set rl.pack_tokens=0"):

@@ -38,7 +38,7 @@ def _run_and_state(config):
   optimizer = make_optimizer(config.optim, 100)
   spec = StepSpec(model_cfg, config.rl, optimizer, config.rollout.group_size,
                   config.rollout.temperature, config.rollout.max_new_tokens)
-  run = Run(config, SeedAxis((0,)), task, spec, (jax.random.key(0),), ("",), None, quiet)
+  run = Run.of(config, SeedAxis((0,)), task, spec, (jax.random.key(0),), ("",), None, quiet)
   state = initial_state(config, model_cfg, params, optimizer, jax.random.key(0))
   # a position past the stream's start
   source = create_source_state(state.key).replace(data_position=np.int32(8))
@@ -60,7 +60,7 @@ def test_first_fused_step_equals_the_host_path(rl, first_token_parity_reward):
       sample=lambda p, t, m, k: sample(p, t, m, k, temperature=r.temperature,
                                        group_size=r.group_size, **common),
       greedy=lambda p, t, m: generate(p, t, m, jax.random.key(0), temperature=0.0, **common))
-  (host,) = collect(state.params, [8], [rollout_key(source)], run.task, config, samplers,
+  (host,) = collect(state.params, [8], [rollout_key(source)], run.task, run.settings, samplers,
                     run.axis, run.needs)
   device_task = run.task.device_task()
   table = jax.tree.map(jax.numpy.asarray, device_task.stream(0, 64))

@@ -89,7 +89,7 @@ def test_logits_equal_transformers_on_a_left_padded_batch(family, tmp_path):
   model = FAMILIES[family](tmp_path)
   model_cfg, params = hf.load_hf_checkpoint(tmp_path)
   assert model_cfg.sliding_window == WINDOW
-  assert model_cfg.norm_plus_one == family.startswith("gemma")
+  assert model_cfg.family == ("gemma" if family.startswith("gemma") else "llama")
   tokens, mask = batch()
   theirs = transformers_logits(model, tokens, mask)
   diff = np.abs(decoder_logits(model_cfg, params, tokens, mask) - theirs)[mask].max()

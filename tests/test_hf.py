@@ -129,9 +129,8 @@ def test_export_rejects_model_type_that_does_not_match_params(tmp_path):
   with pytest.raises(ValueError) as err:
     hf_export.export_hf_checkpoint(params, model_cfg, tmp_path / "out", model_type="llama")
   assert _message(err) == (
-      "model_type='llama' needs qkv_bias=False and qk_norm=False but the model has "
-      "qkv_bias=True, qk_norm=False; pass qwen2 for q/k/v biases, qwen3 for q/k norms, llama "
-      "for neither.")
+      "model_type='llama' does not describe this model (family 'llama', qkv_bias=True, "
+      "qk_norm=False, sliding_window=0); pass qwen2.")
 
 
 def test_bfloat16_checkpoint_loads_and_exports(tmp_path):

@@ -75,8 +75,8 @@ def test_an_moe_run_with_int8_rollouts_reports_the_routing_mismatch(tmp_path):
   from grpo_jax.train.stages.rl import train  # noqa: PLC0415
   from tests.fixtures import small_tiny_config  # noqa: PLC0415
   config = small_tiny_config(steps=2, num_minibatches=1)
-  config.model.update(dict(num_experts=4, experts_per_token=2, moe_intermediate_size=32,
-                           norm_topk_prob=True))
+  config.model.update(dict(family="qwen3_moe", num_experts=4, experts_per_token=2,
+                           moe_intermediate_size=32, norm_topk_prob=True))
   config.rollout.weight_dtype = "int8"
   config.rl.tis_cap = 2.0
   train(config, str(tmp_path), log=lambda *a: None)

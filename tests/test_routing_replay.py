@@ -17,8 +17,8 @@ from tests.fixtures import perturbed_params, small_tiny_config, tiny_model_confi
 
 
 def moe_config(**overrides):
-  return tiny_model_config(**{**dict(vocab_size=32, num_layers=3, num_experts=4,
-                                     experts_per_token=2, moe_intermediate_size=16,
+  return tiny_model_config(**{**dict(vocab_size=32, num_layers=3, family="qwen3_moe",
+                                     num_experts=4, experts_per_token=2, moe_intermediate_size=16,
                                      norm_topk_prob=True), **overrides})
 
 
@@ -135,8 +135,8 @@ def test_a_tiny_moe_grpo_run_replays_its_routing(tmp_path):
   replay, reuse = "rollout", False
   from grpo_jax.train.stages.rl import train  # noqa: PLC0415
   config = small_tiny_config(steps=2, num_minibatches=1)
-  config.model.update(dict(num_experts=4, experts_per_token=2, moe_intermediate_size=32,
-                           norm_topk_prob=True))
+  config.model.update(dict(family="qwen3_moe", num_experts=4, experts_per_token=2,
+                           moe_intermediate_size=32, norm_topk_prob=True))
   config.rl.routing_replay = replay
   config.rl.router_aux_coef = 0.01
   config.rl.reuse_old_logprobs = reuse

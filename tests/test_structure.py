@@ -19,7 +19,7 @@ FLOORS = [
     ["errors", "console", "host_allocator", "prompt_batch", "compile_log"],
     ["registry", "parallel", "sweep"],
     ["models", "rl"],
-    ["rollout", "rewards", "fetch_model"],
+    ["rollout", "rewards", "fetch_model", "envs"],
     ["data"],
     ["builtins"],
     ["config"],

@@ -1,4 +1,5 @@
-"""The shape of a decoder of the Llama / Qwen family, as a frozen (hashable) dataclass."""
+"""The shape of a decoder, as a frozen (hashable) dataclass: its family's blocks
+(models/families/) and the numbers config.json gives."""
 
 from __future__ import annotations
 
@@ -16,13 +17,12 @@ def platform_compute_dtype(platform: str | None = None) -> str:
   return choose("model.compute_dtype", "auto", platform)
 
 
-MLP_ACTIVATIONS = ("silu", "gelu_tanh")
 ATTENTION_IMPLS = ("xla", "jax", "cudnn")  # model.attention_impl (models/attention.py)
 
 
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
-  """Hyper-parameters of a Llama/Qwen-family decoder (names follow HF's config.json)."""
+  """Hyper-parameters of a decoder (names follow HF's config.json)."""
 
   vocab_size: int
   hidden_size: int
@@ -39,13 +39,12 @@ class ModelConfig:
   rope_scaling: tuple = ()
   rms_norm_eps: float = 1e-6
   tie_embeddings: bool = True
+  # The family's blocks (models/families/: its norms, MLP, embedding scale and layer), by
+  # their registered name: "llama" (Llama, Mistral, Qwen2, Qwen3), "gemma", "qwen3_moe".
+  family: str = "llama"
   qkv_bias: bool = False  # Qwen2 has biases on q/k/v.
   qk_norm: bool = False  # Qwen3 RMS-normalises q and k per head.
-  # Gemma's differences from Llama (grpo_jax/models/gemma.py); the defaults are Llama's.
-  norm_plus_one: bool = False  # RMSNorm scales by (1 + weight), the weights starting at 0
-  embed_scale: bool = False  # the embeddings times sqrt(hidden_size), in the compute dtype
-  mlp_activation: str = "silu"  # the gate's: "silu" (SwiGLU) or "gelu_tanh" (GeGLU)
-  sandwich_norms: bool = False  # the attention's and the MLP's outputs normed too (4 norms)
+  # The shared attention's options that config.json sets (Gemma's; 0 = Llama's).
   query_pre_attn_scalar: float = 0.0  # scores scaled by its -1/2 power; 0 = head_dim's
   attn_softcap: float = 0.0  # scores -> c tanh(scores / c) before the mask; 0 = off
   final_softcap: float = 0.0  # the same on the logits
@@ -56,9 +55,9 @@ class ModelConfig:
   sliding_window: int = 0
   layer_types: tuple = ()
   rope_local_theta: float = 0.0
-  # Mixture of experts (grpo_jax/models/moe.py; Qwen3-MoE): num_experts > 0 makes every
-  # layer's MLP a router over that many SwiGLU experts of moe_intermediate_size, each token
-  # taking experts_per_token of them (their weights renormalised when norm_topk_prob).
+  # Mixture of experts (family "qwen3_moe", models/moe.py): every layer's MLP a router over
+  # num_experts SwiGLU experts of moe_intermediate_size, each token taking experts_per_token
+  # of them (their weights renormalised when norm_topk_prob).
   num_experts: int = 0
   experts_per_token: int = 0
   moe_intermediate_size: int = 0
@@ -98,9 +97,11 @@ class ModelConfig:
       raise ValueError(
           f"model.num_heads={self.num_heads} is not a multiple of model.num_kv_heads="
           f"{self.num_kv_heads}; grouped-query attention needs heads = kv_heads * group.")
-    if self.mlp_activation not in MLP_ACTIVATIONS:
-      raise ValueError(f"model.mlp_activation={self.mlp_activation!r}; use one of "
-                       f"{', '.join(MLP_ACTIVATIONS)}.")
+    if bool(self.num_experts) != self.blocks.mixture:
+      raise ValueError(f"model.num_experts={self.num_experts} with model.family="
+                       f"{self.family!r}, whose MLP {'is' if self.blocks.mixture else 'is not'} "
+                       f"a mixture; use family 'qwen3_moe' with num_experts > 0, or 'llama' "
+                       f"with 0.")
     if self.num_experts and not (1 <= self.experts_per_token <= self.num_experts and
                                  self.moe_intermediate_size >= 1):
       raise ValueError(f"model.num_experts={self.num_experts} needs 1 <= experts_per_token "
@@ -132,6 +133,12 @@ class ModelConfig:
     if not self.layer_types:
       return (True,) * self.num_layers
     return tuple(t == "sliding_attention" for t in self.layer_types)
+
+  @property
+  def blocks(self):
+    """The family's blocks (models/blocks.py Blocks), registered under self.family."""
+    from grpo_jax.models.families import blocks_of  # noqa: PLC0415
+    return blocks_of(self.family)
 
   @property
   def dtype(self):

@@ -1,8 +1,9 @@
-"""A decoder-only transformer of the Llama / Qwen family, in Flax Linen.
-
-RMSNorm, rotary position embeddings (HF's rotate-half layout), grouped-query attention and a
-SwiGLU MLP. The params have one layout: the layers' params stacked on a leading layer axis
-(``layers/self_attn/q_proj/kernel`` is (L, embed, heads, head_dim)), run by one ``nn.scan``
+"""A decoder-only transformer, in Flax Linen: rotary position embeddings (HF's rotate-half
+layout) and grouped-query attention, shared by every family; the norms, the MLP, the
+embeddings' scale and each layer's residual stream are the family's blocks (`cfg.blocks`,
+models/families/; Llama's: RMSNorm, SwiGLU, pre-norm). The params have one layout: the
+layers' params stacked on a leading layer axis (``layers/self_attn/q_proj/kernel`` is
+(L, embed, heads, head_dim)), run by one ``nn.scan``
 (compile time independent of depth; MaxText's scanned layers). Module names follow Hugging
 Face's (``embed_tokens``, ``self_attn/q_proj``, ...); Hugging Face's per-layer names
 (``model.layers.3...``) exist only at the checkpoint edge (grpo_jax/models/hf.py). Every param
@@ -49,12 +50,12 @@ from grpo_jax.models.attention import (attention_mask, bounded_attention,
                                        causal_blocked_attention, grouped_query_attention,
                                        library_attention, rotary_embedding,
                                        shared_prompt_attention, sliding_window_mask, soft_cap)
-from grpo_jax.models.blocks import MLP, norm_of, normal_init, select_by, with_axes
+from grpo_jax.models.blocks import normal_init, select_by, with_axes
 from grpo_jax.models.config import ModelConfig
 from grpo_jax.models.kv_cache import CACHE_SLOT_AXIS, Cache, write_cache
 from grpo_jax.models.layout import per_layer, stack_layers
 from grpo_jax.models.lora import LoraParams, adapted
-from grpo_jax.models.moe import MoE, sown_routing
+from grpo_jax.models.moe import sown_routing
 from grpo_jax.models.packing import pack_tokens, unpack_tokens
 from grpo_jax.models.quantized import dequantized
 from grpo_jax.parallel.mesh import constrain
@@ -101,8 +102,8 @@ class Attention(nn.Module):
     v = constrain(heads(cfg.num_kv_heads, "kv_heads", "v_proj"),
                   ("batch", None, "kv_heads", None))
     if cfg.qk_norm:
-      q = norm_of(cfg, "q_norm")(q)
-      k = norm_of(cfg, "k_norm")(k)
+      q = cfg.blocks.norm(cfg, "q_norm")(q)
+      k = cfg.blocks.norm(cfg, "k_norm")(k)
     rope = lambda a: rotary_embedding(a, positions, cfg.rope_theta,  # noqa: E731
                                       *cfg.rope_frequencies())
     if cfg.rope_local_theta and sliding is not None:  # Gemma 3: the local layers' own base
@@ -158,7 +159,8 @@ class Attention(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-  """One pre-norm block: x + attn(norm(x)), then + mlp(norm(.)).
+  """One layer: the family's residual stream (Blocks.layer; Llama's x + attn(norm(x)), then
+  + mlp(norm(.))) around the shared attention and the family's MLP.
 
   group = G > 0 (shared-prompt scoring, models/scoring.shared_prompt_hidden): x, positions and
   mask are (prompt, completion) pairs and layer_cache is None. The B/G distinct prompts run
@@ -181,32 +183,14 @@ class DecoderLayer(nn.Module):
     cfg = self.cfg
     adapters = adapters or {}
     attn = Attention(cfg, self.query_blocks, name="self_attn")
-    if cfg.num_experts:  # no adapters on the experts
-      moe = MoE(cfg, name="mlp")
-      mlp = lambda h, _adapters: moe(h, routes)  # noqa: E731
-    else:
-      mlp = MLP(cfg, name="mlp")
-    attn_norm = norm_of(cfg, "input_layernorm")
-    if cfg.sandwich_norms:  # Gemma: each sublayer's output normed too
-      attn_out_norm = norm_of(cfg, "post_attention_layernorm")
-      mlp_norm = norm_of(cfg, "pre_feedforward_layernorm")
-      mlp_out_norm = norm_of(cfg, "post_feedforward_layernorm")
-    else:
-      mlp_norm = norm_of(cfg, "post_attention_layernorm")
+    mlp = cfg.blocks.mlp(cfg)
+    block = cfg.blocks.layer(
+        cfg, lambda h, positions, mask, layer_cache, offset, token_index=None: attn(
+            h, positions, mask, layer_cache, offset, adapters.get("self_attn"), token_index,
+            sliding, read_limit),
+        lambda h: mlp(h, adapters.get("mlp"), routes))
     if window_mask is not None:
       mask = select_by(sliding, window_mask, mask)
-
-    def block(x, positions, mask, layer_cache, offset, token_index=None):
-      h, layer_cache = attn(attn_norm(x), positions, mask, layer_cache, offset,
-                            adapters.get("self_attn"), token_index, sliding, read_limit)
-      if cfg.sandwich_norms:
-        h = attn_out_norm(h)
-      x = constrain(x + h, ("batch", None, None))
-      h = mlp(mlp_norm(x), adapters.get("mlp"))
-      if cfg.sandwich_norms:
-        h = mlp_out_norm(h)
-      x = x + h
-      return constrain(x, ("batch", None, None)), layer_cache
 
     if not self.group:
       return block(x, positions, mask, layer_cache, offset)
@@ -260,7 +244,8 @@ class Decoder(nn.Module):
     [0, read_limit) are read, in blocks (attention.bounded_attention; a traced scalar)."""
     cfg = self.cfg
     embed = _embedding(cfg)
-    scale = (jnp.asarray(cfg.hidden_size ** 0.5, cfg.dtype) if cfg.embed_scale else None)
+    scale = cfg.blocks.embed_scale(cfg)
+    scale = None if scale is None else jnp.asarray(scale, cfg.dtype)
     # activations: rows over data x fsdp
     embedded = lambda t: constrain(embed(t) if scale is None else embed(t) * scale,  # noqa
                                    ("batch", None, None))
@@ -299,7 +284,7 @@ class Decoder(nn.Module):
                         per_layer(adapters["layers"], cfg.num_layers))
       new_cache = []
       # A mixture's routing choices, sown by each layer's own apply, are sown again here.
-      record = bool(cfg.num_experts) and self.is_mutable_collection("intermediates")
+      record = cfg.blocks.mixture and self.is_mutable_collection("intermediates")
       for i in range(cfg.num_layers):
         layer, x = dequantized(layer_params[i], cfg.dtype, x)
         out = DecoderLayer(cfg, prompt_group).apply(
@@ -328,7 +313,7 @@ class Decoder(nn.Module):
           jnp.asarray(sliding) if window else None,
           None if routes is None else jnp.moveaxis(routes, 2, 0))
     if prompt_group:
-      norm = norm_of(cfg, "norm")
+      norm = cfg.blocks.norm(cfg, "norm")
       last = jnp.repeat(norm(x[0][:, -1:]), prompt_group, axis=0)
       if token_index is not None:
         return (last, norm(x[1])), None
@@ -336,7 +321,7 @@ class Decoder(nn.Module):
     if logits_window is not None:
       start, length = logits_window
       x = x[:, start:start + length]
-    x = norm_of(cfg, "norm")(x)
+    x = cfg.blocks.norm(cfg, "norm")(x)
     if not project:
       return x, None if cache is None else new_cache
     logits = embed.attend(x) if cfg.tie_embeddings else _lm_head(cfg)(x)
@@ -376,7 +361,7 @@ class _OneModulePerLayer(nn.Module):
     mask = attention_mask(kv_mask, tokens.shape[1], 0)
     for i in range(cfg.num_layers):
       x, _ = DecoderLayer(cfg, name=f"layers_{i}")(x, positions, mask, None, 0)
-    x = norm_of(cfg, "norm")(x)
+    x = cfg.blocks.norm(cfg, "norm")(x)
     return x if cfg.tie_embeddings else _lm_head(cfg)(x)
 
 

@@ -1,9 +1,8 @@
 """Hugging Face checkpoints <-> our decoder params: config.json and safetensors loading (the
 tensor names: models/hf_names.py; export: models/hf_export.py).
 
-Supported ``model_type``s: those registered in models/families.py (llama, mistral, qwen2 and
-qwen3 are built in, with full attention), models/gemma.py (gemma2, gemma3_text) and
-models/moe.py (qwen3_moe).
+Supported ``model_type``s: those registered by the family modules (models/families/: llama,
+mistral, qwen2 and qwen3; gemma2 and gemma3_text; qwen3_moe) or by a plugin.
 
 Hugging Face's per-layer names exist only at this edge; our params keep one layout, the layers
 stacked, kernels (in, out) with attention heads as a dimension (models/hf_names.py). Nothing
@@ -29,9 +28,9 @@ from grpo_jax.models.config import ModelConfig
 from grpo_jax.models.hf_names import (HFTensor, _from_hf, hf_arrays, param_layout,  # noqa: F401
                                       params_from_hf, to_hf)
 from grpo_jax.models.rope import rope_fields
-from grpo_jax.models import gemma  # noqa: F401  (registers gemma2 and gemma3_text)
 from grpo_jax.models.families import (MODEL_FAMILIES, ModelFamily, find_model_family,
-                                      model_types, window_layer_types)
+                                      model_types)
+from grpo_jax.models.families.llama import window_layer_types
 
 EXPORT_DTYPES = ("float32", "bfloat16", "float16")
 TOKENIZER_FILES = (
@@ -41,7 +40,8 @@ TOKENIZER_FILES = (
 _EXAMPLE_REPO = "Qwen/Qwen2.5-0.5B-Instruct"
 ARCHITECTURE_FIELDS = ("vocab_size", "hidden_size", "intermediate_size", "num_layers",
                         "num_heads", "num_kv_heads", "head_dim", "rope_theta", "rope_type",
-                        "rope_scaling", "rms_norm_eps", "tie_embeddings", "qkv_bias", "qk_norm")
+                        "rope_scaling", "rms_norm_eps", "tie_embeddings", "family", "qkv_bias",
+                        "qk_norm")
 
 
 # ----------------------------------------------------------------------------- config.json
@@ -75,6 +75,7 @@ def model_config_from_hf(hf_config: dict, param_dtype: str = "float32",
       **rope_fields(family.rope_config(hf_config) if family.rope_config else hf_config),
       rms_norm_eps=float(hf_config.get("rms_norm_eps", 1e-6)),
       tie_embeddings=bool(hf_config.get("tie_word_embeddings", False)),
+      family=family.blocks,
       qkv_bias=family.qkv_bias,
       qk_norm=family.qk_norm,
       max_position_embeddings=int(hf_config.get("max_position_embeddings") or 0),
@@ -166,43 +167,24 @@ def _check_supported_features(hf_config: dict, family: ModelFamily) -> None:
 
 
 def _export_family(model_cfg: ModelConfig, model_type: str) -> ModelFamily:
-  """model_type's family; raises unless it matches model_cfg's biases and q/k norms."""
+  """model_type's family; raises unless it describes model_cfg: its blocks, q/k/v biases, q/k
+  norms and sliding windows."""
   family = find_model_family(model_type)
   if family is None:
     raise ValueError(f"model_type={model_type!r} is not supported; pass one of "
                      f"{', '.join(model_types())}.")
-  if model_cfg.norm_plus_one != family.gemma_norms:
-    raise ValueError(f"model_type={model_type!r} does not describe this model (Gemma's norms "
-                     f"{'are' if model_cfg.norm_plus_one else 'are not'} in it); pass "
-                     f"{'gemma2 or gemma3_text' if model_cfg.norm_plus_one else 'llama'}.")
-  if model_cfg.sliding_window and not (family.window_config or family.read_extras):
-    raise ValueError(f"model_type={model_type!r} has no sliding windows but the model has "
-                     f"(sliding_window={model_cfg.sliding_window}); pass mistral, qwen2 or "
-                     f"qwen3.")
-  if bool(model_cfg.num_experts) != family.experts:
-    raise ValueError(f"model_type={model_type!r} does not describe this model (it "
-                     f"{'has' if model_cfg.num_experts else 'has no'} experts); pass "
-                     f"{'qwen3_moe' if model_cfg.num_experts else 'a dense family'}.")
-  want = (family.qkv_bias, family.qk_norm)
-  if (model_cfg.qkv_bias, model_cfg.qk_norm) != want:
+
+  def fits(f: ModelFamily) -> bool:
+    return (f.blocks == model_cfg.family and (f.qkv_bias, f.qk_norm) == (
+        model_cfg.qkv_bias, model_cfg.qk_norm) and not (
+            model_cfg.sliding_window and not (f.window_config or f.read_extras)))
+  if not fits(family):
+    others = [t for t, f in sorted(MODEL_FAMILIES.items()) if fits(f)]
     raise ValueError(
-        f"model_type={model_type!r} needs qkv_bias={want[0]} and qk_norm={want[1]} but the "
-        f"model has qkv_bias={model_cfg.qkv_bias}, qk_norm={model_cfg.qk_norm}; pass "
-        f"{_feature_hint()}.")
+        f"model_type={model_type!r} does not describe this model (family {model_cfg.family!r}, "
+        f"qkv_bias={model_cfg.qkv_bias}, qk_norm={model_cfg.qk_norm}, sliding_window="
+        f"{model_cfg.sliding_window}); pass {' or '.join(others) or 'a model_type of its family'}.")
   return family
-
-
-_FEATURES = {(True, False): "q/k/v biases", (False, True): "q/k norms",
-             (True, True): "both", (False, False): "neither"}
-
-
-def _feature_hint() -> str:
-  """For each (qkv_bias, qk_norm) some family has: the first such model_type, by name."""
-  first = {}
-  for name, family in sorted(MODEL_FAMILIES.items()):
-    if family.read_extras is None:  # Llama-like families (Gemma's differ beyond these two)
-      first.setdefault((family.qkv_bias, family.qk_norm), name)
-  return ", ".join(f"{first[key]} for {what}" for key, what in _FEATURES.items() if key in first)
 
 
 def _preview(names) -> str:

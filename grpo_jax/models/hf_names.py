@@ -77,7 +77,7 @@ def param_layout(model_cfg: ModelConfig):
     stacked = path[0] == "layers"
     shape = tuple(leaf.shape[1:] if stacked else leaf.shape)
     for layer in (range(leaf.shape[0]) if stacked else [None]):
-      if "experts" in path:  # one tensor per expert (transformers' checkpoint format)
+      if model_cfg.blocks.per_expert(path):  # one tensor per expert (the family's format)
         for e in range(shape[0]):
           layout.append(HFTensor(path, layer, _hf_name(path, layer, e),
                                  _hf_shape(path, shape[1:]), shape[1:], e))

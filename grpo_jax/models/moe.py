@@ -10,8 +10,9 @@ projection over all experts' groups, no per-expert loop and no dense all-experts
 Params (stacked over layers like every other): mlp/gate/kernel (embed, expert) and
 mlp/experts/{gate_proj, up_proj}/kernel (expert, embed, mlp), mlp/experts/down_proj/kernel
 (expert, mlp, embed); Hugging Face's per-expert tensors (model.layers.N.mlp.experts.E.gate_proj
-.weight, ...) exist only at the checkpoint edge (models/hf.py). `load_balancing_loss` is
-transformers' auxiliary loss (load_balancing_loss_func).
+.weight, ...) exist only at the checkpoint edge (models/hf_names.py). `load_balancing_loss` is
+transformers' auxiliary loss (load_balancing_loss_func). The family (its blocks, config.json):
+models/families/qwen3_moe.py.
 """
 
 from __future__ import annotations
@@ -21,7 +22,6 @@ import jax
 import jax.numpy as jnp
 
 from grpo_jax.models.blocks import normal_init, with_axes
-from grpo_jax.models.families import ModelFamily, register_model_family
 
 def route(logits: jax.Array, top_k: int, normalise: bool, replayed=None):
   """(weights (N, k) float32, experts (N, k) int32) of router logits (N, E): the top-k experts
@@ -116,7 +116,7 @@ def sown_routing(intermediates, model_cfg, token_shape) -> dict:
   {"routes": (B, T, L, k) int32, "router_logits": (L, B T, E) float32}; {} for a dense model.
   (The layer scan sows (L, ...) arrays under layers/mlp; the per-layer passes with a KV cache
   sow one per layer at the top.)"""
-  if not model_cfg.num_experts:
+  if not model_cfg.blocks.mixture:
     return {}
   if "layers" in intermediates:
     sown = {name: value[0] for name, value in intermediates["layers"]["mlp"].items()}
@@ -143,38 +143,3 @@ def load_balancing_loss(router_logits: jax.Array, top_k: int, mask: jax.Array | 
   tokens_per_expert = jnp.sum(one_hot * w[:, None, None], axis=0) / jnp.sum(w)
   prob_per_expert = jnp.sum(probs * w[:, None], axis=0) / jnp.sum(w)
   return jnp.sum(tokens_per_expert * prob_per_expert[None, :]) * e
-
-
-def qwen3_moe_fields(hf_config: dict) -> dict:
-  """The mixture's ModelConfig fields of a Qwen3-MoE config.json (every layer sparse)."""
-  if hf_config.get("hidden_act", "silu") != "silu":
-    raise ValueError(f"config.json hidden_act={hf_config['hidden_act']!r} is not supported; "
-                     f"the experts are SwiGLU (hidden_act='silu').")
-  if hf_config.get("use_sliding_window") or hf_config.get("attention_bias"):
-    raise ValueError("config.json use_sliding_window / attention_bias are not supported for "
-                     "qwen3_moe; use a checkpoint with full attention and no o_proj bias.")
-  if hf_config.get("mlp_only_layers") or int(hf_config.get("decoder_sparse_step", 1)) != 1:
-    raise ValueError(f"config.json mlp_only_layers={hf_config.get('mlp_only_layers')} / "
-                     f"decoder_sparse_step={hf_config.get('decoder_sparse_step')}: only "
-                     f"checkpoints whose every layer is sparse (Qwen3-MoE's own) are supported.")
-  experts = hf_config.get("num_experts") or hf_config.get("num_local_experts")
-  if not experts:
-    raise ValueError("config.json of a qwen3_moe checkpoint has no num_experts; use the "
-                     "config.json that came with the checkpoint.")
-  return dict(num_experts=int(experts),
-              experts_per_token=int(hf_config["num_experts_per_tok"]),
-              moe_intermediate_size=int(hf_config["moe_intermediate_size"]),
-              norm_topk_prob=bool(hf_config.get("norm_topk_prob", False)))
-
-
-def qwen3_moe_export(model_cfg) -> dict:
-  return {"num_experts": model_cfg.num_experts, "num_local_experts": model_cfg.num_experts,
-          "num_experts_per_tok": model_cfg.experts_per_token,
-          "moe_intermediate_size": model_cfg.moe_intermediate_size,
-          "norm_topk_prob": model_cfg.norm_topk_prob, "decoder_sparse_step": 1,
-          "mlp_only_layers": [], "attention_bias": False, "use_sliding_window": False}
-
-
-register_model_family(ModelFamily(
-    "qwen3_moe", "Qwen3MoeForCausalLM", qk_norm=True, default_head_dim=128,
-    read_extras=qwen3_moe_fields, write_extras=qwen3_moe_export, experts=True))

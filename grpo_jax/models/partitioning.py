@@ -17,25 +17,30 @@ import jax
 
 from grpo_jax.models.config import ModelConfig
 from grpo_jax.models.decoder import param_axes
+from grpo_jax.models.families import BLOCKS
 from grpo_jax.models.lora import adapter_axes
 from grpo_jax.models.reward_model import SCORE_AXES
 from grpo_jax.models.value_head import HEAD_AXES
 from grpo_jax.parallel import mesh as mesh_lib
 
 
-@functools.cache
 def declared_axes() -> dict:
+  """_declared_axes of the families registered now (a plugin's too)."""
+  return _declared_axes(BLOCKS.names())
+
+
+@functools.cache
+def _declared_axes(families: tuple) -> dict:
   """{param path (a tuple of names): logical axes} of every param the models define: the
   decoder's, read from its modules at a small shape with every optional param on (q/k/v
-  biases, q/k norms, Gemma's extra norms, an untied lm_head; and a mixture's experts), LoRA's
-  adapters, the value and score heads."""
+  biases, q/k norms, an untied lm_head, and each registered family's own: Gemma's extra norms,
+  a mixture's experts), LoRA's adapters, the value and score heads."""
   every_param = ModelConfig(vocab_size=8, hidden_size=8, intermediate_size=8, num_layers=1,
                             num_heads=1, num_kv_heads=1, head_dim=2, tie_embeddings=False,
-                            qkv_bias=True, qk_norm=True, sandwich_norms=True)
-  mixture = dataclasses.replace(every_param, num_experts=2, experts_per_token=1,
-                                moe_intermediate_size=4)  # its MLP's params are the experts'
+                            qkv_bias=True, qk_norm=True)
   table = {}
-  for cfg in (every_param, mixture):
+  for name in families:
+    cfg = dataclasses.replace(every_param, family=name, **BLOCKS.get(name).every_param())
     flat, _ = jax.tree_util.tree_flatten_with_path(
         param_axes(cfg), is_leaf=lambda x: isinstance(x, tuple))
     table.update({tuple(k.key for k in path): axes for path, axes in flat})

@@ -40,7 +40,7 @@ def critic_from_reward_model(rm_params, rm_cfg: ModelConfig, model_cfg: ModelCon
   policy's architecture (the critic runs with the policy's ModelConfig)."""
   from grpo_jax.errors import ConfigError  # noqa: PLC0415
   fields = ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads",
-            "num_kv_heads", "head_dim", "qkv_bias", "qk_norm")
+            "num_kv_heads", "head_dim", "family", "qkv_bias", "qk_norm")
   differ = [f"{f}={getattr(rm_cfg, f)} (policy {getattr(model_cfg, f)})" for f in fields
             if getattr(rm_cfg, f) != getattr(model_cfg, f)]
   if differ:

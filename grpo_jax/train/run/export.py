@@ -21,7 +21,7 @@ def export_model_type(config, model_cfg) -> str:
   """The model_type an exported folder gets: model.path's, else the family of the features."""
   if uses_checkpoint(config):
     return json.loads((pathlib.Path(config.model.path) / "config.json").read_text())["model_type"]
-  return "qwen3" if model_cfg.qk_norm else ("qwen2" if model_cfg.qkv_bias else "llama")
+  return model_cfg.blocks.export_model_type(model_cfg)
 
 
 def export_policy(config, state, model_cfg: ModelConfig, workdir: str, log,

@@ -54,16 +54,17 @@ def rollout_metrics(rewards, completion_mask, truncated, group_size: int, xp=np)
               response_len=mask.sum(1).mean(), truncated_frac=xp.asarray(truncated).mean())
 
 
-def step_record(step_metrics: Mapping, rollout_stats: Mapping, config, sampling_rounds: int = 1,
-                groups_without_spread: int = 0, reward_errors: int = 0) -> dict:
+def step_record(step_metrics: Mapping, rollout_stats: Mapping, on_reward_error: str,
+                sampling_rounds: int = 1, groups_without_spread: int = 0,
+                reward_errors: int = 0) -> dict:
   """One step's metrics record (before evaluation and timing) from host values: the RL step's
   metrics, then the rollout's (`rollout_metrics`), then the KL coefficient (and the reward
-  errors counted)."""
+  errors counted, under train.on_reward_error="zero")."""
   record = {k: v for k, v in step_metrics.items() if k != "kl_coef"}
   record.update({k: float(v) for k, v in rollout_stats.items()})
   record.update(sampling_rounds=sampling_rounds, groups_without_spread=groups_without_spread,
                 kl_coef=float(step_metrics["kl_coef"]))
-  if config.train.on_reward_error == "zero":
+  if on_reward_error == "zero":
     record["reward_errors"] = reward_errors
   return record
 

@@ -74,7 +74,8 @@ def _rows(tree, rows):
 
 def gfpo_rows(rl, rewards, completion_mask, group_size: int) -> np.ndarray:
   """The rows a step keeps: all of them, or with GFPO (rl.gfpo_keep = k > 0) the k of each
-  group of G' = group_size with the best rl.gfpo_metric (grpo_jax/rl/gfpo.py), in row order."""
+  group of G' = group_size with the best rl.gfpo_metric (grpo_jax/rl/gfpo.py), in row order.
+  rl: the SourceSettings, or the config's rl section."""
   keep = rl.gfpo_keep
   if not keep:
     return np.arange(len(rewards))
@@ -84,16 +85,16 @@ def gfpo_rows(rl, rewards, completion_mask, group_size: int) -> np.ndarray:
   return np.asarray(gfpo_kept_rows(mask, group_size, keep))
 
 
-def collect(params, positions: list, keys: list, task, config, samplers: Samplers, axis,
+def collect(params, positions: list, keys: list, task, settings, samplers: Samplers, axis,
             needs=(), sources=None) -> list[Collected]:
-  """config.rollout.num_prompts groups of G completions for each seed of `axis` (see module
+  """settings.num_prompts groups of G completions for each seed of `axis` (see module
   docstring; with GFPO, the k kept of G' sampled); positions and keys are per seed (data
-  positions, step keys); `sources` the rewards (score_round)."""
-  r_cfg, rl = config.rollout, config.rl
-  num_prompts, sampled = r_cfg.num_prompts, r_cfg.group_size
-  group = rl.gfpo_keep or sampled
-  on_error = config.train.on_reward_error
-  bucket = config.data.prompt_bucket if hasattr(config, "data") else 0  # (tests' bare configs)
+  positions, step keys); settings: the run's SourceSettings (experience_source.py); `sources`
+  the rewards (score_round)."""
+  num_prompts, sampled = settings.num_prompts, settings.group_size
+  group = settings.gfpo_keep or sampled
+  on_error = settings.on_reward_error
+  bucket = settings.prompt_bucket
   seeds = len(axis)
   kept, spare = [[] for _ in range(seeds)], [[] for _ in range(seeds)]
   position, rounds, errors = list(positions), [0] * seeds, [0] * seeds
@@ -130,15 +131,15 @@ def collect(params, positions: list, keys: list, task, config, samplers: Sampler
           task, prompts[s], rollouts[s], greedy[s], sampled, on_error, needs, sources)
       errors[s] += bad
       scored[s] += len(rewards) + extra_scored
-      kept_rows = gfpo_rows(rl, rewards, rollouts[s].completion_mask, sampled)
+      kept_rows = gfpo_rows(settings, rewards, rollouts[s].completion_mask, sampled)
       for g in range(num_prompts):
         rows = kept_rows[g * group:(g + 1) * group]
         item = (_rows(rollouts[s], rows), rewards[rows], _rows(extras, rows),
                 {n: v[rows] for n, v in parts.items()}, (prompts[s], g))
         spread = rewards[rows].max() > rewards[rows].min()
-        (kept[s] if (spread or not rl.dynamic_sampling) else spare[s]).append(item)
-      done[s] = (len(kept[s]) >= num_prompts or not rl.dynamic_sampling
-                 or rounds[s] > rl.max_extra_rollouts)
+        (kept[s] if (spread or not settings.dynamic_sampling) else spare[s]).append(item)
+      done[s] = (len(kept[s]) >= num_prompts or not settings.dynamic_sampling
+                 or rounds[s] > settings.max_extra_rollouts)
   return [dataclasses.replace(
       _assemble(kept[s], spare[s], num_prompts, position[s] - positions[s], rounds[s],
                 errors[s]), scored=scored[s], decoded_tokens=decoded[s],

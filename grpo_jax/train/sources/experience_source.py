@@ -34,14 +34,17 @@ one is a file, inside the package or outside it (config.imports):
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable, NamedTuple
+from typing import Callable, NamedTuple, Optional
 
 import jax
+from jax.sharding import Mesh
 
+from grpo_jax.data.task import Task
 from grpo_jax.models.partitioning import shardings
 from grpo_jax.registry import Registry
 from grpo_jax.rewards.estimator_inputs import step_needs
 from grpo_jax.rewards.sources import RewardSources
+from grpo_jax.rollout.sampler import Sampling
 from grpo_jax.rollout.types import Rollout
 from grpo_jax.train.learner.experience import RewardInputs
 from grpo_jax.train.run.seed_axis import SeedAxis
@@ -96,22 +99,63 @@ def for_source(rl, train_cfg):
 
 
 @dataclasses.dataclass(frozen=True)
+class SourceSettings:
+  """The config as the sources read it (rollout, rl, train and data fields), a frozen section
+  built once from the validated config (`of`): no source walks the config itself."""
+  name: str  # the source (source_name)
+  num_prompts: int  # rollout.num_prompts: prompts a step learns from
+  group_size: int  # rollout.group_size: completions sampled per prompt (G')
+  gfpo_keep: int = 0  # rl.gfpo_keep: the k of G' a step keeps (0: all)
+  gfpo_metric: str = "length"
+  dynamic_sampling: bool = False  # rl.dynamic_sampling, and its rl.max_extra_rollouts
+  max_extra_rollouts: int = 0
+  prompt_bucket: int = 0  # data.prompt_bucket
+  on_reward_error: str = "raise"  # train.on_reward_error, train.max_reward_error_fraction
+  max_reward_error_fraction: float = 1.0
+  steps: int = 0  # train.steps, train.fused_steps, and when samples are written
+  fused_steps: int = 0
+  eval_every: int = 0
+  samples_every: int = 0
+  num_samples: int = 0
+
+  @classmethod
+  def of(cls, config) -> "SourceSettings":
+    r, rl, t = config.rollout, config.rl, config.train
+    return cls(source_name(t), r.num_prompts, r.group_size, rl.gfpo_keep, rl.gfpo_metric,
+               rl.dynamic_sampling, rl.max_extra_rollouts,
+               config.data.prompt_bucket if "data" in config else 0,  # (tests' bare configs)
+               t.on_reward_error, t.max_reward_error_fraction, t.steps, t.fused_steps,
+               t.eval_every, t.samples_every, t.num_samples)
+
+
+@dataclasses.dataclass(frozen=True)
 class Run:
-  """What a source and the loop need besides the state: built once by loop.train."""
-  config: object
+  """What a source and the learner's advance need besides the state, built once by the RL
+  stage (train/stages/rl.py `Run.of`): typed sections, not the config."""
+  settings: SourceSettings
   axis: SeedAxis
-  task: object
-  spec: StepSpec
+  task: Task
+  spec: StepSpec  # the learner's section (its model, rl section, optimizer)
   base_keys: tuple  # per seed: jax.random.key(seed)
   workdirs: tuple  # per seed: where its records go
-  mesh: object  # the learner's jax Mesh, or None (stacked seeds run on one device)
-  log: object
+  mesh: Optional[Mesh]  # the learner's, or None (stacked seeds run on one device)
+  log: Callable[[str], None]
   sources: RewardSources = RewardSources()  # the rewards and how they combine
-  rollout_mesh: object = None  # the sampler's mesh; None: the learner's
+  rollout_mesh: Optional[Mesh] = None  # the sampler's mesh; None: the learner's
+  sampling: Optional[Sampling] = None  # one row per prompt (its greedy() decodes baselines)
+  rollout: Optional[Sampling] = None  # the training rollout's: G rows per prompt
+  needs: tuple = ()  # what the estimator needs beyond rewards (rewards/estimator_inputs.py)
 
-  @property
-  def needs(self) -> tuple:
-    return step_needs(self.config)
+  @classmethod
+  def of(cls, config, axis, task, spec, base_keys, workdirs, mesh, log,
+         sources=RewardSources(), rollout_mesh=None) -> "Run":
+    r = config.rollout
+    sampling = Sampling.of(spec.model_cfg, task, r, mesh if rollout_mesh is None else
+                           rollout_mesh)
+    rollout = sampling.grouped(r.group_size, config.rl.keep_sampling_mask,
+                               record_routes=True).quantized(r.weight_dtype)
+    return cls(SourceSettings.of(config), axis, task, spec, base_keys, workdirs, mesh, log,
+               sources, rollout_mesh, sampling, rollout, step_needs(config))
 
   @property
   def sampler_mesh(self):

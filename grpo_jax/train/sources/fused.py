@@ -20,7 +20,6 @@ import numpy as np
 
 from grpo_jax.parallel.distributed import to_host
 from grpo_jax.rewards.estimator_inputs import DeviceRound, provide_device
-from grpo_jax.rollout.sampler import Sampling
 from grpo_jax.train.learner.experience import RewardInputs
 from grpo_jax.train.sources.experience_source import register_experience_source, state_jit_options
 from grpo_jax.train.run.metrics import rollout_metrics, step_record
@@ -32,12 +31,8 @@ def make_device_experience(run, device_task):
   """experience(state, source, table) -> (rollout, reward_inputs, DecodeStats): the host
   path's `collect` for one seed without dynamic sampling, on the devices; table is that seed's
   stream."""
-  r_cfg, spec = run.config.rollout, run.spec
-  num_prompts, group = r_cfg.num_prompts, r_cfg.group_size
-  sampling = Sampling.of(spec.model_cfg, run.task, r_cfg, run.mesh)
-  grouped = sampling.grouped(group, run.config.rl.keep_sampling_mask,
-                             record_routes=True).quantized(r_cfg.weight_dtype)
-  needs = run.needs
+  num_prompts, group = run.settings.num_prompts, run.settings.group_size
+  sampling, grouped, needs = run.sampling, run.rollout, run.needs
 
   def experience(state, source, table):
     prompts = device_task.prompts(table, source.data_position, num_prompts)
@@ -60,7 +55,7 @@ def make_fused_iteration(run, device_task):
   device."""
   experience = make_device_experience(run, device_task)
   rl_step = make_rl_step(run.spec)
-  group = run.config.rollout.group_size
+  group = run.settings.group_size
 
   def iteration(run_state, table):
     source = run_state.source
@@ -83,11 +78,11 @@ def make_fused_advance(run, state, samples_out=None):
   """advance(run_state) -> (run_state, records of K steps (each per seed), tokens of each
   step): the experience source "fused" (on-policy, owns the step). samples_out: unused (no
   text on the devices)."""
-  config, axis = run.config, run.axis
-  k = config.train.fused_steps
+  settings, axis = run.settings, run.axis
+  k = settings.fused_steps
   device_task = run.task.device_task()
   # The stream up to the end of the run, one table per seed, placed on the devices once.
-  count = config.train.steps * config.rollout.num_prompts
+  count = settings.steps * settings.num_prompts
   tables = axis.stack([jax.tree.map(jnp.asarray, device_task.stream(s, count))
                        for s in axis.seeds])
   iteration = make_fused_iteration(run, device_task)
@@ -108,7 +103,7 @@ def make_fused_advance(run, state, samples_out=None):
         stats = one.pop("rollout")
         one.pop("step_tokens")
         decoded, slot_steps = one.pop("decode")
-        step_records.append(step_record(one, stats, config) | dict(
+        step_records.append(step_record(one, stats, settings.on_reward_error) | dict(
             decode_slot_utilisation=int(decoded) / max(int(slot_steps), 1)))
       records.append(step_records)
       tokens.append(sum(int(np.asarray(m["step_tokens"])[i]) for m in per_seed))

@@ -11,7 +11,6 @@ import numpy as np
 
 from grpo_jax.parallel.distributed import to_host
 from grpo_jax.parallel.mesh import shard_batch
-from grpo_jax.rollout.sampler import Sampling
 from grpo_jax.train.run.checkpoint import step_of
 from grpo_jax.train.sources.collect import Samplers, collect
 from grpo_jax.train.sources.experience_source import Experience, Run, register_experience_source
@@ -25,17 +24,13 @@ from grpo_jax.train.learner.state import policy_params, rollout_key
 def make_host_source(run: Run, state, samples_out=None):
   """next_experience(train_state, source_state) -> (source_state, Experience): the host path.
   On a step `samples_due`, the first seed's training samples are appended to samples_out."""
-  config, axis, mesh = run.config, run.axis, run.sampler_mesh
-  r_cfg = config.rollout
-  sampling = Sampling.of(run.spec.model_cfg, run.task, r_cfg, mesh)
+  settings, axis, mesh = run.settings, run.axis, run.sampler_mesh
   place = ((lambda *xs: shard_batch(xs, mesh, replicate_indivisible=True))
            if mesh is not None else (lambda *xs: xs))
-  grouped = sampling.grouped(r_cfg.group_size, config.rl.keep_sampling_mask,
-                             record_routes=True).quantized(r_cfg.weight_dtype)
   samplers = Samplers(
-      sample=axis.compile(lambda p, t, m, k: grouped.with_stats(p, *place(t, m), k)),
-      greedy=axis.compile(lambda p, t, m: sampling.greedy()(p, *place(t, m),
-                                                            jax.random.key(0))))
+      sample=axis.compile(lambda p, t, m, k: run.rollout.with_stats(p, *place(t, m), k)),
+      greedy=axis.compile(lambda p, t, m: run.sampling.greedy()(p, *place(t, m),
+                                                                jax.random.key(0))))
   rollout_keys = axis.compile(rollout_key)
 
   def next_experience(train_state, source):
@@ -43,14 +38,14 @@ def make_host_source(run: Run, state, samples_out=None):
     version = step_of(train_state)
     started = time.perf_counter()
     collected = collect(run.sync_weights(policy_params(train_state)), positions,
-                        axis.unstack(rollout_keys(source)), run.task, config, samplers, axis,
+                        axis.unstack(rollout_keys(source)), run.task, settings, samplers, axis,
                         run.needs, run.sources)
-    if samples_out is not None and samples_due(config.train, version + 1):
+    if samples_out is not None and samples_due(settings, version + 1):
       samples_out.extend(train_samples(run.task, collected[0], run.spec.group_size,
-                                       version + 1, config.train.num_samples))
+                                       version + 1, settings.num_samples))
     for c in collected:  # before the update: a step mostly scored 0 must not train
       check_reward_error_fraction(c.reward_errors, c.scored,
-                                  config.train.max_reward_error_fraction, version + 1)
+                                  settings.max_reward_error_fraction, version + 1)
     rollout = axis.stack([c.rollout._replace(version=np.full(
         np.shape(c.rollout.truncated), version, np.int32)) for c in collected])
     inputs = axis.stack([c.inputs for c in collected])

@@ -129,7 +129,7 @@ def _train(config, workdir: str, log, axis: SeedAxis, mesh, task, configs, base_
   optimizer = make_optimizer(config.optim, t_cfg.steps * rl.num_iterations * rl.num_minibatches)
   spec = StepSpec(model_cfg, rl, optimizer, config_lib.update_group_size(config),
                   r_cfg.temperature, r_cfg.max_new_tokens)
-  run = Run(config, axis, task, spec, base_keys, workdirs, mesh, log, sources)
+  run = Run.of(config, axis, task, spec, base_keys, workdirs, mesh, log, sources)
   # Named by the seeds: a later run of other seeds in the same workdir starts its own.
   directory = ("checkpoints" if not axis.stacked else
                f"checkpoints_seeds_{'_'.join(map(str, axis.seeds))}")
@@ -199,7 +199,7 @@ def _train(config, workdir: str, log, axis: SeedAxis, mesh, task, configs, base_
       # Under the run's mesh, the model's activation constraints (parallel/mesh.constrain)
       # take effect.
       with (jax.set_mesh(mesh) if mesh is not None else contextlib.nullcontext()):
-        return _run(run, state, resumed, ckpts, sigterm)
+        return _run(config, run, state, resumed, ckpts, sigterm)
   finally:
     ckpts.close()
 
@@ -294,9 +294,9 @@ def _check_batches_fit_mesh(config, mesh) -> None:
         f"expert devices.")
 
 
-def _run(run: Run, state, resumed: bool, ckpts, sigterm) -> RunState:
+def _run(config, run: Run, state, resumed: bool, ckpts, sigterm) -> RunState:
   """The RL steps from the state's step to config.train.steps (see `train`)."""
-  config, axis, log = run.config, run.axis, run.log
+  axis, log = run.axis, run.log
   r_cfg, t_cfg = config.rollout, config.train
   pending = []  # sample records of the step being run (grpo_jax/train/run/samples.py)
   advance = make_advance(run, state, pending)
@@ -306,7 +306,7 @@ def _run(run: Run, state, resumed: bool, ckpts, sigterm) -> RunState:
   enabled = distributed.is_main_process()
   writers = [MetricsWriter(wd, t_cfg.steps, stream=None if axis.stacked else sys.stdout,
                            enabled=enabled, wandb_run=start_wandb(c, wd) if enabled else None)
-             for wd, c in zip(run.workdirs, [_with_seed(run.config, s) for s in axis.seeds])]
+             for wd, c in zip(run.workdirs, [_with_seed(config, s) for s in axis.seeds])]
   samplers = [SamplesWriter(wd, enabled, w) for wd, w in zip(run.workdirs, writers)]
 
   def evaluate(state, step):

@@ -19,17 +19,17 @@ from grpo_jax.models.packing import token_capacity
 from grpo_jax.parallel.distributed import to_host
 from grpo_jax.train.run.checkpoint import step_of
 from grpo_jax.train.sources.experience_source import (EXPERIENCE_SOURCES, Run,
-                                              source_name, state_jit_options)
+                                                      state_jit_options)
 from grpo_jax.train.run.metrics import step_record
 from grpo_jax.train.learner.state import RunState
 from grpo_jax.train.learner.step import make_rl_step
 
 
-def learner_record(step_metrics: dict, source_record: dict, config) -> dict:
+def learner_record(step_metrics: dict, source_record: dict, on_reward_error: str) -> dict:
   """One step's record: the RL step's metrics, the rollout's (step_record), then the rest of
   what the source measured, in its order."""
   rest = dict(source_record)
-  record = step_record(step_metrics, rest.pop("rollout"), config,
+  record = step_record(step_metrics, rest.pop("rollout"), on_reward_error,
                        rest.pop("sampling_rounds", 1), rest.pop("groups_without_spread", 0),
                        rest.pop("reward_errors", 0))
   return record | rest
@@ -48,8 +48,7 @@ def check_staleness(version: int, step: int, max_staleness: int, name: str) -> N
 
 def make_advance(run: Run, state: RunState, samples_out=None):
   """advance(run_state) -> (run_state, [per-seed records of the step], [its tokens])."""
-  config, axis = run.config, run.axis
-  name = source_name(config.train)
+  axis, rl, name = run.axis, run.spec.rl, run.settings.name
   source = EXPERIENCE_SOURCES.get(name)
   made = source.make(run, state, samples_out)
   if source.owns_step:
@@ -60,12 +59,11 @@ def make_advance(run: Run, state: RunState, samples_out=None):
     """The jitted RL step for this rollout: with rl.pack_tokens, the one of its packed token
     capacity (models/packing.py: at most rl.pack_tokens of them over a run)."""
     capacity = None
-    if config.rl.pack_tokens:
+    if rl.pack_tokens:
       rows, width = np.shape(rollout.completion_mask)[-2:]
       lengths = np.sum(to_host(rollout.completion_mask), axis=-1)
-      capacity = token_capacity(lengths, rows // (config.rl.num_minibatches *
-                                                  config.rl.num_micro_batches),
-                                width - 1, config.rl.pack_tokens)
+      capacity = token_capacity(lengths, rows // (rl.num_minibatches * rl.num_micro_batches),
+                                width - 1, rl.pack_tokens)
     if capacity not in rl_steps:
       spec = dataclasses.replace(run.spec, token_capacity=capacity)
       rl_steps[capacity] = axis.compile(make_rl_step(spec),
@@ -84,7 +82,7 @@ def make_advance(run: Run, state: RunState, samples_out=None):
     packed = {} if capacity is None else {"packed_token_capacity": capacity}
     stale = ({} if not source.max_staleness else
              {"experience_staleness": step - experience.version})
-    records = [learner_record(m, r, config) | packed | stale | dict(time_update_s=update_s)
+    records = [learner_record(m, r, run.settings.on_reward_error) | packed | stale | dict(time_update_s=update_s)
                for m, r in zip(axis.unstack(metrics), experience.records)]
     return RunState(train, source_state), [records], [experience.tokens]
 

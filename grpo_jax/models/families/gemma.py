@@ -1,5 +1,7 @@
-"""Gemma 2 and Gemma 3 (text) on the one decoder (models/decoder.py), as transformers 5 defines
-them (Gemma2ForCausalLM, Gemma3ForCausalLM):
+"""The Gemma family: Gemma 2 and Gemma 3 (text) on the shared decoder (models/decoder.py), as
+transformers 5 defines them (Gemma2ForCausalLM, Gemma3ForCausalLM). Its blocks (`GemmaBlocks`)
+differ from Llama's in the first four points; the rest are config.json's numbers, which the
+shared attention reads (ModelConfig):
 
   * RMSNorm times (1 + weight), every norm (and Gemma 3's q/k norms);
   * the embeddings times sqrt(hidden_size), in the compute dtype (the tied output projection
@@ -24,7 +26,8 @@ checkpoint's tokenizer files, as for every family.
 
 from __future__ import annotations
 
-from grpo_jax.models.families import ModelFamily, register_model_family
+from grpo_jax.models.blocks import MLP, Blocks, RMSNorm, gelu_tanh, residual_constrain
+from grpo_jax.models.families.registry import ModelFamily, register_blocks, register_model_family
 
 GELU_TANH = "gelu_pytorch_tanh"
 SLIDING, FULL = "sliding_attention", "full_attention"
@@ -56,9 +59,8 @@ def _common(hf_config: dict, pattern: int) -> dict:
   if hf_config.get("use_bidirectional_attention"):
     raise ValueError("config.json use_bidirectional_attention=true is not supported; a causal "
                      "language model attends to the left only.")
-  return dict(norm_plus_one=True, embed_scale=True, mlp_activation=_activation(hf_config),
-              sandwich_norms=True,
-              query_pre_attn_scalar=float(hf_config.get("query_pre_attn_scalar") or 256),
+  _activation(hf_config)
+  return dict(query_pre_attn_scalar=float(hf_config.get("query_pre_attn_scalar") or 256),
               attn_softcap=float(hf_config.get("attn_logit_softcapping") or 0.0),
               final_softcap=float(hf_config.get("final_logit_softcapping") or 0.0),
               sliding_window=int(hf_config.get("sliding_window") or 0),
@@ -122,10 +124,42 @@ def gemma3_export(model_cfg) -> dict:
           "rope_local_base_freq": local["rope_theta"], "rope_scaling": None}
 
 
+class GemmaBlocks(Blocks):
+  """(1 + w) RMSNorms, a GeGLU MLP, embeddings times sqrt(hidden_size) and four norms a layer:
+  x + post_attn_norm(attn(input_norm(x))), then + post_ff_norm(mlp(pre_ff_norm(.)))."""
+
+  name = "gemma"
+
+  def norm(self, cfg, name):
+    return RMSNorm(cfg.rms_norm_eps, cfg.param_dtype, True, name=name)
+
+  def mlp(self, cfg):
+    mlp = MLP(cfg, gelu_tanh, name="mlp")
+    return lambda h, adapters, routes: mlp(h, adapters)
+
+  def embed_scale(self, cfg):
+    return cfg.hidden_size ** 0.5
+
+  def layer(self, cfg, attend, mlp):
+    norms = [self.norm(cfg, n) for n in ("input_layernorm", "post_attention_layernorm",
+                                         "pre_feedforward_layernorm",
+                                         "post_feedforward_layernorm")]
+
+    def stream(x, *attention_inputs):
+      h, layer_cache = attend(norms[0](x), *attention_inputs)
+      x = residual_constrain(x + norms[1](h))
+      return residual_constrain(x + norms[3](mlp(norms[2](x)))), layer_cache
+    return stream
+
+  def export_model_type(self, cfg):
+    return "gemma3_text" if cfg.qk_norm else "gemma2"
+
+
+register_blocks(GemmaBlocks())
 register_model_family(ModelFamily(
     "gemma2", "Gemma2ForCausalLM", default_head_dim=256, read_extras=gemma2_fields,
-    write_extras=_export, gemma_norms=True))
+    write_extras=_export, blocks="gemma"))
 register_model_family(ModelFamily(
     "gemma3_text", "Gemma3ForCausalLM", qk_norm=True, default_head_dim=256,
     read_extras=gemma3_fields, rope_config=gemma3_rope_config, write_extras=gemma3_export,
-    gemma_norms=True))
+    blocks="gemma"))

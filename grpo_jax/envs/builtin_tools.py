@@ -1,0 +1,94 @@
+"""The built-in tools: a calculator, a Python executor (envs/sandbox.py) and retrieval over a
+local text corpus."""
+
+from __future__ import annotations
+
+import ast
+import collections
+import math
+import operator
+import re
+
+from grpo_jax.envs.sandbox import run_python
+from grpo_jax.envs.tools import Tool
+
+_BINARY = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul,
+           ast.Div: operator.truediv, ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod,
+           ast.Pow: operator.pow}
+_UNARY = {ast.UAdd: operator.pos, ast.USub: operator.neg}
+MAX_EXPRESSION_CHARS, MAX_EXPONENT, MAX_DIGITS = 200, 64, 200
+
+
+def calculate(expression: str) -> str:
+  """The value of an arithmetic expression: numbers, + - * / // % **, parentheses. Parsed by
+  Python's ast and evaluated node by node (no eval); anything else raises ValueError."""
+  if len(expression) > MAX_EXPRESSION_CHARS:
+    raise ValueError(f"the expression is longer than {MAX_EXPRESSION_CHARS} characters")
+  try:
+    tree = ast.parse(expression.strip(), mode="eval").body
+  except SyntaxError:
+    raise ValueError(f"{expression!r} is not an arithmetic expression") from None
+
+  def value(node):
+    if isinstance(node, ast.Constant) and type(node.value) in (int, float):
+      return node.value
+    if isinstance(node, ast.UnaryOp) and type(node.op) in _UNARY:
+      return _UNARY[type(node.op)](value(node.operand))
+    if isinstance(node, ast.BinOp) and type(node.op) in _BINARY:
+      left, right = value(node.left), value(node.right)
+      if isinstance(node.op, ast.Pow) and abs(right) > MAX_EXPONENT:
+        raise ValueError(f"exponents above {MAX_EXPONENT} are not computed")
+      out = _BINARY[type(node.op)](left, right)
+      if isinstance(out, int) and abs(out) >= 10 ** MAX_DIGITS:
+        raise ValueError(f"the result has more than {MAX_DIGITS} digits")
+      return out
+    raise ValueError(f"{ast.unparse(node)!r} is not a number or an arithmetic operation")
+
+  try:
+    out = value(tree)
+  except ZeroDivisionError:
+    raise ValueError("division by zero") from None
+  if isinstance(out, float) and out.is_integer() and abs(out) < 2**53:
+    return str(int(out))
+  return repr(out) if isinstance(out, float) and math.isfinite(out) else str(out)
+
+
+CALCULATOR = Tool(
+    "calculator", "Evaluates an arithmetic expression (+ - * / // % ** and parentheses).",
+    {"type": "object", "properties": {"expression": {
+        "type": "string", "description": "e.g. 1234 * 5678"}}, "required": ["expression"]},
+    calculate, timeout_s=2.0)
+
+PYTHON = Tool(
+    "python", "Runs a Python program (standard library only, no network, 5 s) and returns what "
+    "it prints.",
+    {"type": "object", "properties": {"code": {"type": "string", "description": "the program"}},
+     "required": ["code"]},
+    run_python, timeout_s=10.0)
+
+_WORD = re.compile(r"\w+")
+
+
+def retrieval_tool(documents: list, k: int = 3, k1: float = 1.5, b: float = 0.75) -> Tool:
+  """A "search" tool over `documents` (strings): the k best by BM25 of the query's words."""
+  docs = [[w.lower() for w in _WORD.findall(d)] for d in documents]
+  counts = [collections.Counter(d) for d in docs]
+  average = sum(map(len, docs)) / max(len(docs), 1)
+  frequency = collections.Counter(w for c in counts for w in c)
+
+  def search(query: str) -> str:
+    words = [w.lower() for w in _WORD.findall(query)]
+    def score(i):
+      total = 0.0
+      for w in words:
+        f = counts[i][w]
+        idf = math.log(1 + (len(docs) - frequency[w] + 0.5) / (frequency[w] + 0.5))
+        total += idf * f * (k1 + 1) / (f + k1 * (1 - b + b * len(docs[i]) / average))
+      return total
+    best = sorted(range(len(docs)), key=lambda i: (-score(i), i))[:k]
+    found = [f"[{i}] {documents[i]}" for i in best if score(i) > 0]
+    return "\n".join(found) if found else "No document matches."
+
+  return Tool("search", "Finds the passages of the corpus that best match a query.",
+              {"type": "object", "properties": {"query": {"type": "string"}},
+               "required": ["query"]}, search, timeout_s=5.0)

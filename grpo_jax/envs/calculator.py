@@ -1,0 +1,66 @@
+"""The calculator environment (env.name="calculator"): multiply two numbers of env.digits
+digits, which a small model cannot do in its head, with the calculator tool.
+
+The user asks "What is A * B?". Each assistant turn either calls tools (parsed by
+env.tool_parser; the results come back as "tool" messages and the episode goes on) or answers
+"Answer: N", which ends the episode with reward 1 if N = A * B, else 0. An episode without an
+answer after env.max_turns turns ends with reward 0. env.tools=False offers no tool (the
+control: the same task without the calculator).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import re
+
+import numpy as np
+
+from grpo_jax.envs import StepResult, register_environment
+from grpo_jax.envs.builtin_tools import CALCULATOR
+from grpo_jax.envs.parsers import TOOL_CALL_PARSERS
+from grpo_jax.envs.tools import ERROR_KINDS, call_tools
+
+_ANSWER = re.compile(r"Answer:\s*(-?[\d,]+)")
+
+
+def calculator_rows(count: int, digits: int, seed: int) -> list:
+  """`count` problems {"a", "b"} of `digits`-digit factors, drawn from `seed`."""
+  rng = np.random.default_rng(seed)
+  low, high = 10 ** (digits - 1), 10 ** digits
+  return [{"a": int(a), "b": int(b)} for a, b in rng.integers(low, high, size=(count, 2))]
+
+
+@register_environment("calculator")
+class CalculatorEnv:
+  def __init__(self, digits: int = 4, max_turns: int = 3, tool_parser: str = "hermes",
+               tools: bool = True, max_concurrency: int = 16):
+    self.digits, self.max_turns, self.max_concurrency = digits, max_turns, max_concurrency
+    self.parse = TOOL_CALL_PARSERS.get(tool_parser)
+    self.tools = (CALCULATOR,) if tools else ()
+    self._by_name = {t.name: t for t in self.tools}
+    self._tool_pool = concurrent.futures.ThreadPoolExecutor(max_concurrency,
+                                                            thread_name_prefix="tool")
+
+  def reset(self, row: dict, seed: int):
+    del seed  # the problem is the row's
+    state = dict(a=row["a"], b=row["b"], turn=0, tool_calls=0,
+                 tool_errors={k: 0 for k in ERROR_KINDS})
+    return state, [{"role": "user", "content": f"What is {row['a']} * {row['b']}? Use the "
+                    f"calculator if you need it, then reply 'Answer: <number>'."}]
+
+  def step(self, state: dict, assistant_turn: str) -> StepResult:
+    state = dict(state, turn=state["turn"] + 1)
+    answer = _ANSWER.search(assistant_turn)
+    calls = [] if answer or not self.tools else self.parse(assistant_turn)
+    if calls:
+      outcomes = call_tools(calls, self._by_name, self._tool_pool)
+      errors = dict(state["tool_errors"])
+      for o in outcomes:
+        if o.error:
+          errors[o.error] += 1
+      state = dict(state, tool_calls=state["tool_calls"] + len(calls), tool_errors=errors)
+      done = state["turn"] >= self.max_turns
+      return StepResult(state, [o.message for o in outcomes], 0.0 if done else None, done)
+    right = answer is not None and int(answer.group(1).replace(",", "")) == (state["a"] *
+                                                                            state["b"])
+    return StepResult(state, [], float(right), True)

@@ -1,0 +1,109 @@
+"""Tools an environment offers, and running the calls of an assistant turn.
+
+A Tool is a name, a description and its parameters as JSON Schema (what the chat template's
+`tools=` shows the model, transformers' format), and a Python function of those parameters
+returning text. `call_tools` runs a turn's parsed calls (envs/parsers.py) and returns one
+"tool" message per call; what goes wrong becomes the message, counted by kind in ERROR_KINDS,
+and never raises:
+
+    malformed      the call could not be read (a ParseFailure)
+    unknown_tool   no tool of that name
+    bad_arguments  missing, unexpected or mistyped arguments
+    exception      the tool raised
+    timeout        the tool ran past its time limit (it is abandoned, not awaited)
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import time
+from typing import Callable
+
+from grpo_jax.envs.parsers import ParseFailure
+
+ERROR_KINDS = ("malformed", "unknown_tool", "bad_arguments", "exception", "timeout")
+_JSON_TYPES = {"string": str, "integer": int, "number": (int, float), "boolean": bool,
+               "array": list, "object": dict}
+MAX_RESULT_CHARS = 2000
+
+
+@dataclasses.dataclass(frozen=True)
+class Tool:
+  name: str
+  description: str
+  parameters: dict  # JSON Schema: {"type": "object", "properties": {...}, "required": [...]}
+  function: Callable[..., str]
+  timeout_s: float = 10.0
+
+  def schema(self) -> dict:
+    """The tool as transformers' apply_chat_template(tools=...) takes it."""
+    return {"type": "function", "function": {"name": self.name, "description": self.description,
+                                             "parameters": self.parameters}}
+
+
+@dataclasses.dataclass(frozen=True)
+class CallOutcome:
+  message: dict  # {"role": "tool", "name": ..., "content": ...}
+  error: str = ""  # one of ERROR_KINDS, "" when the tool answered
+  seconds: float = 0.0
+
+
+def _argument_problem(tool: Tool, arguments: dict) -> str:
+  """One sentence on what is wrong with the arguments, or ""."""
+  props = tool.parameters.get("properties", {})
+  missing = [k for k in tool.parameters.get("required", []) if k not in arguments]
+  unexpected = [k for k in arguments if k not in props]
+  if missing or unexpected:
+    return (f"{tool.name} takes {', '.join(props) or 'no arguments'}"
+            + (f"; missing {', '.join(missing)}" if missing else "")
+            + (f"; unexpected {', '.join(unexpected)}" if unexpected else "") + ".")
+  for k, v in arguments.items():
+    want = _JSON_TYPES.get(props[k].get("type"))
+    if want is not None and (not isinstance(v, want) or (isinstance(v, bool) and
+                                                         props[k]["type"] != "boolean")):
+      return f"{tool.name}'s {k} must be a {props[k]['type']}, not {type(v).__name__}."
+  return ""
+
+
+def _message(name: str, content: str) -> dict:
+  if len(content) > MAX_RESULT_CHARS:
+    content = content[:MAX_RESULT_CHARS] + f"... [{len(content) - MAX_RESULT_CHARS} more chars]"
+  return {"role": "tool", "name": name, "content": content}
+
+
+def call_tools(calls: list, tools: dict, pool: concurrent.futures.Executor) -> list:
+  """[CallOutcome] of the parsed `calls` (ToolCall or ParseFailure), in their order; `tools`
+  {name: Tool}; each call runs on `pool`, waited for at most its tool's timeout_s."""
+  outcomes, pending = [], []
+  for call in calls:
+    if isinstance(call, ParseFailure):
+      outcomes.append(CallOutcome(_message("error", f"Error: {call.why}"), "malformed"))
+      continue
+    tool = tools.get(call.name)
+    if tool is None:
+      outcomes.append(CallOutcome(_message(call.name, f"Error: there is no tool {call.name!r}; "
+                                           f"the tools are {', '.join(sorted(tools)) or 'none'}."),
+                                  "unknown_tool"))
+      continue
+    problem = _argument_problem(tool, call.arguments)
+    if problem:
+      outcomes.append(CallOutcome(_message(call.name, f"Error: {problem}"), "bad_arguments"))
+      continue
+    outcomes.append(None)
+    pending.append((len(outcomes) - 1, tool, call, time.perf_counter(),
+                    pool.submit(tool.function, **call.arguments)))
+  for index, tool, call, started, future in pending:
+    try:
+      result = future.result(timeout=max(tool.timeout_s - (time.perf_counter() - started), 0))
+      outcomes[index] = CallOutcome(_message(call.name, str(result)), "",
+                                    time.perf_counter() - started)
+    except concurrent.futures.TimeoutError:
+      outcomes[index] = CallOutcome(_message(call.name, f"Error: {call.name} took longer than "
+                                             f"{tool.timeout_s:g} s and was stopped."), "timeout",
+                                    tool.timeout_s)
+    except Exception as e:  # noqa: BLE001  (a tool's failure is the model's to read)
+      outcomes[index] = CallOutcome(_message(call.name, f"Error: {call.name} failed: "
+                                             f"{type(e).__name__}: {e}"), "exception",
+                                    time.perf_counter() - started)
+  return outcomes

@@ -1,0 +1,239 @@
+"""Environments and tools (grpo_jax/envs/): the tool-call parsers, every tool error kind as a
+tool message, the calculator against Python's arithmetic, the sandbox's limits, retrieval,
+the calculator environment's episodes, and episodes that do not depend on tool timing."""
+
+import dataclasses
+import os
+import random
+import time
+
+import numpy as np
+import pytest
+
+from grpo_jax.envs import ENVIRONMENTS
+from grpo_jax.envs.builtin_tools import CALCULATOR, PYTHON, calculate, retrieval_tool
+from grpo_jax.envs.calculator import CalculatorEnv, calculator_rows
+from grpo_jax.envs.parsers import TOOL_CALL_PARSERS, ParseFailure, ToolCall
+from grpo_jax.envs.runner import EpisodeRunner
+from grpo_jax.envs.sandbox import run_python
+from grpo_jax.envs.tools import Tool, call_tools
+
+hermes, pythonic = TOOL_CALL_PARSERS.get("hermes"), TOOL_CALL_PARSERS.get("pythonic")
+
+
+def test_hermes_calls_and_what_cannot_be_read():
+  text = ('Let me compute. <tool_call>\n{"name": "calculator", "arguments": {"expression": '
+          '"2*3"}}\n</tool_call><tool_call>{"name": "search", "arguments": "{\\"query\\": '
+          '\\"cats\\"}"}</tool_call>')
+  assert hermes(text) == [ToolCall("calculator", {"expression": "2*3"}),
+                          ToolCall("search", {"query": "cats"})]
+  assert hermes("no calls here") == []
+  broken, nameless = hermes('<tool_call>{"name": "calculator", </tool_call>'
+                            '<tool_call>{"arguments": {}}</tool_call>')
+  assert isinstance(broken, ParseFailure) and "not valid JSON" in broken.why
+  assert isinstance(nameless, ParseFailure) and "no \"name\"" in nameless.why
+
+
+def test_pythonic_calls_read_literals_only():
+  assert pythonic('[calculator(expression="1 + 2"), search(query="x")]') == [
+      ToolCall("calculator", {"expression": "1 + 2"}), ToolCall("search", {"query": "x"})]
+  positional, computed = pythonic('[calculator("1"), search(query=open("f"))]')
+  assert isinstance(positional, ParseFailure) and isinstance(computed, ParseFailure)
+  assert pythonic("Answer: 42") == []
+
+
+def _slow(seconds):
+  time.sleep(seconds)
+  return "late"
+
+
+def _boom():
+  raise RuntimeError("disk full")
+
+
+def test_every_tool_error_kind_is_a_tool_message(thread_pool):
+  tools = {t.name: t for t in (
+      CALCULATOR,
+      Tool("slow", "sleeps", {"type": "object", "properties": {"seconds": {"type": "number"}},
+                              "required": ["seconds"]}, _slow, timeout_s=0.2),
+      Tool("boom", "fails", {"type": "object", "properties": {}}, _boom))}
+  calls = [ParseFailure("{", "the tool call is not valid JSON."),
+           ToolCall("calc", {"expression": "1"}),
+           ToolCall("calculator", {}),
+           ToolCall("calculator", {"expression": 7}),
+           ToolCall("calculator", {"expression": "1", "extra": 1}),
+           ToolCall("boom", {}),
+           ToolCall("slow", {"seconds": 3}),
+           ToolCall("calculator", {"expression": "1234 * 5678"})]
+  started = time.perf_counter()
+  outcomes = call_tools(calls, tools, thread_pool)
+  assert time.perf_counter() - started < 2.5  # the slow tool is abandoned, not awaited
+  assert [o.error for o in outcomes] == ["malformed", "unknown_tool", "bad_arguments",
+                                         "bad_arguments", "bad_arguments", "exception",
+                                         "timeout", ""]
+  assert all(o.message["role"] == "tool" for o in outcomes)
+  texts = [o.message["content"] for o in outcomes]
+  assert texts[1] == "Error: there is no tool 'calc'; the tools are boom, calculator, slow."
+  assert texts[2] == "Error: calculator takes expression; missing expression."
+  assert texts[3] == "Error: calculator's expression must be a string, not int."
+  assert texts[5] == "Error: boom failed: RuntimeError: disk full"
+  assert texts[6] == "Error: slow took longer than 0.2 s and was stopped."
+  assert texts[7] == "7006652"
+
+
+@pytest.fixture
+def thread_pool():
+  import concurrent.futures  # noqa: PLC0415
+  with concurrent.futures.ThreadPoolExecutor(8) as pool:
+    yield pool
+
+
+def test_calculator_equals_python_arithmetic_and_refuses_the_rest():
+  rng = random.Random(0)
+  for _ in range(300):
+    expr = str(rng.randint(-999, 9999))
+    for _ in range(rng.randint(1, 4)):
+      expr = f"({expr}) {rng.choice(['+', '-', '*', '//', '%', '/'])} {rng.randint(1, 999)}"
+    want = eval(expr)  # noqa: S307  (the reference, on expressions this test wrote)
+    got = calculate(expr)
+    assert float(got) == pytest.approx(want, rel=1e-12), expr
+  assert calculate("2 ** 10") == "1024" and calculate("-(3 + 4) * 2") == "-14"
+  for bad, why in [("__import__('os').system('ls')", "is not a number"),
+                   ("(1).__class__", "is not a number"), ("9 ** 9999", "exponents above 64"),
+                   ("1 / 0", "division by zero"), ("x + 1", "is not a number"),
+                   ("1 +", "is not an arithmetic expression")]:
+    with pytest.raises(ValueError, match=why):
+      calculate(bad)
+
+
+@pytest.mark.parametrize("program,says", [
+    ("while True:\n  pass", "Stopped: the program ran past its 2 s limit."),
+    ("x = bytearray(10 * 2**30)", "Stopped: the program ran out of its 512 MiB of memory"),
+    ("open('/tmp/grpo_jax_sandbox_escape.txt', 'w').write('x')",
+     "Refused: the sandbox refuses to write /tmp/grpo_jax_sandbox_escape.txt"),
+    ("import os\nfor _ in range(100):\n  os.fork()", "Refused: the sandbox refuses os.fork"),
+    ("import socket\nsocket.create_connection(('example.com', 80))",
+     "Refused: the sandbox refuses to import socket"),
+    ("import os\nos.system('touch /tmp/grpo_jax_sandbox_escape.txt')",
+     "Refused: the sandbox refuses os.system"),
+    ("import grpo_jax", "ModuleNotFoundError: No module named 'grpo_jax'"),
+])
+def test_the_sandbox_stops_or_refuses_with_a_clear_message(program, says):
+  assert says in run_python(program, timeout_s=2.0)
+  assert not os.path.exists("/tmp/grpo_jax_sandbox_escape.txt")
+  # and the next program runs as usual, in a fresh folder (the last one was removed)
+  assert run_python("import os\nopen('f.txt', 'w').write('1')\nprint(sorted(os.listdir()))",
+                    timeout_s=2.0) == "['f.txt']\n"
+
+
+def test_the_sandbox_truncates_its_output():
+  out = PYTHON.function(code="print('x' * 5000)")
+  assert out.startswith("x" * 2000) and out.endswith("[3001 more chars]")
+
+
+def test_retrieval_ranks_by_bm25():
+  corpus = ["The capital of France is Paris.", "Paris Hilton is a celebrity.",
+            "Berlin is the capital of Germany.", "Cats sleep a lot."]
+  search = retrieval_tool(corpus, k=2).function
+  assert search("capital of France").splitlines() == [f"[0] {corpus[0]}", f"[2] {corpus[2]}"]
+  assert search("quantum chromodynamics") == "No document matches."
+
+
+def _episode(env, row, turns):
+  state, messages = env.reset(row, 0)
+  trace = [messages]
+  for turn in turns:
+    result = env.step(state, turn)
+    trace.append((result.messages, result.reward, result.done))
+    state = result.state
+    if result.done:
+      break
+  return trace, state
+
+
+def test_calculator_episodes():
+  env = ENVIRONMENTS.get("calculator")()
+  row = {"a": 1234, "b": 5678}
+  call = ('<tool_call>{"name": "calculator", "arguments": {"expression": "1234 * 5678"}}'
+          '</tool_call>')
+  trace, state = _episode(env, row, [call, "Answer: 7006652"])
+  assert trace[1] == ([{"role": "tool", "name": "calculator", "content": "7006652"}], None,
+                      False)
+  assert trace[2] == ([], 1.0, True) and state["tool_calls"] == 1
+  trace, _ = _episode(env, row, ["Answer: 7,006,653"])
+  assert trace[1] == ([], 0.0, True)
+  trace, state = _episode(env, row, [call] * 5)  # never answers: max_turns ends it
+  assert len(trace) == 4 and trace[-1][1:] == (0.0, True) and state["turn"] == 3
+  no_tools = CalculatorEnv(tools=False)
+  trace, state = _episode(no_tools, row, [call, "Answer: 7006652"])
+  assert trace[1] == ([], 0.0, True) and state["tool_calls"] == 0  # a call is not an answer
+  rows = calculator_rows(50, 4, seed=3)
+  assert rows == calculator_rows(50, 4, seed=3)
+  assert all(1000 <= r["a"] <= 9999 and 1000 <= r["b"] <= 9999 for r in rows)
+
+
+class _JitteryCalculator(CalculatorEnv):
+  """The calculator environment whose tool sleeps a random 0-50 ms per call."""
+
+  def __init__(self, max_concurrency):
+    super().__init__(max_concurrency=max_concurrency)
+    rng = random.Random()
+
+    def jittery(expression):
+      time.sleep(rng.random() * 0.05)
+      return CALCULATOR.function(expression)
+    self._by_name = {"calculator": dataclasses.replace(CALCULATOR, function=jittery)}
+
+
+def test_episodes_do_not_depend_on_tool_timing_or_concurrency():
+  rows = calculator_rows(16, 4, seed=1)
+  turns = [[f'<tool_call>{{"name": "calculator", "arguments": {{"expression": '
+            f'"{r["a"]} * {r["b"]}"}}}}</tool_call>' for r in rows],
+           [f"Answer: {r['a'] * r['b'] + (i % 3 == 0)}" for i, r in enumerate(rows)]]
+
+  def play(concurrency):
+    with EpisodeRunner(_JitteryCalculator(concurrency)) as runner:
+      states = [s for s, _ in runner.reset(rows, list(range(16)))]
+      out = []
+      for t in turns:
+        results = runner.step(states, t)
+        out.append([(r.messages, r.reward, r.done) for r in results])
+        states = [r.state for r in results]
+      return out
+
+  concurrent, sequential = play(16), play(1)
+  assert concurrent == sequential
+  rewards = np.array([r[1] for r in concurrent[1]])
+  np.testing.assert_array_equal(rewards, [0.0 if i % 3 == 0 else 1.0 for i in range(16)])
+
+
+def test_the_environment_adds_the_templates_delta_and_never_retokenises_the_assistant(
+    tmp_path):
+  from grpo_jax.envs.chat import environment_delta_ids, render  # noqa: PLC0415
+  from tests.hf_fixtures import save_tiny_tokenizer  # noqa: PLC0415
+  tok = save_tiny_tokenizer(tmp_path)
+  env = CalculatorEnv()
+  state, first = env.reset({"a": 1234, "b": 5678}, 0)
+  prompt = tok.encode(render(tok, first, env.tools, add_generation_prompt=True))
+  # The sampler's ids for the first turn, one token per character: the same text as BPE's
+  # encoding of it, but other ids (a model may sample any spelling of a text).
+  call = ('<tool_call>{"name": "calculator", "arguments": {"expression": "1234 * 5678"}}'
+          '</tool_call>')
+  sampled = [tok.convert_tokens_to_ids(t) for c in call for t in tok.tokenize(c)]
+  sampled.append(tok.convert_tokens_to_ids("<|im_end|>"))
+  text = tok.decode(sampled[:-1])
+  assert text == call and tok.encode(text) != sampled[:-1]
+  result = env.step(state, text)
+  delta = environment_delta_ids(tok, first, text, result.messages, env.tools)
+  episode = prompt + sampled + delta
+  assert episode[len(prompt):len(prompt) + len(sampled)] == sampled  # the sampler's own ids
+  assert tok.decode(delta) == ("\n<|im_start|>tool\n7006652<|im_end|>\n"
+                               "<|im_start|>assistant\n")
+  whole = render(tok, first + [{"role": "assistant", "content": text}] + result.messages,
+                 env.tools, add_generation_prompt=True)
+  assert tok.decode(episode) == whole  # the same text, but not the ids re-encoding gives:
+  assert tok.encode(whole) != episode
+  last_only = "{{ messages[-1]['content'] }}"
+  tok.chat_template = last_only
+  with pytest.raises(ValueError, match="renders the episode's earlier turns differently"):
+    environment_delta_ids(tok, first, text, result.messages)
