@@ -237,3 +237,30 @@ def test_the_environment_adds_the_templates_delta_and_never_retokenises_the_assi
   tok.chat_template = last_only
   with pytest.raises(ValueError, match="renders the episode's earlier turns differently"):
     environment_delta_ids(tok, first, text, result.messages)
+
+
+TOOLS_TEMPLATE = (  # Qwen 2.5's way, shortened: the tools' JSON in the system turn
+    "{% if tools %}<|im_start|>system\n# Tools\n<tools>\n{% for t in tools %}"
+    "{{ t | tojson }}\n{% endfor %}</tools><|im_end|>\n{% endif %}"
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+def test_tools_reach_the_model_through_its_chat_template(tmp_path):
+  import json  # noqa: PLC0415
+  from grpo_jax.envs.chat import environment_delta_ids, render  # noqa: PLC0415
+  from tests.hf_fixtures import save_tiny_tokenizer  # noqa: PLC0415
+  tok = save_tiny_tokenizer(tmp_path)
+  tok.chat_template = TOOLS_TEMPLATE
+  env = CalculatorEnv()
+  _, first = env.reset({"a": 12, "b": 34}, 0)
+  text = render(tok, first, env.tools, add_generation_prompt=True)
+  shown = json.loads(text.split("<tools>\n")[1].split("\n</tools>")[0])
+  assert shown == {"type": "function", "function": {
+      "name": "calculator", "description": CALCULATOR.description,
+      "parameters": CALCULATOR.parameters}}
+  assert "<tools>" not in render(tok, first, (), add_generation_prompt=True)
+  # The system turn stays where it is as turns follow: the delta is only the new messages.
+  delta = environment_delta_ids(tok, first, "x", [{"role": "tool", "content": "408"}],
+                                env.tools)
+  assert tok.decode(delta) == "\n<|im_start|>tool\n408<|im_end|>\n<|im_start|>assistant\n"

@@ -1,0 +1,139 @@
+"""Sampling multi-turn episodes as token ids (the first form: every turn prefills the episode
+so far again; continuing each row's KV cache is still to come).
+
+`sample_episodes` plays B episodes of an environment with a jitted sampler, turn by turn:
+
+  ids = prompt ids (the first messages, the template's generation prompt)
+      + turn 1: the sampler's ids (through its end-of-turn token), the policy's actions
+      + the environment's answer: the template's delta (envs/chat.py), tokenised once
+      + turn 2: the sampler's ids ...
+
+and returns them as one `Rollout`: prompt (B, P) left-padded, completion (B, N) the rest,
+`action_mask` True on the sampler's ids only (the loss, the KL and the advantage are the
+policy's), `logprobs` the sampler's (0 on environment tokens). An episode ends when the
+environment says done, after env.max_turns turns, or when its N completion ids are spent
+(truncated: reward 0). A turn that reaches the sampler's max_new_tokens without its end-of-turn
+token is closed by one (an environment token, not the policy's action).
+
+Determinism: every turn's sampler call holds all B episodes at their fixed rows (an ended one
+decodes a single ignored token), with the key fold_in(key, turn), so token t of turn k of
+episode r is drawn from (key, turn, r, t) alone, whatever the tools' timing or the order the
+environment's steps finish in (envs/runner.py returns them in order).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import numpy as np
+
+from grpo_jax.envs.chat import environment_delta_ids, render
+from grpo_jax.envs.runner import EpisodeRunner
+from grpo_jax.rollout.types import Rollout
+
+
+@dataclasses.dataclass
+class _Episode:
+  state: object
+  messages: list  # the chat so far, as the template reads it
+  prompt: list  # ids
+  ids: list = dataclasses.field(default_factory=list)  # completion ids after the prompt
+  actions: list = dataclasses.field(default_factory=list)  # bool per id: the policy's
+  logprobs: list = dataclasses.field(default_factory=list)
+  reward: float = 0.0
+  done: bool = False
+  truncated: bool = False
+  turns: int = 0
+
+
+def _left_pad(rows: list, width: int, pad_id: int):
+  tokens = np.full((len(rows), width), pad_id, np.int32)
+  mask = np.zeros((len(rows), width), bool)
+  for i, r in enumerate(rows):
+    tokens[i, width - len(r):] = r
+    mask[i, width - len(r):] = True
+  return tokens, mask
+
+
+def _bucket(n: int, step: int) -> int:
+  return -(-n // step) * step
+
+
+def sample_episodes(sampling, params, env, tokenizer, rows: list, seeds: list, key,
+                    max_completion_tokens: int, width_bucket: int = 32):
+  """(Rollout of the B = len(rows) episodes, [per-episode dict(reward, turns, truncated,
+  state)]). sampling: the turn's `Sampling` (group_size 1; its max_new_tokens caps one turn);
+  max_completion_tokens: N, every id after the prompt (the sampler's and the environment's)."""
+  eot = tokenizer.eos_token
+  with EpisodeRunner(env) as runner:
+    episodes = []
+    for state, messages in runner.reset(rows, seeds):
+      prompt = tokenizer.encode(render(tokenizer, messages, env.tools,
+                                       add_generation_prompt=True), add_special_tokens=False)
+      episodes.append(_Episode(state, list(messages), prompt))
+    for turn in range(env.max_turns):
+      live = [e for e in episodes if not e.done]
+      if not live:
+        break
+      so_far = [e.prompt + e.ids for e in episodes]
+      width = _bucket(max(map(len, so_far)), width_bucket)
+      tokens, mask = _left_pad(so_far, width, sampling.pad_id)
+      limits = np.array([1 if e.done else max(max_completion_tokens - len(e.ids), 1)
+                         for e in episodes], np.int32)
+      out = jax.device_get(sampling.with_stats(params, tokens, mask,
+                                               jax.random.fold_in(key, turn), limits)[0])
+      texts = []
+      for i, e in enumerate(episodes):
+        if e.done:
+          continue
+        n = int(out.completion_mask[i].sum())
+        sampled = out.completion_tokens[i, :n].tolist()
+        e.ids += sampled
+        e.actions += [True] * n
+        e.logprobs += out.logprobs[i, :n].tolist()
+        e.turns += 1
+        ended = n and sampled[-1] == sampling.eos_id
+        texts.append(tokenizer.decode(sampled[:-1] if ended else sampled,
+                                      skip_special_tokens=False))
+        if not ended and len(e.ids) < max_completion_tokens:  # the turn hit its own cap:
+          e.ids.append(sampling.eos_id)  # the environment closes it (not the policy's token)
+          e.actions.append(False)
+          e.logprobs.append(0.0)
+        elif not ended:
+          e.done, e.truncated = True, True
+      stepping = [e for e in live if not e.truncated]
+      texts = [t for e, t in zip(live, texts) if not e.truncated]
+      for e, text, result in zip(stepping, texts, runner.step([e.state for e in stepping],
+                                                               texts)):
+        e.state = result.state
+        if result.done or turn + 1 == env.max_turns:
+          e.done, e.reward = True, float(result.reward or 0.0)
+          continue
+        delta = environment_delta_ids(tokenizer, e.messages, text, result.messages, env.tools,
+                                      eot)
+        e.messages = e.messages + [{"role": "assistant", "content": text}] + result.messages
+        room = max_completion_tokens - len(e.ids)
+        e.ids += delta[:room]
+        e.actions += [False] * min(len(delta), room)
+        e.logprobs += [0.0] * min(len(delta), room)
+        if len(delta) >= room:
+          e.done, e.truncated = True, True
+  return _as_rollout(episodes, max_completion_tokens, sampling.pad_id), [
+      dict(reward=e.reward, turns=e.turns, truncated=e.truncated, state=e.state)
+      for e in episodes]
+
+
+def _as_rollout(episodes: list, n: int, pad_id: int) -> Rollout:
+  width = max(len(e.prompt) for e in episodes)
+  prompt_tokens, prompt_mask = _left_pad([e.prompt for e in episodes], width, pad_id)
+  b = len(episodes)
+  tokens = np.full((b, n), pad_id, np.int32)
+  mask, actions = np.zeros((b, n), bool), np.zeros((b, n), bool)
+  logprobs = np.zeros((b, n), np.float32)
+  for i, e in enumerate(episodes):
+    k = len(e.ids)
+    tokens[i, :k], mask[i, :k], actions[i, :k], logprobs[i, :k] = (e.ids, True, e.actions,
+                                                                   e.logprobs)
+  truncated = np.array([e.truncated for e in episodes])
+  return Rollout(prompt_tokens, prompt_mask, tokens, mask, logprobs, truncated, actions)
