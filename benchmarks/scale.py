@@ -296,11 +296,10 @@ def run(args) -> list:
                        num_minibatches=args.minibatches,
                        shared_prompt_forward=args.shared_prompt_forward)
       optimizer = make_optimizer(optim_section(), 100)
-      run_cfg = types.SimpleNamespace(rl=rl)
       if args.lora_rank:
         state = abstract_state(cfg, params, optimizer, key, args.lora_rank, args.base_dtype)
       else:
-        state = jax.eval_shape(lambda p, k: initial_state(run_cfg, cfg, p, optimizer, k),
+        state = jax.eval_shape(lambda p, k: initial_state(rl, cfg, p, optimizer, k),
                                params, key)
       rollout = sampler.Rollout(
           prompts[0], prompts[1], sds((rows, new), jnp.int32), sds((rows, new), jnp.bool_),

@@ -13,6 +13,8 @@ from __future__ import annotations
 import ml_collections
 
 from grpo_jax.data import addition_work, arithmetic, chat_arithmetic  # noqa: F401  built-in tasks
+from grpo_jax.data import env_task  # noqa: F401  task "env"
+from grpo_jax.envs import calculator  # noqa: F401  its built-in environment
 from grpo_jax.data.task import TASKS
 from grpo_jax.registry import declared_defaults
 
@@ -171,6 +173,16 @@ def get_defaults() -> ml_collections.ConfigDict:
   c.task = ml_collections.ConfigDict(declared_defaults(
       [e.cls.from_config for _, e in TASKS.items() if e.cls.__module__.startswith("grpo_jax.")],
       dict(name="addition")))
+
+  # The environment of task.name="env" (multi-turn episodes, grpo_jax/envs/): env.name (a
+  # registered environment), max_completion_tokens (an episode's ids after the prompt, the
+  # policy's and the environment's; rollout.max_new_tokens caps each turn), then the fields
+  # the built-in environments declare (calculator: digits, max_turns, tool_parser, tools,
+  # max_concurrency, question).
+  from grpo_jax.envs import ENVIRONMENTS  # noqa: PLC0415  (filled by the imports above)
+  c.env = ml_collections.ConfigDict(declared_defaults(
+      [cls for _, cls in ENVIRONMENTS.items() if cls.__module__.startswith("grpo_jax.")],
+      dict(name="calculator", max_completion_tokens=256)))
 
   # Data of file-backed tasks: gsm8k, and a researcher's own (task.name="table";
   # grpo_jax/data/table.py, README "Bring your own data and reward").

@@ -26,6 +26,7 @@ def main(argv):
   from grpo_jax.parallel.platform import check_xla_flags, start_backend
   from grpo_jax.train.run.evaluation import evaluate
   from grpo_jax.train.run.samples import format_samples
+  from grpo_jax.train.run.sections import EvalSection, ModelSection
   from grpo_jax.train.run.setup import build_model, build_task, check_task_fits_model
   from grpo_jax.train.run.workdir import check_workdir
   check_flags()
@@ -37,15 +38,16 @@ def main(argv):
     check_workdir(_WORKDIR.value, checkpoints=False)
     task = build_task(config)
     key = jax.random.key(config.seed)
-    model_cfg, params = build_model(config, jax.random.fold_in(key, 0))
-    check_task_fits_model(config, model_cfg, task)
+    evaluation = EvalSection.of(config)
+    model_cfg, params = build_model(ModelSection.of(config), jax.random.fold_in(key, 0))
+    check_task_fits_model(model_cfg, task, evaluation.eval_size,
+                          evaluation.rollout.max_new_tokens)
   except config_lib.ConfigError as e:
     _fail(e, 2)
   samples = []
   start = time.perf_counter()
   try:
-    metrics = evaluate(params, task, model_cfg, config.train, config.rollout,
-                       jax.random.fold_in(key, 3), prompt_bucket=config.data.prompt_bucket,
+    metrics = evaluate(params, task, model_cfg, evaluation, jax.random.fold_in(key, 3),
                        samples_out=samples, progress=lambda done, total: print(
                            f"eval: {done}/{total} prompts, {time.perf_counter() - start:.0f} s",
                            flush=True))

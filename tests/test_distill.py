@@ -98,10 +98,11 @@ def test_bad_distillation_configs_are_one_sentence(fields, words, tmp_path):
 
 def test_a_teacher_of_another_vocabulary_is_refused(tmp_path):
   from grpo_jax.train.run.reward_models import build_reward_sources
+  from grpo_jax.train.run.sections import ModelSection, RewardSection  # noqa: PLC0415
   from grpo_jax.train.run.setup import build_task
   config = _student(_tiny_teacher(tmp_path / "teacher", vocab_size=40))
   with pytest.raises(ConfigError, match="vocab_size=40, the policy 16"):
-    build_reward_sources(config, build_task(config))
+    build_reward_sources(RewardSection.of(config), ModelSection.of(config), build_task(config))
 
 
 @pytest.fixture
@@ -127,14 +128,15 @@ def test_a_remote_teacher_gives_the_local_teachers_logprobs_and_run(served, tmp_
   log-probs as the folder loaded in the run (within 1e-5: other padding), and a 2-step run with
   the same reverse KL to the teacher at each step."""
   from grpo_jax.train.run.reward_models import build_reward_sources  # noqa: PLC0415
+  from grpo_jax.train.run.sections import ModelSection, RewardSection  # noqa: PLC0415
   from grpo_jax.train.stages.rl import train  # noqa: PLC0415
   from grpo_jax.train.run.setup import build_task  # noqa: PLC0415
   folder = _tiny_teacher(tmp_path / "teacher")
   url = served(folder)
   local_cfg, remote_cfg = _student(folder), _student(url)
   task = build_task(local_cfg)
-  local = build_reward_sources(local_cfg, task).teacher
-  remote = build_reward_sources(remote_cfg, task).teacher
+  local, remote = (build_reward_sources(RewardSection.of(c), ModelSection.of(c), task).teacher
+                   for c in (local_cfg, remote_cfg))
   prompts = task.train_batch(0, 3, 0)
   rng = np.random.default_rng(0)
   tokens = rng.integers(0, 16, (6, 7)).astype(np.int32)
@@ -152,11 +154,12 @@ def test_a_remote_teacher_gives_the_local_teachers_logprobs_and_run(served, tmp_
 
 def test_a_remote_teacher_of_another_vocabulary_or_not_there_is_one_sentence(served, tmp_path):
   from grpo_jax.train.run.reward_models import build_reward_sources  # noqa: PLC0415
+  from grpo_jax.train.run.sections import ModelSection, RewardSection  # noqa: PLC0415
   from grpo_jax.train.run.setup import build_task  # noqa: PLC0415
   url = served(_tiny_teacher(tmp_path / "teacher", vocab_size=40))
   config = _student(url)
   with pytest.raises(ConfigError, match="has another tokenizer than the policy's"):
-    build_reward_sources(config, build_task(config))
+    build_reward_sources(RewardSection.of(config), ModelSection.of(config), build_task(config))
   config = _student("http://127.0.0.1:9")  # nothing listens on the discard port
   with pytest.raises(ConfigError, match="GET http://127.0.0.1:9/info failed"):
-    build_reward_sources(config, build_task(config))
+    build_reward_sources(RewardSection.of(config), ModelSection.of(config), build_task(config))

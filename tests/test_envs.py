@@ -162,6 +162,8 @@ def test_calculator_episodes():
   assert trace[2] == ([], 1.0, True) and state["tool_calls"] == 1
   trace, _ = _episode(env, row, ["Answer: 7,006,653"])
   assert trace[1] == ([], 0.0, True)
+  for garbled in ("Answer: ,", "Answer: -", "Answer: ,,7"):  # (a sampled turn can be anything)
+    assert _episode(env, row, [garbled])[0][1] == ([], 0.0, True), garbled
   trace, state = _episode(env, row, [call] * 5)  # never answers: max_turns ends it
   assert len(trace) == 4 and trace[-1][1:] == (0.0, True) and state["turn"] == 3
   no_tools = CalculatorEnv(tools=False)

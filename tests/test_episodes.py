@@ -112,6 +112,28 @@ def test_the_same_key_gives_the_same_episodes_whatever_the_tool_timing(setup):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
+def test_an_episodes_tokens_do_not_depend_on_the_batch_it_shares(setup):
+  """With episode ids, an episode draws the same tokens (its log-probs within 1e-5) alone, at
+  another row, or among other episodes: its draws are (key, turn, id, position) alone."""
+  tok, _, params, sampling = setup
+
+  def play(rows, ids):
+    rollout, _ = sample_episodes(sampling, params, Chatter(), tok, rows, list(ids),
+                                 jax.random.key(7), 40, episode_ids=ids)
+    return [(rollout.completion_tokens[i][rollout.completion_mask[i]].tolist(),
+             rollout.logprobs[i][rollout.completion_mask[i]]) for i in range(len(rows))]
+  together = play(ROWS, [10, 11, 12, 13])
+  apart = play([ROWS[2], ROWS[0]], [12, 10]) + play([ROWS[3]], [13])
+  for (ids_a, logp_a), (ids_b, logp_b) in zip([together[2], together[0], together[3]], apart):
+    assert ids_a == ids_b
+    np.testing.assert_allclose(logp_a, logp_b, atol=1e-5)
+  # Without ids a row's index is its r: the same episode at another row draws other tokens.
+  moved = sample_episodes(sampling, params, Chatter(), tok, [ROWS[1], ROWS[0]], [0, 1],
+                          jax.random.key(7), 40)[0]
+  assert (moved.completion_tokens[1][moved.completion_mask[1]].tolist() !=
+          play([ROWS[0]], [0])[0][0])
+
+
 def test_a_spent_budget_truncates_the_episode(setup):
   rollout, info = _play(setup, Chatter(max_turns=10), n=20)
   assert all(e["truncated"] for e in info) and rollout.truncated.all()

@@ -79,7 +79,7 @@ def test_evaluation_scores_take_the_training_rewards_error_policy(mode):
   mask[2] = False
   rollout = types.SimpleNamespace(completion_tokens=right[None], completion_mask=mask[None])
   train_cfg = types.SimpleNamespace(eval_size=4, eval_batch_size=4, eval_pass_k=0,
-                                    num_samples=0, on_reward_error=mode)
+                                    num_samples=0, on_reward_error=mode, prompt_bucket=0)
   generate = lambda *_: rollout  # noqa: E731
   if mode == "raise":
     with pytest.raises(faults.RewardError) as err:
@@ -101,7 +101,8 @@ def test_held_out_scores_of_shape_b_by_1_still_count_and_a_wrong_shape_is_named(
   rollout = types.SimpleNamespace(completion_tokens=batch.target_tokens[None],
                                   completion_mask=batch.target_mask[None])
   train_cfg = types.SimpleNamespace(eval_size=4, eval_batch_size=4, eval_pass_k=0,
-                                    num_samples=0, on_reward_error="raise")
+                                    num_samples=0, on_reward_error="raise",
+                                    prompt_bucket=0)
 
   class Column(_NanOnEmpty):
     def eval_scores(self, batch, tokens, mask):

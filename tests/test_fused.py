@@ -15,6 +15,7 @@ from grpo_jax.train.sources.experience_source import Run
 from grpo_jax.train.stages.rl import initial_state, train
 from grpo_jax.train.run.metrics import TIMING_KEYS
 from grpo_jax.train.run.seed_axis import SeedAxis
+from grpo_jax.train.run.sections import ModelSection, RewardSection
 from grpo_jax.train.run.setup import build_model, build_task
 from grpo_jax.train.learner.state import RunState, create_source_state, make_optimizer, rollout_key
 from grpo_jax.train.learner.step import StepSpec, make_rl_step
@@ -34,12 +35,12 @@ def _config(**rl):
 def _run_and_state(config):
   validate(config)
   task = build_task(config, quiet)
-  model_cfg, params = build_model(config, jax.random.key(0))
+  model_cfg, params = build_model(ModelSection.of(config), jax.random.key(0))
   optimizer = make_optimizer(config.optim, 100)
   spec = StepSpec(model_cfg, config.rl, optimizer, config.rollout.group_size,
                   config.rollout.temperature, config.rollout.max_new_tokens)
   run = Run.of(config, SeedAxis((0,)), task, spec, (jax.random.key(0),), ("",), None, quiet)
-  state = initial_state(config, model_cfg, params, optimizer, jax.random.key(0))
+  state = initial_state(config.rl, model_cfg, params, optimizer, jax.random.key(0))
   # a position past the stream's start
   source = create_source_state(state.key).replace(data_position=np.int32(8))
   return run, state, source

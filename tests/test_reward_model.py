@@ -107,6 +107,7 @@ def test_a_reward_model_with_its_own_tokenizer_reads_re_tokenised_text(tmp_path)
   template and re-tokenised with its tokenizer: the score is transformers' on that text."""
   from configs import grpo_tiny
   from grpo_jax.train.run.reward_models import build_reward_sources
+  from grpo_jax.train.run.sections import ModelSection, RewardSection  # noqa: PLC0415
   from grpo_jax.train.run.setup import build_task
   from tests.hf_fixtures import save_tiny_tokenizer
   tokenizer = save_tiny_tokenizer(tmp_path)
@@ -122,7 +123,7 @@ def test_a_reward_model_with_its_own_tokenizer_reads_re_tokenised_text(tmp_path)
   run = grpo_tiny.get_config()
   run.reward.models = [dict(path=str(tmp_path), name="rm")]
   task = build_task(run)
-  sources = build_reward_sources(run, task)
+  sources = build_reward_sources(RewardSection.of(run), ModelSection.of(run), task)
   assert sources.models[0].tokenizer is not None  # another vocabulary: the re-tokenising path
   prompts = task.train_batch(0, 3, 0)
   tokens, mask = prompts.target_tokens[[0, 0, 1, 1, 2, 2]], prompts.target_mask[[0, 0, 1, 1, 2, 2]]

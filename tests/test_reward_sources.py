@@ -19,6 +19,7 @@ from grpo_jax.models.reward_model import (export_reward_model, init_reward_model
 from grpo_jax.models.value_head import critic_from_reward_model
 from grpo_jax.train.run.reward_models import build_reward_sources
 from grpo_jax.errors import RewardError
+from grpo_jax.train.run.sections import ModelSection, RewardSection
 from grpo_jax.train.run.setup import build_model, build_task
 from tests.test_remote_reward import _Box
 
@@ -44,7 +45,7 @@ def _config(**fields):
 def rm_dir(tmp_path_factory):
   """A random reward model of the tiny policy's shape (score head non-zero), exported."""
   directory = tmp_path_factory.mktemp("rm")
-  cfg, _ = build_model(grpo_tiny.get_config(), jax.random.key(0))
+  cfg, _ = build_model(ModelSection.of(grpo_tiny.get_config()), jax.random.key(0))
   params = init_reward_model(cfg, jax.random.key(1))
   params["score"]["kernel"] = jax.random.normal(jax.random.key(2), (cfg.hidden_size, 1))
   export_reward_model(params, cfg, directory, "llama", pad_token_id=0)
@@ -73,7 +74,8 @@ def test_rule_and_reward_model_weighted_against_numpy(rm_dir, combine):
   config.reward.models = [dict(path=str(rm_dir), weight=0.5, name="rm")]
   config_lib.validate(config)
   task = build_task(config)
-  sources = build_reward_sources(config, task, rule_name="exact_match")
+  sources = build_reward_sources(RewardSection.of(config), ModelSection.of(config), task,
+                                 rule_name="exact_match")
   assert sources.names == ("exact_match", "rm") and sources.models[0].tokenizer is None
   prompts, group = task.train_batch(0, 6, 0), 4
   tokens, mask = _rollout(task, prompts, group)
@@ -207,7 +209,7 @@ def test_process_reward_model_gives_the_process_estimator_its_step_rewards(tmp_p
                       "train.eval_size": 40, "train.eval_batch_size": 40,
                       "rollout.num_prompts": 4, "rollout.group_size": 4,
                       "rl.advantage": "process", "train.checkpoint_every": 0})
-  cfg, _ = build_model(config, jax.random.key(0))
+  cfg, _ = build_model(ModelSection.of(config), jax.random.key(0))
   export_hf_checkpoint(init_params(cfg, jax.random.key(7)), cfg, tmp_path / "prm",
                        model_type="llama")
   task = build_task(config)
@@ -215,7 +217,8 @@ def test_process_reward_model_gives_the_process_estimator_its_step_rewards(tmp_p
   config.reward.process_model.update(dict(path=str(tmp_path / "prm"), separator_id=one,
                                            good_id=5, bad_id=6, max_steps=3))
   config_lib.validate(config)
-  sources = build_reward_sources(config, task, rule_name="exact_match")
+  sources = build_reward_sources(RewardSection.of(config), ModelSection.of(config), task,
+                                 rule_name="exact_match")
   prompts = task.train_batch(0, 4, 0)
   tokens, mask = _rollout(task, prompts, 4)
   from grpo_jax.rollout.types import Rollout

@@ -15,6 +15,7 @@ from grpo_jax.train.learner.experience import RewardInputs
 from grpo_jax.train.stages.rl import initial_state, train
 from grpo_jax.train.run.metrics import TIMING_KEYS
 from grpo_jax.train.run.seed_axis import SeedAxis
+from grpo_jax.train.run.sections import ModelSection, RewardSection
 from grpo_jax.train.run.setup import build_model, build_task
 from grpo_jax.train.learner.state import make_optimizer
 from grpo_jax.train.learner.step import StepSpec, make_rl_step
@@ -95,12 +96,12 @@ def test_dynamic_sampling_works_for_three_seeds(tmp_path, first_token_parity_rew
 def _one_step_pieces(config):
   """Random policies of 3 seeds and the run's pieces."""
   task = build_task(config, quiet)
-  model_cfg = build_model(config, jax.random.key(0))[0]
+  model_cfg = build_model(ModelSection.of(config), jax.random.key(0))[0]
   optimizer = make_optimizer(config.optim, 100)
   states = []
   for s in SEEDS:
-    params = build_model(config, jax.random.fold_in(jax.random.key(s), 0))[1]
-    states.append(initial_state(config, model_cfg, params, optimizer, jax.random.key(s)))
+    params = build_model(ModelSection.of(config), jax.random.fold_in(jax.random.key(s), 0))[1]
+    states.append(initial_state(config.rl, model_cfg, params, optimizer, jax.random.key(s)))
   return task, model_cfg, optimizer, states
 
 

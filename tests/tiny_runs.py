@@ -99,13 +99,14 @@ def template():
   """The abstract RunState of the SMALL runs (shapes and dtypes only)."""
   from configs import grpo_tiny  # noqa: PLC0415
   from grpo_jax.train.stages.rl import initial_state  # noqa: PLC0415
+  from grpo_jax.train.run.sections import ModelSection  # noqa: PLC0415
   from grpo_jax.train.run.setup import build_model  # noqa: PLC0415
   from grpo_jax.train.learner.state import RunState, create_source_state, make_optimizer  # noqa: PLC0415
   config = grpo_tiny.get_config()
   config.rl.value_head = "separate"
-  model_cfg, params = build_model(config, jax.random.key(0))
+  model_cfg, params = build_model(ModelSection.of(config), jax.random.key(0))
   optimizer = make_optimizer(config.optim, 1)
   def state(p, k):
-    train = initial_state(config, model_cfg, p, optimizer, k)
+    train = initial_state(config.rl, model_cfg, p, optimizer, k)
     return RunState(train, create_source_state(train.key))
   return jax.eval_shape(state, params, jax.random.key(0))

@@ -108,6 +108,8 @@ CAPABILITIES = {
     "supervised": ("supervised_example",),
     # makes reward-model preference pairs itself (rm.train_path "")
     "preference_pairs": ("train_operands",),
+    # an environment's episodes (grpo_jax/data/env_task.py; train.experience_source="episodes")
+    "episodes": ("train_rows", "first_messages", "prompt_ids"),
 }
 REQUIRED = ("check_config", "from_config", "train_batch", "test_batch", "score", "eval_scores",
             "prompt_texts", "labels", "decode", "eos_id", "pad_id")

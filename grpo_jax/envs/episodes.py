@@ -18,7 +18,8 @@ token is closed by one (an environment token, not the policy's action).
 Determinism: every turn's sampler call holds all B episodes at their fixed rows (an ended one
 decodes a single ignored token), with the key fold_in(key, turn), so token t of turn k of
 episode r is drawn from (key, turn, r, t) alone, whatever the tools' timing or the order the
-environment's steps finish in (envs/runner.py returns them in order).
+environment's steps finish in (envs/runner.py returns them in order). r is the episode's row,
+or its id (`episode_ids`), which makes its tokens independent of the batch it shares.
 """
 
 from __future__ import annotations
@@ -61,11 +62,17 @@ def _bucket(n: int, step: int) -> int:
 
 
 def sample_episodes(sampling, params, env, tokenizer, rows: list, seeds: list, key,
-                    max_completion_tokens: int, width_bucket: int = 32):
+                    max_completion_tokens: int, width_bucket: int = 32,
+                    prompt_width: int | None = None, episode_ids=None):
   """(Rollout of the B = len(rows) episodes, [per-episode dict(reward, turns, truncated,
   state)]). sampling: the turn's `Sampling` (group_size 1; its max_new_tokens caps one turn);
-  max_completion_tokens: N, every id after the prompt (the sampler's and the environment's)."""
+  max_completion_tokens: N, every id after the prompt (the sampler's and the environment's);
+  prompt_width: the Rollout's prompt width (None: the longest prompt's), fixed by a training
+  source so that every step's update has one shape. episode_ids: each episode's id r in its
+  draws (None: its row); with ids, token t of turn k of episode r is drawn from (key, k, r, t)
+  alone, whichever episodes share the batch and in which order."""
   eot = tokenizer.eos_token
+  row_ids = None if episode_ids is None else np.asarray(episode_ids, np.int32)
   with EpisodeRunner(env) as runner:
     episodes = []
     for state, messages in runner.reset(rows, seeds):
@@ -82,7 +89,8 @@ def sample_episodes(sampling, params, env, tokenizer, rows: list, seeds: list, k
       limits = np.array([1 if e.done else max(max_completion_tokens - len(e.ids), 1)
                          for e in episodes], np.int32)
       out = jax.device_get(sampling.with_stats(params, tokens, mask,
-                                               jax.random.fold_in(key, turn), limits)[0])
+                                               jax.random.fold_in(key, turn), limits,
+                                               row_ids)[0])
       texts = []
       for i, e in enumerate(episodes):
         if e.done:
@@ -119,13 +127,13 @@ def sample_episodes(sampling, params, env, tokenizer, rows: list, seeds: list, k
         e.logprobs += [0.0] * min(len(delta), room)
         if len(delta) >= room:
           e.done, e.truncated = True, True
-  return _as_rollout(episodes, max_completion_tokens, sampling.pad_id), [
+  return _as_rollout(episodes, max_completion_tokens, sampling.pad_id, prompt_width), [
       dict(reward=e.reward, turns=e.turns, truncated=e.truncated, state=e.state)
       for e in episodes]
 
 
-def _as_rollout(episodes: list, n: int, pad_id: int) -> Rollout:
-  width = max(len(e.prompt) for e in episodes)
+def _as_rollout(episodes: list, n: int, pad_id: int, width: int | None = None) -> Rollout:
+  width = width or max(len(e.prompt) for e in episodes)
   prompt_tokens, prompt_mask = _left_pad([e.prompt for e in episodes], width, pad_id)
   b = len(episodes)
   tokens = np.full((b, n), pad_id, np.int32)
@@ -137,3 +145,47 @@ def _as_rollout(episodes: list, n: int, pad_id: int) -> Rollout:
                                                                    e.logprobs)
   truncated = np.array([e.truncated for e in episodes])
   return Rollout(prompt_tokens, prompt_mask, tokens, mask, logprobs, truncated, actions)
+
+
+def episode_metrics(rollout: Rollout, infos: list, prefix: str = "") -> dict:
+  """Means over a batch of episodes: turns, tool calls and their errors by kind (from the
+  environment's state, when it counts tool_calls / tool_errors / tool_seconds), tool latency,
+  and the share of the episodes' completion ids that are the environment's (not trained)."""
+  states = [i["state"] if isinstance(i["state"], dict) else {} for i in infos]
+  calls = sum(s.get("tool_calls", 0) for s in states)
+  kinds = {}
+  for s in states:
+    for kind, n in s.get("tool_errors", {}).items():
+      kinds[kind] = kinds.get(kind, 0) + n
+  mask = np.asarray(rollout.completion_mask, bool)
+  actions = np.asarray(rollout.action_mask, bool) & mask
+  out = dict(turns_per_episode=float(np.mean([i["turns"] for i in infos])),
+             tool_calls_per_episode=calls / len(infos),
+             tool_error_rate=sum(kinds.values()) / max(calls, 1),
+             tool_latency_s=sum(s.get("tool_seconds", 0.0) for s in states) / max(calls, 1),
+             env_token_fraction=float(1.0 - actions.sum() / max(mask.sum(), 1)))
+  out.update({f"tool_errors/{k}": n / max(calls, 1) for k, n in sorted(kinds.items())})
+  return {prefix + k: v for k, v in out.items()}
+
+
+def episode_samples(tokenizer, prompts: list, rollout: Rollout, rewards, split: str, step: int,
+                    rows) -> list[dict]:
+  """Sample records of whole episodes (rows of `rollout`): the prompt text, the completion
+  ids decoded as they are, and `turns`, the completion cut where the trained ids (the policy's
+  actions) and the environment's alternate: [{"trained": bool, "text": ...}, ...]."""
+  out = []
+  for r in rows:
+    mask = np.asarray(rollout.completion_mask[r], bool)
+    ids = np.asarray(rollout.completion_tokens[r])[mask].tolist()
+    trained = np.asarray(rollout.action_mask[r], bool)[mask].tolist()
+    turns, start = [], 0
+    for i in range(1, len(ids) + 1):
+      if i == len(ids) or trained[i] != trained[start]:
+        turns.append(dict(trained=bool(trained[start]), text=tokenizer.decode(
+            ids[start:i], skip_special_tokens=False)))
+        start = i
+    reward = float(rewards[r])
+    out.append(dict(step=int(step), split=split, prompt=prompts[r],
+                    completion=tokenizer.decode(ids, skip_special_tokens=False), reward=reward,
+                    correct=float(reward >= 1.0), turns=turns))
+  return out

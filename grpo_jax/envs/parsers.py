@@ -7,7 +7,9 @@
 
 A parser returns a list of ToolCall, or of ParseFailure for a call it found but cannot read
 (each becomes a "tool" message saying what is wrong, envs/tools.py). Text without calls gives
-[]. Register another with TOOL_CALL_PARSERS.register("name").
+[]. Register another with TOOL_CALL_PARSERS.register("name"). TOOL_CALL_WRITERS holds the
+inverse of each, write(name, arguments) -> the text of one call, for demonstrations (a task's
+supervised warm-up examples).
 """
 
 from __future__ import annotations
@@ -20,6 +22,17 @@ from typing import Any, NamedTuple
 from grpo_jax.registry import Registry
 
 TOOL_CALL_PARSERS = Registry("env.tool_parser")
+TOOL_CALL_WRITERS = Registry("env.tool_parser")
+
+
+@TOOL_CALL_WRITERS.register("hermes")
+def write_hermes(name: str, arguments: dict) -> str:
+  return f"<tool_call>{json.dumps({'name': name, 'arguments': arguments})}</tool_call>"
+
+
+@TOOL_CALL_WRITERS.register("pythonic")
+def write_pythonic(name: str, arguments: dict) -> str:
+  return f"[{name}({', '.join(f'{k}={v!r}' for k, v in arguments.items())})]"
 
 
 class ToolCall(NamedTuple):

@@ -107,15 +107,18 @@ def _compact(state: _Slots, slots: int, mesh) -> _Slots:
 def generate_refill(params, prompt_tokens, prompt_mask, key, row_limits, *,
                     model_cfg: ModelConfig, max_new_tokens: int, temperature: float,
                     top_k: int, top_p: float, eos_id: int, pad_id: int, mesh, group_size: int,
-                    decode_slots: int, keep_mask: bool = False) -> tuple[Rollout, DecodeStats]:
-  """`sampler.sample` with S = decode_slots < B slots (see the module docstring)."""
+                    decode_slots: int, keep_mask: bool = False,
+                    row_ids=None) -> tuple[Rollout, DecodeStats]:
+  """`sampler.sample` with S = decode_slots < B slots (see the module docstring); row_ids: the
+  r of each row's draws (None: its index)."""
   num_prompts, prompt_len = prompt_tokens.shape
   new, group = max_new_tokens, group_size
   rows = num_prompts * group
   prompt_mask = prompt_mask.astype(bool)
   apply = lambda *a, **k: decoder_apply(model_cfg, params, *a, **k)  # noqa: E731
+  draw_row = (lambda row: row) if row_ids is None else (lambda row: row_ids[row])  # noqa: E731
   choose = lambda logits, row, t: choose_tokens(  # noqa: E731
-      logits, token_uniforms(key, row, t), temperature, top_k, top_p, keep_mask)
+      logits, token_uniforms(key, draw_row(row), t), temperature, top_k, top_p, keep_mask)
   pick = lambda assign, new, old: jax.tree.map(  # noqa: E731  per-slot choice of a pytree
       lambda a, b: jnp.where(assign, a, b), new, old)
 

@@ -99,13 +99,17 @@ class Sampling:
     (B / G, P) -> a Rollout of B rows."""
     return self.with_stats(params, prompt_tokens, prompt_mask, key)[0]
 
-  def with_stats(self, params, prompt_tokens, prompt_mask, key, row_limits=None):
-    """sample(...) with these settings: (Rollout, DecodeStats)."""
-    return _sample(params, prompt_tokens, prompt_mask, key, row_limits, sampling=self)
+  def with_stats(self, params, prompt_tokens, prompt_mask, key, row_limits=None,
+                 row_ids=None):
+    """sample(...) with these settings: (Rollout, DecodeStats). row_ids (B,) int32: the r of
+    each row's draws, token_uniforms(key, r, t) (None: its index in the call; a multi-turn
+    source passes episode ids, so an episode's tokens do not depend on its batch)."""
+    return _sample(params, prompt_tokens, prompt_mask, key, row_limits, row_ids,
+                   sampling=self)
 
 
 @functools.partial(jax.jit, static_argnames=("sampling",))
-def _sample(params, prompt_tokens, prompt_mask, key, row_limits, *,
+def _sample(params, prompt_tokens, prompt_mask, key, row_limits, row_ids=None, *,
             sampling: Sampling) -> tuple[Rollout, DecodeStats]:
   s = sampling
   if s.weight_dtype:  # the quantised copy the decode steps read (models/quantized.py)
@@ -125,8 +129,8 @@ def _sample(params, prompt_tokens, prompt_mask, key, row_limits, *,
                        f"not record a mixture's routing; set rollout.decode_slots=0 for an "
                        f"MoE model's training rollouts.")
     return generate_refill(params, prompt_tokens, prompt_mask, key, limits,
-                           decode_slots=min(s.decode_slots, rows), **common)
-  return generate_static(params, prompt_tokens, prompt_mask, key, limits,
+                           decode_slots=min(s.decode_slots, rows), row_ids=row_ids, **common)
+  return generate_static(params, prompt_tokens, prompt_mask, key, limits, row_ids=row_ids,
                          decode_block=s.decode_block, record_routes=s.record_routes,
                          decode_loop=choose("rollout.decode_loop", s.decode_loop), **common)
 

@@ -40,7 +40,7 @@ def generate_static(params, prompt_tokens, prompt_mask, key, row_limits, *,
                     top_k: int, top_p: float, eos_id: int, pad_id: int, mesh, group_size: int,
                     decode_block: int, keep_mask: bool = False,
                     record_routes: bool = False,
-                    decode_loop: str = "segments") -> tuple[Rollout, DecodeStats]:
+                    decode_loop: str = "segments", row_ids=None) -> tuple[Rollout, DecodeStats]:
   """The static engine: all B rows decode together until every row has ended (EOS or its
   limit). The loop carries the chosen token, not the (B, V) logits, and runs the decode
   forwards in segments of `decode_block` steps that read only the filled cache
@@ -74,7 +74,8 @@ def generate_static(params, prompt_tokens, prompt_mask, key, row_limits, *,
   prompts_kv_mask, kv_mask = kv_mask if shared else (None, kv_mask)
   prompt_tokens, prompt_mask = repeat_rows((prompt_tokens, prompt_mask), group_size)
   batch = prompt_tokens.shape[0]
-  row_ids = jnp.arange(batch, dtype=jnp.int32)
+  if row_ids is None:  # (the r of each row's draws; sampler.Sampling.with_stats)
+    row_ids = jnp.arange(batch, dtype=jnp.int32)
   next_position = jnp.sum(prompt_mask, axis=1).astype(jnp.int32)  # (B,)
   choose = lambda lg, step: choose_tokens(  # noqa: E731
       lg, token_uniforms(key, row_ids, step), temperature, top_k, top_p, keep_mask)

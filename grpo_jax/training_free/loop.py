@@ -46,6 +46,7 @@ from grpo_jax.train.run import files
 from grpo_jax.train.run.faults import TerminationFlag
 from grpo_jax.train.run.metrics import MetricsWriter
 from grpo_jax.train.run.runner import Schedule, run_steps
+from grpo_jax.train.run.sections import ModelSection
 from grpo_jax.train.run.setup import build_model, build_task, check_task_fits_model
 from grpo_jax.train.run.workdir import WorkdirLock, check_workdir, open_records, resume_records
 from grpo_jax.parallel.platform import devices_record
@@ -169,8 +170,8 @@ def train_training_free(config, workdir: str, chat: Chat | None = None, log=prin
   library_files = LibraryFiles(workdir)
   task = build_task(config, log)
   key = jax.random.key(config.seed)
-  model_cfg, params = build_model(config, jax.random.fold_in(key, 0))
-  check_task_fits_model(config, model_cfg, task)
+  model_cfg, params = build_model(ModelSection.of(config), jax.random.fold_in(key, 0))
+  check_task_fits_model(model_cfg, task, config.train.eval_size, config.rollout.max_new_tokens)
   if chat is None:
     chat_params, chat_cfg, tokenizer = params, model_cfg, task.tokenizer
     if t.summariser_path:

@@ -68,6 +68,10 @@ class Batch(NamedTuple):
   # dense model. The update replays it under rl.routing_replay = "rollout", and measures its
   # own routing against it (`routing_mismatch`).
   routes: jax.Array | None = None
+  # (B, N) the policy's own tokens (Rollout.action_mask within the completion): where the
+  # update measures the rollout's KL and sampler gap when it reuses its log-probs. A
+  # multi-turn episode's environment tokens are completion tokens but not actions.
+  action_mask: jax.Array | None = None
 
 
 def reuses_current_logprobs(rl) -> bool:
@@ -149,8 +153,9 @@ def prepare_from_logprobs(rl, group_size: int, max_new_tokens: int, rollout: Rol
     r_{i,t}    = r_i on the last completion token, 0 elsewhere
                  (- kl_coef * KL_t(old || ref) when rl.kl_in == "reward")
     A, R       = rl.advantage's estimator of r_{i,t} (with old values for GAE)
-    loss mask  = the policy's own tokens (Rollout.action_mask), less truncated rows under
-                 rl.mask_truncated
+    actions    = the policy's own tokens (Rollout.action_mask): the KL, the importance
+                 weights and the loss are taken on these alone
+    loss mask  = actions, less truncated rows under rl.mask_truncated
     IS weights = truncated importance weights old / sampler, capped at rl.tis_cap (> 0)
 
   old_logp None: the update reuses its own log-probs (reuses_current_logprobs); ref_logp None
@@ -165,15 +170,16 @@ def prepare_from_logprobs(rl, group_size: int, max_new_tokens: int, rollout: Rol
     rewards = rewards + overlong_penalty(jnp.sum(mask, axis=1), max_new_tokens,
                                          rl.overlong_buffer, rl.overlong_penalty)
   token_rewards = adv_lib.place_reward_on_last_token(rewards, mask)
+  # The policy's own tokens (Rollout.action_mask): a multi-turn episode's environment and tool
+  # tokens condition the policy but carry no loss, KL, entropy or importance weight.
+  actions = rollout.action_mask.astype(bool) & mask
   if not reuse:
-    kl = kl_penalty(old_logp, old_logp if ref_logp is None else ref_logp, mask,
+    kl = kl_penalty(old_logp, old_logp if ref_logp is None else ref_logp, actions,
                     rl.kl_estimator, rl.kl_clamp or None)
     if rl.kl_in == "reward" and rl.kl_coef > 0:
       token_rewards = token_rewards - kl_coef * kl
   advantages, returns = estimate(group_size, token_rewards, mask, old_values, inputs.extras)
-  # The loss is taken on the policy's own tokens (Rollout.action_mask), less truncated rows
-  # under rl.mask_truncated.
-  actions = rollout.action_mask.astype(bool) & mask
+  # The loss is taken on the policy's actions, less truncated rows under rl.mask_truncated.
   loss_mask = actions & ~rollout.truncated[:, None] if rl.mask_truncated else actions
   sampler_logp = rollout.logprobs
   if rollout.kept_logmass is not None:  # the sampler's policy renormalised over its kept set
@@ -187,7 +193,7 @@ def prepare_from_logprobs(rl, group_size: int, max_new_tokens: int, rollout: Rol
                                         rl.distill_coef)
   is_weights = None
   if rl.tis_cap > 0 and not reuse:
-    is_weights = truncated_is_weights(old_logp, sampler_logp, mask, rl.tis_cap)
+    is_weights = truncated_is_weights(old_logp, sampler_logp, actions, rl.tis_cap)
   batch = Batch(rollout.prompt_tokens, rollout.prompt_mask, rollout.completion_tokens, mask,
                 loss_mask, jnp.where(mask, advantages, 0.0),
                 jnp.where(mask, sampler_logp, 0.0), old_logprobs=old_logp,
@@ -195,15 +201,16 @@ def prepare_from_logprobs(rl, group_size: int, max_new_tokens: int, rollout: Rol
                 returns=jnp.where(mask, returns, 0.0) if critic else None,
                 is_weights=is_weights, outcome_rewards=inputs.rewards.astype(jnp.float32),
                 keep_cutoff=rollout.keep_cutoff, routes=rollout.routes,
-                teacher_logprobs=teacher_logp if distill and rl.distill_in == "loss" else None)
+                teacher_logprobs=teacher_logp if distill and rl.distill_in == "loss" else None,
+                action_mask=actions)
   metrics = dict(shaped_reward_mean=jnp.mean(rewards),
                  advantage_abs_mean=masked_mean(jnp.abs(advantages), mask))
   if distill:  # the sampling policy's reverse KL to the teacher, per completion token
     metrics["distill_reverse_kl"] = masked_mean(
         reverse_kl_per_token(sampler_logp, teacher_logp, mask), mask)
   if not reuse:  # otherwise the update reports these two
-    metrics.update(rollout_kl=masked_mean(kl, mask), sampler_logprob_gap=masked_mean(
-        jnp.abs(old_logp - sampler_logp), mask))
+    metrics.update(rollout_kl=masked_mean(kl, actions), sampler_logprob_gap=masked_mean(
+        jnp.abs(old_logp - sampler_logp), actions))
   if not reuse and "routed" in routing:  # otherwise the update reports it
     metrics["routing_mismatch"] = (jnp.sum(routing["mismatched"]) /
                                    jnp.maximum(jnp.sum(routing["routed"]), 1.0))

@@ -59,7 +59,8 @@ def loss_and_sums(trainable, mb: Batch, normalizer, kl_coef, *, model_cfg: Model
   reuse = reuses_current_logprobs(rl)
   if reuse:  # see reuses_current_logprobs: what preparation would have computed, exactly
     old_logp = jax.lax.stop_gradient(logp)
-    completion = mb.completion_mask.astype(bool)
+    # The policy's tokens: a multi-turn episode's environment tokens have no sampler log-prob.
+    completion = (mb.completion_mask if mb.action_mask is None else mb.action_mask).astype(bool)
     if rl.tis_cap > 0:
       is_weights = truncated_is_weights(old_logp, mb.sampler_logprobs, completion, rl.tis_cap)
   objective = objective or make_objective(rl)

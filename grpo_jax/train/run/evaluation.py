@@ -6,6 +6,7 @@ import jax
 import numpy as np
 
 from grpo_jax.data.task import bucketed_width
+from grpo_jax.errors import ConfigError
 from grpo_jax.models.config import ModelConfig
 from grpo_jax.parallel.distributed import to_host
 from grpo_jax.parallel.mesh import shard_batch
@@ -13,21 +14,22 @@ from grpo_jax.prompt_batch import take_rows
 from grpo_jax.rewards.guard import guarded_eval_scores, guarded_score
 from grpo_jax.rollout.sampler import Sampling
 from grpo_jax.train.run.samples import describe
+from grpo_jax.train.run.sections import EvalSection
 
 
-def make_evaluator(task, model_cfg: ModelConfig, train_cfg, rollout_cfg, eval_keys: list,
-                   axis, mesh=None, prompt_bucket: int = 0):
+def make_evaluator(task, model_cfg: ModelConfig, section: EvalSection, eval_keys: list, axis,
+                   mesh=None):
   """evaluate(params) -> one metrics dict per seed of `axis` (a SeedAxis; params as it holds
   them): greedy accuracy on the first train.eval_size held-out prompts (the task's scores),
   and with train.eval_pass_k = k > 0 also pass@k, the fraction of prompts for which at least
   one of k completions sampled at the rollout temperature earns reward 1. Seed s samples with
   fold_in(eval_keys[s], chunk start)."""
-  sampling = Sampling.of(model_cfg, task, rollout_cfg, mesh, task.max_new_tokens)
+  sampling = Sampling.of(model_cfg, task, section.rollout, mesh, task.max_new_tokens)
   place = ((lambda *xs: shard_batch(xs, mesh, replicate_indivisible=True))
            if mesh is not None else (lambda *xs: xs))
   greedy = axis.compile(lambda p, t, m: sampling.greedy()(p, *place(t, m), jax.random.key(0)),
                         in_axes=(0, None, None))
-  grouped = sampling.grouped(max(train_cfg.eval_pass_k, 1))
+  grouped = sampling.grouped(max(section.eval_pass_k, 1))
   sampled = axis.compile(lambda p, t, m, k: grouped(p, *place(t, m), k),
                          in_axes=(0, None, None, 0))
 
@@ -40,47 +42,51 @@ def make_evaluator(task, model_cfg: ModelConfig, train_cfg, rollout_cfg, eval_ke
         r = greedy(params, prompts, prompt_mask)
       r = to_host(r)
       return r if axis.stacked else jax.tree.map(lambda x: np.asarray(x)[None], r)
-    return evaluate_models(generate_fn, len(axis), task, train_cfg, prompt_bucket, samples_out,
-                           progress)
+    return evaluate_models(generate_fn, len(axis), task, section, samples_out, progress)
 
   return evaluate
 
 
-def evaluate(params, task, model_cfg: ModelConfig, train_cfg, rollout_cfg=None,
-             key=None, mesh=None, prompt_bucket: int = 0, samples_out=None,
-             progress=None) -> dict:
+def evaluate(params, task, model_cfg: ModelConfig, section: EvalSection, key=None, mesh=None,
+             samples_out=None, progress=None) -> dict:
   """make_evaluator's metrics of one policy (params of a single run); sample records appended
   to samples_out, progress(done, total) after each chunk of prompts."""
   from grpo_jax.train.run.seed_axis import SeedAxis  # noqa: PLC0415
-  return make_evaluator(task, model_cfg, train_cfg, rollout_cfg, [key], SeedAxis((0,)),
-                        mesh, prompt_bucket)(params, samples_out, progress)[0]
+  return evaluator_for(task)(task, model_cfg, section, [key], SeedAxis((0,)), mesh)(
+      params, samples_out, progress)[0]
 
 
-def evaluate_models(generate_fn, num_models: int, task, train_cfg,
-                    prompt_bucket: int = 0, samples_out=None, progress=None) -> list[dict]:
+def evaluator_for(task):
+  """make_evaluator, or make_episode_evaluator for a task of episodes (task.name="env")."""
+  return (make_episode_evaluator if "episodes" in getattr(task, "capabilities", ())
+          else make_evaluator)
+
+
+def evaluate_models(generate_fn, num_models: int, task, section: EvalSection, samples_out=None,
+                    progress=None) -> list[dict]:
   """`evaluate` for `num_models` policies at once (e.g. seeds stacked on a vmapped axis).
 
   generate_fn(prompt_tokens, prompt_mask, chunk_start, sampled) returns the host `Rollout` of
   every model, each array with a leading model axis: greedy completions, or (sampled=True)
   pass@k samples, k rows per prompt (each prompt prefilled once), drawn with each model's own
   evaluation key folded with chunk_start. Each chunk's prompts are cut to its longest prompt,
-  rounded up to a multiple of prompt_bucket (0: not cut). With a list `samples_out`, each
+  rounded up to a multiple of section.prompt_bucket (0: not cut). With a list `samples_out`, each
   model's first train.num_samples greedy completions are appended to it as sample records
   (grpo_jax/train/run/samples.py; step -1, for the caller to set), one list per model. Scores go
   through train.on_reward_error as training rewards do (grpo_jax/rewards/guard.py): a
   non-finite one stops the run in one sentence, or scores 0 and is counted in
   eval_reward_errors; never a NaN in the figures.
   """
-  batch = task.test_batch(train_cfg.eval_size)
-  size, chunk = train_cfg.eval_size, train_cfg.eval_batch_size
-  pass_k, on_error = train_cfg.eval_pass_k, train_cfg.on_reward_error
+  batch = task.test_batch(section.eval_size)
+  size, chunk = section.eval_size, section.eval_batch_size
+  pass_k, on_error = section.eval_pass_k, section.on_reward_error
   tokens, masks, passed = [], [], []
   for start in range(0, size, chunk):
     # Every chunk has the same static shape: the last one is padded with repeated rows.
     rows = np.minimum(np.arange(start, start + chunk), size - 1)
     keep = min(chunk, size - start)
     prompts, prompt_mask = batch.prompt_tokens[rows], batch.prompt_mask[rows]
-    width = bucketed_width(prompt_mask, prompt_bucket)  # left padding cut (data.prompt_bucket)
+    width = bucketed_width(prompt_mask, section.prompt_bucket)  # left padding cut
     prompts, prompt_mask = prompts[:, -width:], prompt_mask[:, -width:]
     r = generate_fn(prompts, prompt_mask, start, False)
     tokens.append(np.asarray(r.completion_tokens)[:, :keep])
@@ -103,7 +109,7 @@ def evaluate_models(generate_fn, num_models: int, task, train_cfg,
     if pass_k:
       scores[f"eval_pass_at_{pass_k}"] = np.concatenate([p[m] for p in passed])
     results.append({name: float(np.mean(values)) for name, values in scores.items()})
-  count = min(train_cfg.num_samples, size)
+  count = min(section.num_samples, size)
   if samples_out is not None and count:
     for m in range(num_models):
       tokens_m = np.concatenate([t[m] for t in tokens])[:count]
@@ -113,3 +119,44 @@ def evaluate_models(generate_fn, num_models: int, task, train_cfg,
       samples_out.append(describe(task, batch, range(count), tokens_m, mask_m, rewards, "eval",
                                   -1))
   return results
+
+
+def make_episode_evaluator(task, model_cfg: ModelConfig, section: EvalSection, eval_keys: list,
+                           axis, mesh=None):
+  """make_evaluator for a task of episodes (task.name="env"): the first train.eval_size
+  held-out rows played as greedy episodes, train.eval_batch_size at a time. eval_accuracy:
+  the share of episodes rewarded 1; eval_reward: the mean reward; eval_turns_per_episode,
+  eval_tool_calls_per_episode, ... (envs/episodes.py `episode_metrics`). Samples are whole
+  episodes, turn by turn."""
+  del eval_keys  # greedy: no key is read
+  if axis.stacked:
+    raise ConfigError("an episode task's evaluation runs one seed per program; run the seeds "
+                      "separately.")
+  from grpo_jax.envs.episodes import (episode_metrics, episode_samples,  # noqa: PLC0415
+                                      sample_episodes)
+  greedy = Sampling.of(model_cfg, task, section.rollout, mesh).greedy()
+
+  def evaluate(params, samples_out=None, progress=None) -> list[dict]:
+    batch = task.test_batch(section.eval_size)
+    size, chunk = section.eval_size, section.eval_batch_size
+    parts, infos = [], []
+    for start in range(0, size, chunk):
+      rows = batch.rows[start:start + chunk]
+      rollout, got = sample_episodes(greedy, params, task.env, task.tokenizer, rows,
+                                     list(range(start, start + len(rows))), jax.random.key(0),
+                                     task.max_completion_tokens, prompt_width=task.prompt_len)
+      parts.append(rollout)
+      infos += got
+      if progress is not None:
+        progress(start + len(rows), size)
+    rollout = jax.tree.map(lambda *xs: np.concatenate(xs), *parts)
+    rewards = np.asarray([i["reward"] for i in infos], np.float64)
+    metrics = dict(eval_accuracy=float(np.mean(rewards >= 1.0)),
+                   eval_reward=float(np.mean(rewards))) | episode_metrics(rollout, infos, "eval_")
+    if samples_out is not None:
+      samples_out.append(episode_samples(task.tokenizer, task.prompt_texts(batch), rollout,
+                                         rewards, "eval", -1,
+                                         range(min(section.num_samples, size))))
+    return [metrics]
+
+  return evaluate

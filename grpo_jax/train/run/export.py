@@ -14,23 +14,24 @@ from grpo_jax.models.lora import merge
 from grpo_jax.parallel import distributed
 from grpo_jax.parallel.distributed import to_host
 from grpo_jax.train.run import files
-from grpo_jax.train.run.setup import uses_checkpoint, uses_lora
+from grpo_jax.train.run.sections import ModelSection
 
 
-def export_model_type(config, model_cfg) -> str:
+def export_model_type(model: ModelSection, model_cfg) -> str:
   """The model_type an exported folder gets: model.path's, else the family of the features."""
-  if uses_checkpoint(config):
-    return json.loads((pathlib.Path(config.model.path) / "config.json").read_text())["model_type"]
+  if model.uses_checkpoint:
+    return json.loads((pathlib.Path(model.path) / "config.json").read_text())["model_type"]
   return model_cfg.blocks.export_model_type(model_cfg)
 
 
-def export_policy(config, state, model_cfg: ModelConfig, workdir: str, log,
+def export_policy(model: ModelSection, state, model_cfg: ModelConfig, workdir: str, log,
                   export: bool | None = None) -> None:
-  """train.export (or `export`, a stage's own switch): the policy as a full HF checkpoint in
-  workdir/hf_export (under LoRA the adapters merged into the base); lora.export_adapter (LoRA
-  only): the adapters in PEFT's format in workdir/peft_adapter."""
-  lora = uses_lora(config) and config.lora.export_adapter and uses_checkpoint(config)
-  export = config.train.export if export is None else export
+  """train.export (model.export, or `export`, a stage's own switch): the policy as a full HF
+  checkpoint in workdir/hf_export (under LoRA the adapters merged into the base);
+  lora.export_adapter (LoRA only): the adapters in PEFT's format in workdir/peft_adapter."""
+  lo = model.lora
+  lora = lo is not None and lo.export_adapter and model.uses_checkpoint
+  export = model.export if export is None else export
   if not (export or lora):
     return
   # Collective: every process takes part.
@@ -46,17 +47,15 @@ def export_policy(config, state, model_cfg: ModelConfig, workdir: str, log,
     else:  # on the host's CPU: the accelerators still hold the state
       with jax.default_device(jax.devices("cpu")[0]):
         full = merge(base, params, model_cfg.lora_scale)
-    t = config.train
     with files.local_folder(out) as folder:
-      export_hf_checkpoint(full, model_cfg, folder, source_dir=config.model.path or None,
-                           model_type=export_model_type(config, model_cfg), dtype=t.export_dtype,
-                           max_shard_bytes=int(t.export_max_shard_mb * 2**20))
-    log(f"exported the trained policy as a Hugging Face checkpoint ({t.export_dtype}): {out}"
+      export_hf_checkpoint(full, model_cfg, folder, source_dir=model.path or None,
+                           model_type=export_model_type(model, model_cfg),
+                           dtype=model.export_dtype, max_shard_bytes=model.export_max_shard_bytes)
+    log(f"exported the trained policy as a Hugging Face checkpoint ({model.export_dtype}): {out}"
         + (" (LoRA adapters merged)" if base is not None else ""))
   if lora:
     out = os.path.join(workdir, "peft_adapter")
-    lo = config.lora
     with files.local_folder(out) as folder:
       export_peft_adapter(params, model_cfg, folder, rank=lo.rank, alpha=lo.alpha,
-                          use_rslora=lo.use_rslora, base_model=config.model.path)
+                          use_rslora=lo.use_rslora, base_model=model.path)
     log(f"exported the LoRA adapters in PEFT's format: {out}")

@@ -16,8 +16,8 @@ from grpo_jax.models.process_reward_model import prm_token_scores, step_rewards_
 from grpo_jax.models.reward_model import load_reward_model, sequence_reward
 from grpo_jax.models.scoring import completion_logprobs
 from grpo_jax.rewards.sources import (RULE, ProcessModelSource, RemoteSource, RewardModelSource,
-                                      RewardSources, TeacherSource, config_entries, remote_config,
-                                      check_reward_config, uses_process_model)
+                                      RewardSources, TeacherSource, remote_config)
+from grpo_jax.train.run.sections import ModelSection, RewardSection
 
 
 def _same_vocabulary(path: pathlib.Path, policy_tokenizer) -> bool:
@@ -32,17 +32,17 @@ def _same_vocabulary(path: pathlib.Path, policy_tokenizer) -> bool:
   return AutoTokenizer.from_pretrained(path).get_vocab() == vocab()
 
 
-def build_reward_sources(config, task, mesh=None, rule_name: str = RULE) -> RewardSources:
+def build_reward_sources(rewards: RewardSection, model: ModelSection, task, mesh=None,
+                         rule_name: str = RULE) -> RewardSources:
   """The run's RewardSources: reward models loaded (frozen, on the mesh like the policy)."""
-  reward = config.get("reward")
+  reward = rewards.reward
   if reward is None:
-    return RewardSources(rule_name=rule_name, teacher=_teacher(config, task, mesh))
-  check_reward_config(config)
+    return RewardSources(rule_name=rule_name,
+                         teacher=_teacher(rewards.distill_teacher, model, task, mesh))
   models = []
-  for i, m in enumerate(config_entries(reward, "models")):
+  for i, m in enumerate(rewards.entries("models")):
     path = pathlib.Path(m["path"])
-    cfg, params, _ = load_reward_model(path, config.model.param_dtype,
-                                       config.model.compute_dtype)
+    cfg, params, _ = load_reward_model(path, model.param_dtype, model.compute_dtype)
     if mesh is not None:
       params = place(params, mesh)
     mode = m.get("tokenizer", "auto")
@@ -59,32 +59,33 @@ def build_reward_sources(config, task, mesh=None, rule_name: str = RULE) -> Rewa
     models.append(RewardModelSource(m.get("name") or f"rm{i}", float(m.get("weight", 1.0)), cfg,
                                     params, score, tokenizer, int(m.get("max_tokens", 1024))))
   remote = [RemoteSource(r.get("name") or f"remote{i}", float(r.get("weight", 1.0)),
-                         remote_config(r, i)) for i, r in enumerate(config_entries(reward, "remote"))]
-  return RewardSources(float(reward.rule_weight), rule_name, tuple(models),
-                       tuple(remote), reward.combine,
-                       _process_model(config, mesh), _teacher(config, task, mesh))
+                         remote_config(r, i)) for i, r in enumerate(rewards.entries("remote"))]
+  return RewardSources(float(reward["rule_weight"]), rule_name, tuple(models),
+                       tuple(remote), reward["combine"],
+                       _process_model(rewards.process_model, model, mesh),
+                       _teacher(rewards.distill_teacher, model, task, mesh))
 
 
-def _teacher(config, task, mesh) -> TeacherSource | None:
+def _teacher(distill_teacher: str | None, model: ModelSection, task,
+             mesh) -> TeacherSource | None:
   """rl.distill_teacher's model (any HF causal LM folder with the policy's tokenizer), frozen and
   placed like the policy, or the teacher served at that URL (RemoteTeacher), or None when the
   run does not distil."""
-  rl = config.get("rl")
-  if rl is None or not rl.get("distill_coef", 0) > 0:
+  if distill_teacher is None:
     return None
   from grpo_jax.rewards.remote_teacher import RemoteTeacher, is_url  # noqa: PLC0415
-  if is_url(rl.distill_teacher):  # served elsewhere (python -m grpo_jax.serve_teacher)
-    return RemoteTeacher.connect(rl.distill_teacher, task.tokenizer,
-                                 None if config.model.path else config.model.vocab_size)
-  path = pathlib.Path(rl.distill_teacher)
+  if is_url(distill_teacher):  # served elsewhere (python -m grpo_jax.serve_teacher)
+    return RemoteTeacher.connect(distill_teacher, task.tokenizer,
+                                 None if model.uses_checkpoint else model.vocab_size)
+  path = pathlib.Path(distill_teacher)
   if not _same_vocabulary(path, task.tokenizer):
     raise ConfigError(f"rl.distill_teacher={str(path)!r} has another tokenizer than the policy's; "
                       f"on-policy distillation compares log-probs token by token, so the "
                       f"teacher must share the policy's vocabulary.")
-  cfg, params = load_hf_checkpoint(path, config.model.param_dtype, config.model.compute_dtype)
-  if cfg.vocab_size != config.model.vocab_size and not config.model.path:
+  cfg, params = load_hf_checkpoint(path, model.param_dtype, model.compute_dtype)
+  if cfg.vocab_size != model.vocab_size and not model.uses_checkpoint:
     raise ConfigError(f"rl.distill_teacher={str(path)!r} has vocab_size={cfg.vocab_size}, the "
-                      f"policy {config.model.vocab_size}; the teacher must share the policy's "
+                      f"policy {model.vocab_size}; the teacher must share the policy's "
                       f"tokenizer.")
   if mesh is not None:
     params = place(params, mesh)
@@ -94,18 +95,18 @@ def _teacher(config, task, mesh) -> TeacherSource | None:
   return TeacherSource(params, jax.jit(logprobs))
 
 
-def _process_model(config, mesh):
+def _process_model(pm: dict | None, model: ModelSection, mesh):
   """reward.process_model's PRM (a causal LM folder sharing the policy's tokenizer), or None."""
-  if not uses_process_model(config):
+  if pm is None:
     return None
-  pm = config.reward.process_model
-  cfg, params = load_hf_checkpoint(pm.path, config.model.param_dtype, config.model.compute_dtype)
+  cfg, params = load_hf_checkpoint(pm["path"], model.param_dtype, model.compute_dtype)
   if mesh is not None:
     params = place(params, mesh)
-  ids = dict(separator_id=int(pm.separator_id), good_id=int(pm.good_id), bad_id=int(pm.bad_id))
+  ids = dict(separator_id=int(pm["separator_id"]), good_id=int(pm["good_id"]),
+             bad_id=int(pm["bad_id"]))
+  score_last, max_steps = bool(pm["score_last"]), int(pm["max_steps"])
 
   def steps(p, pt, pm_, t, tm):
-    scores, ends = prm_token_scores(p, cfg, pt, pm_, t, tm, score_last=bool(pm.score_last),
-                                    **ids)
-    return step_rewards_from_token_scores(scores, ends, int(pm.max_steps))
+    scores, ends = prm_token_scores(p, cfg, pt, pm_, t, tm, score_last=score_last, **ids)
+    return step_rewards_from_token_scores(scores, ends, max_steps)
   return ProcessModelSource(params, jax.jit(steps))

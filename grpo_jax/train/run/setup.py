@@ -1,5 +1,5 @@
-"""Turning a config into the objects a run needs: the model (random, or a Hugging Face
-checkpoint) and the task (from the task registry)."""
+"""The objects a run needs: the model (random, or a Hugging Face checkpoint) from its
+ModelSection, and the task (from the task registry, which builds from the whole config)."""
 
 from __future__ import annotations
 
@@ -10,39 +10,29 @@ from grpo_jax.errors import ConfigError
 from grpo_jax.models.config import ModelConfig
 from grpo_jax.models.decoder import init_params
 from grpo_jax.models.lora import init_adapters, lora_scale, parse_targets
+from grpo_jax.train.run.sections import LoraSection, ModelSection
 
 
-def uses_checkpoint(config) -> bool:
-  return bool(config.model.path)
-
-
-def build_model(config, key):
-  """(ModelConfig, params): loaded from config.model.path, else random from config.model."""
-  if uses_checkpoint(config):
+def build_model(model: ModelSection, key):
+  """(ModelConfig, params): loaded from model.path, else random from the model section."""
+  if model.uses_checkpoint:
     from grpo_jax.models.hf import load_hf_checkpoint  # transformers-free, but heavier imports
-    model_cfg, params = load_hf_checkpoint(config.model.path,
-                                           param_dtype=config.model.param_dtype,
-                                           compute_dtype=config.model.compute_dtype)
-    layout = {k: config.model[k] for k in ("remat", "logits_chunk", "attention_impl") if k in config.model}
-    model_cfg = dataclasses.replace(model_cfg, **layout)
+    model_cfg, params = load_hf_checkpoint(model.path, param_dtype=model.param_dtype,
+                                           compute_dtype=model.compute_dtype)
+    model_cfg = dataclasses.replace(model_cfg, **dict(model.layout))
   else:
-    model_cfg = ModelConfig.from_config_dict(config.model)
+    model_cfg = model.random
     params = init_params(model_cfg, key)
-  if uses_lora(config):
-    lo = config.lora
+  if model.lora is not None:
+    lo = model.lora
     model_cfg = dataclasses.replace(model_cfg, lora_scale=lora_scale(lo.rank, lo.alpha,
                                                                      lo.use_rslora))
   return model_cfg, params
 
 
-def uses_lora(config) -> bool:
-  lo = getattr(config, "lora", None)  # (a config without the section: full fine-tuning)
-  return lo is not None and lo.rank > 0
-
-
-def initial_adapters(config, base, key):
-  """config.lora's adapters on `base` (B = 0: the policy starts as the base)."""
-  return init_adapters(base, parse_targets(config.lora.targets), config.lora.rank, key)
+def initial_adapters(lora: LoraSection, base, key):
+  """The LoRA section's adapters on `base` (B = 0: the policy starts as the base)."""
+  return init_adapters(base, parse_targets(lora.targets), lora.rank, key)
 
 
 def build_task(config, log=print):
@@ -58,16 +48,17 @@ def check_vocabulary(model_cfg: ModelConfig, task) -> None:
         f"{len(task.tokenizer)} tokens; raise model.vocab_size.")
 
 
-def check_task_fits_model(config, model_cfg: ModelConfig, task) -> None:
+def check_task_fits_model(model_cfg: ModelConfig, task, eval_size: int,
+                          max_new_tokens: int) -> None:
   """What can only be checked once the task and the model are built, before any compute: the
   vocabulary, the held-out split's size against train.eval_size, and prompt + completion
   positions against the checkpoint's max_position_embeddings."""
   check_vocabulary(model_cfg, task)
-  prompts = task.test_batch(config.train.eval_size).prompt_tokens
-  positions = prompts.shape[1] + config.rollout.max_new_tokens
+  prompts = task.test_batch(eval_size).prompt_tokens
+  positions = prompts.shape[1] + max_new_tokens
   limit = model_cfg.max_position_embeddings
   if limit and positions > limit:
     raise ConfigError(
         f"prompts of {prompts.shape[1]} tokens (data.max_prompt_tokens) + "
-        f"rollout.max_new_tokens={config.rollout.max_new_tokens} = {positions} positions exceed "
+        f"rollout.max_new_tokens={max_new_tokens} = {positions} positions exceed "
         f"the model's max_position_embeddings={limit} (its config.json); lower one of them.")

@@ -118,6 +118,11 @@ class SourceSettings:
   samples_every: int = 0
   num_samples: int = 0
 
+  @property
+  def update_group_size(self) -> int:
+    """Completions per prompt in the update: rollout.group_size, or GFPO's kept rl.gfpo_keep."""
+    return self.gfpo_keep or self.group_size
+
   @classmethod
   def of(cls, config) -> "SourceSettings":
     r, rl, t = config.rollout, config.rl, config.train

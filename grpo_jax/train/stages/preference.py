@@ -34,6 +34,7 @@ README "DPO and its family"): a loss of grpo_jax/rl/dpo.py on {prompt, chosen, r
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 
@@ -53,8 +54,9 @@ from grpo_jax.train.run.evaluation import make_evaluator
 from grpo_jax.train.run.runner import Schedule
 from grpo_jax.train.run.seed_axis import SeedAxis
 from grpo_jax.train.run.export import export_policy
+from grpo_jax.train.run.sections import EvalSection, ModelSection
 from grpo_jax.train.run.setup import (build_model, build_task, check_task_fits_model,
-                                  initial_adapters, uses_lora)
+                                      initial_adapters)
 from grpo_jax.train.stages.supervised import check_pair_sources, preference_pairs, run_stage
 from grpo_jax.train.learner.state import (create_train_state, guarded_update, make_optimizer,
                                   policy_params, reference_params)
@@ -250,20 +252,22 @@ def train_dpo(config, workdir: str, log=print):
   d = config.dpo
   task = build_task(config, log)
   key = jax.random.key(config.seed)
-  model_cfg, params = build_model(config, jax.random.fold_in(key, 0))
-  check_task_fits_model(config, model_cfg, task)
+  model = ModelSection.of(config)
+  evaluation = dataclasses.replace(EvalSection.of(config), prompt_bucket=0)  # full width
+  model_cfg, params = build_model(model, jax.random.fold_in(key, 0))
+  check_task_fits_model(model_cfg, task, evaluation.eval_size, evaluation.rollout.max_new_tokens)
   seed, axis = int(config.seed), SeedAxis((int(config.seed),))
   rounds = int(d.rounds)
   total = d.steps * max(rounds, 1)
   optimizer = make_optimizer(config.optim, total)
   pair_logps, reference_free = make_pair_logps(model_cfg, d.loss)
-  lora = uses_lora(config)
+  lora = model.lora
   starts = {}  # the SFT start, where the state holds no copy of it (see start_params)
 
   def state_from(start):
     k = jax.random.fold_in(key, 1)
-    if lora:  # the start is the frozen base and the reference
-      adapters = initial_adapters(config, start, jax.random.fold_in(key, 4))
+    if lora is not None:  # the start is the frozen base and the reference
+      adapters = initial_adapters(lora, start, jax.random.fold_in(key, 4))
       state = create_train_state(adapters, optimizer, k, base_params=start)
       # Rounds move the reference off the base: a merged copy, there from the start so that
       # every checkpoint has one structure.
@@ -282,9 +286,9 @@ def train_dpo(config, workdir: str, log=print):
     return state_from(warmed())
 
   def restored(state):
-    if lora:  # a checkpoint holds the adapters, not the frozen base
+    if lora is not None:  # a checkpoint holds the adapters, not the frozen base
       log("dpo: the frozen base rebuilt from "
-          f"{'model.path' if config.model.path else 'the seed'}"
+          f"{'model.path' if model.uses_checkpoint else 'the seed'}"
           f"{' and the warm-up' if config.warmup.steps else ''}")
       state = state.replace(base_params=warmed())
     return state
@@ -297,8 +301,8 @@ def train_dpo(config, workdir: str, log=print):
 
   step_fn = jax.jit(make_dpo_step(model_cfg, optimizer, d), donate_argnums=0)
   pair_logps = jax.jit(pair_logps)
-  evaluate_policy = make_evaluator(task, model_cfg, config.train, config.rollout,
-                                   [jax.random.fold_in(key, 3)], axis)
+  evaluate_policy = make_evaluator(task, model_cfg, evaluation, [jax.random.fold_in(key, 3)],
+                                   axis)
   data = {}  # the pairs (and cached reference sums), made from the start on first use
   n = config.rollout.max_new_tokens
   sample = None
@@ -355,7 +359,7 @@ def train_dpo(config, workdir: str, log=print):
   def advance(state):
     if rounds > 0 and int(state.step) % d.steps == 0 and int(state.step) > 0:
       # A new round: its reference is the policy now (the last round's result).
-      now = (jax.tree.map(jnp.copy, state.params) if not lora else
+      now = (jax.tree.map(jnp.copy, state.params) if lora is None else
              merge(state.base_params, state.params, model_cfg.lora_scale))
       state = state.replace(ref_params=now)
     pairs = prepared(state)
@@ -387,5 +391,5 @@ def train_dpo(config, workdir: str, log=print):
                       free=("dpo.eval_every", "dpo.export") + (("dpo.steps",) if rounds == 0
                                                                else ("dpo.rounds",)),
                       fresh_shape=lambda: state_from(params), restored=restored)
-    export_policy(config, state, model_cfg, workdir, log, export=bool(d.export))
+    export_policy(model, state, model_cfg, workdir, log, export=bool(d.export))
   return state

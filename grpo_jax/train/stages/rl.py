@@ -35,21 +35,23 @@ from grpo_jax.rewards.sources import RewardSources
 from grpo_jax.rl.estimators import ESTIMATORS
 from grpo_jax.train.run import files  # noqa: F401  (fused, host_source: register the built-in sources)
 from grpo_jax.train.sources import fused
+from grpo_jax.train.sources import episodes as episode_source  # noqa: F401
 from grpo_jax.train.sources import host as host_source
 from grpo_jax.train.run.checkpoint import Checkpoints, step_of
-from grpo_jax.train.run.evaluation import make_evaluator
-from grpo_jax.train.sources.experience_source import (EXPERIENCE_SOURCES, Run, for_source,
-                                              source_name)
+from grpo_jax.train.run.evaluation import evaluator_for
+from grpo_jax.train.sources.experience_source import (EXPERIENCE_SOURCES, Run, SourceSettings,
+                                                     for_source, source_name)
 from grpo_jax.train.stages.rl_advance import make_advance
 from grpo_jax.train.run.reward_models import build_reward_sources
 from grpo_jax.train.run.export import export_policy
 from grpo_jax.train.run.faults import TerminationFlag, check_skips, check_state_finite
 from grpo_jax.train.run.metrics import MetricsWriter
-from grpo_jax.train.run.runner import Schedule, run_steps
+from grpo_jax.train.run.runner import run_steps
 from grpo_jax.train.run.samples import SamplesWriter, format_samples
 from grpo_jax.train.run.seed_axis import SeedAxis
+from grpo_jax.train.run.sections import DeviceSection, EvalSection, LoraSection, Sections
 from grpo_jax.train.run.setup import (build_model, build_task, check_task_fits_model,
-                                   initial_adapters, uses_checkpoint, uses_lora)
+                                      initial_adapters)
 from grpo_jax.train.learner.state import (RunState, TrainState, create_source_state, create_train_state,
                                   make_optimizer, policy_params)
 from grpo_jax.train.learner.step import StepSpec
@@ -58,23 +60,24 @@ from grpo_jax.train.stages.warmup import run_warmup
 from grpo_jax.train.run.workdir import WorkdirLock, check_workdir, open_records, resume_records
 
 
-def initial_state(config, model_cfg: ModelConfig, params, optimizer, base_key,
-                  sources: RewardSources = RewardSources()) -> TrainState:
+def initial_state(rl, model_cfg: ModelConfig, params, optimizer, base_key,
+                  sources: RewardSources = RewardSources(),
+                  lora: LoraSection | None = None) -> TrainState:
   """The state at step 0 from the starting policy (a frozen reference copy, a fresh critic, or
   with rl.critic_init='reward_model' one from sources' first reward model); under LoRA, fresh
   adapters on `params` as the frozen base (and reference)."""
-  if config.rl.critic_init == "reward_model":
+  if rl.critic_init == "reward_model":
     rm = sources.models[0]
     value_params = critic_from_reward_model(rm.params, rm.model_cfg, model_cfg)
   else:
-    value_params = init_value_params(config.rl.value_head, model_cfg, params,
+    value_params = init_value_params(rl.value_head, model_cfg, params,
                                      jax.random.fold_in(base_key, 2))
   key = jax.random.fold_in(base_key, 1)
-  if uses_lora(config):
-    adapters = initial_adapters(config, params, jax.random.fold_in(base_key, 4))
-    return create_train_state(adapters, optimizer, key, value_params, config.rl.kl_coef,
+  if lora is not None:
+    adapters = initial_adapters(lora, params, jax.random.fold_in(base_key, 4))
+    return create_train_state(adapters, optimizer, key, value_params, rl.kl_coef,
                               base_params=params)
-  return create_train_state(params, optimizer, key, value_params, config.rl.kl_coef)
+  return create_train_state(params, optimizer, key, value_params, rl.kl_coef)
 
 
 def seed_workdir(workdir: str, seed: int) -> str:
@@ -94,9 +97,16 @@ def train(config, workdir: str, log=print, seeds=None, seed_axis: str = "vmap") 
   config_lib.validate(config)
   _check_source(config.train, config.rl)
   check_workdir(workdir)
+  # After validation each room reads its typed section, built here once (run/sections.py);
+  # the task registry alone builds from the whole config, and the record writes it.
+  sections = Sections.of(config)
+  settings = SourceSettings.of(config)
   axis = (SeedAxis((int(config.seed),)) if seeds is None else
           SeedAxis(tuple(int(s) for s in seeds), seed_axis))
-  mesh = _start_devices(config, axis)
+  configs = [_with_seed(config, s) for s in axis.seeds]
+  rl = for_source(config.rl, config.train)  # no reuse of old log-probs for an off-policy source
+  warm = config.warmup
+  mesh = _start_devices(sections.devices, axis, rl, settings, sections.eval)
   if not distributed.is_main_process():
     log = lambda *a, **k: None  # noqa: E731  process 0 speaks and writes for everyone
   log(platform_line())
@@ -105,35 +115,35 @@ def train(config, workdir: str, log=print, seeds=None, seed_axis: str = "vmap") 
     log(cpu_fallback_warning())
   # Every input is read and checked before the workdir is touched: a bad one writes nothing.
   task = build_task(config, log)
-  configs = [_with_seed(config, s) for s in axis.seeds]
   base_keys = tuple(jax.random.key(s) for s in axis.seeds)
-  built = [build_model(c, jax.random.fold_in(k, 0)) for c, k in zip(configs, base_keys)]
+  built = [build_model(sections.model, jax.random.fold_in(k, 0)) for k in base_keys]
   model_cfg, params = built[0][0], axis.stack([p for _, p in built])
   del built
-  check_task_fits_model(config, model_cfg, task)
-  sources = build_reward_sources(config, task, mesh, reward_name(task))  # reward models read
-  # Process 0 writes for everyone, so it alone holds the workdir's lock (one run per workdir).
-  with (WorkdirLock(workdir) if distributed.is_main_process() else contextlib.nullcontext()):
-    return _train(config, workdir, log, axis, mesh, task, configs, base_keys, model_cfg, params,
-                  sources)
-
-
-def _train(config, workdir: str, log, axis: SeedAxis, mesh, task, configs, base_keys,
-           model_cfg, params, sources: RewardSources) -> RunState:
-  """`train` once the inputs are checked, the devices are up and the workdir is this run's."""
+  rollout = sections.eval.rollout
+  check_task_fits_model(model_cfg, task, sections.eval.eval_size, rollout.max_new_tokens)
+  # reward models read
+  sources = build_reward_sources(sections.rewards, sections.model, task, mesh, reward_name(task))
+  optimizer = make_optimizer(config.optim, settings.steps * rl.num_iterations *
+                             rl.num_minibatches)
+  spec = StepSpec(model_cfg, rl, optimizer, settings.update_group_size,
+                  rollout.temperature, rollout.max_new_tokens)
   workdirs = (workdir,) if not axis.stacked else tuple(seed_workdir(workdir, s)
                                                        for s in axis.seeds)
-  main_process = distributed.is_main_process()
-  r_cfg, t_cfg = config.rollout, config.train
-  rl = for_source(config.rl, t_cfg)  # no reuse of old log-probs for an off-policy source
-  optimizer = make_optimizer(config.optim, t_cfg.steps * rl.num_iterations * rl.num_minibatches)
-  spec = StepSpec(model_cfg, rl, optimizer, config_lib.update_group_size(config),
-                  r_cfg.temperature, r_cfg.max_new_tokens)
   run = Run.of(config, axis, task, spec, base_keys, workdirs, mesh, log, sources)
+  # Process 0 writes for everyone, so it alone holds the workdir's lock (one run per workdir).
+  with (WorkdirLock(workdir) if distributed.is_main_process() else contextlib.nullcontext()):
+    return _train(run, sections, workdir, configs, warm, params)
+
+
+def _train(run: Run, sections: Sections, workdir: str, configs, warm, params) -> RunState:
+  """`train` once the inputs are checked, the devices are up and the workdir is this run's."""
+  axis, log, mesh, workdirs = run.axis, run.log, run.mesh, run.workdirs
+  model_cfg, base_keys, lora = run.spec.model_cfg, run.base_keys, sections.model.lora
+  main_process = distributed.is_main_process()
   # Named by the seeds: a later run of other seeds in the same workdir starts its own.
   directory = ("checkpoints" if not axis.stacked else
                f"checkpoints_seeds_{'_'.join(map(str, axis.seeds))}")
-  ckpts = Checkpoints(os.path.join(workdir, directory), t_cfg.keep_checkpoints, log)
+  ckpts = Checkpoints(os.path.join(workdir, directory), sections.loop.keep_checkpoints, log)
   # A workdir with checkpoints is resumed: under its recorded config, on its recorded devices,
   # with its record intact (workdir.py), checked before config.json is rewritten.
   devices = devices_record(mesh)
@@ -156,19 +166,20 @@ def _train(config, workdir: str, log, axis: SeedAxis, mesh, task, configs, base_
               if axis.stacked else ""))
       states = lambda p: axis.stack([  # noqa: E731
           RunState(t, create_source_state(t.key)) for t in (
-              initial_state(config, model_cfg, q, optimizer, k, run.sources)
+              initial_state(run.spec.rl, model_cfg, q, run.spec.optimizer, k, run.sources,
+                            lora)
               for q, k in zip(axis.unstack(p), base_keys))])
       state = ckpts.restore_latest(jax.eval_shape(states, params))
       resumed = state is not None
       if main_process:
         dropped = resume_records(workdirs, step_of(state) if resumed else None, changes,
                                  devices)[-1]
-      if resumed and uses_lora(config):  # the frozen base is not in the checkpoint
-        origin = "model.path" if uses_checkpoint(config) else "the seed"
+      if resumed and lora is not None:  # the frozen base is not in the checkpoint
+        origin = "model.path" if sections.model.uses_checkpoint else "the seed"
         log(f"resumed from checkpoint {ckpts.directory}/{step_of(state)} (LoRA adapters; the "
             f"frozen base rebuilt from {origin}"
-            f"{' and the warm-up' if config.warmup.steps else ''})")
-        base = run_warmup(params, task, model_cfg, config.warmup, axis, log)
+            f"{' and the warm-up' if warm.steps else ''})")
+        base = run_warmup(params, run.task, model_cfg, warm, axis, log)
         state = state.replace(train=state.train.replace(base_params=base))
         if main_process:
           log(f"dropped {dropped} metrics records written after it")
@@ -177,7 +188,7 @@ def _train(config, workdir: str, log, axis: SeedAxis, mesh, task, configs, base_
         if main_process:
           log(f"dropped {dropped} metrics records written after it")
       else:
-        warmed = run_warmup(params, task, model_cfg, config.warmup, axis, log,
+        warmed = run_warmup(params, run.task, model_cfg, warm, axis, log,
                             stop=lambda: sigterm.requested)
         if sigterm.requested:  # the warm-up stopped early: nothing of this run is saved yet
           raise sigterm.stop("stopped during the warm-up, before the first checkpoint; run the "
@@ -199,7 +210,7 @@ def _train(config, workdir: str, log, axis: SeedAxis, mesh, task, configs, base_
       # Under the run's mesh, the model's activation constraints (parallel/mesh.constrain)
       # take effect.
       with (jax.set_mesh(mesh) if mesh is not None else contextlib.nullcontext()):
-        return _run(config, run, state, resumed, ckpts, sigterm)
+        return _run(run, sections, configs, state, resumed, ckpts, sigterm)
   finally:
     ckpts.close()
 
@@ -217,24 +228,25 @@ def _all_processes_stop_with(refusal: Exception | None) -> None:
     raise refusal
 
 
-def _start_devices(config, axis: SeedAxis):
+def _start_devices(devices: DeviceSection, axis: SeedAxis, rl, settings: SourceSettings,
+                   evaluation: EvalSection):
   """The mesh of a single-seed run (multi-host start-up first); None for stacked seeds, which
   run in one process on one device."""
-  dist = config.get("distributed")
+  dist = devices.distributed
   if axis.stacked:
     if dist is not None and dist.mode != "none":
       raise config_lib.ConfigError(
           f"distributed.mode={dist.mode!r}: stacked seeds run in one process on one device; "
           f"set distributed.mode='none' or run the seeds separately.")
-    start_backend(config.train.compilation_cache)
+    start_backend(devices.compilation_cache)
     return None
   distributed.initialize(dist)
-  start_backend(config.train.compilation_cache)
+  start_backend(devices.compilation_cache)
   try:
-    mesh = make_mesh(config.mesh)
+    mesh = make_mesh(devices.mesh)
   except ValueError as e:
     raise config_lib.ConfigError(str(e)) from None
-  _check_batches_fit_mesh(config, mesh)
+  _check_batches_fit_mesh(rl, settings, evaluation.eval_batch_size, mesh)
   return mesh
 
 
@@ -263,50 +275,48 @@ def _with_seed(config, seed: int):
   return c
 
 
-def _check_batches_fit_mesh(config, mesh) -> None:
+def _check_batches_fit_mesh(rl, settings: SourceSettings, eval_batch_size: int, mesh) -> None:
   """Every batch must split evenly over the mesh's data x fsdp x expert devices (checked up
   front)."""
   size = batch_axis_size(mesh)
-  r, t = config.rollout, config.train
-  if config.rl.pack_tokens and size > 1:
+  if rl.pack_tokens and size > 1:
     raise config_lib.ConfigError(
-        f"rl.pack_tokens={config.rl.pack_tokens} packs a micro-batch's tokens into one row, "
+        f"rl.pack_tokens={rl.pack_tokens} packs a micro-batch's tokens into one row, "
         f"which does not split over the {size} data x fsdp x expert devices of the mesh; set "
         f"rl.pack_tokens=0 on a data-parallel mesh.")
-  batch = r.num_prompts * config_lib.update_group_size(config)
-  for name, value in ((f"the rollout batch (rollout.num_prompts={r.num_prompts} x "
-                       f"rollout.group_size={r.group_size}"
-                       f"{', of which rl.gfpo_keep are kept' if config.rl.get('gfpo_keep') else ''})",
+  num_prompts = settings.num_prompts
+  batch = num_prompts * settings.update_group_size
+  for name, value in ((f"the rollout batch (rollout.num_prompts={num_prompts} x "
+                       f"rollout.group_size={settings.group_size}"
+                       f"{', of which rl.gfpo_keep are kept' if settings.gfpo_keep else ''})",
                        batch),
-                      ("a minibatch", batch // config.rl.num_minibatches),
-                      ("a micro-batch", batch // config.rl.num_minibatches //
-                       config.rl.num_micro_batches),
-                      ("train.eval_batch_size", t.eval_batch_size)):
+                      ("a minibatch", batch // rl.num_minibatches),
+                      ("a micro-batch", batch // rl.num_minibatches // rl.num_micro_batches),
+                      ("train.eval_batch_size", eval_batch_size)):
     if value % size:
       raise config_lib.ConfigError(
           f"{name} = {value} does not split over the {size} devices of the mesh's data x fsdp "
           f"x expert axes ({mesh.shape['data']} x {mesh.shape['fsdp']} x "
           f"{mesh.shape['expert']}); make it a multiple of {size}.")
-  if uses_greedy(ESTIMATORS.get(config.rl.advantage).needs) and r.num_prompts % size:
+  if uses_greedy(ESTIMATORS.get(rl.advantage).needs) and num_prompts % size:
     raise config_lib.ConfigError(
-        f"rl.advantage={config.rl.advantage!r} decodes one greedy row per prompt: "
-        f"rollout.num_prompts={r.num_prompts} must be a multiple of the {size} data x fsdp x "
+        f"rl.advantage={rl.advantage!r} decodes one greedy row per prompt: "
+        f"rollout.num_prompts={num_prompts} must be a multiple of the {size} data x fsdp x "
         f"expert devices.")
 
 
-def _run(config, run: Run, state, resumed: bool, ckpts, sigterm) -> RunState:
-  """The RL steps from the state's step to config.train.steps (see `train`)."""
-  axis, log = run.axis, run.log
-  r_cfg, t_cfg = config.rollout, config.train
+def _run(run: Run, sections: Sections, configs, state, resumed: bool, ckpts,
+         sigterm) -> RunState:
+  """The RL steps from the state's step to train.steps (see `train`)."""
+  axis, log, t = run.axis, run.log, sections.loop
   pending = []  # sample records of the step being run (grpo_jax/train/run/samples.py)
   advance = make_advance(run, state, pending)
-  run_eval = make_evaluator(run.task, run.spec.model_cfg, t_cfg, r_cfg,
-                            [jax.random.fold_in(k, 3) for k in run.base_keys], axis, run.mesh,
-                            config.data.prompt_bucket)
+  run_eval = evaluator_for(run.task)(run.task, run.spec.model_cfg, sections.eval,
+                            [jax.random.fold_in(k, 3) for k in run.base_keys], axis, run.mesh)
   enabled = distributed.is_main_process()
-  writers = [MetricsWriter(wd, t_cfg.steps, stream=None if axis.stacked else sys.stdout,
+  writers = [MetricsWriter(wd, t.steps, stream=None if axis.stacked else sys.stdout,
                            enabled=enabled, wandb_run=start_wandb(c, wd) if enabled else None)
-             for wd, c in zip(run.workdirs, [_with_seed(config, s) for s in axis.seeds])]
+             for wd, c in zip(run.workdirs, configs)]
   samplers = [SamplesWriter(wd, enabled, w) for wd, w in zip(run.workdirs, writers)]
 
   def evaluate(state, step):
@@ -335,7 +345,7 @@ def _run(config, run: Run, state, resumed: bool, ckpts, sigterm) -> RunState:
     if clock is None:  # step 0: the evaluation
       for writer, m in zip(writers, records[0]):
         writer.write(0, m)
-      log(f"step    0/{t_cfg.steps} | eval_acc {_join(m['eval_accuracy'] for m in records[0])}")
+      log(f"step    0/{t.steps} | eval_acc {_join(m['eval_accuracy'] for m in records[0])}")
       return
     per_step = seconds / len(records)
     for i, (per_seed, step_tokens_) in enumerate(zip(records, tokens)):
@@ -345,22 +355,22 @@ def _run(config, run: Run, state, resumed: bool, ckpts, sigterm) -> RunState:
                       elapsed_s=clock.elapsed_s)
         writer.write(at, record)
       if axis.stacked:
-        log(_seeds_line(at, t_cfg.steps, per_seed, step_tokens_ / per_step,
+        log(_seeds_line(at, t.steps, per_seed, step_tokens_ / per_step,
                         clock.seconds_per_step))
       else:
         writers[0].progress(at, per_seed[0], clock.seconds_per_step)
     check_skips(int(np.max(np.asarray(to_host(state.train.consecutive_skips)))),
-                t_cfg.max_consecutive_skips, first + len(records) - 1)
+                t.max_consecutive_skips, first + len(records) - 1)
 
   try:
     state = run_steps(state, advance, evaluate, write, check=check,
-                      schedule=Schedule(t_cfg.steps, t_cfg.eval_every, t_cfg.checkpoint_every),
+                      schedule=t.schedule,
                       ckpts=ckpts, sigterm=sigterm, resumed=resumed)
   finally:
     for writer in writers:
       writer.close()
   if not axis.stacked:
-    export_policy(config, state.train, run.spec.model_cfg, run.workdirs[0], log)
+    export_policy(sections.model, state.train, run.spec.model_cfg, run.workdirs[0], log)
   return state
 
 

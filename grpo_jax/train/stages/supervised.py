@@ -15,6 +15,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 
@@ -37,6 +38,7 @@ from grpo_jax.train.run.export import export_model_type
 from grpo_jax.train.run.faults import TerminationFlag
 from grpo_jax.train.run.metrics import MetricsWriter
 from grpo_jax.train.run.runner import Schedule, run_steps
+from grpo_jax.train.run.sections import EvalSection, ModelSection
 from grpo_jax.train.run.seed_axis import SeedAxis
 from grpo_jax.train.run.setup import build_model, build_task, check_task_fits_model
 from grpo_jax.train.learner.state import create_train_state, guarded_update, make_optimizer
@@ -96,8 +98,10 @@ def train_sft(config, workdir: str, log=print):
                       f"> 0.")
   task = build_task(config, log)
   key = jax.random.key(config.seed)
-  model_cfg, params = build_model(config, jax.random.fold_in(key, 0))
-  check_task_fits_model(config, model_cfg, task)
+  model = ModelSection.of(config)
+  evaluation = dataclasses.replace(EvalSection.of(config), prompt_bucket=0)  # full width
+  model_cfg, params = build_model(model, jax.random.fold_in(key, 0))
+  check_task_fits_model(model_cfg, task, evaluation.eval_size, evaluation.rollout.max_new_tokens)
   data_path = config.warmup.data_path
   source = task if not data_path else SupervisedData(
       task, read_jsonl(data_path, ("prompt", "response")), config.rollout.max_new_tokens)
@@ -119,8 +123,8 @@ def train_sft(config, workdir: str, log=print):
     state, loss = step_fn(state, tuple(getattr(batch, f) for f in fields))
     return state, [[{"sft_loss": float(loss)}]], None
 
-  evaluate_policy = make_evaluator(task, model_cfg, config.train, config.rollout,
-                                   [jax.random.fold_in(key, 3)], SeedAxis((seed,)))
+  evaluate_policy = make_evaluator(task, model_cfg, evaluation, [jax.random.fold_in(key, 3)],
+                                   SeedAxis((seed,)))
 
   def write(writer, state, first, records, tokens, seconds, clock):
     record = records[-1][0]
@@ -137,8 +141,8 @@ def train_sft(config, workdir: str, log=print):
     from grpo_jax.models.hf_export import export_hf_checkpoint  # noqa: PLC0415
     out = os.path.join(workdir, "hf_export")
     with files.local_folder(out) as folder:
-      export_hf_checkpoint(state.params, model_cfg, folder, config.model.path or None,
-                           export_model_type(config, model_cfg))
+      export_hf_checkpoint(state.params, model_cfg, folder, model.path or None,
+                           export_model_type(model, model_cfg))
     log(f"sft: exported the policy to {out}")
   return state.params
 
@@ -265,7 +269,8 @@ def train_reward_model(config, workdir: str, log=print):
   check_pair_sources(config)
   task = build_task(config, log)
   key = jax.random.key(config.seed)
-  model_cfg, policy = build_model(config, jax.random.fold_in(key, 0))
+  model = ModelSection.of(config)
+  model_cfg, policy = build_model(model, jax.random.fold_in(key, 0))
   n = config.rollout.max_new_tokens
   train = PairData(task, preference_pairs(config, "rm", task, "train", (model_cfg, policy)), n)
   test = PairData(task, preference_pairs(config, "rm", task, "test", (model_cfg, policy)), n)
@@ -299,7 +304,7 @@ def train_reward_model(config, workdir: str, log=print):
     if rm.export:
       out = os.path.join(workdir, "hf_export")
       with files.local_folder(out) as folder:
-        export_reward_model(state.params, model_cfg, folder, export_model_type(config, model_cfg),
+        export_reward_model(state.params, model_cfg, folder, export_model_type(model, model_cfg),
                             task.pad_id)
       log(f"rm: exported the reward model to {out}")
   return state

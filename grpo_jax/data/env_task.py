@@ -1,0 +1,147 @@
+"""The task of an environment's episodes (task.name="env"): its rows, its prompts as the chat
+template renders the first messages, and its supervised warm-up from the environment's
+demonstrations. The environment is config.env (env.name and its keyword-only fields, bound
+like every registry's entries); its episodes are played by the "episodes" experience source
+(train/sources/episodes.py) and the held-out evaluation (train/run/evaluation.py).
+
+Fields (config.task): tokenizer ("": model.path's; "char": the character-level chat tokenizer,
+envs/char_tokenizer.py), test_size (held-out rows), prompt_width (the prompts' padded width,
+in tokens), warmup_tool_share (the share of warm-up demonstrations that call the tool; the rest
+answer directly). config.env.max_completion_tokens is an episode's budget of ids after the
+prompt (the policy's and the environment's).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from grpo_jax.data.chat import ChatTextTask, epoch_stream
+from grpo_jax.data.task import register_task
+from grpo_jax.data.tokenizer import pad_rows
+from grpo_jax.envs import ENVIRONMENTS
+from grpo_jax.envs.chat import render
+from grpo_jax.errors import ConfigError
+
+_TRAIN_ROWS = 100_000
+
+
+@dataclasses.dataclass
+class EpisodeBatch:
+  prompt_tokens: np.ndarray  # (B, P) left-padded: the first messages and the generation prompt
+  prompt_mask: np.ndarray
+  rows: list  # the environment's rows
+  user_text: list  # the first messages' text
+
+
+@register_task("env", capabilities=("episodes", "warmup"))
+class EnvTask(ChatTextTask):
+  """An environment's episodes as a task (see the module docstring); eos / pad ids and the
+  prompts' text as every chat task's (data/chat.py)."""
+
+  def __init__(self, env, tokenizer, test_size: int, max_prompt_tokens: int,
+               max_completion_tokens: int, warmup_tool_share: float):
+    self.env, self.tokenizer = env, tokenizer
+    self.test_size, self.prompt_len = test_size, max_prompt_tokens
+    self.max_completion_tokens, self.warmup_tool_share = max_completion_tokens, warmup_tool_share
+    self._train, self._test = env.rows("train", _TRAIN_ROWS), env.rows("test", test_size)
+    self.max_new_tokens = max_completion_tokens  # (the evaluation's completion width)
+
+  @staticmethod
+  def check_config(config) -> None:
+    source = config.train.experience_source
+    if source != "episodes":
+      raise ConfigError(f"task.name='env' plays an environment's episodes, which the "
+                        f"'episodes' experience source samples; set "
+                        f"train.experience_source='episodes' (it is {source!r}).")
+    if "env" not in config:
+      raise ConfigError("task.name='env' needs a config.env section (env.name and the "
+                        "environment's fields); see configs/grpo_calculator_tiny.py.")
+    ENVIRONMENTS.get(config.env.name)
+
+  @classmethod
+  def from_config(cls, config, log=print, *, tokenizer: str = "", test_size: int = 500,
+                  prompt_width: int = 128, warmup_tool_share: float = 1.0):
+    env = ENVIRONMENTS.bind(config.env.name, config.env)()
+    if tokenizer == "char":
+      from grpo_jax.envs.char_tokenizer import char_chat_tokenizer  # noqa: PLC0415
+      tok = char_chat_tokenizer()
+    else:
+      path = tokenizer or config.model.path
+      if not path:
+        raise ConfigError("task.tokenizer='' reads model.path's tokenizer, but model.path is "
+                          "empty; set task.tokenizer='char' for a random model.")
+      from transformers import AutoTokenizer  # noqa: PLC0415
+      tok = AutoTokenizer.from_pretrained(path)
+    return cls(env, tok, int(test_size), int(prompt_width),
+               int(config.env.get("max_completion_tokens", 256)), float(warmup_tool_share))
+
+  # What the environment's first messages are, as ids.
+  def first_messages(self, row, seed: int = 0) -> list:
+    return self.env.reset(row, seed)[1]
+
+  def prompt_ids(self, messages: list) -> list[int]:
+    text = render(self.tokenizer, messages, self.env.tools, add_generation_prompt=True)
+    ids = self.tokenizer.encode(text, add_special_tokens=False)
+    if len(ids) > self.prompt_len:
+      raise ConfigError(f"an episode's first messages take {len(ids)} tokens, more than "
+                        f"task.prompt_width={self.prompt_len}; raise it.")
+    return ids
+
+  def prompt_batch(self, rows: list) -> EpisodeBatch:
+    messages = [self.first_messages(r) for r in rows]
+    tokens, mask = pad_rows([self.prompt_ids(m) for m in messages], self.prompt_len,
+                            self.pad_id, left=True)
+    return EpisodeBatch(tokens, mask, list(rows),
+                        ["\n".join(m["content"] for m in ms) for ms in messages])
+
+  def train_rows(self, position: int, count: int, seed: int) -> list:
+    return [self._train[i] for i in epoch_stream(len(self._train), position, count, seed)]
+
+  def train_batch(self, position: int, count: int, seed: int) -> EpisodeBatch:
+    return self.prompt_batch(self.train_rows(position, count, seed))
+
+  def test_batch(self, size: int) -> EpisodeBatch:
+    if size > len(self._test):
+      raise ConfigError(f"train.eval_size={size} exceeds task.test_size={len(self._test)} "
+                        f"held-out rows; lower train.eval_size or raise task.test_size.")
+    return self.prompt_batch(self._test[:size])
+
+  def warmup_batch(self, step: int, count: int, seed: int, carry_drop_fraction=None):
+    """Demonstrations of solved episodes (env.demonstration): the first messages as the prompt,
+    the rest of the rendered episode as the target (its tool results included, as text)."""
+    del carry_drop_fraction  # (the addition task's noise)
+    from grpo_jax.data.supervised import SupervisedBatch  # noqa: PLC0415
+    rows = self.train_rows(step * count, count, seed + 1)
+    use_tool = np.random.default_rng([seed, 13, step]).random(count) < self.warmup_tool_share
+    prompts, targets = [], []
+    for row, tool in zip(rows, use_tool):
+      first = self.first_messages(row)
+      head = render(self.tokenizer, first, self.env.tools, add_generation_prompt=True)
+      whole = render(self.tokenizer, first + self.env.demonstration(row, bool(tool)),
+                     self.env.tools)
+      prompts.append(self.prompt_ids(first))
+      # The rendered episode ends with the last turn's end-of-turn token and a newline: the
+      # target stops at that token, as a sampled turn does.
+      rest = self.tokenizer.encode(whole[len(head):], add_special_tokens=False)
+      ends = [i for i, t in enumerate(rest) if t == self.eos_id]
+      targets.append(rest[:ends[-1] + 1] if ends else rest)
+    pt, pm = pad_rows(prompts, self.prompt_len, self.pad_id, left=True)
+    tt, tm = pad_rows(targets, self.max_completion_tokens, self.pad_id, left=False)
+    return SupervisedBatch(pt, pm, tt, tm)
+
+  # The Task protocol's single-completion side, which an episode task does not have.
+  def score(self, prompts, completion_tokens, completion_mask, group_size: int):
+    raise ConfigError("task.name='env' is scored by its environment's episodes; set "
+                      "train.experience_source='episodes'.")
+
+  eval_scores = score
+
+  def labels(self, batch) -> list[str]:
+    return [str(r) for r in batch.rows]
+
+  def decode(self, completion_tokens, completion_mask) -> list[str]:
+    tokens, mask = np.asarray(completion_tokens), np.asarray(completion_mask, bool)
+    return [self.tokenizer.decode(t[m].tolist(), skip_special_tokens=False)
+            for t, m in zip(tokens, mask)]
