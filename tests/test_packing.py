@@ -164,6 +164,7 @@ def test_a_packed_run_records_its_capacities_and_learns_the_same(tmp_path):
 
 
 def test_packing_is_refused_where_the_host_does_not_size_it():
+  from grpo_jax.train.sources.experience_source import SourceSettings  # noqa: PLC0415
   config = small_tiny_config(steps=1)
   config.rl.pack_tokens = 8
   config.train.experience_source = "fused"
@@ -173,7 +174,8 @@ def test_packing_is_refused_where_the_host_does_not_size_it():
   mesh = types.SimpleNamespace(shape={"data": 2, "fsdp": 1, "tensor": 1, "expert": 1})
   with pytest.raises(ConfigError, match=r"^rl.pack_tokens=8 packs a micro-batch's tokens into "
                                         r"one row, which does not split over the 2 data"):
-    loop._check_batches_fit_mesh(config, mesh)
+    loop._check_batches_fit_mesh(config.rl, SourceSettings.of(config),
+                                 config.train.eval_batch_size, mesh)
 
 
 @pytest.mark.parametrize("offset,queries", [(0, 300), (7, 130), (5, 64)])

@@ -33,11 +33,12 @@ def test_grpo_with_kl_in_reward_and_overlong_shaping_equals_numpy():
       kl_coef=jnp.float32(BETA))
 
   # The reference, written out: DAPO's penalty over the last BUFFER tokens of the budget,
-  # the k1 KL summed into each completion's reward, GRPO's group normalisation (n - 1 std).
+  # the k1 KL over the policy's tokens (actions) summed into each completion's reward, GRPO's
+  # group normalisation (n - 1 std).
   over = np.where(lengths <= MAX_NEW - BUFFER, 0.0,
                   ((MAX_NEW - BUFFER) - lengths) / BUFFER * 1.0)
   shaped = rewards + over
-  sequence = shaped - BETA * np.sum(np.where(mask, old - ref, 0.0), axis=1)
+  sequence = shaped - BETA * np.sum(np.where(actions, old - ref, 0.0), axis=1)
   groups = sequence.reshape(-1, G)
   adv = ((groups - groups.mean(1, keepdims=True)) /
          (groups.std(1, ddof=1, keepdims=True) + 1e-6)).reshape(-1)
@@ -48,5 +49,5 @@ def test_grpo_with_kl_in_reward_and_overlong_shaping_equals_numpy():
   np.testing.assert_array_equal(batch.outcome_rewards, rewards)
   assert batch.returns is None and batch.is_weights is None
   np.testing.assert_allclose(metrics["shaped_reward_mean"], shaped.mean(), rtol=1e-6)
-  np.testing.assert_allclose(metrics["rollout_kl"], np.sum(np.where(mask, old - ref, 0)) /
-                             mask.sum(), rtol=1e-5)
+  np.testing.assert_allclose(metrics["rollout_kl"], np.sum(np.where(actions, old - ref, 0)) /
+                             actions.sum(), rtol=1e-5)

@@ -49,7 +49,7 @@ from grpo_jax.train.run.metrics import MetricsWriter
 from grpo_jax.train.run.runner import run_steps
 from grpo_jax.train.run.samples import SamplesWriter, format_samples
 from grpo_jax.train.run.seed_axis import SeedAxis
-from grpo_jax.train.run.sections import DeviceSection, EvalSection, LoraSection, Sections
+from grpo_jax.train.run.sections import DeviceSection, LoraSection, Sections
 from grpo_jax.train.run.setup import (build_model, build_task, check_task_fits_model,
                                       initial_adapters)
 from grpo_jax.train.learner.state import (RunState, TrainState, create_source_state, create_train_state,
@@ -99,14 +99,16 @@ def train(config, workdir: str, log=print, seeds=None, seed_axis: str = "vmap") 
   check_workdir(workdir)
   # After validation each room reads its typed section, built here once (run/sections.py);
   # the task registry alone builds from the whole config, and the record writes it.
-  sections = Sections.of(config)
   settings = SourceSettings.of(config)
   axis = (SeedAxis((int(config.seed),)) if seeds is None else
           SeedAxis(tuple(int(s) for s in seeds), seed_axis))
   configs = [_with_seed(config, s) for s in axis.seeds]
   rl = for_source(config.rl, config.train)  # no reuse of old log-probs for an off-policy source
   warm = config.warmup
-  mesh = _start_devices(sections.devices, axis, rl, settings, sections.eval)
+  # The devices first: nothing may start JAX before the multi-host start-up and the backend.
+  mesh = _start_devices(DeviceSection.of(config), axis, rl, settings,
+                        int(config.train.eval_batch_size))
+  sections = Sections.of(config)
   if not distributed.is_main_process():
     log = lambda *a, **k: None  # noqa: E731  process 0 speaks and writes for everyone
   log(platform_line())
@@ -229,7 +231,7 @@ def _all_processes_stop_with(refusal: Exception | None) -> None:
 
 
 def _start_devices(devices: DeviceSection, axis: SeedAxis, rl, settings: SourceSettings,
-                   evaluation: EvalSection):
+                   eval_batch_size: int):
   """The mesh of a single-seed run (multi-host start-up first); None for stacked seeds, which
   run in one process on one device."""
   dist = devices.distributed
@@ -246,7 +248,7 @@ def _start_devices(devices: DeviceSection, axis: SeedAxis, rl, settings: SourceS
     mesh = make_mesh(devices.mesh)
   except ValueError as e:
     raise config_lib.ConfigError(str(e)) from None
-  _check_batches_fit_mesh(rl, settings, evaluation.eval_batch_size, mesh)
+  _check_batches_fit_mesh(rl, settings, eval_batch_size, mesh)
   return mesh
 
 
