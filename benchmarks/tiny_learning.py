@@ -1,7 +1,8 @@
-"""Runs the README's main command (configs/grpo_tiny.py) for some seeds and prints what the
-foundation issue asks for (and, with --config, the same for ppo_tiny / dapo_tiny): wall time, the reward lift (mean reward_mean of the last 10% of
-steps minus the first 10%), the eval-accuracy lift (end minus step 0), and whether a repeat
-of the first seed reproduces its metrics.jsonl (wall-clock fields aside).
+"""Runs the README's main command (configs/grpo_tiny.py) for some seeds and prints, per seed
+(with --config, the same for ppo_tiny / dapo_tiny): wall time, the reward lift (mean
+reward_mean of the last 10% of steps minus the first 10%), the eval-accuracy lift (end minus
+step 0), and whether a repeat of the first seed reproduces its metrics.jsonl (wall-clock
+fields aside).
 
     python benchmarks/tiny_learning.py --seeds 0 1 2 --repeat-first
     python benchmarks/tiny_learning.py --config configs/ppo_tiny.py --seeds 0

@@ -34,9 +34,9 @@ def get_config() -> ml_collections.ConfigDict:
   # model.path is required: a local HF checkpoint folder (config.json, safetensors, tokenizer);
   # its config.json replaces the model sizes.
   c.model.compute_dtype = "bfloat16"
-  # Memory at real sizes (README "Fitting a model"; benchmarks/scale.py): layers scanned and
-  # rematerialised, the 152k vocabulary reached 64 completion positions at a time. With 4
-  # micro-batches (40 rows = 8 whole groups each) and each prompt run once for its 5
+  # Memory at real sizes (docs/fitting.md#memory-at-real-shapes; benchmarks/scale.py): layers
+  # scanned and rematerialised, the 152k vocabulary reached 64 completion positions at a time.
+  # With 4 micro-batches (40 rows = 8 whole groups each) and each prompt run once for its 5
   # completions (rl.shared_prompt_forward) the update needs 21.6 GiB at Qwen2.5-0.5B by XLA's
   # analysis (27.96 GiB with every row's prompt run) and 27% fewer FLOPs.
   c.model.update(dict(remat="full", logits_chunk=64))

@@ -5,7 +5,7 @@ arithmetic questions with just the number (task chat_arithmetic).
     python -m grpo_jax.main --config=configs/grpo_smollm2.py --workdir=/tmp/grpo_smollm2
 
 model.path defaults to the folder fetch_model writes (its default cache); point it elsewhere
-with --config.model.path=DIR. README "A real pretrained model" has the measured run.
+with --config.model.path=DIR. docs/real_models.md#measured has the measured run.
 
 Why these values:
   * task: "What is a + b? Answer with a single number." with a, b in [0, 100); 500 held-out

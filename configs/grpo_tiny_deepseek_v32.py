@@ -1,5 +1,5 @@
 """GRPO on the tiny task with DeepSeek-V3.2's three changes to GRPO (arXiv 2512.02556, section
-3.1; README "DeepSeek-V3.2's changes to GRPO"): the KL term weighted by pi / pi_old (eq. (7),
+3.1; docs/variants.md#deepseek-v32s-changes-to-grpo): the KL term weighted by pi / pi_old (eq. (7),
 rl.unbiased_kl), off-policy sequence masking (eq. (9), rl.opsm_delta, slime's default delta
 1e-4), and the keep-sampling mask (rl.keep_sampling_mask: nucleus sampling at top_p 0.9, and
 the update's policies renormalised over the tokens it left available). Two passes over each

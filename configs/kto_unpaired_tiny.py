@@ -6,8 +6,8 @@ pairs by launch/kto_unpaired_data.py:
     python launch/kto_unpaired_data.py --config=configs/dpo_tiny.py --out=/tmp/kto_unpaired
     python -m grpo_jax.train_dpo --config=configs/kto_unpaired_tiny.py --workdir=/tmp/kto_tiny
 
-Other files: --config.dpo.train_path=... --config.dpo.test_path=... (README "DPO and its
-family": the format). desirable_weight 1, undesirable_weight 1 (TRL's defaults; the KTO paper
+Other files: --config.dpo.train_path=... --config.dpo.test_path=... (the format:
+docs/dpo.md#the-format). desirable_weight 1, undesirable_weight 1 (TRL's defaults; the KTO paper
 suggests weights whose ratio w_D n_D / (w_U n_U) lies in [1, 4/3] for imbalanced sets).
 """
 

@@ -330,6 +330,18 @@ def _validate_distill(config) -> None:
            f"rl.distill_teacher={rl.distill_teacher!r} is not a Hugging Face model folder (no "
            f"config.json) or an http(s) URL of a teacher's server; rl.distill_coef="
            f"{rl.distill_coef} needs one.")
+  token_env = rl.get("distill_teacher_token_env") or ""
+  _require(not token_env or remote, f"rl.distill_teacher_token_env={token_env!r} is for a "
+           f"teacher's server, but rl.distill_teacher={rl.distill_teacher!r} is a folder; set "
+           f"rl.distill_teacher_token_env=''.")
+  _require(not token_env or bool(os.environ.get(token_env)), f"rl.distill_teacher_token_env="
+           f"{token_env!r}, but the environment has no {token_env}; export {token_env}=TOKEN "
+           f"(the token the teacher's server was started with).")
+  if remote:  # the URL (no user:password@) and its client's deadline and retries
+    from grpo_jax.rewards.remote_teacher import settings_problem  # noqa: PLC0415
+    problem = settings_problem(rl.distill_teacher, rl.distill_teacher_timeout_s,
+                               rl.distill_teacher_max_retries, rl.distill_teacher_backoff_s)
+    _require(problem is None, problem)
   _require(not config.train.fused_steps, f"rl.distill_coef={rl.distill_coef}: the teacher scores "
            f"the samples on the host; set train.fused_steps=0.")
   _require(rl.distill_in == "reward" or rl.objective == "policy_gradient",

@@ -20,7 +20,7 @@ from grpo_jax.registry import declared_defaults
 
 
 def rl_defaults(**overrides) -> ml_collections.ConfigDict:
-  """Every field of `config.rl`, with GRPO defaults (sources in README's RL section): the
+  """Every field of `config.rl`, with GRPO defaults (sources in docs/rl_suite.md): the
   section's own below, then the hyperparameters that the built-in estimators, policy losses and
   objectives declare with their defaults (advantage_eps, lam, whiten_advantages, clip_eps_low,
   clip_eps_high, dual_clip_c, log_ratio_clamp, drpo_*; grpo_jax/rl/estimators.py, losses.py,
@@ -51,6 +51,15 @@ def rl_defaults(**overrides) -> ml_collections.ConfigDict:
       # loss term ("loss": + coef * the rl.kl_estimator of KL(pi || pi_T), as the KL to the
       # reference); 0 = off. Mixed with the task's rewards, which still give the advantages.
       distill_teacher="", distill_coef=0.0, distill_in="reward",
+      # a teacher URL that needs a token (serve_teacher's GRPO_JAX_TEACHER_TOKEN): the NAME of
+      # the environment variable holding it, sent as Authorization: Bearer; "" = none
+      distill_teacher_token_env="",
+      # a teacher URL's client (docs/remote_services.md): each request must end within
+      # timeout_s seconds (connect, send, the whole answer); timeouts, connection errors, 5xx and
+      # 429 are retried max_retries times, after backoff_s * 2**k s (at most 8 s); then the run
+      # stops, saving its last completed step
+      distill_teacher_timeout_s=60.0, distill_teacher_max_retries=5,
+      distill_teacher_backoff_s=1.0,
       # DeepSeek-V3.2 (grpo_jax/rl/off_policy.py): the KL term weighted by pi / pi_old, eq. (7)
       unbiased_kl=False,
       # ... and off-policy sequence masking, eq. (9): no policy-gradient loss on a completion
@@ -129,6 +138,10 @@ def dpo_defaults() -> ml_collections.ConfigDict:
       # policy's own correct and wrong samples (rollout.group_size samples of round_prompts
       # prompts, up to pairs_per_prompt pairs each), its reference that start; 0 = offline.
       rounds=0, round_prompts=1024, pairs_per_prompt=1,
+      # A pair of a file whose chosen and rejected completions are the same in the tokens
+      # training reads (identical, both empty): "refuse" (one sentence: file, count, first
+      # line) or "skip" (dropped, the count printed). docs/dpo.md
+      on_degenerate_pair="refuse",
       export=True)  # write the policy to workdir/hf_export (a *ForCausalLM folder)
   entries = [fn for _, fn in PREFERENCE_LOSSES.items() if fn.__module__.startswith("grpo_jax.")]
   return ml_collections.ConfigDict(declared_defaults(entries, section))
@@ -185,7 +198,7 @@ def get_defaults() -> ml_collections.ConfigDict:
       dict(name="calculator", max_completion_tokens=256)))
 
   # Data of file-backed tasks: gsm8k, and a researcher's own (task.name="table";
-  # grpo_jax/data/table.py, README "Bring your own data and reward").
+  # grpo_jax/data/table.py, README "Bring your own data and reward", docs/own_data.md).
   c.data = ml_collections.ConfigDict(dict(
       # gsm8k: "jsonl" (data.path/{train,test}.jsonl) or "tfds" (prepared gsm8k); table: a
       # .jsonl/.json/.parquet/.csv file, a folder of them or of save_to_disk, or a hub id
@@ -200,6 +213,9 @@ def get_defaults() -> ml_collections.ConfigDict:
       answer_field="answer",  # table: the gold answer column (built-in rewards read it)
       system_prompt="",  # table: a system message before each prompt; "" = none
       on_bad_row="raise",  # table: "raise" (one sentence, file and line) or "skip" (counted)
+      # table: fewer held-out rows than train.eval_size evaluates them all (a printed line)
+      # instead of stopping (configs/grpo_table.py turns it on)
+      fit_eval_size=False,
       instruction="",  # appended to the question, after a space (gsm8k recipe: verl's)
       use_chat_template=True,  # wrap the prompt in the tokenizer's chat template, if it has one
       max_prompt_tokens=512,  # the longest prompt a file-backed task keeps
@@ -209,7 +225,7 @@ def get_defaults() -> ml_collections.ConfigDict:
       # padded to max_prompt_tokens.
       prompt_bucket=32))
 
-  # The rewards (README "Learned and remote rewards"): the task's rule reward (weight
+  # The rewards (docs/rewards.md): the task's rule reward (weight
   # rule_weight; 0 = off), outcome reward models and remote servers, combined by `combine`:
   # "sum" (weighted sum, then the estimator normalises) or "normalise_then_sum" (GDPO: each
   # reward normalised within its group first). Each is logged as reward/<name>_mean.
@@ -220,6 +236,9 @@ def get_defaults() -> ml_collections.ConfigDict:
       # built-ins math_verify, format_regex, answer_number (grpo_jax/rewards/functions.py), and
       # their weights ("" = all 1.0); format_regex's pattern
       fns="", fn_weights="", format_regex="",
+      # the longest one call of a reward function may take, in seconds (it runs in a thread;
+      # past this the run stops, saving its last step); 0 = no limit
+      timeout_s=300.0,
       format_score=0.0,  # gsm8k: the score of a well-formatted but wrong answer
       rule_weight=1.0,
       # [{path: a *ForSequenceClassification folder, weight: 1.0, name: "rm0", tokenizer:
@@ -284,12 +303,13 @@ def get_defaults() -> ml_collections.ConfigDict:
       # until the longest one ends). The drawn tokens do not depend on it.
       decode_slots=0))
 
-  # Low-rank adapters on the policy (grpo_jax/models/lora.py; README "LoRA"): rank 0 = off
-  # (full fine-tuning). With rank r > 0 only the adapters train; the reference policy is the
-  # base with the adapters off. alpha: scale s = alpha / r (alpha / sqrt(r) with use_rslora);
-  # targets: comma-separated projections or "all-linear" (PEFT's names); dropout: only 0.0
-  # (see README); export_adapter: with model.path, also write workdir/peft_adapter (PEFT's
-  # format) at the end (train.export writes the merged full checkpoint).
+  # Low-rank adapters on the policy (grpo_jax/models/lora.py; docs/fitting.md#lora-configlora):
+  # rank 0 = off (full fine-tuning). With rank r > 0 only the adapters train; the reference
+  # policy is the base with the adapters off. alpha: scale s = alpha / r (alpha / sqrt(r) with
+  # use_rslora); targets: comma-separated projections or "all-linear" (PEFT's names); dropout:
+  # only 0.0 (why: the same page, "No dropout"); export_adapter: with model.path, also write
+  # workdir/peft_adapter (PEFT's format) at the end (train.export writes the merged full
+  # checkpoint).
   c.lora = ml_collections.ConfigDict(dict(
       rank=0, alpha=32.0, dropout=0.0, targets="all-linear", use_rslora=False,
       export_adapter=True))
@@ -340,7 +360,7 @@ def get_defaults() -> ml_collections.ConfigDict:
       compilation_cache="auto"))
 
   # Devices: (data, fsdp, tensor, expert) sizes, -1 = the rest; multi-host start-up (see
-  # README). expert splits a mixture's experts (and, like data, the rows).
+  # docs/meshes.md). expert splits a mixture's experts (and, like data, the rows).
   c.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, tensor=1, expert=1))
   c.distributed = ml_collections.ConfigDict(dict(
       mode="none",  # "none", "auto" (jax.distributed.initialize()) or "explicit" (below)

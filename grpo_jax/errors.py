@@ -23,6 +23,19 @@ class RewardError(RunStopped):
   """A reward function raised or returned a non-finite value."""
 
 
+class StopAfterSaving(RunStopped):
+  """A fault of the step in flight that the last completed step does not share: the loop
+  saves that step before the run stops, so the same command resumes there."""
+
+
+class RemoteOutage(StopAfterSaving):
+  """A remote service (teacher, reward server) failed past its retry budget or its deadline."""
+
+
+class RewardTimeout(StopAfterSaving, RewardError):
+  """A reward function did not return within reward.timeout_s."""
+
+
 def cli_status(action) -> int:
   """A small command's exit status: runs action() and returns 0, or prints its InputError as
   one line on stderr and returns 2."""

@@ -16,7 +16,7 @@ from absl import flags
 
 from grpo_jax import config as config_lib
 from grpo_jax.errors import RunStopped
-from grpo_jax.main import _CONFIG, _WORKDIR, _fail, check_flags, start
+from grpo_jax.main import _CONFIG, _WORKDIR, _fail, check_flags, quiet_library_logs, start
 
 
 def main(argv):
@@ -28,7 +28,8 @@ def main(argv):
   from grpo_jax.train.run.samples import format_samples
   from grpo_jax.train.run.sections import EvalSection, ModelSection
   from grpo_jax.train.run.setup import build_model, build_task, check_task_fits_model
-  from grpo_jax.train.run.workdir import check_workdir
+  from grpo_jax.train.run.workdir import check_not_a_run, check_workdir
+  quiet_library_logs()
   check_flags()
   config = _CONFIG.value
   try:
@@ -36,6 +37,7 @@ def main(argv):
     start_backend(config.train.compilation_cache)
     config_lib.validate(config)
     check_workdir(_WORKDIR.value, checkpoints=False)
+    check_not_a_run(_WORKDIR.value)
     task = build_task(config)
     key = jax.random.key(config.seed)
     evaluation = EvalSection.of(config)

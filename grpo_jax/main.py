@@ -12,6 +12,7 @@ from absl import app, flags, logging
 from ml_collections import config_flags
 
 from grpo_jax.errors import first_line, last_word_stream, mute_after_a_failed_save
+from grpo_jax.interrupts import HostInterrupted
 
 
 def _import_jax() -> None:
@@ -28,8 +29,13 @@ def _import_jax() -> None:
 _import_jax()
 from grpo_jax.config import ConfigError  # noqa: E402  (after JAX's own start-up)
 
-_CONFIG = config_flags.DEFINE_config_file("config", None, "Path to an ml_collections config.",
-                                          lock_config=True)
+_CONFIG = config_flags.DEFINE_config_file(
+    "config", None, "Path to an ml_collections config file (configs/*.py). Override any field "
+    "with --config.<section>.<field>=<value>; list every field, its value and its one-line doc "
+    "with --print_config.", lock_config=True)
+_PRINT_CONFIG = flags.DEFINE_bool(
+    "print_config", False, "Print the resolved config (the file with its --config.* overrides), "
+    "each field with its one-line doc, and exit; needs no --workdir.")
 _WORKDIR = flags.DEFINE_string("workdir", None, "Directory for every output of the run.")
 _VMAP_SEEDS = flags.DEFINE_list(
     "vmap_seeds", None, "Run these seeds (e.g. 0,1,2) of the config as one vmapped program, "
@@ -67,13 +73,13 @@ def explain_parse_error(argv: list[str], error: Exception) -> str:
             f"config's full path.")
   try:
     module = runpy.run_path(spec)
-  except Exception as e:  # noqa: BLE001  a user's config file may raise anything
+  except (Exception, SystemExit) as e:  # noqa: BLE001  a user's config file may raise anything
     return f"--config={path} could not be loaded ({first_line(e)}); fix that file."
   if "get_config" not in module:
     return f"--config={path} defines no get_config(); a config file must define one."
   try:
     config = module["get_config"]()
-  except Exception as e:  # noqa: BLE001
+  except (Exception, SystemExit) as e:  # noqa: BLE001
     return f"--config={path}: get_config() raised {first_line(e)}; fix that file."
   for arg in argv:
     if not arg.startswith("--config."):
@@ -92,6 +98,12 @@ def explain_parse_error(argv: list[str], error: Exception) -> str:
 def parse_flags(argv: list[str]) -> list[str]:
   try:
     return flags.FLAGS(argv)
+  except SystemExit as e:  # --help's own exit, or a config file calling sys.exit
+    if any(a.split("=")[0] in ("-h", "-?", "--help", "--helpfull", "--helpshort", "--helpxml")
+           for a in argv[1:]):
+      raise
+    print(f"error: {explain_parse_error(argv, e)}", file=sys.stderr)
+    sys.exit(2)
   except Exception as e:  # noqa: BLE001  absl/ml_collections raise several types here
     print(f"error: {explain_parse_error(argv, e)}", file=sys.stderr)
     sys.exit(2)
@@ -112,7 +124,7 @@ def check_flags() -> None:
   grpo_jax.eval."""
   try:  # config_flags defers a config file's load error to the first use of the config
     _CONFIG.value.get("seed")
-  except Exception as e:  # noqa: BLE001
+  except (Exception, SystemExit) as e:  # noqa: BLE001  (a sys.exit in the file: not a success)
     _fail(explain_parse_error(sys.argv, e), 2)
   if _WORKDIR.value is None:
     _fail("--workdir is required: the folder for the run's outputs, e.g. --workdir=/tmp/run.", 2)
@@ -151,6 +163,16 @@ def main(argv):
   """Exit status: 0 done, 2 a bad config or input (one line, nothing written to the workdir),
   1 a run that cannot go on (too many skipped updates, a failing reward, a full disk), 143 / 130
   stopped by SIGTERM / SIGINT after checkpointing (run it again to resume)."""
+
+  if _PRINT_CONFIG.value:
+    try:  # config_flags defers a config file's load error to the first use of the config
+      config = _CONFIG.value
+      config.get("seed")
+    except (Exception, SystemExit) as e:  # noqa: BLE001
+      _fail(explain_parse_error(sys.argv, e), 2)
+    from grpo_jax.config_docs import describe  # noqa: PLC0415
+    print(describe(config))
+    return
 
   def run():
     from grpo_jax.registry import import_plugins  # noqa: PLC0415
@@ -192,14 +214,7 @@ def run_command(argv, run) -> None:
   from grpo_jax.host_allocator import tune_host_allocator
   tune_host_allocator()  # before JAX starts its threads (see the module)
   mute_after_a_failed_save()  # the run's own sentence is the whole error (grpo_jax/errors.py)
-  if not flags.FLAGS["verbosity"].present:
-    logging.set_verbosity(logging.WARNING)  # orbax logs every save at INFO
-    # Orbax and tfds log through absl's logger: their warnings and errors (a resume's "Metadata
-    # file does not exist", "Failed to read Metadata file" before our sentence on an unreadable
-    # checkpoint, tfds's before its errors) would stand around the run's own lines and its
-    # one-sentence errors, which say what happened. JAX's warnings (its own loggers) still
-    # show; --verbosity=0 shows all.
-    logging.get_absl_logger().setLevel(std_logging.CRITICAL)
+  quiet_library_logs()
   from grpo_jax.train.run import faults  # imported late so that --help stays fast
   check_flags()
   from grpo_jax.parallel.platform import check_xla_flags  # noqa: PLC0415
@@ -216,6 +231,21 @@ def run_command(argv, run) -> None:
   except KeyboardInterrupt:
     _fail("interrupted (SIGINT) before the loop could save; run the same command again to "
           "resume from the newest checkpoint, if there is one.", faults.INTERRUPTED_EXIT_CODE)
+  except HostInterrupted as e:  # a signal in a host wait outside the loop (e.g. a probe)
+    _fail(f"stopped by {e} before the loop could save; run the same command again to resume "
+          f"from the newest checkpoint, if there is one.", 128 + e.signum)
+
+
+def quiet_library_logs() -> None:
+  """Unless --verbosity is given: absl's logger (orbax, tfds, jax's backend probe) at CRITICAL.
+  Orbax and tfds log through it: their warnings and errors (a resume's "Metadata file does not
+  exist", "Failed to read Metadata file" before our sentence on an unreadable checkpoint,
+  tfds's before its errors, "Unable to initialize backend 'tpu'" on a machine without one)
+  would stand around the run's own lines and its one-sentence errors, which say what
+  happened. JAX's warnings (its own loggers) still show; --verbosity=0 shows all."""
+  if not flags.FLAGS["verbosity"].present:
+    logging.set_verbosity(logging.WARNING)  # orbax logs every save at INFO
+    logging.get_absl_logger().setLevel(std_logging.CRITICAL)
 
 
 def start(entry) -> None:

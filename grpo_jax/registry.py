@@ -149,7 +149,8 @@ def import_plugins(spec: str, log: Callable = print) -> list[str]:
                           f".py file or an importable module name.")
       try:
         load_file_module(item)
-      except Exception as e:  # noqa: BLE001  a researcher's module may raise anything
+      except (Exception, SystemExit) as e:  # noqa: BLE001  a researcher's module may raise
+        # anything, sys.exit(0) included, which must not end the run as a success
         raise UnknownName(f"imports: {item} raised {first_line(e)} while being imported; fix "
                           f"that file.") from None
     else:
@@ -162,7 +163,7 @@ def import_plugins(spec: str, log: Callable = print) -> list[str]:
                             f"module.") from None
         raise UnknownName(f"imports: module {item!r} cannot be imported ({e}); give an "
                           f"importable module name or a path to a .py file.") from None
-      except Exception as e:  # noqa: BLE001
+      except (Exception, SystemExit) as e:  # noqa: BLE001
         raise UnknownName(f"imports: module {item!r} raised {first_line(e)} while being "
                           f"imported; fix that module.") from None
     done.append(item)

@@ -5,9 +5,12 @@
 
 Runs go to WORKDIR/<arm>/seed_<s>/ (default WORKDIR: sweeps/<sweep file name>); finished runs
 (DONE.json) are skipped when the sweep runs again, and a run stopped part-way resumes from its
-checkpoint. --print_commands prints one command per pending job (for a cluster scheduler) and
-runs nothing. The report: WORKDIR/{runs.csv, results.csv, results.md, reward_mean.png,
-eval_accuracy.png} (grpo_jax/sweep/report.py says what each figure is).
+checkpoint. Before any job starts (or is printed), every pending arm's config is built and
+validated as its process would (grpo_jax/sweep/checks.py): a bad field or value stops the sweep
+in one sentence naming the arm. --print_commands prints one command per pending job (for a
+cluster scheduler) and runs nothing. The report: WORKDIR/{runs.csv, results.csv, results.md,
+reward_mean.png, eval_accuracy.png} (grpo_jax/sweep/report.py says what each figure is).
+docs/sweeps.md is the guide.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
+from grpo_jax.sweep.checks import check_arms  # noqa: E402
 from grpo_jax.sweep.report import write_report  # noqa: E402
 from grpo_jax.sweep.runner import command_line, pending_jobs, run_jobs  # noqa: E402
 from grpo_jax.sweep.spec import SEED_AXES, SweepError, load_sweep  # noqa: E402
@@ -50,6 +54,11 @@ def main(argv=None) -> int:
   failed = []
   if not args.report_only:
     todo, skipped = pending_jobs(sweep, sweep_dir)
+    try:
+      check_arms(sweep, sweep_dir, cwd=ROOT, pending=todo)
+    except SweepError as e:
+      print(f"error: {e}", file=sys.stderr)
+      return 2
     if args.print_commands:
       for job in todo:
         print(command_line(job))

@@ -198,3 +198,25 @@ def test_rope_freqs_of_no_llama3_scaling_is_one_sentence(tmp_path):
   assert str(err.value) == (f"{path} has a rope_freqs tensor (divisors 1 to 3) that matches no "
                             f"llama3 RoPE scaling; import a Llama GGUF with default or Llama 3.x "
                             f"RoPE.")
+
+
+@pytest.mark.parametrize("method, value, words", [
+    ("add_block_count", 3, "llama.block_count=3 but holds tensors of 2 layers (blk.0 to blk.1)"),
+    ("add_embedding_length", 128,
+     "llama.embedding_length=128 but its token_embd.weight is 64 wide"),
+    ("add_feed_forward_length", 96, "llama.feed_forward_length=96 but its blk.0.ffn_up.weight has "
+                                    "128 rows")])
+def test_metadata_that_disagrees_with_the_tensors_is_one_sentence(method, value, words, tmp_path,
+                                                                  monkeypatch):
+  """A header edited or damaged: the key, both sizes and the fix, before
+  anything is written, not a config.json of the wrong size or a misnamed RoPE fault."""
+  import gguf  # noqa: PLC0415
+  original = getattr(gguf.GGUFWriter, method)
+  monkeypatch.setattr(gguf.GGUFWriter, method, lambda self, n: original(self, value))
+  path = tmp_path / "tiny.gguf"
+  write_tiny_gguf(path, "F32")
+  with pytest.raises(InputError) as err:
+    gguf_import.import_gguf(path, tmp_path / "out")
+  message = _one_sentence(str(err.value))
+  assert words in message and "gguf-set-metadata" in message, message
+  assert not (tmp_path / "out").exists()

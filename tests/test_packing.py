@@ -23,6 +23,7 @@ from grpo_jax.models.packing import pack_tokens, packed_index, token_capacity, u
 from grpo_jax.models.scoring import completion_scores
 from grpo_jax.rollout.sampler import generate
 from grpo_jax.train.stages import rl as loop
+from grpo_jax.train.stages import rl_checks
 from grpo_jax.train.learner.experience import RewardInputs
 from grpo_jax.train.learner.state import create_train_state
 from grpo_jax.train.learner.step import StepSpec, make_rl_step
@@ -170,12 +171,12 @@ def test_packing_is_refused_where_the_host_does_not_size_it():
   config.train.experience_source = "fused"
   with pytest.raises(ConfigError, match=r"^rl.pack_tokens=8 sizes each step's packed tokens on "
                                         r"the host, but train.experience_source='fused'"):
-    loop._check_source(config.train, config.rl)
+    rl_checks.check_source(config.train, config.rl)
   mesh = types.SimpleNamespace(shape={"data": 2, "fsdp": 1, "tensor": 1, "expert": 1})
   with pytest.raises(ConfigError, match=r"^rl.pack_tokens=8 packs a micro-batch's tokens into "
                                         r"one row, which does not split over the 2 data"):
-    loop._check_batches_fit_mesh(config.rl, SourceSettings.of(config),
-                                 config.train.eval_batch_size, mesh)
+    rl_checks.check_batches_fit_mesh(config.rl, SourceSettings.of(config),
+                                     config.train.eval_batch_size, mesh)
 
 
 @pytest.mark.parametrize("offset,queries", [(0, 300), (7, 130), (5, 64)])

@@ -122,7 +122,7 @@ def test_kto_trains_on_unpaired_labelled_completions(tmp_path):
   bad = tmp_path / "bad.jsonl"
   bad.write_text('{"prompt": "1+1=", "completion": "2", "label": "yes"}\n')
   from grpo_jax.errors import InputError  # noqa: PLC0415
-  with pytest.raises(InputError, match="needs a boolean label"):
+  with pytest.raises(InputError, match="line 1 has label='yes'"):
     _train(_config(2, **{**fields, "dpo.train_path": str(bad)}), tmp_path / "bad")
 
 

@@ -143,8 +143,9 @@ def test_bad_inputs_raise_one_sentence():
 
 
 def test_gdpo_is_normalise_then_sum_with_the_grpo_batch_std_estimator():
-  """README's claim: rl.advantage='grpo_batch_std' on the normalise-then-sum reward is GDPO's
-  batch normalisation (the normalised sum has group mean 0)."""
+  """docs/rewards.md's claim ("Several rewards"): rl.advantage='grpo_batch_std' on the
+  normalise-then-sum reward is GDPO's batch normalisation (the normalised sum has group mean
+  0)."""
   from grpo_jax.rl.advantages import grpo_batch_std_advantages
   rng = np.random.default_rng(3)
   components = jnp.asarray(rng.integers(0, 3, (24, 3)).astype(np.float32))

@@ -100,6 +100,20 @@ def test_sft_stage_resumes_exactly(sft_root, tmp_path):
   jax.tree.map(np.testing.assert_array_equal, straight, resumed)
   a, b = _records(tmp_path / "straight"), _records(tmp_path / "split")
   assert [r["step"] for r in b] == list(range(41)) and a == b
+  # what the stage says: its workdir first, a closing line last, a picture of its curves; run
+  # again once finished, it says so, exports nothing again and changes no record
+  split = tmp_path / "split"
+  assert lines[0].startswith(f"workdir {split}: ") and (split / "curves.png").is_file()
+  assert lines[-1].startswith("done: step 40/40 in ") and "held-out eval_accuracy" in lines[-1]
+  assert lines[-1].endswith(f"files in {split}: metrics.jsonl, curves.png, checkpoints/40, "
+                            f"hf_export/")
+  lines.clear()
+  export = (split / "hf_export" / "model.safetensors").stat().st_mtime_ns
+  train_sft(config, str(split), log=lines.append)
+  assert any(line.startswith("sft: this run is finished (step 40 of 40)") for line in lines)
+  assert lines[-1].startswith("done: step 40/40; held-out eval_accuracy")
+  assert (split / "hf_export" / "model.safetensors").stat().st_mtime_ns == export
+  assert _records(split) == b
 
 
 def _rm_config(root, steps):

@@ -16,18 +16,20 @@ ROOT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
 # Bottom first. A unit may import its own floor's units only where no circle results (the
 # module graph is checked for circles separately), and any unit of a lower floor.
 FLOORS = [
-    ["errors", "console", "host_allocator", "prompt_batch", "compile_log"],
-    ["registry", "parallel", "sweep"],
+    ["errors", "console", "host_allocator", "prompt_batch", "compile_log", "interrupts"],
+    ["registry", "parallel"],
     ["models", "rl"],
     ["rollout", "rewards", "fetch_model", "envs"],
     ["data"],
     ["builtins"],
-    ["config"],
+    ["config", "config_docs"],
     ["defaults"],
     ["train"],
     ["training_free"],
     ["stages"],
-    ["main", "eval", "serve_teacher", "train_dpo", "train_rm", "train_sft", "train_training_free"],
+    # sweep: launch/sweep.py's library; it checks each arm's config as its program will
+    ["main", "eval", "serve_teacher", "train_dpo", "train_rm", "train_sft", "train_training_free",
+     "sweep"],
 ]
 
 

@@ -74,7 +74,7 @@ def test_recipes_pick_each_arms_config_and_program(tmp_path):
 @pytest.mark.parametrize("fields,message", [
     (dict(grid={}), "must name base_config"),
     (dict(base_config="c.py", grids={}), "unknown sweep field"),
-    (dict(base_config="c.py", seeds=[1, 1]), "distinct integers"),
+    (dict(base_config="c.py", seeds=[1, 1]), "distinct whole numbers"),
     (dict(base_config="c.py", seed_axis="pmap"), "seed_axis='pmap' is unknown"),
     (dict(base_config="c.py", grid={"rl.advantage": []}), "non-empty list"),
 ])

@@ -8,8 +8,10 @@ import os
 import random
 import re
 import shlex
+import signal
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -162,7 +164,7 @@ BAD_ROWS = [
                                                            "too_long"])
 def test_a_bad_row_is_one_sentence_or_skipped(tmp_path, capfd, model_dir, content, needle):
   data = tmp_path / "rows.jsonl"
-  data.write_bytes(content + b'{"prompt": "also fine"}\n' * 20)
+  data.write_bytes(content + b'{"prompt": "also fine", "answer": "1"}\n' * 20)
   workdir = tmp_path / "run"
   workdir.mkdir()
   argv = [f"--config={RECIPE}", f"--config.model.path={model_dir}", f"--config.data.source={data}",
@@ -188,11 +190,18 @@ BAD_REWARDS = [
     ("def other(prompts, completions, **c):\n  return [0.0] * len(completions)\n",
      ("has no function 'score'",)),
     ("import no_such_module_here\n", ("importing", "ModuleNotFoundError")),
+    ("import sys\ndef score(prompts, completions, **c):\n  sys.exit(0)\n",
+     ("called sys.exit(0)",)),
+    ("def score(prompts, completions, **c):\n  return None\n", ("returned None",)),
+    ("def score(prompts, completions, **c):\n  n = len(completions)\n  completions.clear()\n"
+     "  return [0.0] * len(completions)\n", ("returned 0 values for 1 completions",)),
+    ("import sys\nsys.exit(0)\n", ("importing", "SystemExit: 0")),
 ]
 
 
 @pytest.mark.parametrize("body,needles", BAD_REWARDS, ids=["raises", "count", "nan", "missing",
-                                                             "import"])
+                                                             "import", "exit", "none", "mutates",
+                                                             "exit_on_import"])
 def test_a_bad_reward_function_is_named_in_one_sentence(tmp_path, capfd, model_dir, body,
                                                         needles):
   data = tmp_path / "rows.jsonl"
@@ -203,6 +212,21 @@ def test_a_bad_reward_function_is_named_in_one_sentence(tmp_path, capfd, model_d
   argv = [f"--config={RECIPE}", f"--config.model.path={model_dir}", f"--config.data.source={data}",
           f"--config.reward.fns={path}:score"]
   _expect(capfd, argv, str(workdir), f"{path}:score", *needles)
+
+
+@pytest.mark.parametrize("column", [None, "Answer"], ids=["none", "misnamed"])
+def test_a_built_in_reward_without_its_answer_column_is_one_sentence(tmp_path, capfd, model_dir,
+                                                                     column):
+  data = tmp_path / "rows.jsonl"
+  rows = [{"prompt": r["messages"][0]["content"], **({column: r["answer"]} if column else {})}
+          for r in _rows(20)]
+  _write_jsonl(data, rows)
+  workdir = tmp_path / "run"
+  workdir.mkdir()
+  argv = [f"--config={RECIPE}", f"--config.model.path={model_dir}", f"--config.data.source={data}",
+          "--config.reward.fns=answer_number"]
+  _expect(capfd, argv, str(workdir), "reward.fns names answer_number",
+          "data.answer_field='answer'", "set data.answer_field")
 
 
 def test_a_module_that_cannot_be_imported_names_pythonpath(tmp_path, capfd, model_dir):
@@ -238,3 +262,70 @@ def test_a_missing_file_is_one_sentence(tmp_path, model_dir):
   from grpo_jax.errors import InputError  # noqa: PLC0415
   with pytest.raises(InputError, match=r"^data.source='.*nope.jsonl' does not exist"):
     _task(tmp_path / "nope.jsonl", model_dir)
+
+
+def test_sigterm_during_a_hung_reward_function_saves_and_stops_within_seconds(tmp_path,
+                                                                               model_dir):
+  """round4 F14: a reward function that blocks on its 3rd call; SIGTERM then ends the run in
+  seconds with the last completed step saved (exit 143), and the same command resumes."""
+  data = tmp_path / "rows.jsonl"
+  _write_jsonl(data, _rows(40))
+  marker = tmp_path / "sleeping"
+  (tmp_path / "hangs.py").write_text(
+      "import os, time\ncalls = [0]\n"
+      "def score(prompts, completions, **c):\n  calls[0] += 1\n"
+      "  if calls[0] == 4:  # the probe, step 0's evaluation, step 1, then step 2 hangs\n"
+      f"    open({str(marker)!r}, 'w').close()\n    time.sleep(3600)\n"
+      "  return [0.0] * len(completions)\n")
+  workdir = tmp_path / "run"
+  argv = [sys.executable, "-m", "grpo_jax.main", f"--config={RECIPE}", f"--workdir={workdir}",
+          f"--config.model.path={model_dir}", f"--config.data.source={data}",
+          f"--config.reward.fns={tmp_path / 'hangs.py'}:score", "--config.train.steps=4",
+          "--config.train.eval_every=10", "--config.train.eval_size=4",
+          "--config.train.eval_batch_size=4", "--config.rollout.max_new_tokens=8",
+          "--config.train.num_samples=0"]
+  proc = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          text=True)
+  deadline = time.time() + 600
+  while not marker.exists() and proc.poll() is None and time.time() < deadline:
+    time.sleep(0.2)
+  assert marker.exists(), proc.communicate()[1][-3000:]
+  proc.send_signal(signal.SIGTERM)
+  sent = time.time()
+  out, err = proc.communicate(timeout=60)
+  assert time.time() - sent < 20 and proc.returncode == 143, err[-3000:]
+  assert "SIGTERM: stopped while waiting on the host" in err
+  assert f"saved checkpoint {workdir}/checkpoints/1" in err
+  assert sorted(os.listdir(workdir / "checkpoints")) == ["0", "1"]
+
+
+def test_a_small_file_is_evaluated_whole_with_a_line(tmp_path, model_dir):
+  """round4/issue 58: the recipe's eval_size=100 on a 40-row file (4 held out)."""
+  data = tmp_path / "rows.jsonl"
+  _write_jsonl(data, _rows(40))
+  lines = []
+  from grpo_jax.defaults import get_defaults  # noqa: PLC0415
+  from grpo_jax.train.run.setup import build_task  # noqa: PLC0415
+  config = get_defaults()
+  config.task.name = "table"
+  config.model.path = model_dir
+  config.data.update(dict(source=str(data), max_prompt_tokens=64, fit_eval_size=True))
+  config.reward.fns = "answer_number"
+  task = build_task(config, log=lines.append)
+  assert len(task.test_batch(100).prompt_tokens) == 4
+  assert lines[-1] == ("table: train.eval_size=100 but 4 held-out prompts: each evaluation "
+                       "scores those 4 (data.fit_eval_size)")
+  from grpo_jax.errors import ConfigError  # noqa: PLC0415
+  config.data.fit_eval_size = False
+  with pytest.raises(ConfigError, match="train.eval_size=100 exceeds the 4 held-out prompts"):
+    build_task(config, log=lines.append).test_batch(100)
+  # eval_accuracy is the answer's match, eval_reward the weighted reward
+  batch = task.test_batch(4)
+  ids = [task.tokenizer.encode(text) for text in ["the answer is " + r["answer"] for r in
+                                                   batch.columns[:2]] + ["no", "nothing"]]
+  width = max(map(len, ids))
+  tokens = np.asarray([i + [0] * (width - len(i)) for i in ids])
+  mask = np.asarray([[1] * len(i) + [0] * (width - len(i)) for i in ids], bool)
+  scores = task.eval_scores(batch, tokens, mask)
+  assert scores["eval_accuracy"].tolist() == [1.0, 1.0, 0.0, 0.0]
+  assert scores["eval_reward"].tolist() == [1.0, 1.0, 0.0, 0.0]

@@ -1,5 +1,5 @@
 """DRPO against GRPO with a length penalty in the reward, 3 seeds each, on addition that may
-show its work (configs/drpo_tiny.py; README "DRPO").
+show its work (configs/drpo_tiny.py; docs/variants.md, "DRPO").
 
     python launch/sweep.py --sweep=configs/sweeps/drpo_tiny.py --workdir=/tmp/drpo_sweep
 

@@ -1,6 +1,6 @@
 """GRPO, online DPO, offline DPO and Iterative RPO on the tiny addition task, from the same
-warm-up (SFT) start, in one sweep: one table and one eval_accuracy plot (README "DPO and its
-family").
+warm-up (SFT) start, in one sweep: one table and one eval_accuracy plot
+(docs/dpo_family.md#measured-on-the-tiny-task).
 
     python launch/sweep.py --sweep=configs/sweeps/preference_tiny.py --workdir=/tmp/pref_sweep
 

@@ -1,5 +1,5 @@
 """Addition where the model may show its work or not: correct answers of different lengths, the
-task of DRPO's demonstration (configs/drpo_tiny.py, README "DRPO").
+task of DRPO's demonstration (configs/drpo_tiny.py, docs/variants.md, "DRPO").
 
 The prompt is the addition task's ("<bos>07+68="). A completion is correct when the text after
 its last "=" (all of it when there is none) is the answer, as the addition task writes it, and

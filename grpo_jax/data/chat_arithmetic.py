@@ -1,5 +1,5 @@
 """Arithmetic questions put to a real chat model, answered with just the number: the real-model
-recipe's task (configs/grpo_smollm2.py; README "A real pretrained model").
+recipe's task (configs/grpo_smollm2.py; docs/real_models.md#smollm2-135m-instruct-on-a-cpu).
 
 A prompt is the tokenizer's chat template around one user message, "What is 47 + 51? " followed
 by `data.instruction` (the recipe: "Answer with a single number."). Operands are integers in
@@ -8,13 +8,13 @@ negative) and "*". The held-out split is `task.test_size` problems drawn once wi
 (never trained on); the training stream is the rest, reshuffled every epoch by (seed, epoch).
 Everything is a pure function of the config, the seed and the stream position: no files.
 
-Why this task (README): SmolLM2-135M-Instruct computes such sums right about a quarter of the
-time but never in the requested format (greedy: "47 + 51 = 108"), so held-out exact match starts
-at 0 and RL has both a format and a correctness to move; answers are a few tokens, so a GRPO
-step fits a 2-core CPU. Scoring is on the decoded text (rewards/number_answer.py): held-out
-accuracy is exact match of the answer (the completion's last integer equals the gold one);
-format compliance (the bare number and nothing else) and strict accuracy (both) are reported
-beside it.
+Why this task (docs/real_models.md#the-task): SmolLM2-135M-Instruct computes such sums right
+about a quarter of the time but never in the requested format (greedy: "47 + 51 = 108"), so
+held-out exact match starts at 0 and RL has both a format and a correctness to move; answers
+are a few tokens, so a GRPO step fits a 2-core CPU. Scoring is on the decoded text
+(rewards/number_answer.py): held-out accuracy is exact match of the answer (the completion's
+last integer equals the gold one); format compliance (the bare number and nothing else) and
+strict accuracy (both) are reported beside it.
 """
 
 from __future__ import annotations

@@ -47,55 +47,62 @@ class LabelledBatch(NamedTuple):  # KTO's unpaired completions
   desirable: np.ndarray  # (B,) bool: the completion's label
 
 
-UNPAIRED_FIELDS = ("prompt", "completion", "label")
-
-
-def is_unpaired(path: str) -> bool:
-  """A preference file of {prompt, completion, label} records (KTO's unpaired format), read
-  from its first record; else {prompt, chosen, rejected} pairs."""
-  with open(path) as f:
-    for line in f:
-      if line.strip():
-        try:
-          return "completion" in json.loads(line)
-        except (json.JSONDecodeError, TypeError):
-          return False
-  return False
-
-
-def read_labelled(path: str) -> list[dict]:
-  """{prompt, completion, label} records; label true (desirable) or false, else an InputError
-  naming the line."""
-  records = read_jsonl(path, ("prompt", "completion"))
-  for number, r in enumerate(records, 1):
-    if not isinstance(r.get("label"), bool):
-      raise InputError(f"{path} record {number} has label={r.get('label')!r}; each record needs "
-                       f"a boolean label (true: desirable, false: undesirable).")
-  return records
-
-
-def read_jsonl(path: str, fields: tuple) -> list[dict]:
-  """The records of a jsonl file, each with string `fields`; an InputError names the line."""
+def check_jsonl_file(path: str, needs: str, name: str = "") -> None:
+  """InputError, in one sentence naming `name` (the config field) and `path`, unless `path` is
+  a file this user can read; `needs` says what each line holds."""
+  where = f"{name}={path}" if name else path
+  if not os.path.exists(path):
+    raise InputError(f"{where}: no such file; give a jsonl file with one JSON object per line "
+                     f"holding {needs}.")
+  if os.path.isdir(path):
+    raise InputError(f"{where} is a folder, not a file; give a jsonl file, one JSON object "
+                     f"per line holding {needs}.")
   if not os.path.isfile(path):
-    raise InputError(f"no file at {path}; give a jsonl file with one JSON object per line "
-                     f"holding {', '.join(fields)}.")
-  records = []
-  with open(path) as f:
-    for number, line in enumerate(f, 1):
+    raise InputError(f"{where} is not a regular file; give a jsonl file with one JSON object "
+                     f"per line holding {needs}.")
+  if not os.access(path, os.R_OK):
+    raise InputError(f"{where} is not readable by this user; fix its permissions (chmod u+r "
+                     f"{path}) or give another file.")
+
+
+def jsonl_lines(path: str, needs: str, name: str = "", digest=None):
+  """(line number, JSON value) of each non-blank line of a jsonl file, read as UTF-8 (a UTF-8
+  BOM at its start allowed); an InputError names the file and the line of bytes that are not
+  UTF-8 or of text that is not JSON (`check_jsonl_file` first). `digest`, a hashlib object, is
+  fed every byte read (the run record's fingerprint of the file)."""
+  check_jsonl_file(path, needs, name)
+  with open(path, "rb") as f:
+    for number, raw in enumerate(f, 1):
+      if digest is not None:
+        digest.update(raw)
+      try:
+        line = raw.decode("utf-8-sig" if number == 1 else "utf-8")
+      except UnicodeDecodeError as e:
+        raise InputError(f"{path} line {number} is not UTF-8 text (byte 0x{raw[e.start]:02x} "
+                         f"at byte {e.start + 1} of the line); save the file as UTF-8.") from None
       if not line.strip():
         continue
       try:
-        record = json.loads(line)
+        value = json.loads(line)
       except json.JSONDecodeError as e:
         raise InputError(f"{path} line {number} is not JSON ({e.msg}); fix that line.") from None
-      missing = [k for k in fields
-                 if not isinstance(record, dict) or not isinstance(record.get(k), str)]
-      if missing:
-        raise InputError(f"{path} line {number} lacks the string field(s) {', '.join(missing)};"
-                         f" each line needs {', '.join(fields)}.")
-      records.append(record)
+      yield number, value
+
+
+def read_jsonl(path: str, fields: tuple, name: str = "") -> list[dict]:
+  """The records of a jsonl file, each with string `fields`; an InputError names the file and
+  the line (`jsonl_lines`); `name`: the config field that gave the path, for the messages."""
+  needs = ", ".join(fields)
+  records = []
+  for number, record in jsonl_lines(path, needs, name):
+    missing = [k for k in fields
+               if not isinstance(record, dict) or not isinstance(record.get(k), str)]
+    if missing:
+      raise InputError(f"{path} line {number} lacks the string field(s) {', '.join(missing)};"
+                       f" each line needs {needs}.")
+    records.append(record)
   if not records:
-    raise InputError(f"{path} holds no records; each line needs {', '.join(fields)}.")
+    raise InputError(f"{path} holds no records; each line needs {needs}.")
   return records
 
 
@@ -148,6 +155,15 @@ class PairData:
     self.max_new_tokens = max_new_tokens
     self.pad_id = task.pad_id
 
+  @classmethod
+  def tokenized(cls, pairs: list, max_new_tokens: int, pad_id: int) -> "PairData":
+    """From pairs already tokenised as this class keeps them: ((prompt ids, chosen ids),
+    rejected ids) (grpo_jax/data/preference_files.py)."""
+    data = cls.__new__(cls)
+    data.pairs, data.max_new_tokens, data.pad_id = list(pairs), max_new_tokens, pad_id
+    data.prompt_len = max(len(p) for (p, _), _ in data.pairs)
+    return data
+
   def __len__(self) -> int:
     return len(self.pairs)
 
@@ -171,6 +187,16 @@ class LabelledData:
     self.prompt_len = max(len(p) for p, _ in self.rows)
     self.max_new_tokens = max_new_tokens
     self.pad_id = task.pad_id
+
+  @classmethod
+  def tokenized(cls, rows: list, labels: list, max_new_tokens: int,
+                pad_id: int) -> "LabelledData":
+    """From rows already tokenised: (prompt ids, completion ids), and their labels."""
+    data = cls.__new__(cls)
+    data.rows, data.labels = list(rows), np.array(labels, bool)
+    data.max_new_tokens, data.pad_id = max_new_tokens, pad_id
+    data.prompt_len = max(len(p) for p, _ in data.rows)
+    return data
 
   def __len__(self) -> int:
     return len(self.rows)

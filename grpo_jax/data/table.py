@@ -36,7 +36,8 @@ from grpo_jax.data.chat import ChatTextTask, epoch_stream
 from grpo_jax.data.task import register_task
 from grpo_jax.data.tokenizer import pad_rows
 from grpo_jax.errors import ConfigError, InputError, first_line
-from grpo_jax.rewards.functions import call_reward, load_reward_functions
+from grpo_jax.rewards.functions import (ANSWER_READERS, answer_match, call_reward,
+                                        load_reward_functions)
 
 EXTENSIONS = (".jsonl", ".json", ".parquet", ".csv")
 BAD_ROW_MODES = ("raise", "skip")
@@ -87,6 +88,9 @@ def jsonl_rows(path: str):
           "is not a JSON object; each line must be one object")
 
 
+_MISSING, _EXTRA = object(), "\x00extra"  # a CSV row with fewer / more fields than its header
+
+
 def _file_rows(path: str):
   """(where, row dict or BadRow) of one file."""
   ext = os.path.splitext(path)[1]
@@ -104,9 +108,16 @@ def _file_rows(path: str):
         yield f"{path} item {i}", row if isinstance(row, dict) else BadRow("is not an object")
     elif ext == ".csv":
       with open(path, encoding="utf-8", newline="") as f:
-        reader = csv.DictReader(f)
+        reader = csv.DictReader(f, restval=_MISSING, restkey=_EXTRA)
         for row in reader:
-          yield f"{path}:{reader.line_num}", dict(row)
+          where = f"{path}:{reader.line_num}"
+          if _EXTRA in row or _MISSING in row.values():
+            given = len(row) - (_EXTRA in row) - sum(v is _MISSING for v in row.values())
+            given += len(row.get(_EXTRA, ()))
+            yield where, BadRow(f"has {given} fields where the header names "
+                                f"{len(reader.fieldnames)}; give every row the header's fields")
+          else:
+            yield where, dict(row)
     else:  # .parquet
       import pyarrow.parquet as pq  # noqa: PLC0415  (datasets' dependency)
       for i, row in enumerate(pq.read_table(path).to_pylist()):
@@ -211,6 +222,7 @@ class TableTask(ChatTextTask):
 
   def __init__(self, data_cfg, tokenizer, rewards, max_new_tokens: int, log=print):
     self.tokenizer, self.rewards, self.max_new_tokens = tokenizer, rewards, max_new_tokens
+    self._log = log
     self.data = data_cfg
     self.prompt_len = data_cfg.max_prompt_tokens
     self.use_chat_template = data_cfg.use_chat_template
@@ -236,15 +248,26 @@ class TableTask(ChatTextTask):
                        f"{self.prompt_len}; add rows or raise it.")
     log(f"{self.name}: {len(self.train)} training and {len(self.test)} held-out prompts from "
         f"{self.describe_source(data_cfg)}")
+    if data_cfg.answer_field not in self.column_names:
+      log(f"{self.name}: the rows have no answer column data.answer_field="
+          f"{data_cfg.answer_field!r}, so the held-out eval_accuracy is the weighted reward "
+          f"(eval_reward)")
+    readers = [r.name for r in rewards if r.name in ANSWER_READERS]
+    if readers and data_cfg.answer_field not in self.column_names:
+      raise InputError(f"reward.fns names {', '.join(readers)}, which compares each completion "
+                       f"with the answer column data.answer_field={data_cfg.answer_field!r}, "
+                       f"but the rows of {self.describe_source(data_cfg)} have no such column "
+                       f"(columns: {', '.join(self.column_names) or 'none'}); rename the column "
+                       f"or set data.answer_field.")
     probe = self._batch(self.test[:1])
     empty = np.zeros((1, 1), np.int32), np.zeros((1, 1), bool)
     for reward in rewards:  # a broken function fails here, before any compute, in one sentence
       try:
         call_reward(reward, probe.user_text, self.decode(*empty), self._columns(probe, 1))
       except (RuntimeError, ValueError) as e:
-        raise InputError(f"{e} on a probe call (the first held-out row, an empty completion); "
-                         f"fix it: it must take (prompts, completions, **columns) and return "
-                         f"one finite float per completion.") from None
+        raise InputError(f"{str(e).rstrip('.')}, on a probe call (the first held-out row, an "
+                         f"empty completion); fix it: it must take (prompts, completions, "
+                         f"**columns) and return one finite float per completion.") from None
 
   def read_rows(self, data_cfg):
     """(train rows, test rows or None): lists of (where, row dict or BadRow)."""
@@ -323,6 +346,12 @@ class TableTask(ChatTextTask):
                         for i in epoch_stream(len(self.train), position, count, seed)])
 
   def test_batch(self, size: int) -> TablePrompts:
+    if size > len(self.test) and self.data.get("fit_eval_size", False):
+      if not getattr(self, "_said_fit", False):
+        self._log(f"{self.name}: train.eval_size={size} but {len(self.test)} held-out prompts: "
+                  f"each evaluation scores those {len(self.test)} (data.fit_eval_size)")
+        self._said_fit = True
+      size = len(self.test)
     if size > len(self.test):
       raise ConfigError(f"train.eval_size={size} exceeds the {len(self.test)} held-out prompts "
                         f"of {self.describe_source(self.data)} that fit data.max_prompt_tokens="
@@ -347,11 +376,18 @@ class TableTask(ChatTextTask):
     return sum(r.weight * values for r, values in scores).astype(np.float32)
 
   def eval_scores(self, batch: TablePrompts, completion_tokens, completion_mask) -> dict:
-    """eval_accuracy: the held-out mean of the weighted reward of one greedy completion per
-    prompt (with one 0/1 reward, its accuracy); with several functions also eval_<function>
-    for each."""
+    """Of one greedy completion per held-out prompt: eval_reward, the weighted reward; with
+    several functions also eval_<function> for each; eval_accuracy, whether it gives the
+    row's answer (rewards.functions.answer_match, against data.answer_field) — where the rows
+    have no answer column, the weighted reward again (said once when the task is built)."""
     scores = self._scores(batch, completion_tokens, completion_mask, 1)
-    out = {"eval_accuracy": sum(r.weight * v for r, v in scores).astype(np.float32)}
+    reward = sum(r.weight * v for r, v in scores).astype(np.float32)
+    out = {"eval_accuracy": reward, "eval_reward": reward}
+    answers = [row.get(self.data.answer_field) for row in batch.columns]
+    if self.data.answer_field in self.column_names:
+      completions = self.decode(completion_tokens, completion_mask)
+      out["eval_accuracy"] = np.asarray([0.0 if a is None else answer_match(c, a)
+                                         for c, a in zip(completions, answers)], np.float32)
     if len(scores) > 1:
       out.update({f"eval_{r.name.rpartition(':')[2]}": v.astype(np.float32) for r, v in scores})
     return out

@@ -211,6 +211,15 @@ def _embedding(cfg: ModelConfig) -> nn.Embed:
                   embedding_init=with_axes(normal_init, "vocab", "embed"), name="embed_tokens")
 
 
+def _lookup(embed: nn.Embed, tokens, dtype):
+  """embed(tokens) from the whole table: on a mesh the table is gathered first (replicated),
+  so that the rows of the lookup follow the tokens' split over data x fsdp rather than the
+  table's over vocab x embed. The same values; XLA otherwise does the same gather by itself
+  and warns once per program ("[SPMD] Involuntary full rematerialization")."""
+  table = constrain(jnp.asarray(embed.embedding, dtype), (None, None))
+  return jnp.take(table, tokens, axis=0)
+
+
 def _lm_head(cfg: ModelConfig) -> nn.Dense:
   return nn.Dense(cfg.vocab_size, use_bias=False, dtype=cfg.dtype, param_dtype=cfg.param_dtype,
                   kernel_init=with_axes(normal_init, "embed", "vocab"), name="lm_head")
@@ -247,8 +256,9 @@ class Decoder(nn.Module):
     scale = cfg.blocks.embed_scale(cfg)
     scale = None if scale is None else jnp.asarray(scale, cfg.dtype)
     # activations: rows over data x fsdp
-    embedded = lambda t: constrain(embed(t) if scale is None else embed(t) * scale,  # noqa
-                                   ("batch", None, None))
+    embedded = lambda t: constrain(  # noqa: E731
+        _lookup(embed, t, cfg.dtype) if scale is None else _lookup(embed, t, cfg.dtype) * scale,
+        ("batch", None, None))
     window = cfg.sliding_window
     window_mask = None
     if prompt_group:

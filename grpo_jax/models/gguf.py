@@ -131,6 +131,47 @@ def special_token_ids(metadata: dict) -> dict:
           if metadata.get(f"tokenizer.ggml.{key}") is not None}
 
 
+def _layer_numbers(tensor_names) -> list:
+  """The N of each blk.N.* tensor name, sorted, once each."""
+  return sorted({int(name.split(".")[1]) for name in tensor_names
+                 if name.startswith("blk.") and name.split(".")[1].isdigit()})
+
+
+def _sizes_in_tensors(shapes: dict) -> dict:
+  """{llama metadata key: (the size the tensors have, where it is read)} for the sizes a
+  tensor's shape fixes (GGUF shapes list the columns first)."""
+  layers = _layer_numbers(shapes)
+  found = {"block_count": (len(layers), f"holds tensors of {len(layers)} layers"
+                           + (f" (blk.0 to blk.{layers[-1]})" if layers else ""))}
+  if "token_embd.weight" in shapes:
+    hidden, vocab = shapes["token_embd.weight"]
+    found["embedding_length"] = (hidden, f"its token_embd.weight is {hidden} wide")
+    found["vocab_size"] = (vocab, f"its token_embd.weight has {vocab} rows")
+  if "blk.0.ffn_up.weight" in shapes:
+    ffn = shapes["blk.0.ffn_up.weight"][1]
+    found["feed_forward_length"] = (ffn, f"its blk.0.ffn_up.weight has {ffn} rows")
+  return found
+
+
+def check_metadata_matches_tensors(metadata: dict, tensors, gguf_path) -> None:
+  """Raises InputError when llama.block_count, embedding_length, feed_forward_length or
+  vocab_size disagrees with the tensors the file holds (an edited or damaged header), or the
+  layers are not numbered 0 to n-1; checked before the other metadata, whose checks (head dim,
+  RoPE) would otherwise misname the fault."""
+  shapes = {t.name: tuple(int(d) for d in t.shape) for t in tensors}
+  layers = _layer_numbers(shapes)
+  if layers != list(range(len(layers))):
+    raise InputError(f"{gguf_path} holds tensors of layers {layers}, not numbered 0 to "
+                     f"{len(layers) - 1}; the file is damaged: convert the model again.")
+  for key, (size, where) in _sizes_in_tensors(shapes).items():
+    value = metadata.get(f"llama.{key}")
+    if isinstance(value, (int, np.integer)) and int(value) != size:
+      raise InputError(f"{gguf_path} has llama.{key}={int(value)} but {where}; its metadata "
+                       f"disagrees with its weights: set the key to {size} (gguf-set-metadata "
+                       f"{gguf_path} llama.{key} {size}) or convert the model again with "
+                       f"llama.cpp's convert_hf_to_gguf.py.")
+
+
 # ----------------------------------------------------------------------------- tensors
 
 
@@ -298,6 +339,7 @@ def import_gguf(gguf_path, out_dir, dtype: str = "float32") -> pathlib.Path:
     raise InputError(f"{gguf_path} is one of {metadata['split.count']} split files; merge them "
                      f"first with `llama-gguf-split --merge {gguf_path.name} merged.gguf`.")
   names = [t.name for t in reader.tensors]
+  check_metadata_matches_tensors(metadata, reader.tensors, gguf_path)
   factors = [dequantized(t, gguf_path) for t in reader.tensors if t.name == ROPE_FREQS]
   try:
     config = hf_config_from_gguf(metadata, names, gguf_path, dtype,

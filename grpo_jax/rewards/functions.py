@@ -26,13 +26,16 @@ import dataclasses
 import functools
 import importlib
 import inspect
+import logging
 import os
 import re
+import threading
 from typing import Callable
 
 import numpy as np
 
-from grpo_jax.errors import ConfigError
+from grpo_jax.errors import ConfigError, RewardTimeout
+from grpo_jax.interrupts import interruptible
 from grpo_jax.registry import load_file_module
 
 
@@ -41,6 +44,7 @@ class RewardFunction:
   name: str  # the spec as the config gave it, for messages and metrics
   fn: Callable
   weight: float
+  timeout_s: float = 0.0  # one call's time limit (reward.timeout_s); 0 = none
 
 
 def _number(text) -> float | None:
@@ -63,6 +67,20 @@ def answer_number(prompts, completions, *, answers, **_):
   return out
 
 
+def answer_match(completion, answer) -> float:
+  """1.0 where the completion gives the answer: the two texts, stripped, are equal, or the
+  answer is a number and the completion's last number equals it (answer_number's rule; "1/2"
+  is not a number here: its match needs math_verify). The held-out eval_accuracy of a table
+  task with an answer column."""
+  text = str(answer).strip()
+  if text == str(completion).strip():
+    return 1.0
+  want = _number(text)
+  if want is not None and re.fullmatch(r"-?[\d,]*\.?\d+\.?", text):  # the answer is a number
+    return float(_number(completion) == want)
+  return 0.0
+
+
 def format_regex(prompts, completions, *, pattern, **_):
   """1.0 where the whole completion matches `pattern`."""
   del prompts
@@ -74,11 +92,16 @@ def math_verify(prompts, completions, *, answers, **_):
   """1.0 where math-verify finds the completion's answer equal to the gold one."""
   del prompts
   from math_verify import parse, verify  # noqa: PLC0415
+  # math-verify's own time limits use SIGALRM, which works in the main thread only; reward
+  # functions run in a thread under reward.timeout_s (_call), so they are off here (and its
+  # warning that they are, once per process, is not shown).
+  logging.getLogger("math_verify").setLevel(logging.ERROR)
   out = []
   for completion, answer in zip(completions, answers):
-    gold = parse(str(answer))
     try:
-      out.append(float(bool(gold) and verify(gold, parse(completion))))
+      gold = parse(str(answer), parsing_timeout=None)
+      out.append(float(bool(gold) and verify(gold, parse(completion, parsing_timeout=None),
+                                             timeout_seconds=None)))
     except Exception:  # noqa: BLE001  math-verify's parser raises on odd input: no match
       out.append(0.0)
   return out
@@ -92,7 +115,7 @@ def _import_module(spec: str, index: int, module: str):
                         f".py file or an importable module name.")
     try:
       return load_file_module(module)
-    except Exception as e:  # noqa: BLE001  the user's file may raise anything on import
+    except (Exception, SystemExit) as e:  # noqa: BLE001  the user's file may raise anything
       raise ConfigError(f"{where}: importing {module} failed ({type(e).__name__}: {e}); fix "
                         f"the file.") from None
   try:
@@ -127,6 +150,7 @@ def _builtin(name: str, config, index: int):
 
 
 BUILTIN = ("math_verify", "format_regex", "answer_number")
+ANSWER_READERS = ("math_verify", "answer_number")  # built-ins that read data.answer_field
 
 
 def load_reward_functions(config) -> tuple[RewardFunction, ...]:
@@ -143,6 +167,10 @@ def load_reward_functions(config) -> tuple[RewardFunction, ...]:
   except ValueError:
     raise ConfigError(f"reward.fn_weights={config.reward.fn_weights!r}; give comma-separated "
                       f"numbers, e.g. '1.0,0.5'.") from None
+  timeout_s = float(config.reward.get("timeout_s", 0.0))
+  if not timeout_s >= 0:
+    raise ConfigError(f"reward.timeout_s={timeout_s}; give the seconds one call of a reward "
+                      f"function may take (> 0), or 0 for no limit.")
   out = []
   for index, (spec, weight) in enumerate(zip(specs, weights)):
     if spec in BUILTIN:
@@ -155,30 +183,64 @@ def load_reward_functions(config) -> tuple[RewardFunction, ...]:
       fn = getattr(_import_module(spec, index, module), attr, None)
       if not callable(fn):
         raise ConfigError(f"reward.fns[{index}]={spec!r}: {module} has no function {attr!r}.")
-    out.append(RewardFunction(spec, fn, weight))
+    out.append(RewardFunction(spec, fn, weight, timeout_s))
   return tuple(out)
+
+
+def _call(reward: RewardFunction, prompts: list, completions: list, columns: dict):
+  """What the function returns, awaited when it is a coroutine; run in its own thread with
+  the time limit `reward.timeout_s`. The function gets copies of the lists, so that one which
+  changes them cannot change the caller's. Whatever it raises, SystemExit and KeyboardInterrupt
+  included (sys.exit(0) must not end a run as a success), is a RuntimeError naming it; past the
+  time limit, a RewardTimeout (the loop saves the last step; the thread is left, a daemon)."""
+  box = {}
+
+  def work():
+    try:
+      value = reward.fn(list(prompts), list(completions),
+                        **{k: list(v) if isinstance(v, (list, tuple)) else v
+                           for k, v in columns.items()})
+      box["value"] = asyncio.run(value) if inspect.isawaitable(value) else value
+    except BaseException as e:  # noqa: BLE001  a user's function may raise anything: name it
+      box["error"] = e
+
+  thread = threading.Thread(target=work, name=f"reward {reward.name}", daemon=True)
+  with interruptible():  # SIGTERM / SIGINT while it runs: the run saves and stops at once
+    thread.start()
+    thread.join(reward.timeout_s or None)
+  if thread.is_alive():
+    raise RewardTimeout(f"reward function {reward.name!r} did not return within "
+                      f"reward.timeout_s={reward.timeout_s:g} s for {len(completions)} "
+                      f"completions; make it faster, or raise reward.timeout_s (0 = no "
+                      f"limit).")
+  if "error" in box:
+    e = box["error"]
+    what = (f"called sys.exit({e.code!r})" if isinstance(e, SystemExit) else
+            f"raised {type(e).__name__}: {e}")
+    raise RuntimeError(f"reward function {reward.name!r} {what}") from e
+  return box["value"]
 
 
 def call_reward(reward: RewardFunction, prompts: list, completions: list,
                 columns: dict) -> np.ndarray:
   """(B,) float64 values of one reward function; an error naming it when it raises (Runtime-
   Error), or returns a wrong count or a value that is not a finite number (ValueError);
-  grpo_jax/rewards/guard.py then finds the rows at fault."""
-  try:
-    values = reward.fn(prompts, completions, **columns)
-    if inspect.isawaitable(values):
-      values = asyncio.run(values)
-  except Exception as e:  # noqa: BLE001  a user's function may raise anything: name it
-    raise RuntimeError(f"reward function {reward.name!r} raised {type(e).__name__}: "
-                       f"{e}") from e
+  grpo_jax/rewards/guard.py then finds the rows at fault. Past reward.timeout_s, a
+  RewardTimeout, which stops the run after saving its last completed step."""
+  count = len(completions)
+  values = _call(reward, prompts, completions, columns)
+  if values is None or (isinstance(values, (list, tuple)) and any(v is None for v in values)):
+    raise ValueError(f"reward function {reward.name!r} returned None"
+                     f"{'' if values is None else ' for a completion'}; return one float per "
+                     f"completion.")
   try:
     values = np.asarray(values, np.float64).reshape(-1)
   except (TypeError, ValueError):
     raise ValueError(f"reward function {reward.name!r} returned values that are not numbers; "
                      f"return one float per completion.") from None
-  if values.shape != (len(completions),):
+  if values.shape != (count,):
     raise ValueError(f"reward function {reward.name!r} returned {values.size} values for "
-                     f"{len(completions)} completions; return one float per completion.")
+                     f"{count} completions; return one float per completion.")
   if not np.all(np.isfinite(values)):
     raise ValueError(f"reward function {reward.name!r} returned "
                      f"{values[~np.isfinite(values)][0]}; return finite numbers.")

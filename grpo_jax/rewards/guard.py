@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from grpo_jax.errors import RewardError
+from grpo_jax.errors import RewardError, RunStopped
 from grpo_jax.prompt_batch import take_rows
 
 
@@ -24,11 +24,24 @@ def _score_rows(task, prompts, tokens, mask, group_size: int):
     try:
       r = float(np.asarray(task.score(one, tokens[row:row + 1], mask[row:row + 1], 1))[0])
       if not np.isfinite(r):
-        failures[row] = (f"returned {r}", None)
+        failures[row] = (f"the reward function returned {r}", None)
+    except RunStopped:  # a time limit: scoring the rows one by one would wait again
+      raise
     except Exception as e:  # noqa: BLE001  a user's reward function may raise anything
-      r, failures[row] = None, (f"raised {type(e).__name__}: {e}", e)
+      r, failures[row] = None, (_what_failed(e), e)
     rewards.append(0.0 if row in failures else r)
   return np.asarray(rewards, np.float32), failures
+
+
+def _what_failed(error: Exception) -> str:
+  """`reward function 'm:f' returned None` (an error of rewards/functions.py, which names the
+  function; its fix, after the ';', is the caller's), else `the reward function raised Type:
+  message`."""
+  text = str(error)
+  if not text.startswith("reward function '"):
+    return f"the reward function raised {type(error).__name__}: {error}"
+  # (what the function itself raised is kept whole; a fix of functions.py's own is dropped)
+  return text if "' raised " in text else text.split(";")[0].rstrip(".")
 
 
 def reward_name(task) -> str:
@@ -66,6 +79,8 @@ def guarded_score(task, prompts, tokens, mask, group_size: int, on_error: str):
   tokens, mask = np.asarray(tokens), np.asarray(mask)
   try:
     rewards = task.score(prompts, tokens, mask, group_size)
+  except RunStopped:
+    raise
   except Exception as e:  # noqa: BLE001
     ok, first_error = None, e
   else:
@@ -83,7 +98,7 @@ def guarded_score(task, prompts, tokens, mask, group_size: int, on_error: str):
     one = take_rows(prompts, np.array([row // group_size]))
     prompt = _text(task.tokenizer, one.prompt_tokens[0], one.prompt_mask[0])
     raise RewardError(
-        f"the reward function {what} for the prompt {prompt!r} and the completion "
+        f"{what} for the prompt {prompt!r} and the completion "
         f"{_text(task.tokenizer, tokens[row], mask[row])!r}; fix the reward function, or set "
         f"train.on_reward_error='zero' to score such completions 0 and count them.") from error
   return rewards, np.isin(np.arange(tokens.shape[0]), list(failures))
@@ -94,12 +109,15 @@ def _eval_row_failure(task, batch, tokens, mask, row: int):
   try:
     scores = task.eval_scores(take_rows(batch, np.array([row])), tokens[row:row + 1],
                               mask[row:row + 1])
+  except RunStopped:
+    raise
   except Exception as e:  # noqa: BLE001  a user's reward function may raise anything
-    return f"raised {type(e).__name__}: {e}"
+    return _what_failed(e)
   for name, values in scores.items():
     value = np.asarray(values, np.float64).reshape(-1)
     if value.size != 1 or not np.isfinite(value[0]):
-      return f"gave {name}={value.tolist() if value.size != 1 else value[0]}"
+      return (f"the reward function gave {name}="
+              f"{value.tolist() if value.size != 1 else value[0]}")
   return None
 
 
@@ -112,6 +130,8 @@ def guarded_eval_scores(task, batch, tokens, mask, on_error: str):
   rows = tokens.shape[0]
   try:
     scores = {k: np.asarray(v) for k, v in task.eval_scores(batch, tokens, mask).items()}
+  except RunStopped:
+    raise
   except Exception:  # noqa: BLE001
     scores = None
   if scores is not None:  # one score per prompt, as (B,) or e.g. (B, 1)
@@ -140,7 +160,7 @@ def guarded_eval_scores(task, batch, tokens, mask, on_error: str):
     one = take_rows(batch, np.array([row]))
     prompt = _text(task.tokenizer, one.prompt_tokens[0], one.prompt_mask[0])
     raise RewardError(
-        f"evaluation: the reward function {what} for the held-out prompt {prompt!r} and the "
+        f"evaluation: {what} for the held-out prompt {prompt!r} and the "
         f"completion {_text(task.tokenizer, tokens[row], mask[row])!r}; fix the reward "
         f"function, or set train.on_reward_error='zero' to score such completions 0 and count "
         f"them (eval_reward_errors).")

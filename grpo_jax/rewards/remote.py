@@ -20,38 +20,39 @@ Response: a 2xx status and a JSON body, either an object
 or a bare list of numbers (the rewards). Other keys are ignored. JSON's NaN and Infinity are
 read (as Python's json reads them) and fail their row alone, as does a value beyond float32.
 
-Retries, per chunk: a timeout (no byte for cfg.timeout_s seconds while connecting or reading),
-a connection error, HTTP 5xx and HTTP 429 are tried again, up to cfg.max_retries times after
-the first attempt, waiting cfg.backoff_s * 2**k seconds (at most MAX_BACKOFF_S) before retry k
-(0, 1, ...). Answers that would come out the same again are not retried: another HTTP status
-(4xx), malformed JSON, no "rewards", a number of rewards other than the chunk's rows, or a value
-that is not a number.
+Deadline and retries, per chunk: each attempt must end within cfg.timeout_s seconds in all
+(connect, send, and read the whole answer; grpo_jax/rewards/http_deadline.py), so a server that
+trickles its answer fails at the deadline. A timeout, a connection error, HTTP 5xx and HTTP 429
+are tried again, up to cfg.max_retries times after the first attempt, waiting
+cfg.backoff_s * 2**k seconds (at most MAX_BACKOFF_S) before retry k (0, 1, ...). Answers that
+would come out the same again are not retried: another HTTP status (4xx; a 3xx too: redirects
+are not followed, so no header reaches another origin), malformed JSON, no "rewards", a number
+of rewards other than the chunk's rows, or a value that is not a number.
 
 Faults of the server never raise: the rows they touch score 0, are marked failed, and get one
 error line (naming the reward, the URL and the reason) per failed chunk or row. The caller picks
-what a failure does: raise_first(result) stops the run (train.on_reward_error='raise'), or the
-failed rows are counted (train.on_reward_error='zero'). Bad settings raise ConfigError before
-any request is sent. Credentials go in cfg.headers (a user:password@ in the URL is refused), and
-header values never appear in a message.
+what a failure does: raise_first(result) stops the run (train.on_reward_error='raise': a
+RemoteOutage when a chunk's retries ran out, else a RewardError), or the failed rows are
+counted (train.on_reward_error='zero'). Bad settings raise ConfigError before any request is
+sent. Credentials go in cfg.headers (a user:password@ in the URL is refused), and header values
+never appear in a message. docs/remote_services.md is the user's page.
 """
 
 from __future__ import annotations
 
-import concurrent.futures
 import dataclasses
+import http.client
 import json
 import math
 import numbers
 import time
-import urllib.error
-import urllib.parse
-import urllib.request
 from typing import NamedTuple
 
 import numpy as np
 
-from grpo_jax.errors import ConfigError, first_line
-from grpo_jax.errors import RewardError
+from grpo_jax.errors import ConfigError, RemoteOutage, RewardError, first_line
+from grpo_jax.rewards.http_deadline import (Abandon, DeadlineExceeded, HttpStatus, fetch,
+                                            map_abandoning, public_url, url_problem)
 
 MAX_BACKOFF_S = 8.0
 FLOAT32_MAX = float(np.finfo(np.float32).max)
@@ -61,7 +62,7 @@ FLOAT32_MAX = float(np.finfo(np.float32).max)
 class RemoteRewardConfig:
   url: str
   name: str = "remote"  # the reward's name in messages
-  timeout_s: float = 30.0  # per connect / read, as urllib applies it
+  timeout_s: float = 30.0  # per attempt, in all: connect, send, read the whole answer
   max_retries: int = 3  # extra attempts after the first
   backoff_s: float = 0.5  # the wait before retry k is backoff_s * 2**k, at most MAX_BACKOFF_S
   max_concurrency: int = 4  # POSTs in flight at once
@@ -82,6 +83,8 @@ class RemoteResult(NamedTuple):
   step_rewards: list | None  # per row a list of floats (None for a row without); None if no
   #                            chunk's answer had step_rewards
   errors: list  # one line per failed chunk or row, naming the URL and the reason
+  outage: str | None = None  # the sentence of the first chunk whose retry budget ran out
+  #                            (timeouts, connection errors, 5xx, 429), else None
 
 
 def _is_int(value) -> bool:
@@ -91,15 +94,6 @@ def _is_int(value) -> bool:
 def _is_number(value) -> bool:
   return (isinstance(value, numbers.Real) and not isinstance(value, bool)
           and math.isfinite(value))
-
-
-def _url_parts(url):
-  """urlsplit(url) if url is an http:// or https:// URL with a host, else None."""
-  try:
-    parts = urllib.parse.urlsplit(url)
-    return parts if parts.scheme in ("http", "https") and parts.hostname else None
-  except (TypeError, ValueError, AttributeError):
-    return None
 
 
 def _headers_problem(headers) -> str | None:
@@ -115,15 +109,11 @@ def _headers_problem(headers) -> str | None:
 
 def config_problems(cfg: RemoteRewardConfig) -> list:
   """One sentence per bad field of cfg, each starting `field=value`; [] if none."""
-  problems, parts = [], _url_parts(cfg.url)
-  if parts is None:
-    problems.append(f"url={cfg.url!r} is not an http:// or https:// URL; set it to the reward "
-                    f"server's endpoint, e.g. 'http://127.0.0.1:8000/score'.")
-  elif "@" in parts.netloc:  # urllib would not send it; shown without it (a secret)
-    public = urllib.parse.urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2]))
-    problems.append(f"url={public!r} has a user:password@ part, which is not sent; remove it "
-                    f"and pass the credentials in headers, e.g. (('Authorization', 'Basic "
-                    f"...'),).")
+  problems = []
+  url = url_problem("url", cfg.url, "http://127.0.0.1:8000/score",
+                    "pass the credentials in headers, e.g. (('Authorization', 'Basic ...'),)")
+  if url:
+    problems.append(url)
   if not (isinstance(cfg.name, str) and cfg.name):
     problems.append(f"name={cfg.name!r} must be a non-empty string; it names the reward in "
                     f"messages, e.g. 'remote'.")
@@ -169,45 +159,52 @@ def _excerpt(value, limit: int) -> str:
 
 class _Fault(Exception):
   """An attempt at a chunk failed. `transport`: the HTTP exchange itself failed (its message
-  counts the attempts); `retry`: another attempt may succeed."""
+  counts the attempts and the seconds they spanned); `retry`: another attempt may succeed (so
+  a `retry` fault that is raised out of post_with_retries spent its retry budget: an outage)."""
 
   def __init__(self, reason: str, detail: str = "", transport: bool = False,
                retry: bool = False):
     super().__init__(reason)
     self.reason, self.detail, self.transport, self.retry = reason, detail, transport, retry
-    self.attempts = 1
+    self.attempts, self.seconds = 1, 0.0
 
   def describe(self) -> str:
     if not self.transport:
       return self.reason
     plural = "s" if self.attempts != 1 else ""
-    return f"{self.reason} ({self.attempts} attempt{plural}){self.detail}"
+    span = f" in {self.seconds:.1f} s" if self.attempts > 1 else ""
+    return f"{self.reason} ({self.attempts} attempt{plural}{span}){self.detail}"
 
 
-def _http_fault(error: urllib.error.HTTPError) -> _Fault:
+def _status_fault(error: HttpStatus) -> _Fault:
+  """The fault of a non-2xx answer: 5xx and 429 may pass, a redirect is not followed."""
+  if 300 <= error.status < 400:
+    where = _excerpt(public_url(error.location), 200) if error.location else "nowhere"
+    return _Fault(f"answered HTTP {error.status} redirecting to {where}, which is not followed "
+                  f"(it would carry the request's headers elsewhere); set the URL to the "
+                  f"endpoint itself")
+  return _Fault(f"answered HTTP {error.status}", f": {_excerpt(error.body, 200)}",
+                transport=True, retry=error.status >= 500 or error.status == 429)
+
+
+def _post(cfg: RemoteRewardConfig, body: bytes | None, abandon: Abandon | None) -> bytes:
+  """One POST of body to cfg.url (a GET when body is None), ended within cfg.timeout_s: the
+  answer's body, or a _Fault (Abandoned once `abandon` is set)."""
+  headers = {"Accept": "application/json", **dict(cfg.headers)}
+  if body is not None:
+    headers = {"Content-Type": "application/json", **headers}
   try:
-    body = error.read()
-  except Exception:  # noqa: BLE001  the body is only for the message
-    body = b""
-  return _Fault(f"answered HTTP {error.code}", f": {_excerpt(body, 200)}", transport=True,
-                retry=error.code >= 500 or error.code == 429)
-
-
-def _post(cfg: RemoteRewardConfig, body: bytes) -> bytes:
-  """One POST of body to cfg.url: the answer's body, or a _Fault."""
-  headers = {"Content-Type": "application/json", "Accept": "application/json",
-             **dict(cfg.headers)}
-  request = urllib.request.Request(cfg.url, data=body, headers=headers, method="POST")
-  try:
-    with urllib.request.urlopen(request, timeout=cfg.timeout_s) as response:
-      return response.read()
-  except urllib.error.HTTPError as e:
-    raise _http_fault(e) from None
-  except Exception as e:  # noqa: BLE001  socket, http.client and urllib errors alike
-    cause = e.reason if isinstance(getattr(e, "reason", None), BaseException) else e
-    if isinstance(cause, TimeoutError):
-      raise _Fault(f"timed out after {cfg.timeout_s:g} s", transport=True, retry=True) from None
-    raise _Fault("request failed", f": {first_line(cause, 200)}", transport=True,
+    return fetch("GET" if body is None else "POST", cfg.url, body, tuple(headers.items()),
+                 cfg.timeout_s, abandon)
+  except HttpStatus as e:
+    raise _status_fault(e) from None
+  except DeadlineExceeded:
+    raise _Fault(f"timed out after {cfg.timeout_s:g} s", transport=True, retry=True) from None
+  except (OSError, http.client.HTTPException, ValueError) as e:
+    if isinstance(e, TimeoutError):  # connecting took the whole socket timeout
+      raise _Fault(f"timed out after {cfg.timeout_s:g} s", transport=True,
+                   retry=True) from None
+    raise _Fault("request failed", f": {first_line(e, 200)}", transport=True,
                  retry=True) from None
 
 
@@ -265,27 +262,38 @@ def _steps_field(payload, rows: int, first: int) -> list | None:
   return out
 
 
-def _request(cfg: RemoteRewardConfig, body: bytes, rows: int, first: int):
+def _request(cfg: RemoteRewardConfig, body: bytes, rows: int, first: int, abandon: Abandon):
   """(rewards, step_rewards or None) of one chunk, posting until an answer reads or the
   attempts run out; raises the last _Fault, with the attempts made."""
   return post_with_retries(cfg, body, lambda payload: (_rewards_field(payload, rows, first),
-                                                       _steps_field(payload, rows, first)))
+                                                       _steps_field(payload, rows, first)),
+                           abandon)
 
 
-def post_with_retries(cfg: RemoteRewardConfig, body: bytes, read):
-  """read(the answer's JSON) of a POST of body to cfg.url, retried as the module docstring says
-  (a transport fault, 5xx, 429); raises the last _Fault (.describe() says why), with the
-  attempts made. `read` raises _Fault for an answer that does not read."""
-  attempts = 0
+def post_with_retries(cfg: RemoteRewardConfig, body: bytes | None, read,
+                      abandon: Abandon | None = None):
+  """read(the answer's JSON) of a POST of body to cfg.url (a GET when body is None), retried as
+  the module docstring says (a transport fault, 5xx, 429); raises the last _Fault
+  (.describe() says why), with the attempts made and the seconds they spanned. `read` raises
+  _Fault for an answer that does not read. Once `abandon` is set (its caller left: an
+  interrupt), raises Abandoned at once, mid-request or mid-wait."""
+  attempts, start = 0, time.monotonic()
   while True:
     try:
-      return read(_decode(_post(cfg, body)))
+      return read(_decode(_post(cfg, body, abandon)))
     except _Fault as fault:
       attempts += 1
       if not fault.retry or attempts > cfg.max_retries:
-        fault.attempts = attempts
+        fault.attempts, fault.seconds = attempts, time.monotonic() - start
         raise
-    time.sleep(backoff_delay(cfg.backoff_s, attempts - 1))
+    (abandon or Abandon()).wait(backoff_delay(cfg.backoff_s, attempts - 1))
+
+
+def outage_fix(cfg: RemoteRewardConfig, names: tuple) -> str:
+  """What to raise when the retry budget is spent: `names` are how the config spells
+  (timeout_s, max_retries, backoff_s), shown with cfg's values."""
+  values = (f"{cfg.timeout_s:g}", str(cfg.max_retries), f"{cfg.backoff_s:g}")
+  return ", ".join(f"{n} (now {v})" for n, v in zip(names, values))
 
 
 def _row_problem(reward: float, steps, row: int) -> str | None:
@@ -303,16 +311,27 @@ class _Chunk(NamedTuple):
   failed: list
   step_rewards: list | None
   errors: list
+  outage: str | None = None
 
 
-def _score_chunk(cfg: RemoteRewardConfig, body: bytes, rows: int, first: int) -> _Chunk:
+def _span(first: int, rows: int) -> str:
+  return f"row {first}" if rows == 1 else f"rows {first}-{first + rows - 1}"
+
+
+def _score_chunk(cfg: RemoteRewardConfig, body: bytes, rows: int, first: int,
+                 abandon: Abandon) -> _Chunk:
   """One chunk's rewards; a fault of the server fails its rows (or the row it touches)."""
   try:
-    rewards, steps = _request(cfg, body, rows, first)
+    rewards, steps = _request(cfg, body, rows, first, abandon)
   except _Fault as fault:
-    span = f"row {first}" if rows == 1 else f"rows {first}-{first + rows - 1}"
+    span = _span(first, rows)
+    outage = None
+    if fault.retry:  # its retry budget is spent
+      outage = (f"{_source(cfg)}: {fault.describe()} on {span}; restart or fix the server, or "
+                f"give it longer with its reward.remote entry's "
+                f"{outage_fix(cfg, ('timeout_s', 'max_retries', 'backoff_s'))}.")
     return _Chunk([0.0] * rows, [True] * rows, None,
-                  [f"{_source(cfg)}: {fault.describe()}; {span} scored 0"])
+                  [f"{_source(cfg)}: {fault.describe()}; {span} scored 0"], outage)
   problems = [_row_problem(r, s, first + i)
               for i, (r, s) in enumerate(zip(rewards, steps or [None] * rows))]
   failed = [p is not None for p in problems]
@@ -339,12 +358,14 @@ def _join(chunks: list) -> RemoteResult:
     steps = [s for c in chunks for s in (c.step_rewards or [None] * len(c.rewards))]
   return RemoteResult(np.asarray([r for c in chunks for r in c.rewards], np.float32),
                       np.asarray([f for c in chunks for f in c.failed], bool), steps,
-                      [e for c in chunks for e in c.errors])
+                      [e for c in chunks for e in c.errors],
+                      next((c.outage for c in chunks if c.outage), None))
 
 
 def score_remote(cfg: RemoteRewardConfig, queries: list, prompts: list,
                  labels: list) -> RemoteResult:
-  """The server's rewards for each row (module docstring); never raises for a server's fault.
+  """The server's rewards for each row (module docstring); never raises for a server's fault
+  (an interrupt in the waiting thread goes on at once, the requests in flight abandoned).
 
   Raises ConfigError for a bad cfg, ValueError if the three lists differ in length, and
   TypeError for rows that are not JSON, all before any request is sent."""
@@ -358,15 +379,18 @@ def score_remote(cfg: RemoteRewardConfig, queries: list, prompts: list,
   bodies = [_encode(queries[s:s + size], prompts[s:s + size], labels[s:s + size], s)
             for s in starts]
   rows = [min(size, len(queries) - s) for s in starts]
-  workers = max(1, min(cfg.max_concurrency, len(bodies)))
-  with concurrent.futures.ThreadPoolExecutor(workers, "remote-reward") as pool:
-    chunks = list(pool.map(lambda b, n, s: _score_chunk(cfg, b, n, s), bodies, rows, starts))
+  chunks = map_abandoning(lambda chunk, abandon: _score_chunk(cfg, *chunk, abandon),
+                          list(zip(bodies, rows, starts)), min(cfg.max_concurrency, len(bodies)),
+                          "remote-reward")
   return _join(chunks)
 
 
 def raise_first(result: RemoteResult) -> None:
-  """Raises a RewardError with the first error line if any row failed (for
-  train.on_reward_error='raise')."""
+  """For train.on_reward_error='raise': raises RemoteOutage if a chunk's retry budget ran out
+  (the server is down or too slow), else a RewardError with the first error line if any row
+  failed (the server answered something unusable)."""
+  if result.outage:
+    raise RemoteOutage(result.outage)
   if np.any(result.failed):
     raise RewardError(result.errors[0] + "; fix the server or set train.on_reward_error='zero' "
                       "to score such completions 0 and count them.")

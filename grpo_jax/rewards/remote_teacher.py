@@ -7,27 +7,45 @@ this protocol (token ids in, per-token log-probs out; the teacher shares the pol
                        -> {"logprobs": [[float, ...], ...]}   one per completion token, in order
 
 vocab_sha256 is vocab_digest of the teacher's tokenizer (null when it has none to compare): at
-the start a digest or vocab_size other than the policy's is one ConfigError sentence. Rows go
-in chunks of RemoteRewardConfig's batch_size, max_concurrency chunks in flight, each retried as
-a remote reward is (grpo_jax/rewards/remote.py: timeouts, connection errors, 5xx, 429). A
-teacher that still fails, or answers the wrong number of rows or tokens, stops the run with
-one RewardError sentence naming the URL and the reason: a distillation step without its
-teacher has no signal to stand on.
+the start a digest or vocab_size other than the policy's is one ConfigError sentence. With
+rl.distill_teacher_token_env every request carries `Authorization: Bearer <that variable>`.
+
+Rows go in chunks of RemoteRewardConfig's batch_size, max_concurrency chunks in flight. Each
+attempt must end within rl.distill_teacher_timeout_s (connect, send, read the whole answer;
+grpo_jax/rewards/http_deadline.py); timeouts, connection errors, 5xx and 429 are retried up to
+rl.distill_teacher_max_retries times, waiting rl.distill_teacher_backoff_s * 2**k before retry
+k (grpo_jax/rewards/remote.py). A teacher whose retry budget runs out stops the run with a
+RemoteOutage sentence (the run saves its last completed step); an answer that cannot be right
+(another status, a redirect, the wrong number of rows or tokens, a log-prob that is not a
+number or is above 0) with a RewardError sentence, both naming the URL: a distillation step
+without its teacher has no signal to stand on. A NaN or -Infinity log-prob is a number: it
+fails its row (grpo_jax/rewards/estimator_inputs.py, train.on_reward_error).
+docs/remote_services.md is the user's page.
 """
 
 from __future__ import annotations
 
-import concurrent.futures
 import dataclasses
 import hashlib
 import json
-import urllib.error
-import urllib.request
+import math
+import os
 
 import numpy as np
 
-from grpo_jax.errors import ConfigError, RewardError, first_line
-from grpo_jax.rewards.remote import RemoteFault, RemoteRewardConfig, post_with_retries
+from grpo_jax.errors import ConfigError, RemoteOutage, RewardError
+from grpo_jax.rewards.http_deadline import map_abandoning, url_problem
+from grpo_jax.rewards.remote import (RemoteFault, RemoteRewardConfig, config_problems,
+                                     outage_fix, post_with_retries)
+
+# A log-prob may exceed 0 by this much (the rounding of log_softmax for a token of probability
+# ~1 with large logits, e.g. fp32 logits near 1000); past it the answer is refused.
+LOGPROB_ROUNDING = 1e-3
+# How the config spells the client's (timeout_s, max_retries, backoff_s), for messages.
+SETTINGS = ("rl.distill_teacher_timeout_s", "rl.distill_teacher_max_retries",
+            "rl.distill_teacher_backoff_s")
+ANSWER = ('it must answer {"logprobs": [[...], ...]} with one log-prob <= 0 per completion '
+          'token, as python -m grpo_jax.serve_teacher does')
 
 
 def is_url(value: str) -> bool:
@@ -42,6 +60,20 @@ def vocab_digest(tokenizer) -> str | None:
   return hashlib.sha256(json.dumps(sorted(vocab().items())).encode()).hexdigest()
 
 
+def settings_problem(url, timeout_s, max_retries, backoff_s) -> str | None:
+  """Why rl.distill_teacher (a URL) and its client's settings cannot work, as one sentence
+  naming the field (a user:password@ part left out: it is a secret), or None. The checks are
+  reward.remote's (grpo_jax/rewards/remote.py)."""
+  problem = url_problem("rl.distill_teacher", url, "http://127.0.0.1:8000",
+                        "give a token with rl.distill_teacher_token_env (the name of an "
+                        "environment variable holding it) if the teacher's server needs one")
+  if problem:
+    return problem
+  cfg = RemoteRewardConfig(url=url, timeout_s=timeout_s, max_retries=max_retries,
+                           backoff_s=backoff_s)
+  return next((f"rl.distill_teacher_{p}" for p in config_problems(cfg)), None)
+
+
 def _rows(prompt_tokens, prompt_mask, tokens, mask) -> tuple[list, list]:
   """The rows' prompt ids and completion ids as lists, padding dropped."""
   prompts = [t[m.astype(bool)].tolist() for t, m in zip(np.asarray(prompt_tokens),
@@ -50,27 +82,76 @@ def _rows(prompt_tokens, prompt_mask, tokens, mask) -> tuple[list, list]:
   return prompts, completions
 
 
+def _logprob(value, row: int, token: int) -> float:
+  """A JSON number the answer gave as a log-prob, as a float; RemoteFault if it is not a
+  number or lies above 0 (NaN passes: the row check after this fails its row)."""
+  if isinstance(value, bool) or not isinstance(value, (int, float)):
+    shown = json.dumps(value)[:40]
+    raise RemoteFault(f"answered a log-prob that is not a number, {shown}, for row {row} token "
+                      f"{token}")
+  try:
+    number = float(value)
+  except OverflowError:  # an int beyond float's range
+    number = math.copysign(math.inf, value)
+  if number > LOGPROB_ROUNDING:
+    raise RemoteFault(f"answered the log-prob {number!r} for row {row} token {token}, above 0 "
+                      f"(a log-probability is at most 0: logits or probabilities were sent)")
+  return number
+
+
+def read_logprobs(payload, completion_ids: list, first: int) -> list:
+  """The answer's log-probs, one list of floats per row (row `first` first); RemoteFault for an
+  answer without one number <= 0 per completion token of each row."""
+  values = payload.get("logprobs") if isinstance(payload, dict) else None
+  if not isinstance(values, list) or len(values) != len(completion_ids):
+    got = len(values) if isinstance(values, list) else "no list of"
+    raise RemoteFault(f"answered without one log-prob per completion token of each row ({got} "
+                      f"rows of log-probs for {len(completion_ids)} rows)")
+  out = []
+  for i, (row, ids) in enumerate(zip(values, completion_ids)):
+    if not isinstance(row, list) or len(row) != len(ids):
+      got = len(row) if isinstance(row, list) else "no list of"
+      raise RemoteFault(f"answered without one log-prob per completion token of each row ({got} "
+                        f"log-probs for row {first + i}'s {len(ids)} tokens)")
+    out.append([_logprob(v, first + i, t) for t, v in enumerate(row)])
+  return out
+
+
 @dataclasses.dataclass(frozen=True)
 class RemoteTeacher:
   """TeacherSource's interface (grpo_jax/rewards/sources.py) over HTTP."""
-  cfg: RemoteRewardConfig  # url = the server's base URL
+  cfg: RemoteRewardConfig  # url = the server's /logprobs
 
   @classmethod
-  def connect(cls, url: str, tokenizer, vocab_size: int | None = None) -> "RemoteTeacher":
-    """The teacher at `url`, its /info checked against the policy's tokenizer (and against
-    the policy's vocab_size, when given: a model built from the config)."""
+  def connect(cls, url: str, tokenizer, vocab_size: int | None = None, token_env: str = "",
+              timeout_s: float = 60.0, max_retries: int = 5,
+              backoff_s: float = 1.0) -> "RemoteTeacher":
+    """The teacher at `url`, its /info checked (one attempt) against the policy's tokenizer
+    (and against the policy's vocab_size, when given: a model built from the config).
+    `token_env` names the environment variable of its token ("" = none); timeout_s,
+    max_retries and backoff_s are the rl.distill_teacher_* settings."""
+    problem = settings_problem(url, timeout_s, max_retries, backoff_s)
+    if problem:
+      raise ConfigError(problem)
     base = url.rstrip("/")
+    token = os.environ.get(token_env, "").strip() if token_env else ""  # (a pasted newline)
+    headers = (("Authorization", f"Bearer {token}"),) if token_env else ()
+    cfg = RemoteRewardConfig(url=f"{base}/info", name="distillation teacher",
+                             timeout_s=timeout_s, max_retries=0, backoff_s=backoff_s,
+                             headers=headers)
     try:
-      with urllib.request.urlopen(f"{base}/info", timeout=30) as response:
-        info = json.loads(response.read())
-    except (urllib.error.URLError, OSError, ValueError) as e:
-      raise ConfigError(f"rl.distill_teacher={url!r}: GET {base}/info failed ({first_line(e)}); "
-                        f"start the teacher's server (python -m grpo_jax.serve_teacher --model "
-                        f"DIR) or fix the URL.") from None
+      info = post_with_retries(cfg, None, lambda payload: payload)
+    except RemoteFault as fault:
+      fix = ("give its token with rl.distill_teacher_token_env (the name of an environment "
+             "variable holding it)" if "HTTP 401" in fault.reason or "HTTP 403" in fault.reason
+             else "start the teacher's server (python -m grpo_jax.serve_teacher --model DIR) "
+                  "or fix the URL")
+      raise ConfigError(f"rl.distill_teacher={url!r}: GET {base}/info failed ({fault.reason}"
+                        f"{fault.detail}); {fix}.") from None
     ours = vocab_digest(tokenizer)
     theirs = info.get("vocab_sha256") if isinstance(info, dict) else None
     if not isinstance(info, dict) or not isinstance(info.get("vocab_size"), int):
-      raise ConfigError(f"rl.distill_teacher={url!r}: {base}/info answered {info!r}, not "
+      raise ConfigError(f"rl.distill_teacher={url!r}: {base}/info answered {info!r:.200}, not "
                         f"{{\"vocab_size\": int, \"vocab_sha256\": str or null}}.")
     if ((ours and theirs and ours != theirs) or info["vocab_size"] < len(tokenizer) or
         (vocab_size is not None and info["vocab_size"] != vocab_size)):
@@ -78,7 +159,7 @@ class RemoteTeacher:
                         f"(vocab_size {info['vocab_size']}, policy tokenizer {len(tokenizer)} "
                         f"tokens{', vocabularies differ' if ours and theirs else ''}); "
                         f"on-policy distillation compares log-probs token by token.")
-    return cls(RemoteRewardConfig(url=f"{base}/logprobs", name="distillation teacher"))
+    return cls(dataclasses.replace(cfg, url=f"{base}/logprobs", max_retries=max_retries))
 
   def logprobs(self, prompts, tokens, mask, group_size: int) -> np.ndarray:
     """(B, N) the teacher's log-probs of each row's completion tokens, 0 outside them."""
@@ -87,25 +168,27 @@ class RemoteTeacher:
                                        np.repeat(np.asarray(prompts.prompt_mask), group_size, 0),
                                        tokens, mask)
     size = self.cfg.batch_size
-    starts = range(0, len(prompt_ids), size)
-    with concurrent.futures.ThreadPoolExecutor(self.cfg.max_concurrency) as pool:
-      chunks = list(pool.map(lambda s: self._chunk(prompt_ids[s:s + size],
-                                                   completion_ids[s:s + size], s), starts))
+    starts = range(0, len(prompt_ids), size)  # the first chunk to fail for good abandons the rest
+    chunks = map_abandoning(lambda s, abandon: self._chunk(prompt_ids[s:s + size],
+                                                           completion_ids[s:s + size], s, abandon),
+                            starts, self.cfg.max_concurrency, "teacher")
     out = np.zeros(tokens.shape, np.float32)
     for row, values in enumerate(v for chunk in chunks for v in chunk):
       out[row, np.flatnonzero(mask[row])] = values
     return out
 
-  def _chunk(self, prompt_ids, completion_ids, first: int) -> list:
-    def read(payload):
-      values = payload.get("logprobs") if isinstance(payload, dict) else None
-      if (not isinstance(values, list) or len(values) != len(completion_ids) or
-          any(not isinstance(v, list) or len(v) != len(c) for v, c in zip(values, completion_ids))):
-        raise RemoteFault("answered without one log-prob per completion token of each row")
-      return values
+  def _chunk(self, prompt_ids, completion_ids, first: int, abandon) -> list:
+    """One chunk's log-probs; RemoteOutage once its retry budget is spent, RewardError for an
+    answer that cannot be right (module docstring)."""
     body = json.dumps({"prompt_ids": prompt_ids, "completion_ids": completion_ids}).encode()
     try:
-      return post_with_retries(self.cfg, body, read)
+      return post_with_retries(self.cfg, body,
+                               lambda payload: read_logprobs(payload, completion_ids, first),
+                               abandon)
     except RemoteFault as fault:
-      raise RewardError(f"the distillation teacher at {self.cfg.url} failed on rows {first}-"
-                        f"{first + len(prompt_ids) - 1}: {fault.describe()}; check its server.")
+      asked = f"the distillation teacher at {self.cfg.url}, asked for rows {first}-" \
+              f"{first + len(prompt_ids) - 1}, {fault.describe()}"
+      if fault.retry:
+        raise RemoteOutage(f"{asked}; restart it, or give it longer with "
+                           f"{outage_fix(self.cfg, SETTINGS)}.") from None
+      raise RewardError(f"{asked}; fix its server: {ANSWER}.") from None

@@ -1,5 +1,5 @@
-"""Preference-optimisation losses, the DPO family (python -m grpo_jax.train_dpo; README "DPO
-and its family"), on per-sequence log-probs.
+"""Preference-optimisation losses, the DPO family (python -m grpo_jax.train_dpo;
+docs/dpo_family.md#the-losses), on per-sequence log-probs.
 
 Every loss takes one `PairLogps` (per pair i: the summed log-probs of the chosen and the
 rejected completion under the policy and, where the loss has one, the frozen reference; the

@@ -18,17 +18,26 @@ A sweep file is a Python file with `get_sweep()` returning a dict:
 
 Runs live in WORKDIR/<arm>/seed_<s>/ whichever way they ran; an arm is named by its grid
 values, e.g. "advantage=rloo" (the last part of each key, or the whole key where that is
-ambiguous).
+ambiguous). Its folder is that name with '/', '\\', '%', control characters and runs of dots
+percent-encoded, so that no grid value makes a path out of the sweep folder
+(`folder_name`); two arms whose values print alike (0.001 and 1e-3) would share one folder and
+are refused. docs/sweeps.md is the user's guide.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import itertools
 import os
+import re
 import runpy
 
+from grpo_jax.errors import first_line
+
 SEED_AXES = ("none", "vmap", "map")
+MAX_SEED = 2**32 - 1  # jax.random.key keeps 32 bits of a seed
+MAX_FOLDER_BYTES = 200  # under the 255 bytes of a file name, with room for a suffix
 
 
 class SweepError(ValueError):
@@ -42,6 +51,11 @@ class Arm:
   overrides: dict  # every override of this arm (common ones, grid values, arm extras)
   config: str = ""  # its config file ("" = the sweep's base_config)
   program: str = "grpo_jax.main"  # the module its processes run
+  folder: str = ""  # its folder under the sweep's (folder_name(name); "" = the name)
+
+  @property
+  def directory(self) -> str:
+    return self.folder or self.name
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,26 +79,80 @@ def _arm_names(grid_keys, combos) -> list[str]:
           for combo in combos]
 
 
-def load_sweep(path: str) -> Sweep:
-  """Reads and checks a sweep file."""
+def folder_name(name: str) -> str:
+  """An arm's name as one folder name (module docstring): unchanged when it is already plain,
+  so the folders of earlier sweeps keep their names; past MAX_FOLDER_BYTES, shortened and made
+  unique by a hash of the whole name."""
+  safe = "".join(f"%{ord(ch):02X}" if ch in "/\\%" or ord(ch) < 32 or ord(ch) == 127 else ch
+                 for ch in name)
+  safe = re.sub(r"\.{2,}", lambda run: "%2E" * len(run.group()), safe)
+  if len(safe.encode()) > MAX_FOLDER_BYTES:
+    head = safe.encode()[:MAX_FOLDER_BYTES - 13].decode(errors="ignore")
+    safe = f"{head}~{hashlib.sha1(name.encode()).hexdigest()[:12]}"
+  return safe
+
+
+def _read_sweep_file(path: str) -> dict:
+  """get_sweep()'s dict; SweepError naming the file when it is missing, does not load, has no
+  get_sweep(), or that raises or returns something else."""
   if not os.path.isfile(path):
     raise SweepError(f"--sweep={path} is not a file; pass a sweep file such as "
                      f"configs/sweeps/estimators_tiny.py.")
-  module = runpy.run_path(path)
-  if "get_sweep" not in module:
+  try:
+    module = runpy.run_path(path)
+  except Exception as e:  # noqa: BLE001  a user's sweep file may raise anything
+    raise SweepError(f"{path} could not be loaded ({first_line(e)}); fix that file.") from None
+  if not callable(module.get("get_sweep")):
     raise SweepError(f"{path} has no get_sweep() function; define one returning a dict "
                      f"(see grpo_jax/sweep/spec.py).")
-  raw = dict(module["get_sweep"]())
+  try:
+    raw = module["get_sweep"]()
+  except Exception as e:  # noqa: BLE001
+    raise SweepError(f"{path}: get_sweep() raised {first_line(e)}; fix that file.") from None
+  if not isinstance(raw, dict):
+    raise SweepError(f"{path}: get_sweep() returned a {type(raw).__name__}; return a dict "
+                     f"(see grpo_jax/sweep/spec.py).")
+  for field in ("overrides", "grid", "arm_overrides", "recipes"):
+    if not isinstance(raw.get(field, {}), dict):
+      raise SweepError(f"{path}: {field}={raw[field]!r}; give a dict (see "
+                       f"grpo_jax/sweep/spec.py).")
+  return raw
+
+
+def _seeds(raw: dict, path: str) -> tuple:
+  """The sweep's seeds: distinct whole numbers in [0, MAX_SEED]."""
+  seeds = raw.get("seeds", [0])
+  if (not isinstance(seeds, (list, tuple)) or not seeds or len(set(seeds)) != len(seeds)
+      or not all(isinstance(s, int) and not isinstance(s, bool) and 0 <= s <= MAX_SEED
+                 for s in seeds)):
+    raise SweepError(f"{path}: seeds={seeds!r}; give a list of distinct whole numbers in "
+                     f"[0, {MAX_SEED}], e.g. [0, 1, 2].")
+  return tuple(seeds)
+
+
+def _check_distinct_folders(arms: list, path: str) -> None:
+  """Two arms with one folder would share their runs and one row of the table twice."""
+  seen = {}
+  for arm in arms:
+    other = seen.setdefault(arm.directory, arm)
+    if other is not arm:
+      raise SweepError(f"{path}: the grid values {other.values} and {arm.values} both name the "
+                       f"arm {arm.name!r} (one folder, so the second would only resume the "
+                       f"first's run); drop one of them (0.001 and 1e-3 are one number) or "
+                       f"give values that print differently.")
+
+
+def load_sweep(path: str) -> Sweep:
+  """Reads and checks a sweep file."""
+  raw = _read_sweep_file(path)
   known = {"base_config", "overrides", "grid", "arm_overrides", "seeds", "seed_axis", "recipes"}
   unknown = sorted(set(raw) - known)
   if unknown:
     raise SweepError(f"{path}: unknown sweep field(s) {unknown}; valid: {sorted(known)}.")
-  if "base_config" not in raw:
+  if not isinstance(raw.get("base_config"), str) or not raw["base_config"]:
     raise SweepError(f"{path}: get_sweep() must name base_config, e.g. "
                      f"'configs/grpo_tiny.py'.")
-  seeds = tuple(int(s) for s in raw.get("seeds", [0]))
-  if not seeds or len(set(seeds)) != len(seeds):
-    raise SweepError(f"{path}: seeds={list(seeds)}; give distinct integers, e.g. [0, 1, 2].")
+  seeds = _seeds(raw, path)
   seed_axis = raw.get("seed_axis", "none")
   if seed_axis not in SEED_AXES:
     raise SweepError(f"{path}: seed_axis={seed_axis!r} is unknown; valid: {SEED_AXES}.")
@@ -96,7 +164,8 @@ def load_sweep(path: str) -> Sweep:
   extras = dict(raw.get("arm_overrides", {}))
   recipes = dict(raw.get("recipes", {}))
   for recipe in grid.get("recipe", ()):
-    if recipe not in recipes or "config" not in recipes[recipe]:
+    if not isinstance(recipes.get(recipe) if isinstance(recipe, str) else None, dict) or (
+        "config" not in recipes[recipe]):
       raise SweepError(f"{path}: grid['recipe'] names {recipe!r}, which recipes does not define "
                        f"with a config; add recipes={{{recipe!r}: {{'config': ..., 'program': "
                        f"...}}}}.")
@@ -113,7 +182,9 @@ def load_sweep(path: str) -> Sweep:
     if program != "grpo_jax.main" and seed_axis != "none":
       raise SweepError(f"{path}: recipe {values['recipe']!r} runs {program}, which takes one seed "
                        f"per process; set seed_axis='none'.")
-    arms.append(Arm(name, values, overrides, recipe.get("config", ""), program))
+    arms.append(Arm(name, values, overrides, recipe.get("config", ""), program,
+                    folder_name(name)))
+  _check_distinct_folders(arms, path)
   stem = os.path.splitext(os.path.basename(path))[0]
   return Sweep(stem, raw["base_config"], tuple(arms), seeds, seed_axis, tuple(grid))
 
@@ -131,7 +202,7 @@ class Job:
 
 
 def run_dir(sweep_dir: str, arm: Arm, seed: int) -> str:
-  return os.path.join(sweep_dir, arm.name, f"seed_{seed}")
+  return os.path.join(sweep_dir, arm.directory, f"seed_{seed}")
 
 
 def jobs(sweep: Sweep, sweep_dir: str, seeds_to_run: dict) -> list[Job]:
@@ -149,7 +220,7 @@ def jobs(sweep: Sweep, sweep_dir: str, seeds_to_run: dict) -> list[Job]:
         out.append(Job(arm, (s,), workdir, tuple(
             base + [f"--workdir={workdir}", f"--config.seed={s}"] + flags)))
     else:
-      workdir = os.path.join(sweep_dir, arm.name)
+      workdir = os.path.join(sweep_dir, arm.directory)
       out.append(Job(arm, seeds, workdir, tuple(
           base + [f"--workdir={workdir}", f"--vmap_seeds={','.join(map(str, seeds))}",
                   f"--seed_axis={sweep.seed_axis}"] + flags)))

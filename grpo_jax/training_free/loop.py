@@ -21,8 +21,11 @@ with the library at step 0 (empty: the base model; tfgrpo.seed_library, one less
 it with lessons written elsewhere) and at each evaluation.
 
 The library after step k is written to DIR/library/step_k.json (and the summariser's prompts and
-replies of that step to calls_k.json); a rerun resumes from the newest one, and since every
-sample's key comes from (seed, step) the resumed run equals an uninterrupted one. Records
+replies of that step to calls_k.json); a rerun resumes from the newest one that reads
+(training_free/library_files.py: a damaged newer one is moved aside), under the recorded config
+(train/run/workdir.py, as every stage), and since every sample's key comes from (seed, step)
+the resumed run equals an uninterrupted one. The config is checked first
+(training_free/checks.py: every stage's validation, config.imports, the tfgrpo section). Records
 (metrics.jsonl): tfgrpo_kept_groups, tfgrpo_train_accuracy, tfgrpo_critiques_parsed,
 tfgrpo_revision_parsed, tfgrpo_added / _modified / _merged / _skipped, tfgrpo_library_size, the
 eval_* scores and time_step_s.
@@ -31,18 +34,17 @@ eval_* scores and time_step_s.
 from __future__ import annotations
 
 import dataclasses
-import json
 from typing import Callable
 
 import jax
 import numpy as np
 
 from grpo_jax.data.tokenizer import pad_rows
-from grpo_jax.errors import ConfigError
 from grpo_jax.prompt_batch import take_rows
 from grpo_jax.rollout.sampler import sample
 from grpo_jax.training_free import library as lib
-from grpo_jax.train.run import files
+from grpo_jax.training_free.checks import check_training_free_config
+from grpo_jax.training_free.library_files import LibraryFiles, LibraryState
 from grpo_jax.train.run.faults import TerminationFlag
 from grpo_jax.train.run.metrics import MetricsWriter
 from grpo_jax.train.run.runner import Schedule, run_steps
@@ -52,39 +54,6 @@ from grpo_jax.train.run.workdir import WorkdirLock, check_workdir, open_records,
 from grpo_jax.parallel.platform import devices_record
 
 Chat = Callable[[list], list]  # user messages -> the replies, in order
-
-
-@dataclasses.dataclass(frozen=True)
-class LibraryState:
-  step: int
-  library: dict
-
-
-class LibraryFiles:
-  """The loop skeleton's checkpoints for a library: DIR/library/step_k.json (train/run/files.py:
-  local or gs://, written atomically)."""
-
-  def __init__(self, workdir: str):
-    self.directory = files.path(workdir, "library")
-
-  def _write(self, name: str, value) -> None:
-    files.makedirs(self.directory)
-    files.write_atomic(self.directory / name, json.dumps(value, indent=1))
-
-  def save(self, state: LibraryState) -> None:
-    self._write(f"step_{state.step}.json", {"step": state.step, "library": state.library})
-
-  def save_calls(self, step: int, calls: list) -> None:
-    """The summariser's prompts and replies of a step, for reading: DIR/library/calls_k.json."""
-    self._write(f"calls_{step}.json", calls)
-
-  def latest(self):
-    found = self.directory.glob("step_*.json") if files.exists(self.directory) else []
-    steps = sorted(int(p.stem[5:]) for p in found)
-    if not steps:
-      return None
-    data = json.loads(files.read_text(self.directory / f"step_{steps[-1]}.json"))
-    return LibraryState(int(data["step"]), dict(data["library"]))
 
 
 def bucket(width: int, size: int = 64) -> int:
@@ -161,13 +130,11 @@ def update_library(library: dict, problems: list, golds: list, completions: list
 def train_training_free(config, workdir: str, chat: Chat | None = None, log=print) -> dict:
   """Runs the loop (module docstring); returns the final library. `chat` replaces the
   summariser (tests script it)."""
+  check_training_free_config(config)  # every stage's validation (and config.imports) and its own
   t = config.tfgrpo
-  if t.batch_size < 1 or config.rollout.group_size < 2:
-    raise ConfigError(f"tfgrpo.batch_size={t.batch_size} and rollout.group_size="
-                      f"{config.rollout.group_size}: a step needs >= 1 problem and >= 2 "
-                      f"completions per problem to compare.")
   check_workdir(workdir)
   library_files = LibraryFiles(workdir)
+  library_files.newest()  # no step file reads: one sentence now, before the model is built
   task = build_task(config, log)
   key = jax.random.key(config.seed)
   model_cfg, params = build_model(ModelSection.of(config), jax.random.fold_in(key, 0))
@@ -231,10 +198,11 @@ def train_training_free(config, workdir: str, chat: Chat | None = None, log=prin
 
   with WorkdirLock(workdir), TerminationFlag() as sigterm:
     devices = devices_record()  # resumed like every stage (train/run/workdir.py)
-    changes = open_records([config], [workdir], library_files.latest() is not None, devices,
-                           log, free=("tfgrpo.steps",), missing_ok=True)
-    state = library_files.latest()
-    resume_records([workdir], state.step if state else None, changes, devices)
+    state, damaged = library_files.newest()
+    changes = open_records([config], [workdir], state is not None, devices, log,
+                           free=("tfgrpo.steps",), missing_ok=True, stage="training_free")
+    library_files.set_aside(damaged, state.step if state else 0, log)
+    resume_records([workdir], state.step if state else None, changes, devices, "training_free")
     writer = MetricsWriter(workdir, t.steps, stream=None)
     if state is not None:
       log(f"tfgrpo: resumed from {library_files.directory}/step_{state.step}.json")

@@ -78,7 +78,8 @@ def evaluate_models(generate_fn, num_models: int, task, section: EvalSection, sa
   eval_reward_errors; never a NaN in the figures.
   """
   batch = task.test_batch(section.eval_size)
-  size, chunk = section.eval_size, section.eval_batch_size
+  # (a task may hold fewer held-out rows and say so: data.fit_eval_size)
+  size, chunk = min(section.eval_size, len(batch.prompt_tokens)), section.eval_batch_size
   pass_k, on_error = section.eval_pass_k, section.on_reward_error
   tokens, masks, passed = [], [], []
   for start in range(0, size, chunk):

@@ -3,12 +3,15 @@ its adapters in PEFT's format (grpo_jax/models/hf_export.py)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import pathlib
+import shutil
 
 import jax
 
+from grpo_jax.errors import ConfigError, RunStopped, first_line
 from grpo_jax.models.config import ModelConfig
 from grpo_jax.models.lora import merge
 from grpo_jax.parallel import distributed
@@ -22,6 +25,21 @@ def export_model_type(model: ModelSection, model_cfg) -> str:
   if model.uses_checkpoint:
     return json.loads((pathlib.Path(model.path) / "config.json").read_text())["model_type"]
   return model_cfg.blocks.export_model_type(model_cfg)
+
+
+@contextlib.contextmanager
+def _export_failure_is_one_sentence(out: str):
+  """A write that fails (a full disk, a folder that cannot be written): one RunStopped sentence;
+  the checkpoints are written before the export, so a rerun exports again from the last one."""
+  try:
+    yield
+  except ConfigError:
+    raise
+  except Exception as e:  # noqa: BLE001  safetensors' own SafetensorError on a full disk
+    shutil.rmtree(out, ignore_errors=True)  # no half-written checkpoint left to be loaded
+    raise RunStopped(f"writing the export {out} failed ({first_line(e)}); the run's checkpoints "
+                     f"are intact: free space (or fix the folder) and run the same command "
+                     f"again, which exports from the last checkpoint.") from None
 
 
 def export_policy(model: ModelSection, state, model_cfg: ModelConfig, workdir: str, log,
@@ -47,7 +65,7 @@ def export_policy(model: ModelSection, state, model_cfg: ModelConfig, workdir: s
     else:  # on the host's CPU: the accelerators still hold the state
       with jax.default_device(jax.devices("cpu")[0]):
         full = merge(base, params, model_cfg.lora_scale)
-    with files.local_folder(out) as folder:
+    with _export_failure_is_one_sentence(out), files.local_folder(out) as folder:
       export_hf_checkpoint(full, model_cfg, folder, source_dir=model.path or None,
                            model_type=export_model_type(model, model_cfg),
                            dtype=model.export_dtype, max_shard_bytes=model.export_max_shard_bytes)
@@ -55,7 +73,7 @@ def export_policy(model: ModelSection, state, model_cfg: ModelConfig, workdir: s
         + (" (LoRA adapters merged)" if base is not None else ""))
   if lora:
     out = os.path.join(workdir, "peft_adapter")
-    with files.local_folder(out) as folder:
+    with _export_failure_is_one_sentence(out), files.local_folder(out) as folder:
       export_peft_adapter(params, model_cfg, folder, rank=lo.rank, alpha=lo.alpha,
                           use_rslora=lo.use_rslora, base_model=model.path)
     log(f"exported the LoRA adapters in PEFT's format: {out}")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import signal
 import threading
 
+from grpo_jax import interrupts
 from grpo_jax.errors import RewardError, RunStopped  # noqa: F401  (raised by the run)
 
 # Exit status of a run stopped by SIGTERM / SIGINT (Ctrl-C) after saving its checkpoint (128 +
@@ -27,7 +28,9 @@ class Preempted(Exception):
 class TerminationFlag:
   """While entered, SIGTERM, SIGINT (Ctrl-C) and SIGHUP (the terminal or ssh session that
   started the run closed) only set `self.requested` and `self.signal`: the loop saves and stops
-  at the end of the step, the warm-up at the end of its step. A second Ctrl-C stops at once
+  at the end of the step, the warm-up at the end of its step; inside a host wait
+  (grpo_jax/interrupts.interruptible) they also raise HostInterrupted, which the loop turns
+  into a save of the last completed step. A second Ctrl-C stops at once
   (KeyboardInterrupt). Installs nothing outside the main thread, where signals cannot be
   handled, and leaves a signal that is ignored when entered (SIGHUP under `nohup`) ignored."""
 
@@ -46,12 +49,16 @@ class TerminationFlag:
     if signum == signal.SIGINT and self.signal == signal.SIGINT:
       raise KeyboardInterrupt  # Ctrl-C twice: do not wait for the save
     self.requested, self.signal = True, signum
+    interrupts.signal_arrived(signum)
+    if interrupts.waiting():  # a host wait (reward, server, teacher): stop it now
+      raise interrupts.HostInterrupted(signum)
 
   def stop(self, message: str) -> "Preempted":
     """The Preempted to raise once the loop has done what it does before stopping."""
     return Preempted(f"{self.name}: {message}", self.signal or signal.SIGTERM)
 
   def __enter__(self):
+    interrupts.signal_arrived(None)
     # A signal set to be ignored stays ignored: `nohup` (or `trap '' HUP`) asks a run to
     # outlive its terminal, so SIGHUP must not stop it there.
     if threading.current_thread() is threading.main_thread():
@@ -60,6 +67,7 @@ class TerminationFlag:
     return self
 
   def __exit__(self, *exc):
+    interrupts.signal_arrived(None)
     for s, previous in self._previous.items():
       signal.signal(s, previous)
     self._previous = {}

@@ -146,15 +146,14 @@ class MetricsWriter:
     if self._wandb is not None:
       self._wandb_text[tag] = text
 
-  def progress(self, step: int, m: Mapping, seconds_per_step: float) -> None:
+  def progress(self, step: int, m: Mapping, eta: str) -> None:
+    """One console line of a step; `eta` as runner.Clock.eta writes it."""
     if not self.enabled:
       return
-    eta = max(self.total_steps - step, 0) * seconds_per_step
     parts = [f"step {step:>4}/{self.total_steps}",
              f"reward {m['reward_mean']:.3f}", f"kl {m['kl']:.4f}",
              f"loss {m['loss']:+.4f}", f"clip {m['clip_frac']:.3f}",
-             f"len {m['response_len']:.2f}", f"tok/s {m['tokens_per_s']:,.0f}",
-             f"eta {int(eta) // 60}m{int(eta) % 60:02d}s"]
+             f"len {m['response_len']:.2f}", f"tok/s {m['tokens_per_s']:,.0f}", eta]
     if "time_update_s" in m:  # where the step went
       parts.append(f"rollout {m['time_rollout_s']:.1f}s reward {m['time_reward_s']:.1f}s "
                    f"update {m['time_update_s']:.1f}s")

@@ -38,7 +38,9 @@ def build_reward_sources(rewards: RewardSection, model: ModelSection, task, mesh
   reward = rewards.reward
   if reward is None:
     return RewardSources(rule_name=rule_name,
-                         teacher=_teacher(rewards.distill_teacher, model, task, mesh))
+                         teacher=_teacher(rewards.distill_teacher, model, task, mesh,
+                                          rewards.distill_teacher_token_env,
+                                          rewards.distill_teacher_client))
   models = []
   for i, m in enumerate(rewards.entries("models")):
     path = pathlib.Path(m["path"])
@@ -63,11 +65,13 @@ def build_reward_sources(rewards: RewardSection, model: ModelSection, task, mesh
   return RewardSources(float(reward["rule_weight"]), rule_name, tuple(models),
                        tuple(remote), reward["combine"],
                        _process_model(rewards.process_model, model, mesh),
-                       _teacher(rewards.distill_teacher, model, task, mesh))
+                       _teacher(rewards.distill_teacher, model, task, mesh,
+                                rewards.distill_teacher_token_env,
+                                rewards.distill_teacher_client))
 
 
-def _teacher(distill_teacher: str | None, model: ModelSection, task,
-             mesh) -> TeacherSource | None:
+def _teacher(distill_teacher: str | None, model: ModelSection, task, mesh,
+             token_env: str = "", client: dict | None = None) -> TeacherSource | None:
   """rl.distill_teacher's model (any HF causal LM folder with the policy's tokenizer), frozen and
   placed like the policy, or the teacher served at that URL (RemoteTeacher), or None when the
   run does not distil."""
@@ -76,7 +80,8 @@ def _teacher(distill_teacher: str | None, model: ModelSection, task,
   from grpo_jax.rewards.remote_teacher import RemoteTeacher, is_url  # noqa: PLC0415
   if is_url(distill_teacher):  # served elsewhere (python -m grpo_jax.serve_teacher)
     return RemoteTeacher.connect(distill_teacher, task.tokenizer,
-                                 None if model.uses_checkpoint else model.vocab_size)
+                                 None if model.uses_checkpoint else model.vocab_size, token_env,
+                                 **(client or {}))
   path = pathlib.Path(distill_teacher)
   if not _same_vocabulary(path, task.tokenizer):
     raise ConfigError(f"rl.distill_teacher={str(path)!r} has another tokenizer than the policy's; "

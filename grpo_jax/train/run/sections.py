@@ -107,6 +107,9 @@ class RewardSection:
   distil)."""
   reward: Optional[dict]
   distill_teacher: Optional[str]
+  distill_teacher_token_env: str = ""  # the variable holding a teacher server's token
+  # a teacher URL's client: {timeout_s, max_retries, backoff_s} (rl.distill_teacher_*)
+  distill_teacher_client: Optional[dict] = None
 
   @property
   def process_model(self) -> Optional[dict]:
@@ -122,7 +125,10 @@ class RewardSection:
     reward = config.get("reward")
     rl = config.get("rl")
     teacher = (rl.distill_teacher if rl is not None and rl.get("distill_coef", 0) > 0 else None)
-    return cls(None if reward is None else reward.to_dict(), teacher)
+    client = ({k: rl[f"distill_teacher_{k}"] for k in ("timeout_s", "max_retries", "backoff_s")
+               if f"distill_teacher_{k}" in rl} if teacher else None)
+    return cls(None if reward is None else reward.to_dict(), teacher,
+               (rl.get("distill_teacher_token_env") or "") if teacher else "", client)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -76,6 +76,20 @@ def check_workdir(workdir: str, checkpoints: bool = True) -> None:
         check_checkpoints_access(os.path.join(path, name))
 
 
+RUN_FILES = ("run_info.json", "metrics.jsonl", "checkpoints")
+
+
+def check_not_a_run(workdir: str) -> None:
+  """Raises InputError when `workdir` holds a training run's files: an evaluation alone must
+  not overwrite the run's samples.jsonl or sit beside its records."""
+  path = os.path.abspath(workdir)
+  found = [n for n in RUN_FILES if os.path.exists(os.path.join(path, n))]
+  if not files.is_uri(workdir) and found:
+    raise InputError(f"--workdir={workdir} holds a training run ({', '.join(found)}); give "
+                     f"the evaluation its own folder, e.g. --workdir={os.path.join(workdir, 'eval')}"
+                     f", so that the run's samples.jsonl is kept.")
+
+
 def check_checkpoints_access(folder: str) -> None:
   """Raises InputError, before any compute, when this user cannot write `folder` (a run's
   checkpoints) or read everything in it: found otherwise only at the first save, after the
@@ -166,7 +180,12 @@ def write_config(config, workdir: str) -> None:
 # on train.steps), and the multi-host start-up (a restarted job may get another coordinator).
 FREE_TO_CHANGE = ("train.steps", "train.eval_every", "train.checkpoint_every",
                   "train.keep_checkpoints", "train.export", "train.allow_config_change",
-                  "train.wandb_", "train.compilation_cache", "distributed.")
+                  "train.wandb_", "train.compilation_cache", "distributed.",
+                  # a teacher server's deadline and retries: what a RemoteOutage says to raise
+                  "rl.distill_teacher_timeout_s", "rl.distill_teacher_max_retries",
+                  "rl.distill_teacher_backoff_s",
+                  # a reward function's time limit: what a RewardTimeout says to raise
+                  "reward.timeout_s")
 
 
 def _flat(tree, prefix: str = "") -> dict:
@@ -295,12 +314,14 @@ def _devices(d: dict) -> str:
 
 
 def record_start(workdir: str, resumed_from_step: int | None,
-                 config_changes: dict | None = None, devices: dict | None = None) -> dict:
+                 config_changes: dict | None = None, devices: dict | None = None,
+                 stage: str | None = None, data: dict | None = None) -> dict:
   """Appends this start (time, resumed step, host, devices and mesh, versions, code, and the
   changes from the previous start that train.allow_config_change let through) to
   workdir/run_info.json, whose "starts" list then tells which code, machine and settings
-  produced which part of the run. A damaged record (let through by the caller) is first kept
-  as run_info.json.damaged."""
+  produced which part of the run; with `stage` and `data` also the stage's name and its data
+  files' fingerprints (resume_guards.py). A damaged record (let through by the caller) is first
+  kept as run_info.json.damaged."""
   path = files.path(workdir, "run_info.json")
   info, problem = _read_json(workdir, "run_info.json")
   if info is None or not isinstance(info.get("starts"), list):
@@ -313,7 +334,8 @@ def record_start(workdir: str, resumed_from_step: int | None,
   entry = {"time": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
            "resumed_from_step": resumed_from_step, "host": platform.node(),
            "devices": devices, "versions": package_versions(),
-           **code_version(), "config_changes": config_changes or {}}
+           **code_version(), "config_changes": config_changes or {},
+           **({"stage": stage} if stage else {}), **({"data_files": data} if data else {})}
   info["starts"] = [*info["starts"], entry]
   files.write_atomic(path, json.dumps(info, indent=2))
   return entry
@@ -323,15 +345,22 @@ def record_start(workdir: str, resumed_from_step: int | None,
 
 
 def open_records(configs, workdirs, resuming: bool, devices: dict, log=print, free: tuple = (),
-                 missing_ok: bool = False) -> list[dict]:
+                 missing_ok: bool = False, stage: str | None = None,
+                 data: dict | None = None) -> list[dict]:
   """The first half of every stage's start (RL, SFT, RM, DPO, Training-Free GRPO), inside its
   workdir lock: when `resuming` (the workdir holds checkpoints), the config and devices are
   checked against the workdir's record (`check_resume_config`, before anything is rewritten);
-  then each config is written. Returns each workdir's changes for `resume_records`."""
+  then each config is written. Returns each workdir's changes for `resume_records`. `stage`
+  and `data` (its data files' fingerprints): another stage's checkpoints and a rewritten data
+  file are refused too (resume_guards.py)."""
+  from grpo_jax.train.run import resume_guards  # noqa: PLC0415
   allow = bool(configs[0].train.allow_config_change)
   changes = [{} for _ in workdirs]
   if resuming:
-    changes = [{**config_changes(c, wd, allow), **record_changes(wd, devices, allow, missing_ok)}
+    for wd in workdirs:
+      resume_guards.check_stage(wd, stage)
+    changes = [{**config_changes(c, wd, allow), **record_changes(wd, devices, allow, missing_ok),
+                **resume_guards.data_changes(wd, data, allow)}
                for c, wd in zip(configs, workdirs)]
     for wd, changed in zip(workdirs, changes):
       check_resume_config(changed, wd, allow, log, free)
@@ -340,14 +369,15 @@ def open_records(configs, workdirs, resuming: bool, devices: dict, log=print, fr
   return changes
 
 
-def resume_records(workdirs, step: int | None, changes: list, devices: dict) -> list[int]:
+def resume_records(workdirs, step: int | None, changes: list, devices: dict,
+                   stage: str | None = None, data: dict | None = None) -> list[int]:
   """The second half, once the newest checkpoint is restored (step) or none is (None): the
   start recorded in run_info.json and the records trimmed to the step (metrics.jsonl and
   samples.jsonl: a run killed after its last checkpoint wrote records the resumed run writes
   again). Returns the metrics lines dropped per workdir."""
   dropped = []
   for wd, changed in zip(workdirs, changes):
-    record_start(wd, step, changed, devices)
+    record_start(wd, step, changed, devices, stage, data)
     dropped.append(keep_records_until(files.path(wd, "metrics.jsonl"),
                                       -1 if step is None else step))
     if files.exists(files.path(wd, "samples.jsonl")):

@@ -18,6 +18,7 @@ import numpy as np
 
 from grpo_jax.data.task import bucketed_width, cut_prompts
 from grpo_jax.parallel.distributed import to_host
+from grpo_jax.interrupts import interruptible
 from grpo_jax.rewards.estimator_inputs import HostRound, provide_host, uses_greedy
 from grpo_jax.rollout.types import Rollout
 from grpo_jax.train.learner.experience import RewardInputs
@@ -58,13 +59,15 @@ def score_round(task, prompts, rollout: Rollout, greedy_rollout: Rollout | None,
   `sources` (grpo_jax/rewards/sources.py): the rewards and how they combine; None = the task's
   alone."""
   sources = sources or RewardSources()
-  rewards, failed, components = sources.score(task, prompts, rollout.completion_tokens,
-                                              rollout.completion_mask, group_size,
-                                              on_reward_error)
-  errors = int(failed.sum())
-  extras, rewards, failed, more_errors, scored = provide_host(needs, HostRound(
-      task, prompts, rollout, group_size, on_reward_error, sources, rewards, failed,
-      greedy_rollout))
+  # Host waits (reward functions, servers, a teacher): SIGTERM saves the last step at once.
+  with interruptible():
+    rewards, failed, components = sources.score(task, prompts, rollout.completion_tokens,
+                                                rollout.completion_mask, group_size,
+                                                on_reward_error)
+    errors = int(failed.sum())
+    extras, rewards, failed, more_errors, scored = provide_host(needs, HostRound(
+        task, prompts, rollout, group_size, on_reward_error, sources, rewards, failed,
+        greedy_rollout))
   return rewards, extras, errors + more_errors, components, scored
 
 

@@ -17,6 +17,7 @@ import time
 
 import numpy as np
 
+from grpo_jax.interrupts import interruptible
 from grpo_jax.envs.episodes import episode_metrics, episode_samples, sample_episodes
 from grpo_jax.errors import ConfigError
 from grpo_jax.parallel.distributed import to_host
@@ -53,10 +54,11 @@ def make_episodes_source(run: Run, state, samples_out=None):
     rows = [r for r in prompts for _ in range(group)]
     started = time.perf_counter()
     ids = [position * group + e for e in range(len(rows))]  # the stream's episode ids
-    rollout, infos = sample_episodes(
-        run.sampling, run.sync_weights(policy_params(train_state)), task.env, task.tokenizer,
-        rows, ids, rollout_key(source), task.max_completion_tokens,
-        prompt_width=task.prompt_len, episode_ids=ids)
+    with interruptible():  # tools on the host: SIGTERM saves the last step at once
+      rollout, infos = sample_episodes(
+          run.sampling, run.sync_weights(policy_params(train_state)), task.env, task.tokenizer,
+          rows, ids, rollout_key(source), task.max_completion_tokens,
+          prompt_width=task.prompt_len, episode_ids=ids)
     elapsed = time.perf_counter() - started
     rewards = np.asarray([i["reward"] for i in infos], np.float32)
     if samples_out is not None and samples_due(settings, version + 1):

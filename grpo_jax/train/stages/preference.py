@@ -1,11 +1,12 @@
 """Preference optimisation as a stage (python -m grpo_jax.train_dpo --config=... --workdir=W;
-README "DPO and its family"): a loss of grpo_jax/rl/dpo.py on {prompt, chosen, rejected} pairs.
+docs/dpo_family.md): a loss of grpo_jax/rl/dpo.py on {prompt, chosen, rejected} pairs.
 
   start      the SFT policy: model.path, then the task's warm-up when warmup.steps > 0 (so one
              command goes from a random model to DPO on the tiny task); it is also the frozen
              reference (state.ref_params), kept in every checkpoint.
   pairs      dpo.train_path / test_path (jsonl of {prompt, chosen, rejected}; for KTO also
-             unpaired {prompt, completion, label}: LabelledData), or made from the task as the
+             unpaired {prompt, completion, label}: LabelledData; every line read, checked and
+             tokenised before the warm-up: data/preference_files.py), or made from the task as the
              reward model's are (stages.preference_pairs): a share dpo.policy_fraction from the
              start's own wrong samples, the rest synthetic.
   rounds     dpo.rounds = R > 0: Iterative RPO (Pang et al. 2024) instead: R rounds of
@@ -36,15 +37,16 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import os
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from grpo_jax import config as config_lib
-from grpo_jax.data.supervised import (LabelledBatch, LabelledData, PairData, epoch_positions,
-                                      is_unpaired, read_labelled)
+from grpo_jax.data.preference_files import (ON_DEGENERATE_PAIR, Limits, check_fits_positions,
+                                            fingerprints, read_preference_files,
+                                            tokenize_preference_files)
+from grpo_jax.data.supervised import LabelledBatch, LabelledData, PairData, epoch_positions
 from grpo_jax.errors import ConfigError
 from grpo_jax.models.lora import LoraParams, merge
 from grpo_jax.models.scoring import completion_logprobs
@@ -66,8 +68,10 @@ from grpo_jax.train.run.workdir import WorkdirLock, check_workdir
 REFERENCES = ("cached", "on_the_fly")
 
 
-def check_dpo_config(config) -> None:
-  """dpo.* sizes and choices, in one sentence each, before any compute."""
+def check_dpo_config(config) -> dict:
+  """dpo.* sizes and choices, in one sentence each, before any compute; returns the
+  preference files read and checked (grpo_jax/data/preference_files.py), {split:
+  PreferenceFile}."""
   d = config.dpo
   for name in ("steps", "batch_size", "eval_every", "train_pairs", "test_pairs"):
     if d[name] < 1:
@@ -78,14 +82,12 @@ def check_dpo_config(config) -> None:
                       f"or rounds >= 1 with round_prompts and pairs_per_prompt >= 1.")
   if d.reference not in REFERENCES:
     raise ConfigError(f"dpo.reference={d.reference!r}; use one of {', '.join(REFERENCES)}.")
+  if d.on_degenerate_pair not in ON_DEGENERATE_PAIR:
+    raise ConfigError(f"dpo.on_degenerate_pair={d.on_degenerate_pair!r}; use one of "
+                      f"{', '.join(ON_DEGENERATE_PAIR)}.")
   PREFERENCE_LOSSES.bind(d.loss, d)  # an unknown loss or a bad hyperparameter
   check_pair_sources(config, "dpo")
-  for split in ("train", "test"):
-    path = d[f"{split}_path"]
-    if path and os.path.isfile(path) and is_unpaired(path) and d.loss != "kto":
-      raise ConfigError(f"dpo.{split}_path={path!r} holds unpaired {{prompt, completion, label}} "
-                        f"records, which only dpo.loss='kto' trains on (dpo.loss={d.loss!r}); "
-                        f"use kto or give {{prompt, chosen, rejected}} pairs.")
+  return read_preference_files(d)
 
 
 def pair_sums(params, model_cfg, prompt_tokens, prompt_mask, tokens, mask):
@@ -247,15 +249,20 @@ def train_dpo(config, workdir: str, log=print):
   checkpoint. Returns the last state."""
   config_lib.validate(config)
   check_workdir(workdir)
-  check_dpo_config(config)
+  files = check_dpo_config(config)
   start_backend(config.train.compilation_cache)
   d = config.dpo
   task = build_task(config, log)
+  n = config.rollout.max_new_tokens
+  tokenized = tokenize_preference_files(files, task, Limits(config.data.max_prompt_tokens, n),
+                                        d.on_degenerate_pair, log)  # before model and warm-up
   key = jax.random.key(config.seed)
   model = ModelSection.of(config)
   evaluation = dataclasses.replace(EvalSection.of(config), prompt_bucket=0)  # full width
   model_cfg, params = build_model(model, jax.random.fold_in(key, 0))
   check_task_fits_model(model_cfg, task, evaluation.eval_size, evaluation.rollout.max_new_tokens)
+  for split, t in tokenized.items():
+    check_fits_positions(files[split], t, n, model_cfg.max_position_embeddings)
   seed, axis = int(config.seed), SeedAxis((int(config.seed),))
   rounds = int(d.rounds)
   total = d.steps * max(rounds, 1)
@@ -304,7 +311,6 @@ def train_dpo(config, workdir: str, log=print):
   evaluate_policy = make_evaluator(task, model_cfg, evaluation, [jax.random.fold_in(key, 3)],
                                    axis)
   data = {}  # the pairs (and cached reference sums), made from the start on first use
-  n = config.rollout.max_new_tokens
   sample = None
   if rounds > 0:
     from grpo_jax.rollout.sampler import Sampling  # noqa: PLC0415
@@ -312,10 +318,10 @@ def train_dpo(config, workdir: str, log=print):
         config.rollout.group_size))
 
   def preference_data(split: str, start):
-    """dpo.<split>_path's unpaired records as LabelledData, else the split's pairs."""
-    path = d[f"{split}_path"]
-    if path and is_unpaired(path):
-      return LabelledData(task, read_labelled(path), n)
+    """dpo.<split>_path's records (checked and tokenised before the warm-up), else the
+    split's pairs made from the task."""
+    if split in tokenized:
+      return tokenized[split].data
     return PairData(task, preference_pairs(config, "dpo", task, split, start), n)
 
   def held_out(state):
@@ -390,6 +396,8 @@ def train_dpo(config, workdir: str, log=print):
                       Schedule(total, d.eval_every, config.train.checkpoint_every), log,
                       free=("dpo.eval_every", "dpo.export") + (("dpo.steps",) if rounds == 0
                                                                else ("dpo.rounds",)),
-                      fresh_shape=lambda: state_from(params), restored=restored)
-    export_policy(model, state, model_cfg, workdir, log, export=bool(d.export))
+                      fresh_shape=lambda: state_from(params), restored=restored,
+                      data=fingerprints(files),
+                      export=lambda state: export_policy(model, state, model_cfg, workdir, log,
+                                                         export=bool(d.export)))
   return state

@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
+import time
 
 import jax
 import numpy as np
@@ -28,26 +29,26 @@ from grpo_jax.parallel import distributed
 from grpo_jax.parallel.distributed import to_host
 from grpo_jax.parallel.platform import (cpu_fallback_warning, devices_record, platform_line,
                                         start_backend)
-from grpo_jax.parallel.mesh import batch_axis_size, bytes_per_device, make_mesh, split_heads_note
-from grpo_jax.rewards.estimator_inputs import uses_greedy
+from grpo_jax.parallel.mesh import bytes_per_device, make_mesh, split_heads_note
 from grpo_jax.rewards.guard import reward_name
 from grpo_jax.rewards.sources import RewardSources
-from grpo_jax.rl.estimators import ESTIMATORS
-from grpo_jax.train.run import files  # noqa: F401  (fused, host_source: register the built-in sources)
-from grpo_jax.train.sources import fused
+from grpo_jax.train.run import files
+# (imported to register the built-in experience sources)
 from grpo_jax.train.sources import episodes as episode_source  # noqa: F401
-from grpo_jax.train.sources import host as host_source
+from grpo_jax.train.sources import fused  # noqa: F401
+from grpo_jax.train.sources import host as host_source  # noqa: F401
 from grpo_jax.train.run.checkpoint import Checkpoints, step_of
 from grpo_jax.train.run.evaluation import evaluator_for
-from grpo_jax.train.sources.experience_source import (EXPERIENCE_SOURCES, Run, SourceSettings,
-                                                     for_source, source_name)
+from grpo_jax.train.sources.experience_source import Run, SourceSettings, for_source
 from grpo_jax.train.stages.rl_advance import make_advance
+from grpo_jax.train.stages.rl_checks import check_batches_fit_mesh, check_source
 from grpo_jax.train.run.reward_models import build_reward_sources
 from grpo_jax.train.run.export import export_policy
 from grpo_jax.train.run.faults import TerminationFlag, check_skips, check_state_finite
 from grpo_jax.train.run.metrics import MetricsWriter
 from grpo_jax.train.run.runner import run_steps
 from grpo_jax.train.run.samples import SamplesWriter, format_samples
+from grpo_jax.train.run.summary import closing_line, where_line, write_curves
 from grpo_jax.train.run.seed_axis import SeedAxis
 from grpo_jax.train.run.sections import DeviceSection, LoraSection, Sections
 from grpo_jax.train.run.setup import (build_model, build_task, check_task_fits_model,
@@ -94,8 +95,9 @@ def train(config, workdir: str, log=print, seeds=None, seed_axis: str = "vmap") 
   Raises faults.Preempted after checkpointing the current step when SIGTERM arrives, and
   faults.RunStopped (RewardError included) when the run cannot go on.
   """
+  started = time.perf_counter()
   config_lib.validate(config)
-  _check_source(config.train, config.rl)
+  check_source(config.train, config.rl)
   check_workdir(workdir)
   # After validation each room reads its typed section, built here once (run/sections.py);
   # the task registry alone builds from the whole config, and the record writes it.
@@ -112,6 +114,7 @@ def train(config, workdir: str, log=print, seeds=None, seed_axis: str = "vmap") 
   if not distributed.is_main_process():
     log = lambda *a, **k: None  # noqa: E731  process 0 speaks and writes for everyone
   log(platform_line())
+  log(where_line(workdir))
   compile_log.install(log)  # each program's compile said once (>= 1 s)
   if cpu_fallback_warning():
     log(cpu_fallback_warning())
@@ -134,10 +137,11 @@ def train(config, workdir: str, log=print, seeds=None, seed_axis: str = "vmap") 
   run = Run.of(config, axis, task, spec, base_keys, workdirs, mesh, log, sources)
   # Process 0 writes for everyone, so it alone holds the workdir's lock (one run per workdir).
   with (WorkdirLock(workdir) if distributed.is_main_process() else contextlib.nullcontext()):
-    return _train(run, sections, workdir, configs, warm, params)
+    return _train(run, sections, workdir, configs, warm, params, started)
 
 
-def _train(run: Run, sections: Sections, workdir: str, configs, warm, params) -> RunState:
+def _train(run: Run, sections: Sections, workdir: str, configs, warm, params,
+           started: float) -> RunState:
   """`train` once the inputs are checked, the devices are up and the workdir is this run's."""
   axis, log, mesh, workdirs = run.axis, run.log, run.mesh, run.workdirs
   model_cfg, base_keys, lora = run.spec.model_cfg, run.base_keys, sections.model.lora
@@ -152,7 +156,7 @@ def _train(run: Run, sections: Sections, workdir: str, configs, warm, params) ->
   changes, refusal = [{} for _ in workdirs], None
   if main_process:
     try:
-      changes = open_records(configs, workdirs, bool(ckpts.steps()), devices, log)
+      changes = open_records(configs, workdirs, bool(ckpts.steps()), devices, log, stage="rl")
     except config_lib.ConfigError as e:
       refusal = e
   _all_processes_stop_with(refusal)
@@ -175,7 +179,7 @@ def _train(run: Run, sections: Sections, workdir: str, configs, warm, params) ->
       resumed = state is not None
       if main_process:
         dropped = resume_records(workdirs, step_of(state) if resumed else None, changes,
-                                 devices)[-1]
+                                 devices, stage="rl")[-1]
       if resumed and lora is not None:  # the frozen base is not in the checkpoint
         origin = "model.path" if sections.model.uses_checkpoint else "the seed"
         log(f"resumed from checkpoint {ckpts.directory}/{step_of(state)} (LoRA adapters; the "
@@ -212,7 +216,7 @@ def _train(run: Run, sections: Sections, workdir: str, configs, warm, params) ->
       # Under the run's mesh, the model's activation constraints (parallel/mesh.constrain)
       # take effect.
       with (jax.set_mesh(mesh) if mesh is not None else contextlib.nullcontext()):
-        return _run(run, sections, configs, state, resumed, ckpts, sigterm)
+        return _run(run, sections, configs, state, resumed, ckpts, sigterm, started)
   finally:
     ckpts.close()
 
@@ -248,24 +252,8 @@ def _start_devices(devices: DeviceSection, axis: SeedAxis, rl, settings: SourceS
     mesh = make_mesh(devices.mesh)
   except ValueError as e:
     raise config_lib.ConfigError(str(e)) from None
-  _check_batches_fit_mesh(rl, settings, eval_batch_size, mesh)
+  check_batches_fit_mesh(rl, settings, eval_batch_size, mesh)
   return mesh
-
-
-def _check_source(t_cfg, rl) -> None:
-  """The experience source is registered, train.fused_steps runs only on "fused", and
-  rl.pack_tokens only on "host" (its capacity is chosen on the host from each batch)."""
-  name = source_name(t_cfg)
-  EXPERIENCE_SOURCES.get(name)  # one sentence listing the valid names when unknown
-  if rl.pack_tokens and name != "host":
-    raise config_lib.ConfigError(
-        f"rl.pack_tokens={rl.pack_tokens} sizes each step's packed tokens on the host, but "
-        f"train.experience_source={name!r} has no host between rollout and update; set "
-        f"rl.pack_tokens=0 or train.experience_source='host'.")
-  if t_cfg.fused_steps and name != "fused":
-    raise config_lib.ConfigError(
-        f"train.fused_steps={t_cfg.fused_steps} runs on the fused experience source but "
-        f"train.experience_source={name!r}; set one of them to its default.")
 
 
 def _with_seed(config, seed: int):
@@ -277,40 +265,15 @@ def _with_seed(config, seed: int):
   return c
 
 
-def _check_batches_fit_mesh(rl, settings: SourceSettings, eval_batch_size: int, mesh) -> None:
-  """Every batch must split evenly over the mesh's data x fsdp x expert devices (checked up
-  front)."""
-  size = batch_axis_size(mesh)
-  if rl.pack_tokens and size > 1:
-    raise config_lib.ConfigError(
-        f"rl.pack_tokens={rl.pack_tokens} packs a micro-batch's tokens into one row, "
-        f"which does not split over the {size} data x fsdp x expert devices of the mesh; set "
-        f"rl.pack_tokens=0 on a data-parallel mesh.")
-  num_prompts = settings.num_prompts
-  batch = num_prompts * settings.update_group_size
-  for name, value in ((f"the rollout batch (rollout.num_prompts={num_prompts} x "
-                       f"rollout.group_size={settings.group_size}"
-                       f"{', of which rl.gfpo_keep are kept' if settings.gfpo_keep else ''})",
-                       batch),
-                      ("a minibatch", batch // rl.num_minibatches),
-                      ("a micro-batch", batch // rl.num_minibatches // rl.num_micro_batches),
-                      ("train.eval_batch_size", eval_batch_size)):
-    if value % size:
-      raise config_lib.ConfigError(
-          f"{name} = {value} does not split over the {size} devices of the mesh's data x fsdp "
-          f"x expert axes ({mesh.shape['data']} x {mesh.shape['fsdp']} x "
-          f"{mesh.shape['expert']}); make it a multiple of {size}.")
-  if uses_greedy(ESTIMATORS.get(rl.advantage).needs) and num_prompts % size:
-    raise config_lib.ConfigError(
-        f"rl.advantage={rl.advantage!r} decodes one greedy row per prompt: "
-        f"rollout.num_prompts={num_prompts} must be a multiple of the {size} data x fsdp x "
-        f"expert devices.")
-
-
 def _run(run: Run, sections: Sections, configs, state, resumed: bool, ckpts,
-         sigterm) -> RunState:
-  """The RL steps from the state's step to train.steps (see `train`)."""
+         sigterm, started: float) -> RunState:
+  """The RL steps from the state's step to train.steps (see `train`), then the export and
+  the closing line; a finished run run again says so and does nothing else."""
   axis, log, t = run.axis, run.log, sections.loop
+  finished = resumed and step_of(state) >= t.steps
+  if finished:
+    log(f"this run is finished (step {step_of(state)}, train.steps={t.steps}): nothing to do; "
+        f"a larger train.steps continues it, a fresh --workdir starts a new one")
   pending = []  # sample records of the step being run (grpo_jax/train/run/samples.py)
   advance = make_advance(run, state, pending)
   run_eval = evaluator_for(run.task)(run.task, run.spec.model_cfg, sections.eval,
@@ -343,11 +306,17 @@ def _run(run: Run, sections: Sections, configs, state, resumed: bool, ckpts,
           log(line)
       pending.clear()
 
+  def draw_curves():
+    if enabled:
+      for wd in run.workdirs:
+        write_curves(wd)
+
   def write(state, first, records, tokens, seconds, clock):
     if clock is None:  # step 0: the evaluation
       for writer, m in zip(writers, records[0]):
         writer.write(0, m)
       log(f"step    0/{t.steps} | eval_acc {_join(m['eval_accuracy'] for m in records[0])}")
+      draw_curves()
       return
     per_step = seconds / len(records)
     for i, (per_seed, step_tokens_) in enumerate(zip(records, tokens)):
@@ -358,9 +327,11 @@ def _run(run: Run, sections: Sections, configs, state, resumed: bool, ckpts,
         writer.write(at, record)
       if axis.stacked:
         log(_seeds_line(at, t.steps, per_seed, step_tokens_ / per_step,
-                        clock.seconds_per_step))
+                        clock.eta(t.steps - at)))
       else:
-        writers[0].progress(at, per_seed[0], clock.seconds_per_step)
+        writers[0].progress(at, per_seed[0], clock.eta(t.steps - at))
+    if "eval_accuracy" in records[-1][0]:
+      draw_curves()
     check_skips(int(np.max(np.asarray(to_host(state.train.consecutive_skips)))),
                 t.max_consecutive_skips, first + len(records) - 1)
 
@@ -371,8 +342,16 @@ def _run(run: Run, sections: Sections, configs, state, resumed: bool, ckpts,
   finally:
     for writer in writers:
       writer.close()
-  if not axis.stacked:
+  export = os.path.join(run.workdirs[0], "hf_export")
+  if not axis.stacked and not (finished and files.exists(files.path(export, "config.json"))):
     export_policy(sections.model, state.train, run.spec.model_cfg, run.workdirs[0], log)
+  if enabled:
+    wall = None if finished else time.perf_counter() - started
+    newest = (f"{os.path.basename(ckpts.directory)}/{step_of(state)}" if not axis.stacked
+              else f"{ckpts.directory}/{step_of(state)}")  # (the seeds' shared folder)
+    for wd in run.workdirs:
+      exported = files.exists(files.path(wd, "hf_export", "config.json"))
+      log(closing_line(wd, t.steps, wall, newest, exported))
   return state
 
 
@@ -380,11 +359,9 @@ def _join(values) -> str:
   return " ".join(f"{v:.3f}" for v in values)
 
 
-def _seeds_line(step: int, total: int, records: list, tokens_per_s: float,
-                seconds_per_step: float) -> str:
-  eta = (total - step) * seconds_per_step
+def _seeds_line(step: int, total: int, records: list, tokens_per_s: float, eta: str) -> str:
   line = (f"step {step:>4}/{total} | reward per seed {_join(r['reward_mean'] for r in records)}"
-          f" | tok/s {tokens_per_s:,.0f} | eta {int(eta) // 60}m{int(eta) % 60:02d}s")
+          f" | tok/s {tokens_per_s:,.0f} | {eta}")
   if "eval_accuracy" in records[0]:
     line += f" | eval_acc {_join(r['eval_accuracy'] for r in records)}"
   return line

@@ -1,4 +1,4 @@
-"""The supervised stages before RL (README "The SFT -> RM -> PPO pipeline"):
+"""The supervised stages before RL (the SFT -> RM -> PPO pipeline: docs/rlhf_pipeline.md):
 
   SFT   python -m grpo_jax.train_sft --config=... --workdir=W: the warm-up as a stage of its own
         (the task's warm-up data, or a jsonl file of {prompt, response} with warmup.data_path;
@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
+import time
 
 import jax
 import jax.numpy as jnp
@@ -37,8 +38,10 @@ from grpo_jax.train.run.evaluation import make_evaluator
 from grpo_jax.train.run.export import export_model_type
 from grpo_jax.train.run.faults import TerminationFlag
 from grpo_jax.train.run.metrics import MetricsWriter
+from grpo_jax.train.run.resume_guards import file_fingerprints
 from grpo_jax.train.run.runner import Schedule, run_steps
 from grpo_jax.train.run.sections import EvalSection, ModelSection
+from grpo_jax.train.run.summary import CURVES, closing_line, where_line, write_curves
 from grpo_jax.train.run.seed_axis import SeedAxis
 from grpo_jax.train.run.setup import build_model, build_task, check_task_fits_model
 from grpo_jax.train.learner.state import create_train_state, guarded_update, make_optimizer
@@ -48,7 +51,8 @@ from grpo_jax.train.run.workdir import WorkdirLock, check_workdir, open_records,
 
 def run_stage(name: str, config, workdir: str, fresh, advance, evaluate, write,
               schedule: Schedule, log=print, free: tuple = (), fresh_shape=None,
-              restored=None):
+              restored=None, data: dict | None = None, export=lambda state: None,
+              metric: str = "eval_accuracy"):
   """A supervised stage on the loop skeleton (train/run/runner.py), inside the caller's workdir
   lock: the config recorded, the newest checkpoint restored (the records trimmed to its step)
   or `fresh()` started, `run_steps` with SIGTERM / SIGINT handled, the records written by
@@ -56,26 +60,52 @@ def run_stage(name: str, config, workdir: str, fresh, advance, evaluate, write,
   follows the RL run's rules (train/run/workdir.py), `free` naming the stage's own fields that may
   change (its length); `fresh_shape` (default `fresh`) builds a state of the same structure
   cheaply, for restoring (a `fresh` that trains, a warm-up, is not traced); `restored(state)`
-  puts back what a checkpoint does not hold (LoRA's frozen base). Returns the last state."""
+  puts back what a checkpoint does not hold (LoRA's frozen base); `data`: the fingerprints of
+  the data files it reads ({config field: {path, sha256}}), recorded with the stage's name and
+  compared on resume (train/run/resume_guards.py). `export(state)` writes the stage's
+  result after the last step (not again when a finished run runs again and its export is
+  there); then the closing line, with `metric`'s first and last held-out values
+  (train/run/summary.py), and curves.png at each evaluation. Returns the last state."""
+  started = time.perf_counter()
+  log(where_line(workdir, tensorboard=False))
+
+  def write_and_draw(writer, state, first, records, tokens, seconds, clock):
+    write(writer, state, first, records, tokens, seconds, clock)
+    if any(key in records[-1][0] for key, _ in CURVES):
+      write_curves(workdir)
+
   with TerminationFlag() as sigterm:
     ckpts = Checkpoints(os.path.join(workdir, "checkpoints"), config.train.keep_checkpoints, log)
     # Resumed like the RL run: under its recorded config, on its devices, its record intact.
     devices = devices_record()
     changes = open_records([config], [workdir], bool(ckpts.steps()), devices, log, free,
-                           missing_ok=True)
+                           missing_ok=True, stage=name, data=data)
     try:
       state = ckpts.restore_latest(jax.eval_shape(fresh_shape or fresh))
       resumed = state is not None
-      resume_records([workdir], step_of(state) if resumed else None, changes, devices)
+      resume_records([workdir], step_of(state) if resumed else None, changes, devices, name,
+                     data)
       writer = MetricsWriter(workdir, schedule.steps, stream=None)
-      if resumed:
+      finished = resumed and step_of(state) >= schedule.steps
+      if finished:
+        log(f"{name}: this run is finished (step {step_of(state)} of {schedule.steps}): "
+            f"nothing to do; more steps continue it, a fresh --workdir starts a new one")
+      elif resumed:
         log(f"{name}: resumed from checkpoint {ckpts.directory}/{step_of(state)}")
+      if resumed:
         state = restored(state) if restored is not None else state
       else:
         state = fresh()
-      state = run_steps(state, advance, evaluate, functools.partial(write, writer),
+      state = run_steps(state, advance, evaluate, functools.partial(write_and_draw, writer),
                         schedule=schedule, ckpts=ckpts, sigterm=sigterm, resumed=resumed)
       writer.close()
+      if not (finished and files.exists(files.path(workdir, "hf_export", "config.json"))):
+        export(state)
+      log(closing_line(workdir, schedule.steps,
+                       None if finished else time.perf_counter() - started,
+                       f"checkpoints/{step_of(state)}",
+                       files.exists(files.path(workdir, "hf_export", "config.json")),
+                       metric=metric))
     finally:
       ckpts.close()
   return state
@@ -96,15 +126,16 @@ def train_sft(config, workdir: str, log=print):
   if steps <= 0:
     raise ConfigError(f"warmup.steps={steps}: the SFT stage trains warmup.steps steps; set it "
                       f"> 0.")
+  data_path = config.warmup.data_path  # read and checked before the task and the model
+  records = data_path and read_jsonl(data_path, ("prompt", "response"), "warmup.data_path")
   task = build_task(config, log)
   key = jax.random.key(config.seed)
   model = ModelSection.of(config)
   evaluation = dataclasses.replace(EvalSection.of(config), prompt_bucket=0)  # full width
   model_cfg, params = build_model(model, jax.random.fold_in(key, 0))
   check_task_fits_model(model_cfg, task, evaluation.eval_size, evaluation.rollout.max_new_tokens)
-  data_path = config.warmup.data_path
-  source = task if not data_path else SupervisedData(
-      task, read_jsonl(data_path, ("prompt", "response")), config.rollout.max_new_tokens)
+  source = task if not data_path else SupervisedData(task, records,
+                                                     config.rollout.max_new_tokens)
   optimizer, sft_step = make_warmup_step(model_cfg, config.warmup)
   fresh = lambda: create_train_state(params, optimizer, jax.random.fold_in(key, 1)).replace(  # noqa: E731
       ref_params=None, opt_state=optimizer.init(params))
@@ -117,6 +148,14 @@ def train_sft(config, workdir: str, log=print):
 
   seed, warm = int(config.seed), config.warmup
   fields = ("prompt_tokens", "prompt_mask", "target_tokens", "target_mask")
+
+  def export(state):
+    from grpo_jax.models.hf_export import export_hf_checkpoint  # noqa: PLC0415
+    out = os.path.join(workdir, "hf_export")
+    with files.local_folder(out) as folder:
+      export_hf_checkpoint(state.params, model_cfg, folder, model.path or None,
+                           export_model_type(model, model_cfg))
+    log(f"sft: exported the policy to {out}")
 
   def advance(state):
     batch = source.warmup_batch(int(state.step), warm.batch_size, seed, warm.carry_drop_fraction)
@@ -137,13 +176,8 @@ def train_sft(config, workdir: str, log=print):
   with WorkdirLock(workdir):
     state = run_stage("sft", config, workdir, fresh, advance,
                       lambda state, step: evaluate_policy(state.params), write,
-                      Schedule(steps, steps, config.train.checkpoint_every), log)
-    from grpo_jax.models.hf_export import export_hf_checkpoint  # noqa: PLC0415
-    out = os.path.join(workdir, "hf_export")
-    with files.local_folder(out) as folder:
-      export_hf_checkpoint(state.params, model_cfg, folder, model.path or None,
-                           export_model_type(model, model_cfg))
-    log(f"sft: exported the policy to {out}")
+                      Schedule(steps, steps, config.train.checkpoint_every), log,
+                      data=file_fingerprints({"warmup.data_path": data_path}), export=export)
   return state.params
 
 
@@ -174,7 +208,7 @@ def preference_pairs(config, section: str, task, split: str, policy=None) -> lis
   c = config[section]
   path = c[f"{split}_path"]
   if path:
-    return read_jsonl(path, ("prompt", "chosen", "rejected"))
+    return read_jsonl(path, ("prompt", "chosen", "rejected"), f"{section}.{split}_path")
   count = c.train_pairs if split == "train" else c.test_pairs
   on_policy = []
   if policy is not None and c.policy_fraction > 0:
@@ -288,6 +322,14 @@ def train_reward_model(config, workdir: str, log=print):
     state, metrics = step_fn(state, batch)
     return state, [[{k: float(v) for k, v in metrics.items()}]], None
 
+  def export(state):
+    if rm.export:
+      out = os.path.join(workdir, "hf_export")
+      with files.local_folder(out) as folder:
+        export_reward_model(state.params, model_cfg, folder, export_model_type(model, model_cfg),
+                            task.pad_id)
+      log(f"rm: exported the reward model to {out}")
+
   def write(writer, state, first, records, tokens, seconds, clock):
     record = records[-1][0]
     if clock is not None and "pair_accuracy" in record:
@@ -300,11 +342,7 @@ def train_reward_model(config, workdir: str, log=print):
         "rm", config, workdir, fresh, advance,
         lambda state, step: [evaluate_pairs(rewards, state.params, test, rm.batch_size)], write,
         Schedule(rm.steps, rm.eval_every, config.train.checkpoint_every), log,
-        free=("rm.steps", "rm.eval_every", "rm.export"))  # (a constant rate after warm-up)
-    if rm.export:
-      out = os.path.join(workdir, "hf_export")
-      with files.local_folder(out) as folder:
-        export_reward_model(state.params, model_cfg, folder, export_model_type(model, model_cfg),
-                            task.pad_id)
-      log(f"rm: exported the reward model to {out}")
+        free=("rm.steps", "rm.eval_every", "rm.export"),  # (a constant rate after warm-up)
+        data=file_fingerprints({f"rm.{s}_path": rm[f"{s}_path"] for s in ("train", "test")}),
+        export=export, metric="pair_accuracy")
   return state

@@ -1,0 +1,91 @@
+"""What a resume compares beyond the config and the devices (train/run/workdir.py open_records),
+from what each start recorded in run_info.json:
+
+  stage   the stage that made the workdir's checkpoints ("rl", "sft", "rm", "dpo"): another
+          stage's checkpoints are never resumed, not even with train.allow_config_change (a
+          DPO run would "resume" a finished GRPO run's last step, train nothing and export it
+          as its own result). Starts recorded before stages were (2026-11-27) are not checked.
+  data    the sha256 of each data file the stage reads ({config field: {path, sha256}}): a
+          file rewritten since the last start is refused like a changed config, or with
+          train.allow_config_change resumed and recorded as a change.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+from grpo_jax.errors import ConfigError
+from grpo_jax.train.run import files
+
+
+def sha256_of(path: str) -> str:
+  """The sha256 of a file's bytes, read in 1 MiB blocks."""
+  digest = hashlib.sha256()
+  with open(path, "rb") as f:
+    for block in iter(lambda: f.read(1 << 20), b""):
+      digest.update(block)
+  return digest.hexdigest()
+
+
+def file_fingerprints(paths: dict) -> dict:
+  """{config field: {path, sha256}} of the fields' files that are set ({field: path})."""
+  return {name: {"path": path, "sha256": sha256_of(path)} for name, path in paths.items()
+          if path}
+
+
+def _starts(workdir: str) -> list:
+  """The start records of workdir/run_info.json; [] when it is missing or damaged (which
+  workdir.record_changes reports)."""
+  try:
+    text = files.read_text(files.path(workdir, "run_info.json"))
+    info = json.loads(text) if text is not None else {}
+  except (OSError, UnicodeDecodeError, ValueError):
+    return []
+  starts = info.get("starts") if isinstance(info, dict) else None
+  return [s for s in starts if isinstance(s, dict)] if isinstance(starts, list) else []
+
+
+def recorded(workdir: str, key: str):
+  """The newest start's value of `key` among the starts that recorded one, else None."""
+  return next((s[key] for s in reversed(_starts(workdir)) if s.get(key) is not None), None)
+
+
+def check_stage(workdir: str, stage: str | None) -> None:
+  """ConfigError when the workdir's checkpoints were made by another stage than `stage`
+  (whatever train.allow_config_change says: a run is resumed by the stage that made it)."""
+  before = recorded(workdir, "stage")
+  if stage is None or before is None or before == stage:
+    return
+  export = files.path(workdir, "hf_export")
+  switch = {"rm": "rm.export", "dpo": "dpo.export"}.get(before, "train.export")
+  start = (f"--config.model.path={export}" if files.exists(export) else
+           f"export it (rerun it with --config.{switch}=True), then --config.model.path="
+           f"{export}")
+  raise ConfigError(f"--workdir={workdir} holds checkpoints of the {before} stage "
+                    f"(run_info.json), which the {stage} stage cannot resume, not even with "
+                    f"train.allow_config_change; pass a new --workdir (to start from that "
+                    f"run's policy: {start}).")
+
+
+def data_changes(workdir: str, data: dict | None, allow: bool) -> dict:
+  """{"sha256 of <field>": [recorded, now]} for each data file (`data`: {field: {path,
+  sha256}}) whose bytes differ from the newest start's record of the same path; without
+  `allow` (train.allow_config_change) the first one is a ConfigError instead."""
+  before = recorded(workdir, "data_files") or {}
+  changes = {}
+  for name, now in (data or {}).items():
+    then = before.get(name) if isinstance(before, dict) else None
+    if not isinstance(then, dict) or then.get("path") != now["path"]:
+      continue  # a new or another file: the config's own change, checked with the config
+    if then.get("sha256") == now["sha256"]:
+      continue
+    if not allow:
+      raise ConfigError(f"resuming {workdir}: {name}={now['path']} changed since the run "
+                        f"recorded it (sha256 {str(then.get('sha256'))[:12]}... then, "
+                        f"{now['sha256'][:12]}... now), so the steps to come would train on "
+                        f"other data than the steps done; restore the file, pass a new "
+                        f"--workdir, or pass --config.train.allow_config_change=True to go on "
+                        f"with the new file (recorded in run_info.json).")
+    changes[f"sha256 of {name}"] = [then.get("sha256"), now["sha256"]]
+  return changes
