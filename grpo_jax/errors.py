@@ -32,6 +32,11 @@ class RemoteOutage(StopAfterSaving):
   """A remote service (teacher, reward server) failed past its retry budget or its deadline."""
 
 
+class RemoteRewardOutage(RemoteOutage, RewardError):
+  """A reward server past its retry budget (a reward's failure under
+  train.on_reward_error='raise', and an outage: the last completed step is saved)."""
+
+
 class RewardTimeout(StopAfterSaving, RewardError):
   """A reward function did not return within reward.timeout_s."""
 

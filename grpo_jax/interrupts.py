@@ -34,13 +34,18 @@ def signal_arrived(signum: int | None) -> None:
   _ARRIVED["signum"] = signum
 
 
-@contextlib.contextmanager
-def interruptible():
-  """While entered (in the main thread), a run's signal handler raises HostInterrupted; a
-  signal that arrived before (during a device step, say) raises it on entry, so that a wait
-  never starts after the run was asked to stop."""
+def stop_if_signalled() -> None:
+  """Raises HostInterrupted when a signal arrived (during a device step, a compile) and the
+  loop has not acted on it yet: called before a wait that may take long (a reward function, a
+  remote call), so that such a wait never starts after the run was asked to stop. Elsewhere
+  the loop acts on the signal at the step's end, as it always did."""
   if _ARRIVED["signum"] is not None and threading.current_thread() is threading.main_thread():
     raise HostInterrupted(_ARRIVED["signum"])
+
+
+@contextlib.contextmanager
+def interruptible():
+  """While entered (in the main thread), a run's signal handler raises HostInterrupted."""
   depth = getattr(_WAITING, "depth", 0)
   _WAITING.depth = depth + 1
   try:

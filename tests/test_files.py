@@ -64,7 +64,8 @@ def test_a_gs_workdir_trains_and_resumes(bucket, tmp_path, capfd):
   assert f"warning: no TensorBoard events in {workdir} (ImportError: `google-cloud-storage`" in out
   assert all(p.startswith(f"{workdir}/") for p in bucket.store)
   written = sorted(p.rpartition("/")[2] for p in bucket.store)
-  assert written == [".lock", "config.json", "metrics.jsonl", "run_info.json", "samples.jsonl"]
+  assert written == [".lock", "config.json", "curves.png", "metrics.jsonl", "run_info.json",
+                     "samples.jsonl"]
   assert [r["step"] for r in _records(f"{workdir}/metrics.jsonl")] == [0, 1, 2]
   assert not os.path.exists(os.path.join(ROOT, "gs:"))  # nothing went to a local "gs:" folder
   # The resume reads config.json and run_info.json from the bucket and keeps its records.

@@ -35,7 +35,7 @@ from typing import Callable
 import numpy as np
 
 from grpo_jax.errors import ConfigError, RewardTimeout
-from grpo_jax.interrupts import interruptible
+from grpo_jax.interrupts import interruptible, stop_if_signalled
 from grpo_jax.registry import load_file_module
 
 
@@ -205,6 +205,7 @@ def _call(reward: RewardFunction, prompts: list, completions: list, columns: dic
       box["error"] = e
 
   thread = threading.Thread(target=work, name=f"reward {reward.name}", daemon=True)
+  stop_if_signalled()  # a signal already in: the function is not started
   with interruptible():  # SIGTERM / SIGINT while it runs: the run saves and stops at once
     thread.start()
     thread.join(reward.timeout_s or None)

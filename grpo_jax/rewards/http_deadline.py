@@ -36,6 +36,8 @@ import threading
 import urllib.parse
 import urllib.request
 
+from grpo_jax.interrupts import stop_if_signalled
+
 BODY_EXCERPT = 1024  # bytes of a non-2xx answer's body kept for its message
 
 
@@ -227,6 +229,7 @@ def map_abandoning(call, items, workers: int, name: str) -> list:
   """[call(item, abandon) for item in items], at most `workers` at once in threads. If waiting
   for them raises (a call's exception, or a signal's in this thread: any BaseException), the
   calls still running are abandoned (module docstring) and the exception goes on at once."""
+  stop_if_signalled()  # a signal already in: no request is started
   abandon = Abandon()
   pool = concurrent.futures.ThreadPoolExecutor(max(1, workers), name)
   try:

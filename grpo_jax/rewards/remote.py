@@ -50,7 +50,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from grpo_jax.errors import ConfigError, RemoteOutage, RewardError, first_line
+from grpo_jax.errors import ConfigError, RemoteRewardOutage, RewardError, first_line
 from grpo_jax.rewards.http_deadline import (Abandon, DeadlineExceeded, HttpStatus, fetch,
                                             map_abandoning, public_url, url_problem)
 
@@ -386,11 +386,12 @@ def score_remote(cfg: RemoteRewardConfig, queries: list, prompts: list,
 
 
 def raise_first(result: RemoteResult) -> None:
-  """For train.on_reward_error='raise': raises RemoteOutage if a chunk's retry budget ran out
+  """For train.on_reward_error='raise': raises RemoteRewardOutage (a RemoteOutage and a
+  RewardError) if a chunk's retry budget ran out
   (the server is down or too slow), else a RewardError with the first error line if any row
   failed (the server answered something unusable)."""
   if result.outage:
-    raise RemoteOutage(result.outage)
+    raise RemoteRewardOutage(result.outage)
   if np.any(result.failed):
     raise RewardError(result.errors[0] + "; fix the server or set train.on_reward_error='zero' "
                       "to score such completions 0 and count them.")
