@@ -6,9 +6,9 @@ docs/dpo_family.md): a loss of grpo_jax/rl/dpo.py on {prompt, chosen, rejected} 
              reference (state.ref_params), kept in every checkpoint.
   pairs      dpo.train_path / test_path (jsonl of {prompt, chosen, rejected}; for KTO also
              unpaired {prompt, completion, label}: LabelledData; every line read, checked and
-             tokenised before the warm-up: data/preference_files.py), or made from the task as the
-             reward model's are (stages.preference_pairs): a share dpo.policy_fraction from the
-             start's own wrong samples, the rest synthetic.
+             tokenised before the warm-up: data/preference_files.py), or made by the task as the
+             RM's are (a share dpo.policy_fraction from the start's wrong samples, the rest
+             synthetic).
   rounds     dpo.rounds = R > 0: Iterative RPO (Pang et al. 2024) instead: R rounds of
              dpo.steps steps, each on pairs of the round's start policy's own samples
              (`self_pairs`: rollout.group_size samples of each of dpo.round_prompts fresh
@@ -24,13 +24,11 @@ docs/dpo_family.md): a loss of grpo_jax/rl/dpo.py on {prompt, chosen, rejected} 
              reference (no copy; rebuilt from model.path and the warm-up on resume, as in the
              RL loop), the export merges them and writes the PEFT adapter; with rounds each
              round's reference is the merged policy at its start.
-  metrics    at every step: loss, implicit rewards of the chosen and the rejected completions
-             (β log π/π_ref), their margin, pair accuracy, log-probs; at step 0, every
-             dpo.eval_every steps and at the end: held-out greedy accuracy (the task's
-             evaluation, eval_accuracy) and, on the held-out pairs, the same reward metrics
-             (eval_pair_accuracy, eval_reward_margin, ...).
-  the rest   the checkpoints, SIGTERM / SIGINT and exact resume of every stage (run_stage);
-             the policy exported to W/hf_export.
+  metrics    every step: loss, implicit rewards of chosen and rejected (β log π/π_ref), their
+             margin, pair accuracy, log-probs; at step 0, every dpo.eval_every steps and at the
+             end: held-out greedy accuracy (eval_accuracy) and those reward metrics on the
+             held-out pairs (eval_pair_accuracy, eval_reward_margin, ...).
+  the rest   checkpoints, signals, exact resume, export to W/hf_export: run_stage's.
 """
 
 from __future__ import annotations
