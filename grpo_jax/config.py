@@ -166,6 +166,11 @@ def validate(config) -> None:
   _validate_distill(config)
   _require(0 < rl.ref_mix <= 1, f"rl.ref_mix={rl.ref_mix}; use a value in (0, 1].")
   _require(rl.tis_cap >= 0, f"rl.tis_cap={rl.tis_cap}; use 0 (off) or a positive cap.")
+  from grpo_jax.rl.corrections import make_correction  # noqa: PLC0415
+  _require(make_correction(rl) is None or not rl.tis_cap,  # (binding checks its thresholds)
+           f"rl.tis_cap={rl.tis_cap} and rl.is_correction={rl.is_correction!r} both weight the "
+           f"loss; set rl.tis_cap=0 (rl.is_correction='tis_token' with rl.is_high is the same "
+           f"weights) or rl.is_correction='none'.")
   _require(not rl.unbiased_kl or (rl.kl_in == "loss" and rl.kl_coef > 0),
            f"rl.unbiased_kl weights the KL term of the loss, but rl.kl_in={rl.kl_in!r} and "
            f"rl.kl_coef={rl.kl_coef}; set rl.kl_in='loss' and rl.kl_coef > 0, or "
@@ -358,8 +363,9 @@ def _validate_fused(config, task) -> None:
   _require(k >= 0, f"train.fused_steps={k}; use 0 (host loop) or K > 0 steps per program.")
   if not k:
     return
-  task.require("device", f"train.fused_steps={k} (data stream and reward as JAX functions)",
-               "set train.fused_steps=0")
+  if tr.experience_source != "fused_episodes":  # (its environment is the JAX functions)
+    task.require("device", f"train.fused_steps={k} (data stream and reward as JAX functions)",
+                 "set train.fused_steps=0")
   reward = config.get("reward")
   _require(not (reward and (reward.get("models") or reward.get("remote")
                             or reward.rule_weight != 1.0)) and

@@ -15,6 +15,7 @@ import ml_collections
 from grpo_jax.data import addition_work, arithmetic, chat_arithmetic  # noqa: F401  built-in tasks
 from grpo_jax.data import env_task  # noqa: F401  task "env"
 from grpo_jax.envs import calculator  # noqa: F401  its built-in environment
+from grpo_jax.envs.adapters import openenv  # noqa: F401  env.name="openenv" (lazy import)
 from grpo_jax.data.task import TASKS
 from grpo_jax.registry import declared_defaults
 
@@ -23,12 +24,13 @@ def rl_defaults(**overrides) -> ml_collections.ConfigDict:
   """Every field of `config.rl`, with GRPO defaults (sources in docs/rl_suite.md): the
   section's own below, then the hyperparameters that the built-in estimators, policy losses and
   objectives declare with their defaults (advantage_eps, lam, whiten_advantages, clip_eps_low,
-  clip_eps_high, dual_clip_c, log_ratio_clamp, drpo_*; grpo_jax/rl/estimators.py, losses.py,
-  drpo.py)."""
+  clip_eps_high, dual_clip_c, log_ratio_clamp, drpo_*, is_high, is_low, decoupled_cap,
+  cispo_eps_*; grpo_jax/rl/estimators.py, losses.py, drpo.py, corrections.py)."""
   from grpo_jax.rl import drpo, online_dpo  # noqa: F401,PLC0415  rl.objective "drpo", "online_dpo"
   from grpo_jax.rl.estimators import ESTIMATORS  # noqa: PLC0415
   from grpo_jax.rl.losses import POLICY_LOSSES  # noqa: PLC0415
   from grpo_jax.rl.objective import OBJECTIVES  # noqa: PLC0415
+  from grpo_jax.rl.corrections import IS_CORRECTIONS  # noqa: PLC0415
   section = dict(
       advantage="grpo",  # a registered estimator (grpo_jax/rl/estimators.py)
       gamma=1.0,  # the discount of returns (verl: 1.0)
@@ -39,6 +41,10 @@ def rl_defaults(**overrides) -> ml_collections.ConfigDict:
       # beta = kl_coef)
       objective="policy_gradient",
       tis_cap=0.0,  # truncated importance sampling cap (e.g. 2.0); 0 = off
+      # Off-policy correction of the sampler's tokens (grpo_jax/rl/corrections.py): "none",
+      # "tis_token" / "tis_sequence" (truncated at is_high), "mis_token" / "mis_sequence" (IcePop:
+      # masked outside [is_low, is_high]), "decoupled_ppo" (AReaL; its decoupled_cap)
+      is_correction="none",
       entropy_coef=0.0,
       loss_aggregation="token-mean",  # one of LOSS_AGGREGATIONS
       kl_coef=0.04,  # beta; 0 = no KL (no reference forward pass, no reference copy held)
@@ -114,7 +120,8 @@ def rl_defaults(**overrides) -> ml_collections.ConfigDict:
       router_aux_coef=0.0,
   )
   entries = ([e.fn for _, e in ESTIMATORS.items()] + [fn for _, fn in POLICY_LOSSES.items()]
-             + [e.build for _, e in OBJECTIVES.items()])
+             + [e.build for _, e in OBJECTIVES.items()]
+             + [fn for _, fn in IS_CORRECTIONS.items()])
   entries = [fn for fn in entries if fn.__module__.startswith("grpo_jax.")]  # built-in ones
   rl = ml_collections.ConfigDict(declared_defaults(entries, section))
   rl.update(overrides)
@@ -191,7 +198,8 @@ def get_defaults() -> ml_collections.ConfigDict:
   # registered environment), max_completion_tokens (an episode's ids after the prompt, the
   # policy's and the environment's; rollout.max_new_tokens caps each turn), then the fields
   # the built-in environments declare (calculator: digits, max_turns, tool_parser, tools,
-  # max_concurrency, question).
+  # max_concurrency, question; openenv, grpo_jax/envs/adapters/openenv.py: environment,
+  # action_field, observation_field, system_prompt).
   from grpo_jax.envs import ENVIRONMENTS  # noqa: PLC0415  (filled by the imports above)
   c.env = ml_collections.ConfigDict(declared_defaults(
       [cls for _, cls in ENVIRONMENTS.items() if cls.__module__.startswith("grpo_jax.")],
@@ -344,7 +352,8 @@ def get_defaults() -> ml_collections.ConfigDict:
       # is a JAX function
       fused_steps=0,
       # Where experience comes from (grpo_jax/train/sources/experience_source.py): "host", "fused" or
-      # a registered source; "" = "fused" when fused_steps > 0, else "host".
+      # a registered source ("episodes", "fused_episodes": an env's episodes on the host or in
+      # one jit); "" = "fused" when fused_steps > 0, else "host".
       experience_source="",
       # Resuming a workdir under a config that differs from its config.json (beyond run
       # length and bookkeeping, workdir.FREE_TO_CHANGE) is refused unless this is True; every

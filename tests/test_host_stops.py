@@ -17,7 +17,7 @@ from grpo_jax.registry import UnknownName, import_plugins
 from grpo_jax.rewards.functions import RewardFunction, call_reward
 from grpo_jax.train.run import faults
 from grpo_jax.train.run.runner import Clock, Schedule, run_steps
-from grpo_jax.train.run.summary import closing_line, write_curves
+from grpo_jax.train.run.summary import closing_line, where_line, write_curves
 from grpo_jax.train.run.workdir import check_not_a_run
 
 
@@ -144,6 +144,15 @@ def test_the_closing_line_and_the_curves(tmp_path):
   assert write_curves(str(tmp_path), records)
   assert (tmp_path / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
   assert not write_curves(str(tmp_path / "empty"), [])
+
+
+def test_the_where_line_names_each_stacked_seeds_folder():
+  assert where_line("/r", tensorboard=False) == (
+      "workdir /r: metrics.jsonl, curves.png and checkpoints/ go there (the same command "
+      "resumes it)")
+  assert where_line("/r", tensorboard=False, per_seed=("/r/seed_0", "/r/seed_1")) == (
+      "workdir /r: each seed's metrics.jsonl, curves.png and checkpoints/ go to its folder "
+      "(/r/seed_0, /r/seed_1; the same command resumes them)")
 
 
 def test_eval_refuses_a_training_runs_workdir(tmp_path):

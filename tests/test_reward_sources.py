@@ -74,8 +74,7 @@ def test_rule_and_reward_model_weighted_against_numpy(rm_dir, combine):
   config.reward.models = [dict(path=str(rm_dir), weight=0.5, name="rm")]
   config_lib.validate(config)
   task = build_task(config)
-  sources = build_reward_sources(RewardSection.of(config), ModelSection.of(config), task,
-                                 rule_name="exact_match")
+  sources = build_reward_sources(RewardSection.of(config), ModelSection.of(config), task)
   assert sources.names == ("exact_match", "rm") and sources.models[0].tokenizer is None
   prompts, group = task.train_batch(0, 6, 0), 4
   tokens, mask = _rollout(task, prompts, group)
@@ -217,8 +216,7 @@ def test_process_reward_model_gives_the_process_estimator_its_step_rewards(tmp_p
   config.reward.process_model.update(dict(path=str(tmp_path / "prm"), separator_id=one,
                                            good_id=5, bad_id=6, max_steps=3))
   config_lib.validate(config)
-  sources = build_reward_sources(RewardSection.of(config), ModelSection.of(config), task,
-                                 rule_name="exact_match")
+  sources = build_reward_sources(RewardSection.of(config), ModelSection.of(config), task)
   prompts = task.train_batch(0, 4, 0)
   tokens, mask = _rollout(task, prompts, 4)
   from grpo_jax.rollout.types import Rollout

@@ -162,3 +162,38 @@ def test_a_forward_out_of_memory_is_413_not_retried_and_other_faults_500():
       RuntimeError("RESOURCE_EXHAUSTED: Out of memory allocating 10085865984 bytes."))
   assert status == 413 and "--max_request_tokens" in why
   assert serve_teacher.forward_failure(ValueError("boom"))[0] == 500
+
+
+def test_connections_past_the_cap_get_503_and_a_trickling_request_is_cut_at_its_deadline():
+  """max_connections open at once: one more is answered 503 and closed, nothing read. A client
+  sending its headers a byte at a time (each read well within READ_TIMEOUT_S) is cut off at
+  read_deadline_s, and its slot is free again."""
+  server = make_server(None, port=0, max_connections=2, read_deadline_s=1.0)
+  threading.Thread(target=server.serve_forever, daemon=True).start()
+  port = server.server_address[1]
+  try:
+    idle = [socket.create_connection(("127.0.0.1", port), timeout=10) for _ in range(2)]
+    time.sleep(0.3)
+    third = socket.create_connection(("127.0.0.1", port), timeout=10)
+    assert third.recv(100).startswith(b"HTTP/1.1 503")
+    third.close()
+    started = time.monotonic()
+    for b in b"GET /info HTTP/1.1\r\nHost: x":  # a trickle on one of the two held slots
+      try:
+        idle[0].sendall(bytes([b]))
+      except OSError:
+        break
+      time.sleep(0.1)
+    try:
+      answer = idle[0].recv(100)
+    except ConnectionResetError:
+      answer = b""
+    assert answer == b"" and time.monotonic() - started < 5  # cut at ~1 s
+    for s in idle:
+      s.close()
+    time.sleep(1.5)  # the second idle connection's deadline frees its slot too
+    status, answer = _ask(server, "GET", "/nowhere", token=None)
+    assert status == 404 and "GET /info" in answer["error"]
+  finally:
+    server.shutdown()
+    server.server_close()

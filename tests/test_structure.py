@@ -19,7 +19,7 @@ FLOORS = [
     ["errors", "console", "host_allocator", "prompt_batch", "compile_log", "interrupts"],
     ["registry", "parallel"],
     ["models", "rl"],
-    ["rollout", "rewards", "fetch_model", "envs"],
+    ["rollout", "rewards", "fetch_model", "envs", "teacher_http"],
     ["data"],
     ["builtins"],
     ["config", "config_docs"],

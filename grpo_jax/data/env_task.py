@@ -51,14 +51,19 @@ class EnvTask(ChatTextTask):
   @staticmethod
   def check_config(config) -> None:
     source = config.train.experience_source
-    if source != "episodes":
+    if source not in ("episodes", "fused_episodes"):
       raise ConfigError(f"task.name='env' plays an environment's episodes, which the "
-                        f"'episodes' experience source samples; set "
-                        f"train.experience_source='episodes' (it is {source!r}).")
+                        f"'episodes' experience source samples (or 'fused_episodes', in one "
+                        f"jit); set train.experience_source='episodes' (it is {source!r}).")
     if "env" not in config:
       raise ConfigError("task.name='env' needs a config.env section (env.name and the "
                         "environment's fields); see configs/grpo_calculator_tiny.py.")
     ENVIRONMENTS.get(config.env.name)
+    if source == "fused_episodes" and (config.task.get("tokenizer") != "char"
+                                       or config.env.get("tool_parser") != "pythonic"):
+      raise ConfigError("train.experience_source='fused_episodes' reads turns one character "
+                        "per id in the pythonic call format; set task.tokenizer='char' and "
+                        "env.tool_parser='pythonic'.")
 
   @classmethod
   def from_config(cls, config, log=print, *, tokenizer: str = "", test_size: int = 500,

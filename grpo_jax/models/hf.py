@@ -220,6 +220,19 @@ def _download_hint(path) -> str:
   return f"`hf download {_EXAMPLE_REPO} --local-dir {path}`"
 
 
+def same_vocabulary(path, tokenizer) -> bool:
+  """Whether the checkpoint folder `path` has no tokenizer (it reads `tokenizer`'s ids) or one
+  with `tokenizer`'s vocabulary."""
+  path = pathlib.Path(path)
+  if not any((path / f).is_file() for f in ("tokenizer.json", "vocab.json", "tokenizer.model")):
+    return True
+  vocab = getattr(tokenizer, "get_vocab", None)
+  if vocab is None:
+    return False
+  from transformers import AutoTokenizer  # noqa: PLC0415
+  return AutoTokenizer.from_pretrained(path).get_vocab() == vocab()
+
+
 def read_config(path: pathlib.Path) -> dict:
   """The checkpoint's config.json as a dict."""
   if not path.is_dir():

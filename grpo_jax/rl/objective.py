@@ -6,8 +6,8 @@
 
 pg_t is the registered policy loss rl.loss (PPO-clip, asymmetric or dual clip, GSPO, ...:
 grpo_jax/rl/losses.py) of log pi(a_t) against old log pi(a_t) and the advantage, w_t the
-truncated importance weight (when rl.tis_cap > 0), M_t DeepSeek-V3.2's off-policy sequence mask
-(when rl.opsm_delta > 0; rl/off_policy.py), KL_t the rl.kl_estimator of log pi against the
+importance weight (rl.tis_cap > 0 or rl.is_correction: rl/corrections.py), M_t DeepSeek-V3.2's
+off-policy sequence mask (when rl.opsm_delta > 0; rl/off_policy.py), KL_t the rl.kl_estimator of log pi against the
 reference (rl/kl.py; times pi / pi_old with rl.unbiased_kl), H_t the entropy, and agg the
 rl.loss_aggregation (rl/aggregation.py) over the loss mask with the given normaliser. The value loss is the clipped one of rl/losses.py
 against the returns.
@@ -38,6 +38,7 @@ from grpo_jax.rl.aggregation import aggregate, loss_normalizer, masked_sum
 from grpo_jax.rl.kl import kl_penalty
 from grpo_jax.rl.losses import POLICY_LOSSES, entropy_bonus, value_loss
 from grpo_jax.rl.off_policy import importance_weighted_kl, off_policy_sequence_mask
+from grpo_jax.rl import corrections  # noqa: F401  rl.is_correction and rl.loss "cispo"
 
 # The objective's metric sums that are divided by the token count (`tokens`) once summed over
 # micro-batches and minibatches; the others (pg_loss, value_loss, loss) are already normalised.
@@ -74,10 +75,11 @@ def check_objective_rules(rl, name: str, rules: list) -> None:
   pairs, and the rule every objective other than "policy_gradient" shares (no value loss, no
   truncated importance weights, none of DeepSeek-V3.2's switches) is checked last."""
   rules = list(rules) + [(
-      rl.value_head == "none" and not rl.tis_cap and not rl.opsm_delta and not rl.unbiased_kl,
-      f"rl.objective={name!r} has no value loss, truncated importance weights or DeepSeek-V3.2 "
-      f"switches; set rl.value_head='none', rl.tis_cap=0, rl.opsm_delta=0, "
-      f"rl.unbiased_kl=False.")]
+      rl.value_head == "none" and not rl.tis_cap and not rl.opsm_delta and not rl.unbiased_kl
+      and rl.get("is_correction", "none") == "none",
+      f"rl.objective={name!r} has no value loss, importance weights or DeepSeek-V3.2 "
+      f"switches; set rl.value_head='none', rl.tis_cap=0, rl.is_correction='none', "
+      f"rl.opsm_delta=0, rl.unbiased_kl=False.")]
   for holds, sentence in rules:
     if not holds:
       raise ConfigError(sentence)
@@ -101,7 +103,8 @@ def policy_gradient_objective(rl, group_size: int) -> Objective:
   policy's (or stop_gradient(logp) when they are equal). advantages: (B, N). loss_mask:
   (B, N) bool. entropy: (B, N) the policy's entropy per token (a metric; the bonus when
   rl.entropy_coef). kl_coef: the KL weight beta (a scalar array: the adaptive controller
-  moves it). is_weights: (B, N) truncated importance weights, required when rl.tis_cap > 0.
+  moves it). is_weights: (B, N) importance weights, required when rl.tis_cap > 0 or
+  rl.is_correction != "none" (rl/corrections.py).
   sampler_logp: (B, N) the sampler's log-probs, required when rl.opsm_delta > 0.
   values / old_values / returns: (B, N) for a critic, else None. normalizer: the aggregation's
   denominator; None uses loss_normalizer(loss_mask) of these rows (pass the whole minibatch's
@@ -113,7 +116,9 @@ def policy_gradient_objective(rl, group_size: int) -> Objective:
   normalised losses, so that they add up over micro-batches.
   """
   mode, policy_loss = rl.loss_aggregation, POLICY_LOSSES.bind(rl.loss, rl)
-  tis, kl_in_loss = rl.tis_cap > 0, rl.kl_in == "loss" and rl.kl_coef > 0
+  # importance weights: rl.tis_cap's or rl.is_correction's (grpo_jax/rl/corrections.py)
+  tis = rl.tis_cap > 0 or rl.get("is_correction", "none") != "none"
+  kl_in_loss = rl.kl_in == "loss" and rl.kl_coef > 0
   kl_estimator, kl_clamp = rl.kl_estimator, rl.kl_clamp or None
   unbiased_kl, opsm_delta = rl.unbiased_kl, rl.opsm_delta
   entropy_coef, value_coef, value_clip = rl.entropy_coef, rl.value_coef, rl.value_clip_eps

@@ -18,6 +18,7 @@ from grpo_jax.models.config import ModelConfig
 from grpo_jax.models.value_head import separate_critic_values
 from grpo_jax.rl import advantages as adv_lib
 from grpo_jax.rl.aggregation import masked_mean
+from grpo_jax.rl.corrections import correction_metrics, make_correction
 from grpo_jax.rl.distill import distilled_advantages, reverse_kl_per_token
 from grpo_jax.rl.estimators import make_estimator
 from grpo_jax.rl.kl import kl_penalty
@@ -53,7 +54,8 @@ class Batch(NamedTuple):
   ref_logprobs: jax.Array | None = None  # frozen reference; None when rl.kl_coef == 0
   old_values: jax.Array | None = None  # (B, N) critic at rollout time; None without one
   returns: jax.Array | None = None  # (B, N) value targets; None without a critic
-  # Truncated importance weights; None when off, or when the update computes them itself.
+  # Importance weights (rl.tis_cap's or rl.is_correction's); None when off, or when the update
+  # computes them itself.
   is_weights: jax.Array | None = None
   # (B,) the outcome rewards before any shaping; for objectives that read them (rl/drpo.py).
   outcome_rewards: jax.Array | None = None
@@ -156,7 +158,9 @@ def prepare_from_logprobs(rl, group_size: int, max_new_tokens: int, rollout: Rol
     actions    = the policy's own tokens (Rollout.action_mask): the KL, the importance
                  weights and the loss are taken on these alone
     loss mask  = actions, less truncated rows under rl.mask_truncated
-    IS weights = truncated importance weights old / sampler, capped at rl.tis_cap (> 0)
+    IS weights = truncated importance weights old / sampler, capped at rl.tis_cap (> 0), or
+                 rl.is_correction's of the sampler (behaviour) and old (proximal) log-probs
+                 (grpo_jax/rl/corrections.py, with its metrics)
 
   old_logp None: the update reuses its own log-probs (reuses_current_logprobs); ref_logp None
   without a KL reference; old_values None without a critic."""
@@ -191,9 +195,12 @@ def prepare_from_logprobs(rl, group_size: int, max_new_tokens: int, rollout: Rol
     if rl.distill_in == "reward":
       advantages = distilled_advantages(advantages, sampler_logp, teacher_logp, mask,
                                         rl.distill_coef)
-  is_weights = None
+  is_weights, correct, correction = None, make_correction(rl), {}
   if rl.tis_cap > 0 and not reuse:
     is_weights = truncated_is_weights(old_logp, sampler_logp, actions, rl.tis_cap)
+  if correct is not None and not reuse:  # otherwise the update computes them
+    is_weights, sums = correct(sampler_logp, old_logp, actions)
+    correction = correction_metrics(sums)
   batch = Batch(rollout.prompt_tokens, rollout.prompt_mask, rollout.completion_tokens, mask,
                 loss_mask, jnp.where(mask, advantages, 0.0),
                 jnp.where(mask, sampler_logp, 0.0), old_logprobs=old_logp,
@@ -204,7 +211,7 @@ def prepare_from_logprobs(rl, group_size: int, max_new_tokens: int, rollout: Rol
                 teacher_logprobs=teacher_logp if distill and rl.distill_in == "loss" else None,
                 action_mask=actions)
   metrics = dict(shaped_reward_mean=jnp.mean(rewards),
-                 advantage_abs_mean=masked_mean(jnp.abs(advantages), mask))
+                 advantage_abs_mean=masked_mean(jnp.abs(advantages), mask), **correction)
   if distill:  # the sampling policy's reverse KL to the teacher, per completion token
     metrics["distill_reverse_kl"] = masked_mean(
         reverse_kl_per_token(sampler_logp, teacher_logp, mask), mask)

@@ -26,6 +26,8 @@ import optax
 from grpo_jax.models.config import ModelConfig
 from grpo_jax.models.lora import LoraParams
 from grpo_jax.rl.aggregation import loss_normalizer, masked_sum
+from grpo_jax.rl.corrections import (CORRECTION_MAX, CORRECTION_MIN, correction_metrics,
+                                     make_correction)
 from grpo_jax.rl.kl import kl_penalty
 from grpo_jax.rl.losses import truncated_is_weights
 from grpo_jax.rl.objective import OBJECTIVES, TOKEN_SUMS, make_objective
@@ -38,6 +40,20 @@ from grpo_jax.train.learner.state import TrainState, apply_if_finite, step_key
 # ... and divided by the completion-token count (`completion_tokens`; see
 # reuses_current_logprobs).
 _COMPLETION_SUMS = ("rollout_kl", "sampler_logprob_gap")
+# The off-policy correction's sums (rl/corrections.py correction_sums), when the update computes
+# its weights (reuses_current_logprobs): extrema reduced by max / min, the rest added up.
+_CORRECTION_SUMS = ("is_ratio", "is_weight", "is_masked_frac", "behaviour_kl", "is_tokens")
+
+
+def _combine(key: str):
+  """How micro-batches' and minibatches' values of metric `key` combine."""
+  return (jnp.maximum if key in CORRECTION_MAX else jnp.minimum if key in CORRECTION_MIN
+          else jnp.add)
+
+
+def _start(key: str) -> float:
+  """The identity of _combine(key): the accumulator's start."""
+  return -jnp.inf if key in CORRECTION_MAX else jnp.inf if key in CORRECTION_MIN else 0.0
 
 
 def loss_and_sums(trainable, mb: Batch, normalizer, kl_coef, *, model_cfg: ModelConfig, rl,
@@ -63,6 +79,9 @@ def loss_and_sums(trainable, mb: Batch, normalizer, kl_coef, *, model_cfg: Model
     completion = (mb.completion_mask if mb.action_mask is None else mb.action_mask).astype(bool)
     if rl.tis_cap > 0:
       is_weights = truncated_is_weights(old_logp, mb.sampler_logprobs, completion, rl.tis_cap)
+    correct = make_correction(rl)
+    if correct is not None:  # rl.is_correction's, the sampler behaviour, the update proximal
+      is_weights, correction = correct(mb.sampler_logprobs, old_logp, completion)
   objective = objective or make_objective(rl)
   loss, sums = objective(logp, old_logp, mb.advantages, mb.loss_mask, entropy, kl_coef=kl_coef,
                          ref_logp=mb.ref_logprobs, is_weights=is_weights,
@@ -84,6 +103,8 @@ def loss_and_sums(trainable, mb: Batch, normalizer, kl_coef, *, model_cfg: Model
                 sampler_logprob_gap=masked_sum(jnp.abs(old_logp - mb.sampler_logprobs),
                                                completion),
                 completion_tokens=jnp.sum(completion).astype(jnp.float32))
+    if correct is not None:
+      sums.update(correction)
   return loss, sums
 
 
@@ -132,11 +153,13 @@ def make_update(model_cfg: ModelConfig, rl, optimizer, temperature: float,
 
     def one(acc, part):
       (_, sums), grads = grad_of(part)
-      return jax.tree.map(jnp.add, acc, (grads, sums)), None
+      acc_grads, acc_sums = acc
+      return (jax.tree.map(jnp.add, acc_grads, grads),
+              {k: _combine(k)(acc_sums[k], v) for k, v in sums.items()}), None
 
     zero_sums = jax.eval_shape(lambda: grad_of(jax.tree.map(lambda x: x[0], micro))[0][1])
     init = (jax.tree.map(jnp.zeros_like, trainable),
-            jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), zero_sums))
+            {k: jnp.full(s.shape, _start(k), s.dtype) for k, s in zero_sums.items()})
     (grads, sums), _ = jax.lax.scan(one, init, micro)
     return grads, sums
 
@@ -160,10 +183,14 @@ def make_update(model_cfg: ModelConfig, rl, optimizer, temperature: float,
         one_minibatch, ((state.params, state.value_params), state.opt_state,
                         state.consecutive_skips), minibatch_rows)
     tokens = jnp.maximum(jnp.sum(per_mb["tokens"]), 1.0)
+    correction = _CORRECTION_SUMS + CORRECTION_MAX + CORRECTION_MIN
     metrics = {k: (jnp.sum(v) / tokens if k in TOKEN_SUMS else jnp.mean(v))
                for k, v in per_mb.items()
                if k not in ("tokens", "skipped", "completion_tokens", "routing_mismatched",
-                            "routed") + _COMPLETION_SUMS}
+                            "routed") + _COMPLETION_SUMS + correction}
+    if "is_tokens" in per_mb:  # the correction's metrics over all minibatches
+      metrics.update(correction_metrics(
+          {k: _combine(k).reduce(v) for k, v in per_mb.items() if k in correction}))
     if "routed" in per_mb:
       metrics["routing_mismatch"] = (jnp.sum(per_mb["routing_mismatched"]) /
                                      jnp.maximum(jnp.sum(per_mb["routed"]), 1.0))

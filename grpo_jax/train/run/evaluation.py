@@ -6,7 +6,6 @@ import jax
 import numpy as np
 
 from grpo_jax.data.task import bucketed_width
-from grpo_jax.errors import ConfigError
 from grpo_jax.models.config import ModelConfig
 from grpo_jax.parallel.distributed import to_host
 from grpo_jax.parallel.mesh import shard_batch
@@ -128,16 +127,17 @@ def make_episode_evaluator(task, model_cfg: ModelConfig, section: EvalSection, e
   held-out rows played as greedy episodes, train.eval_batch_size at a time. eval_accuracy:
   the share of episodes rewarded 1; eval_reward: the mean reward; eval_turns_per_episode,
   eval_tool_calls_per_episode, ... (envs/episodes.py `episode_metrics`). Samples are whole
-  episodes, turn by turn."""
+  episodes, turn by turn. Stacked seeds (train.experience_source="fused_episodes") are
+  played one after the other, one metrics record each."""
   del eval_keys  # greedy: no key is read
-  if axis.stacked:
-    raise ConfigError("an episode task's evaluation runs one seed per program; run the seeds "
-                      "separately.")
   from grpo_jax.envs.episodes import (episode_metrics, episode_samples,  # noqa: PLC0415
                                       sample_episodes)
   greedy = Sampling.of(model_cfg, task, section.rollout, mesh).greedy()
 
   def evaluate(params, samples_out=None, progress=None) -> list[dict]:
+    return [evaluate_one(p, samples_out, progress) for p in axis.unstack(params)]
+
+  def evaluate_one(params, samples_out, progress) -> dict:
     batch = task.test_batch(section.eval_size)
     size, chunk = section.eval_size, section.eval_batch_size
     parts, infos = [], []
@@ -158,6 +158,6 @@ def make_episode_evaluator(task, model_cfg: ModelConfig, section: EvalSection, e
       samples_out.append(episode_samples(task.tokenizer, task.prompt_texts(batch), rollout,
                                          rewards, "eval", -1,
                                          range(min(section.num_samples, size))))
-    return [metrics]
+    return metrics
 
   return evaluate

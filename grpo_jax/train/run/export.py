@@ -59,7 +59,7 @@ def export_policy(model: ModelSection, state, model_cfg: ModelConfig, workdir: s
   from grpo_jax.models.hf_export import export_hf_checkpoint, export_peft_adapter  # noqa
   params, base = host
   if export:
-    out = os.path.join(workdir, "hf_export")
+    out, model_type = os.path.join(workdir, "hf_export"), export_model_type(model, model_cfg)
     if base is None:
       full = params
     else:  # on the host's CPU: the accelerators still hold the state
@@ -67,7 +67,7 @@ def export_policy(model: ModelSection, state, model_cfg: ModelConfig, workdir: s
         full = merge(base, params, model_cfg.lora_scale)
     with _export_failure_is_one_sentence(out), files.local_folder(out) as folder:
       export_hf_checkpoint(full, model_cfg, folder, source_dir=model.path or None,
-                           model_type=export_model_type(model, model_cfg),
+                           model_type=model_type,
                            dtype=model.export_dtype, max_shard_bytes=model.export_max_shard_bytes)
     log(f"exported the trained policy as a Hugging Face checkpoint ({model.export_dtype}): {out}"
         + (" (LoRA adapters merged)" if base is not None else ""))

@@ -10,37 +10,25 @@ import pathlib
 import jax
 
 from grpo_jax.errors import ConfigError
-from grpo_jax.models.hf import load_hf_checkpoint
+from grpo_jax.models.hf import load_hf_checkpoint, same_vocabulary
 from grpo_jax.models.partitioning import place
 from grpo_jax.models.process_reward_model import prm_token_scores, step_rewards_from_token_scores
 from grpo_jax.models.reward_model import load_reward_model, sequence_reward
 from grpo_jax.models.scoring import completion_logprobs
-from grpo_jax.rewards.sources import (RULE, ProcessModelSource, RemoteSource, RewardModelSource,
+from grpo_jax.rewards.guard import reward_name
+from grpo_jax.rewards.sources import (ProcessModelSource, RemoteSource, RewardModelSource,
                                       RewardSources, TeacherSource, remote_config)
 from grpo_jax.train.run.sections import ModelSection, RewardSection
 
 
-def _same_vocabulary(path: pathlib.Path, policy_tokenizer) -> bool:
-  """Whether the reward model's folder has no tokenizer (it reads the policy's ids) or one with
-  the policy's vocabulary."""
-  if not any((path / f).is_file() for f in ("tokenizer.json", "vocab.json", "tokenizer.model")):
-    return True
-  vocab = getattr(policy_tokenizer, "get_vocab", None)
-  if vocab is None:
-    return False
-  from transformers import AutoTokenizer  # noqa: PLC0415
-  return AutoTokenizer.from_pretrained(path).get_vocab() == vocab()
-
-
-def build_reward_sources(rewards: RewardSection, model: ModelSection, task, mesh=None,
-                         rule_name: str = RULE) -> RewardSources:
-  """The run's RewardSources: reward models loaded (frozen, on the mesh like the policy)."""
-  reward = rewards.reward
+def build_reward_sources(rewards: RewardSection, model: ModelSection, task,
+                         mesh=None) -> RewardSources:
+  """The run's RewardSources: reward models loaded (frozen, on the mesh like the policy), the
+  task's rule reward under its own name (its metrics' `reward_<name>`)."""
+  teacher = _teacher(rewards, model, task, mesh)
+  reward, rule_name = rewards.reward, reward_name(task)
   if reward is None:
-    return RewardSources(rule_name=rule_name,
-                         teacher=_teacher(rewards.distill_teacher, model, task, mesh,
-                                          rewards.distill_teacher_token_env,
-                                          rewards.distill_teacher_client))
+    return RewardSources(rule_name=rule_name, teacher=teacher)
   models = []
   for i, m in enumerate(rewards.entries("models")):
     path = pathlib.Path(m["path"])
@@ -48,7 +36,7 @@ def build_reward_sources(rewards: RewardSection, model: ModelSection, task, mesh
     if mesh is not None:
       params = place(params, mesh)
     mode = m.get("tokenizer", "auto")
-    own = mode == "own" or (mode == "auto" and not _same_vocabulary(path, task.tokenizer))
+    own = mode == "own" or (mode == "auto" and not same_vocabulary(path, task.tokenizer))
     tokenizer = None
     if own:
       from transformers import AutoTokenizer  # noqa: PLC0415
@@ -64,26 +52,24 @@ def build_reward_sources(rewards: RewardSection, model: ModelSection, task, mesh
                          remote_config(r, i)) for i, r in enumerate(rewards.entries("remote"))]
   return RewardSources(float(reward["rule_weight"]), rule_name, tuple(models),
                        tuple(remote), reward["combine"],
-                       _process_model(rewards.process_model, model, mesh),
-                       _teacher(rewards.distill_teacher, model, task, mesh,
-                                rewards.distill_teacher_token_env,
-                                rewards.distill_teacher_client))
+                       _process_model(rewards.process_model, model, mesh), teacher)
 
 
-def _teacher(distill_teacher: str | None, model: ModelSection, task, mesh,
-             token_env: str = "", client: dict | None = None) -> TeacherSource | None:
+def _teacher(rewards: RewardSection, model: ModelSection, task, mesh) -> TeacherSource | None:
   """rl.distill_teacher's model (any HF causal LM folder with the policy's tokenizer), frozen and
   placed like the policy, or the teacher served at that URL (RemoteTeacher), or None when the
   run does not distil."""
+  distill_teacher = rewards.distill_teacher
   if distill_teacher is None:
     return None
   from grpo_jax.rewards.remote_teacher import RemoteTeacher, is_url  # noqa: PLC0415
   if is_url(distill_teacher):  # served elsewhere (python -m grpo_jax.serve_teacher)
     return RemoteTeacher.connect(distill_teacher, task.tokenizer,
-                                 None if model.uses_checkpoint else model.vocab_size, token_env,
-                                 **(client or {}))
+                                 None if model.uses_checkpoint else model.vocab_size,
+                                 rewards.distill_teacher_token_env,
+                                 **(rewards.distill_teacher_client or {}))
   path = pathlib.Path(distill_teacher)
-  if not _same_vocabulary(path, task.tokenizer):
+  if not same_vocabulary(path, task.tokenizer):
     raise ConfigError(f"rl.distill_teacher={str(path)!r} has another tokenizer than the policy's; "
                       f"on-policy distillation compares log-probs token by token, so the "
                       f"teacher must share the policy's vocabulary.")

@@ -30,10 +30,13 @@ def read_records(workdir: str) -> list[dict]:
   return records
 
 
-def where_line(workdir: str, tensorboard: bool = True) -> str:
-  """The run's first line about its files."""
-  line = (f"workdir {workdir}: metrics.jsonl, {CURVES_FILE} and checkpoints/ go there (the "
-          f"same command resumes it)")
+def where_line(workdir: str, tensorboard: bool = True, per_seed=()) -> str:
+  """The run's first line about its files; per_seed: the seeds' own folders, when stacked seeds
+  write one each."""
+  files = f"metrics.jsonl, {CURVES_FILE} and checkpoints/"
+  line = (f"workdir {workdir}: {files} go there (the same command resumes it)" if not per_seed
+          else f"workdir {workdir}: each seed's {files} go to its folder ({', '.join(per_seed)};"
+               f" the same command resumes them)")
   return line + (f"; watch it with tensorboard --logdir {workdir}" if tensorboard else "")
 
 

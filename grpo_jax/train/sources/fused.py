@@ -73,40 +73,52 @@ def make_fused_iteration(run, device_task):
   return iteration
 
 
+def make_scanned_advance(run, state, iteration, tables, record_of):
+  """advance(run_state) -> (run_state, records of K = max(train.fused_steps, 1) steps (each per
+  seed), tokens of each step): K iterations of `iteration(run_state, table)` in one jitted
+  lax.scan, transformed over the run's seeds (their stacked `tables`). record_of(metrics of one
+  step of one seed, host arrays, its "step_tokens" removed) -> that step's record."""
+  k = max(run.settings.fused_steps, 1)
+
+  def k_steps(state, table):
+    return jax.lax.scan(lambda s, _: iteration(s, table), state, None, length=k)
+
+  fused = run.axis.compile(k_steps, **state_jit_options(state, run))
+
+  def advance(state):
+    state, metrics = fused(state, tables)
+    per_seed = run.axis.unstack(to_host(metrics))  # each: leaves with a leading (K,) step axis
+    records, tokens = [], []
+    for i in range(k):
+      step_records = []
+      for m in per_seed:
+        one = jax.tree.map(lambda x: np.asarray(x)[i], m)
+        one.pop("step_tokens")
+        step_records.append(record_of(one))
+      records.append(step_records)
+      tokens.append(sum(int(np.asarray(m["step_tokens"])[i]) for m in per_seed))
+    return state, records, tokens
+
+  return advance
+
+
 @register_experience_source("fused", owns_step=True)
 def make_fused_advance(run, state, samples_out=None):
   """advance(run_state) -> (run_state, records of K steps (each per seed), tokens of each
   step): the experience source "fused" (on-policy, owns the step). samples_out: unused (no
   text on the devices)."""
   settings, axis = run.settings, run.axis
-  k = settings.fused_steps
   device_task = run.task.device_task()
   # The stream up to the end of the run, one table per seed, placed on the devices once.
   count = settings.steps * settings.num_prompts
   tables = axis.stack([jax.tree.map(jnp.asarray, device_task.stream(s, count))
                        for s in axis.seeds])
-  iteration = make_fused_iteration(run, device_task)
 
-  def k_steps(state, table):
-    return jax.lax.scan(lambda s, _: iteration(s, table), state, None, length=k)
+  def record_of(one):
+    stats = one.pop("rollout")
+    decoded, slot_steps = one.pop("decode")
+    return step_record(one, stats, settings.on_reward_error) | dict(
+        decode_slot_utilisation=int(decoded) / max(int(slot_steps), 1))
 
-  fused = axis.compile(k_steps, **state_jit_options(state, run))
-
-  def advance(state):
-    state, metrics = fused(state, tables)
-    per_seed = axis.unstack(to_host(metrics))  # each: leaves with a leading (K,) step axis
-    records, tokens = [], []
-    for i in range(k):
-      step_records = []
-      for m in per_seed:
-        one = jax.tree.map(lambda x: np.asarray(x)[i], m)
-        stats = one.pop("rollout")
-        one.pop("step_tokens")
-        decoded, slot_steps = one.pop("decode")
-        step_records.append(step_record(one, stats, settings.on_reward_error) | dict(
-            decode_slot_utilisation=int(decoded) / max(int(slot_steps), 1)))
-      records.append(step_records)
-      tokens.append(sum(int(np.asarray(m["step_tokens"])[i]) for m in per_seed))
-    return state, records, tokens
-
-  return advance
+  return make_scanned_advance(run, state, make_fused_iteration(run, device_task), tables,
+                              record_of)

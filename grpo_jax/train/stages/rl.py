@@ -30,12 +30,12 @@ from grpo_jax.parallel.distributed import to_host
 from grpo_jax.parallel.platform import (cpu_fallback_warning, devices_record, platform_line,
                                         start_backend)
 from grpo_jax.parallel.mesh import bytes_per_device, make_mesh, split_heads_note
-from grpo_jax.rewards.guard import reward_name
 from grpo_jax.rewards.sources import RewardSources
 from grpo_jax.train.run import files
 # (imported to register the built-in experience sources)
 from grpo_jax.train.sources import episodes as episode_source  # noqa: F401
 from grpo_jax.train.sources import fused  # noqa: F401
+from grpo_jax.train.sources import fused_episodes  # noqa: F401
 from grpo_jax.train.sources import host as host_source  # noqa: F401
 from grpo_jax.train.run.checkpoint import Checkpoints, step_of
 from grpo_jax.train.run.evaluation import evaluator_for
@@ -114,7 +114,9 @@ def train(config, workdir: str, log=print, seeds=None, seed_axis: str = "vmap") 
   if not distributed.is_main_process():
     log = lambda *a, **k: None  # noqa: E731  process 0 speaks and writes for everyone
   log(platform_line())
-  log(where_line(workdir))
+  workdirs = (workdir,) if not axis.stacked else tuple(seed_workdir(workdir, s)
+                                                       for s in axis.seeds)
+  log(where_line(workdir, per_seed=workdirs if axis.stacked else ()))
   compile_log.install(log)  # each program's compile said once (>= 1 s)
   if cpu_fallback_warning():
     log(cpu_fallback_warning())
@@ -127,13 +129,11 @@ def train(config, workdir: str, log=print, seeds=None, seed_axis: str = "vmap") 
   rollout = sections.eval.rollout
   check_task_fits_model(model_cfg, task, sections.eval.eval_size, rollout.max_new_tokens)
   # reward models read
-  sources = build_reward_sources(sections.rewards, sections.model, task, mesh, reward_name(task))
+  sources = build_reward_sources(sections.rewards, sections.model, task, mesh)
   optimizer = make_optimizer(config.optim, settings.steps * rl.num_iterations *
                              rl.num_minibatches)
   spec = StepSpec(model_cfg, rl, optimizer, settings.update_group_size,
                   rollout.temperature, rollout.max_new_tokens)
-  workdirs = (workdir,) if not axis.stacked else tuple(seed_workdir(workdir, s)
-                                                       for s in axis.seeds)
   run = Run.of(config, axis, task, spec, base_keys, workdirs, mesh, log, sources)
   # Process 0 writes for everyone, so it alone holds the workdir's lock (one run per workdir).
   with (WorkdirLock(workdir) if distributed.is_main_process() else contextlib.nullcontext()):

@@ -20,7 +20,7 @@ def check_source(t_cfg, rl) -> None:
         f"rl.pack_tokens={rl.pack_tokens} sizes each step's packed tokens on the host, but "
         f"train.experience_source={name!r} has no host between rollout and update; set "
         f"rl.pack_tokens=0 or train.experience_source='host'.")
-  if t_cfg.fused_steps and name != "fused":
+  if t_cfg.fused_steps and name not in ("fused", "fused_episodes"):
     raise config_lib.ConfigError(
         f"train.fused_steps={t_cfg.fused_steps} runs on the fused experience source but "
         f"train.experience_source={name!r}; set one of them to its default.")

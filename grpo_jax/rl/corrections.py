@@ -1,0 +1,241 @@
+"""Off-policy corrections: importance weights for tokens sampled by a behaviour policy mu (the
+sampler: `Rollout.logprobs`) and trained on with a proximal policy pi_prox (the policy's
+log-probs recomputed at the update's start, `old_logprobs`; the current policy, stop-gradient,
+when the update reuses its own, experience.reuses_current_logprobs). Selected with
+rl.is_correction; the weights w multiply the policy-gradient loss per token (rl/objective.py),
+as verl's `rollout_is_weights` multiply its `pg_losses`:
+
+    rho_t  = pi_prox(o_t) / mu(o_t) = exp(clip(log pi_prox_t - log mu_t, -20, 20))
+    R_i    = prod_t rho_t = exp(clip(sum_t m_t (log pi_prox_t - log mu_t), -20, 20))
+
+    "none"          w = 1 (or rl.tis_cap's truncated weights, losses.truncated_is_weights)
+    "tis_token"     w_t = min(rho_t, C)                                 (truncated IS, token)
+    "tis_sequence"  w_t = min(R_i, C)                                   (truncated IS, sequence)
+    "mis_token"     w_t = rho_t  if a <= rho_t <= C  else 0             (masked IS: IcePop)
+    "mis_sequence"  w_t = R_i    if a <= R_i <= C    else 0             (masked IS, sequence)
+    "decoupled_ppo" w_t = rho_t  (0 where rho_t > C' when rl.decoupled_cap = C' > 0)
+
+with C = rl.is_high, a = rl.is_low; no gradient flows through w; 0 where ~mask. The first four
+are verl's rollout correction (verl/trainer/ppo/rollout_corr_helper.py
+`compute_rollout_correction_weights`: rollout_is = "token" / "sequence", a single
+rollout_is_threshold truncates, a "lower_upper" one masks), checked against that function in
+tests/test_corrections.py. "decoupled_ppo" is AReaL's decoupled PPO objective (arXiv 2505.24298,
+eq. (5)): with rl.loss = "ppo_clip" the loss becomes
+
+    J = E_mu[ pi_prox / mu * min(u_t A_t, clip(u_t, 1 - eps, 1 + eps) A_t) ],  u_t = pi / pi_prox
+
+the proximal policy's trust region, separate from the behaviour policy's; AReaL's
+behav_imp_weight_cap drops tokens whose pi_prox / mu exceeds it (rl.decoupled_cap).
+
+CISPO (MiniMax-M1) is a policy loss, rl.loss = "cispo" (`cispo_loss` below), so that it keeps
+the objective's KL, entropy, aggregation and these weights, as verl's loss_mode = "cispo".
+
+Each correction reports (`correction_sums`, sums that add up over micro-batches): is_ratio
+(mean of rho_t), is_ratio_max / is_ratio_min, is_weight (mean of w_t), is_masked_frac (the
+tokens whose weight the correction set to 0), behaviour_kl (the k3 estimate of KL(mu || pi_prox)
+per token, rho - 1 - log rho, on mu's samples) and, given per-row staleness (policy versions
+between mu and pi_prox), staleness_mean / staleness_max.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from grpo_jax.registry import Registry
+from grpo_jax.rl._checks import as_token_mask, require_shape
+from grpo_jax.rl.losses import POLICY_LOSSES
+
+SAFETY_BOUND = 20.0  # |log ratio| clamp before exp (verl's SAFETY_BOUND)
+
+# rl.is_correction: fn(behaviour_logp, proximal_logp, mask, *, hyperparameters) -> weights
+IS_CORRECTIONS = Registry("rl.is_correction")
+
+# The sums of `correction_sums` divided by the tokens, and those reduced by max / min.
+CORRECTION_MEANS = ("is_ratio", "is_weight", "is_masked_frac", "behaviour_kl")
+CORRECTION_MAX = ("is_ratio_max", "staleness_max")
+CORRECTION_MIN = ("is_ratio_min",)
+
+
+def _log_ratio(behaviour_logp, proximal_logp, mask):
+  """(mask, log pi_prox - log mu with 0 where ~mask), both (B, N)."""
+  mask = as_token_mask(mask, proximal_logp)
+  require_shape("behaviour_logp", behaviour_logp, mask.shape)
+  return mask, jnp.where(mask, proximal_logp - behaviour_logp, 0.0)
+
+
+def token_ratio(behaviour_logp, proximal_logp, mask):
+  """rho_t = exp(clip(log pi_prox_t - log mu_t, -20, 20)), 0 where ~mask; (B, N)."""
+  mask, log_ratio = _log_ratio(behaviour_logp, proximal_logp, mask)
+  ratio = jnp.exp(jnp.clip(log_ratio, -SAFETY_BOUND, SAFETY_BOUND))
+  return jnp.where(mask, ratio, 0.0)
+
+
+def sequence_ratio(behaviour_logp, proximal_logp, mask):
+  """R_i = exp(clip(sum_t m_t (log pi_prox_t - log mu_t), -20, 20)) on each of row i's masked
+  tokens, 0 where ~mask; (B, N)."""
+  mask, log_ratio = _log_ratio(behaviour_logp, proximal_logp, mask)
+  total = jnp.clip(jnp.sum(log_ratio, axis=-1, keepdims=True), -SAFETY_BOUND, SAFETY_BOUND)
+  return jnp.where(mask, jnp.exp(total), 0.0)
+
+
+def truncate(ratio, mask, cap: float):
+  """w = sg[min(ratio, cap)] where mask, else 0 (truncated IS)."""
+  return jax.lax.stop_gradient(jnp.where(mask, jnp.minimum(ratio, cap), 0.0))
+
+
+def mask_outside(ratio, mask, low: float, high: float):
+  """w = sg[ratio] where mask and low <= ratio <= high, else 0 (masked IS, IcePop)."""
+  keep = mask & (ratio >= low) & (ratio <= high)
+  return jax.lax.stop_gradient(jnp.where(keep, ratio, 0.0))
+
+
+def _check_cap(is_high=2.0, **_):
+  if not is_high > 0:
+    return f"rl.is_high={is_high}; the importance-weight cap must be positive (verl's 2.0)."
+  return None
+
+
+def _check_bounds(is_low=0.5, is_high=2.0, **_):
+  if not 0 <= is_low <= is_high or not is_high > 0:
+    return (f"rl.is_low={is_low}, rl.is_high={is_high}; the masked modes keep ratios in "
+            f"[is_low, is_high] and need 0 <= is_low <= is_high, is_high > 0 (e.g. 0.5 and 2.0).")
+  return None
+
+
+def _check_decoupled(decoupled_cap=0.0, **_):
+  if not (decoupled_cap == 0 or decoupled_cap > 1):
+    return (f"rl.decoupled_cap={decoupled_cap}; use 0 (no cap) or a cap > 1 on pi_prox / mu "
+            f"(AReaL's behav_imp_weight_cap, e.g. 5.0).")
+  return None
+
+
+@IS_CORRECTIONS.register("tis_token", check=_check_cap)
+def tis_token(behaviour_logp, proximal_logp, mask, *, is_high=2.0):
+  """w_t = sg[min(rho_t, C)], C = rl.is_high (verl rollout_is="token", threshold C)."""
+  mask = as_token_mask(mask, proximal_logp)
+  return truncate(token_ratio(behaviour_logp, proximal_logp, mask), mask, is_high)
+
+
+@IS_CORRECTIONS.register("tis_sequence", check=_check_cap)
+def tis_sequence(behaviour_logp, proximal_logp, mask, *, is_high=2.0):
+  """w_t = sg[min(R_i, C)] on row i's tokens (verl rollout_is="sequence", threshold C)."""
+  mask = as_token_mask(mask, proximal_logp)
+  return truncate(sequence_ratio(behaviour_logp, proximal_logp, mask), mask, is_high)
+
+
+@IS_CORRECTIONS.register("mis_token", check=_check_bounds)
+def mis_token(behaviour_logp, proximal_logp, mask, *, is_low=0.5, is_high=2.0):
+  """w_t = sg[rho_t] if is_low <= rho_t <= is_high else 0: IcePop's token mask (verl
+  rollout_is="token", threshold "is_low_is_high")."""
+  mask = as_token_mask(mask, proximal_logp)
+  return mask_outside(token_ratio(behaviour_logp, proximal_logp, mask), mask, is_low, is_high)
+
+
+@IS_CORRECTIONS.register("mis_sequence", check=_check_bounds)
+def mis_sequence(behaviour_logp, proximal_logp, mask, *, is_low=0.5, is_high=2.0):
+  """w_t = sg[R_i] if is_low <= R_i <= is_high else 0 on all of row i's tokens (verl
+  rollout_is="sequence", threshold "is_low_is_high")."""
+  mask = as_token_mask(mask, proximal_logp)
+  return mask_outside(sequence_ratio(behaviour_logp, proximal_logp, mask), mask, is_low,
+                      is_high)
+
+
+@IS_CORRECTIONS.register("decoupled_ppo", check=_check_decoupled)
+def decoupled_ppo(behaviour_logp, proximal_logp, mask, *, decoupled_cap=0.0):
+  """AReaL's behaviour weight (arXiv 2505.24298, eq. (5)): w_t = sg[pi_prox_t / mu_t], 0 where
+  it exceeds decoupled_cap > 0 (their behav_imp_weight_cap; 0 = no cap)."""
+  mask = as_token_mask(mask, proximal_logp)
+  ratio = token_ratio(behaviour_logp, proximal_logp, mask)
+  return mask_outside(ratio, mask, 0.0, decoupled_cap if decoupled_cap else jnp.inf)
+
+
+def correction_sums(behaviour_logp, proximal_logp, weights, mask, staleness=None) -> dict:
+  """The corrections' metrics as sums over `mask` (divide CORRECTION_MEANS by is_tokens; the
+  _max / _min ones are extrema, -inf / inf without tokens): is_ratio (rho_t), is_weight (w_t),
+  is_masked_frac (w_t == 0 where rho_t > 0), behaviour_kl (k3: rho - 1 - log rho, an unbiased
+  estimate of KL(mu || pi_prox) on mu's samples), is_ratio_max / is_ratio_min; staleness (B,)
+  given: staleness (summed over rows) and staleness_max, with is_rows."""
+  mask, log_ratio = _log_ratio(behaviour_logp, proximal_logp, mask)
+  log_ratio = jnp.clip(log_ratio, -SAFETY_BOUND, SAFETY_BOUND)
+  ratio = jnp.exp(log_ratio)
+  sums = dict(
+      is_ratio=jnp.sum(jnp.where(mask, ratio, 0.0)),
+      is_weight=jnp.sum(jnp.where(mask, weights, 0.0)),
+      is_masked_frac=jnp.sum(mask & (weights == 0)).astype(jnp.float32),
+      behaviour_kl=jnp.sum(jnp.where(mask, ratio - 1.0 - log_ratio, 0.0)),
+      is_ratio_max=jnp.max(jnp.where(mask, ratio, -jnp.inf)),
+      is_ratio_min=jnp.min(jnp.where(mask, ratio, jnp.inf)),
+      is_tokens=jnp.sum(mask).astype(jnp.float32))
+  if staleness is not None:
+    staleness = jnp.asarray(staleness, jnp.float32)
+    sums.update(staleness=jnp.sum(staleness), staleness_max=jnp.max(staleness),
+                is_rows=jnp.float32(staleness.shape[0]))
+  return jax.tree.map(jax.lax.stop_gradient, sums)
+
+
+def correction_metrics(sums: dict) -> dict:
+  """The metrics of (summed) correction_sums: the means divided by the tokens (rows for
+  staleness_mean), the extrema as they are."""
+  tokens = jnp.maximum(sums["is_tokens"], 1.0)
+  out = {k: sums[k] / tokens for k in CORRECTION_MEANS}
+  out.update({k: sums[k] for k in CORRECTION_MAX + CORRECTION_MIN if k in sums})
+  if "staleness" in sums:
+    out["staleness_mean"] = sums["staleness"] / jnp.maximum(sums["is_rows"], 1.0)
+  return out
+
+
+def make_correction(rl):
+  """correct(behaviour_logp, proximal_logp, mask, staleness=None) -> (weights (B, N), sums)
+  for rl.is_correction with its hyperparameters bound (checked) here; None for "none"."""
+  name = rl.get("is_correction", "none")
+  if name == "none":
+    return None
+  fn = IS_CORRECTIONS.bind(name, rl)
+
+  def correct(behaviour_logp, proximal_logp, mask, staleness=None):
+    weights = fn(behaviour_logp, proximal_logp, mask)
+    return weights, correction_sums(behaviour_logp, proximal_logp, weights, mask, staleness)
+  return correct
+
+
+def cispo_loss(logprobs, old_logprobs, advantages, mask, eps_low: float, eps_high: float,
+               log_ratio_clamp: float | None = 20.0):
+  """CISPO, MiniMax-M1 (arXiv 2506.13585, section 3.1, eqs. (4)-(5)), per token (to minimise):
+
+      r_t  = exp(clip(logp_t - logp_old_t, -c, c))        (c = log_ratio_clamp; None: no clip)
+      r^_t = clip(r_t, 1 - eps_low, 1 + eps_high)
+      L_t  = -sg[r^_t] A_t log pi_theta(o_t)
+
+  so dL_t/dlogp_t = -r^_t A_t: every token keeps its gradient, only the IS weight is clipped.
+  The paper's 1 / sum_i |o_i| is rl.loss_aggregation = "token-mean". Returns (loss (B, T),
+  metrics): clipped (r^_t != r_t) and ratio (r_t)."""
+  mask = as_token_mask(mask, logprobs)
+  for name, x in (("old_logprobs", old_logprobs), ("advantages", advantages)):
+    require_shape(name, x, mask.shape)
+  logprobs, old_logprobs, advantages = (jnp.where(mask, x, 0.0)
+                                        for x in (logprobs, old_logprobs, advantages))
+  log_ratio = logprobs - old_logprobs
+  if log_ratio_clamp is not None:
+    log_ratio = jnp.clip(log_ratio, -log_ratio_clamp, log_ratio_clamp)
+  ratio = jax.lax.stop_gradient(jnp.exp(log_ratio))
+  clipped_ratio = jnp.clip(ratio, 1.0 - eps_low, 1.0 + eps_high)
+  loss = jnp.where(mask, -clipped_ratio * advantages * logprobs, 0.0)
+  metrics = dict(clipped=mask & (clipped_ratio != ratio), ratio=jnp.where(mask, ratio, 0.0))
+  return loss, metrics
+
+
+def _check_cispo(cispo_eps_low=10.0, cispo_eps_high=0.2, **_):
+  if not (cispo_eps_low > 0 and cispo_eps_high > 0):
+    return (f"rl.cispo_eps_low={cispo_eps_low}, rl.cispo_eps_high={cispo_eps_high}; use "
+            f"positive values (verl's CISPO recipe: 10, no lower bound in effect, and 0.2).")
+  return None
+
+
+@POLICY_LOSSES.register("cispo", check=_check_cispo)
+def cispo(logprobs, old_logprobs, advantages, mask, *, cispo_eps_low=10.0, cispo_eps_high=0.2,
+          log_ratio_clamp=20.0):
+  """cispo_loss: the IS weight clipped to [1 - cispo_eps_low, 1 + cispo_eps_high] (the paper
+  tunes only the upper bound; verl's recipe: 10 and 0.2); log_ratio_clamp 0 = off."""
+  return cispo_loss(logprobs, old_logprobs, advantages, mask, cispo_eps_low, cispo_eps_high,
+                    log_ratio_clamp or None)

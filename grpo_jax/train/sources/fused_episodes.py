@@ -1,0 +1,123 @@
+"""The episodes of a pure-JAX environment inside the one-jit RL iteration
+(train.experience_source="fused_episodes", on-policy, owns the step): the "episodes" source
+(train/sources/episodes.py) with the environment's reset and step written in JAX
+(envs/calculator_jax.py) and the turns a lax loop (envs/episodes_jax.py), so that sampling,
+the environment, the reward and the RL step of max(train.fused_steps, 1) iterations run in
+one jitted lax.scan per host call, vmapped (or lax.mapped) over the run's seeds as "fused"
+does: no host round-trip per turn or per step.
+
+Iteration i of a seed plays what "episodes" plays at that step: the rows of the task's stream
+[position, position + num_prompts), each repeated group_size times, episode e with id
+r = position x G + e, the key rollout_key(source); the sampler's input is the prompt and the
+ids so far left-padded to task.prompt_width + env.max_completion_tokens every turn. The
+environments with a JAX form are JAX_ENVIRONMENTS (env.name -> make(env, tokenizer) -> the
+env's jit-static spec); what runs on the host only (text samples, tool latency) is not
+recorded.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from grpo_jax.envs import ENVIRONMENTS
+from grpo_jax.envs import calculator  # noqa: F401  (registers env.name='calculator')
+from grpo_jax.envs.calculator_jax import CalculatorJax
+from grpo_jax.envs.episodes_jax import play_episodes
+from grpo_jax.errors import ConfigError
+from grpo_jax.registry import Registry
+from grpo_jax.train.learner.experience import RewardInputs
+from grpo_jax.train.learner.state import RunState, policy_params, rollout_key
+from grpo_jax.train.learner.step import make_rl_step
+from grpo_jax.train.run.metrics import rollout_metrics, step_record
+from grpo_jax.train.sources.experience_source import register_experience_source
+from grpo_jax.train.sources.fused import make_scanned_advance
+
+JAX_ENVIRONMENTS = Registry("env.name")  # env.name -> make(env, tokenizer) -> its JAX spec
+JAX_ENVIRONMENTS.register("calculator", CalculatorJax.of)
+
+
+def env_name(env) -> str:
+  """The env.name `env` was registered under ("" if none)."""
+  return next((name for name, cls in ENVIRONMENTS.items() if type(env) is cls), "")
+
+
+def check_fused_episodes(run) -> None:
+  """One-sentence ConfigErrors for what this source cannot run, before any compute."""
+  task, settings = run.task, run.settings
+  if "episodes" not in getattr(task, "capabilities", ()):
+    raise ConfigError("train.experience_source='fused_episodes' plays an environment's "
+                      "episodes; set task.name='env' with a config.env section.")
+  if env_name(task.env) not in JAX_ENVIRONMENTS:
+    raise ConfigError(f"train.experience_source='fused_episodes' has no JAX form of the "
+                      f"environment {env_name(task.env)!r} (it has: "
+                      f"{', '.join(JAX_ENVIRONMENTS.names())}); use "
+                      f"train.experience_source='episodes'.")
+  if settings.gfpo_keep or settings.dynamic_sampling:
+    raise ConfigError("train.experience_source='fused_episodes' keeps every episode it plays; "
+                      "set rl.gfpo_keep=0 and rl.dynamic_sampling=False.")
+  if run.needs:
+    raise ConfigError(f"train.experience_source='fused_episodes' gives the estimator rewards "
+                      f"only, but it needs {', '.join(map(str, run.needs))}; use "
+                      f"train.experience_source='episodes'.")
+
+
+def episode_table(task, seed: int, count: int) -> dict:
+  """The first `count` rows of a seed's stream as arrays {"a", "b"} (count,) int32."""
+  rows = task.train_rows(0, count, seed)
+  return {k: np.asarray([r[k] for r in rows], np.int32) for k in ("a", "b")}
+
+
+def make_episodes_iteration(run, spec):
+  """iteration(run_state, table) -> (run_state, metrics): one RL step of one seed on its
+  episodes, on device."""
+  settings, task = run.settings, run.task
+  num_prompts, group = settings.num_prompts, settings.group_size
+  n, prompt_width = task.max_completion_tokens, task.prompt_len
+  rl_step = make_rl_step(run.spec)
+  rows = num_prompts * group
+
+  def iteration(run_state, table):
+    train, source = run_state.train, run_state.source
+    position = source.data_position
+    a, b = (jnp.repeat(jax.lax.dynamic_slice_in_dim(table[k], position, num_prompts), group)
+            for k in ("a", "b"))
+    ids = position * group + jnp.arange(rows, dtype=jnp.int32)
+    rollout, end = play_episodes(run.sampling, policy_params(train), spec, a, b,
+                                 rollout_key(source), n, prompt_width, prompt_width + n, ids)
+    inputs = RewardInputs(end.reward, {}, jnp.int32(num_prompts))
+    train, metrics = rl_step(train, rollout, inputs)
+    source = source.replace(data_position=position + num_prompts, rollouts=source.rollouts + 1)
+    mask = rollout.completion_mask
+    metrics["rollout"] = rollout_metrics(end.reward, mask, rollout.truncated, group, xp=jnp)
+    calls = jnp.sum(end.env.tool_calls)
+    metrics["episodes"] = dict(
+        turns_per_episode=jnp.mean(end.turns), tool_calls_per_episode=calls / rows,
+        tool_error_rate=jnp.sum(end.env.tool_errors) / jnp.maximum(calls, 1),
+        env_token_fraction=1.0 - jnp.sum(rollout.action_mask) / jnp.maximum(jnp.sum(mask), 1))
+    metrics["step_tokens"] = (jnp.sum(rollout.prompt_mask) + jnp.sum(mask)).astype(jnp.int32)
+    return RunState(train, source), metrics
+
+  return iteration
+
+
+@register_experience_source("fused_episodes", owns_step=True)
+def make_fused_episodes_advance(run, state, samples_out=None):
+  """advance(run_state) -> (run_state, records of K steps (each per seed), tokens of each
+  step). samples_out: unused (no text on the devices)."""
+  del samples_out
+  check_fused_episodes(run)
+  settings, axis, task = run.settings, run.axis, run.task
+  spec = JAX_ENVIRONMENTS.get(env_name(task.env))(task.env, task.tokenizer)
+  count = settings.steps * settings.num_prompts
+  tables = axis.stack([jax.tree.map(jnp.asarray, episode_table(task, s, count))
+                       for s in axis.seeds])
+
+  def record_of(one):
+    stats, episodes = one.pop("rollout"), one.pop("episodes")
+    return step_record(one, stats, settings.on_reward_error) | {
+        key: float(v) for key, v in episodes.items()}
+
+  return make_scanned_advance(run, state, make_episodes_iteration(run, spec), tables,
+                              record_of)
