@@ -46,7 +46,7 @@ def test_config_error_from_main_is_one_line(tmp_path):
                                 "grpo_batch_std, process, reinforce_pp, "
                                 "reinforce_pp_baseline, remax, rloo."),
     ("rl", "advantage", "gae", "rl.advantage='gae' needs a critic, but rl.value_head='none'"),
-    ("rl", "loss", "ppo2", "rl.loss='ppo2' is unknown; valid: gspo, ppo_clip."),
+    ("rl", "loss", "ppo2", "rl.loss='ppo2' is unknown; valid: cispo, gspo, ppo_clip."),
     ("rl", "kl_estimator", "k4", "rl.kl_estimator='k4' is unknown; valid: k1, k2, k3."),
     ("rl", "num_micro_batches", 3, "a minibatch of 128 completions does not split into "
                                    "rl.num_micro_batches=3"),

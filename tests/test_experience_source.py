@@ -65,5 +65,5 @@ def test_an_unknown_source_is_one_sentence(tmp_path):
   config = small_tiny_config(steps=1)
   config.train.experience_source = "replay_frist"
   with pytest.raises(ConfigError, match="train.experience_source='replay_frist' is unknown; "
-                                        "valid: episodes, fused, host"):
+                                        "valid: episodes, fused, fused_episodes, host"):
     train(config, str(tmp_path), log=lambda *_: None)
