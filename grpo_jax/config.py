@@ -301,6 +301,10 @@ def _validate_devices(config) -> None:
     size = config.mesh[axis]
     _require(isinstance(size, int) and (size == -1 or size >= 1),
              f"mesh.{axis}={size!r}; use a device count >= 1, or -1 for the rest of the devices.")
+  split = config.mesh.get("rollout_devices", 0)
+  _require(isinstance(split, int) and split >= 0,
+           f"mesh.rollout_devices={split!r}; use 0 (the sampler shares the learner's mesh) or "
+           f"the number n >= 1 of last devices that form the sampler's mesh.")
   dist = config.get("distributed")
   if dist is not None:
     _one_of(dist.mode, ("none", "auto", "explicit"), "distributed.mode")

@@ -42,9 +42,24 @@ def rl_defaults(**overrides) -> ml_collections.ConfigDict:
       objective="policy_gradient",
       tis_cap=0.0,  # truncated importance sampling cap (e.g. 2.0); 0 = off
       # Off-policy correction of the sampler's tokens (grpo_jax/rl/corrections.py): "none",
-      # "tis_token" / "tis_sequence" (truncated at is_high), "mis_token" / "mis_sequence" (IcePop:
-      # masked outside [is_low, is_high]), "decoupled_ppo" (AReaL; its decoupled_cap)
+      # "tis_token" / "tis_sequence" / "tis_geometric" (truncated at is_high), "mis_token" /
+      # "mis_sequence" / "mis_geometric" (IcePop: masked outside [is_low, is_high]),
+      # "decoupled_ppo" (AReaL; its decoupled_cap), verl's rejection sampling "rs_<level>_<k>"
+      # (grpo_jax/rl/rejection.py; level token, seq_sum, seq_mean, seq_max; k = k1, k2, k3) and
+      # "rs_veto", or one weight joined to rejections by "+": e.g. "tis_sequence+rs_seq_mean_k1"
       is_correction="none",
+      # verl's rollout_is_batch_normalize: the tis_* / mis_* weights divided by their batch mean
+      is_batch_normalize=False,
+      # the k1 rejections keep tokens (rows) with rs_low <= mu/pi_prox <= rs_high (the row's
+      # geometric mean for seq_mean_k1; verl's presets 2.0, 1.001); rs_low 0 = 1/rs_high
+      rs_low=0.0, rs_high=2.0,
+      rs_kl_max=0.01,  # the k2 / k3 rejections keep a divergence <= this (verl's k3 presets)
+      # "rs_veto" drops a row with any token whose pi_prox/mu < this (verl 0.6's default)
+      rs_veto_threshold=1e-4,
+      # Asynchronous RL (docs/async.md): the batch of step t is sampled by the policy of step
+      # max(0, t - max_staleness), so sampling and host rewards of later batches overlap the
+      # update; 0 = synchronous (on-policy), as before.
+      max_staleness=0,
       entropy_coef=0.0,
       loss_aggregation="token-mean",  # one of LOSS_AGGREGATIONS
       kl_coef=0.04,  # beta; 0 = no KL (no reference forward pass, no reference copy held)
@@ -200,10 +215,14 @@ def get_defaults() -> ml_collections.ConfigDict:
   # the built-in environments declare (calculator: digits, max_turns, tool_parser, tools,
   # max_concurrency, question; openenv, grpo_jax/envs/adapters/openenv.py: environment,
   # action_field, observation_field, system_prompt).
+  # kv_continuation: the host episodes (experience source "episodes", the evaluation) continue
+  # each episode's KV cache with a turn's new ids instead of prefilling the episode so far again
+  # every turn (rollout/continuation.py; docs/environments.md): the same tokens, log-probs equal
+  # to float rounding (not to the bit, hence off by default).
   from grpo_jax.envs import ENVIRONMENTS  # noqa: PLC0415  (filled by the imports above)
   c.env = ml_collections.ConfigDict(declared_defaults(
       [cls for _, cls in ENVIRONMENTS.items() if cls.__module__.startswith("grpo_jax.")],
-      dict(name="calculator", max_completion_tokens=256)))
+      dict(name="calculator", max_completion_tokens=256, kv_continuation=False)))
 
   # Data of file-backed tasks: gsm8k, and a researcher's own (task.name="table";
   # grpo_jax/data/table.py, README "Bring your own data and reward", docs/own_data.md).
@@ -370,7 +389,11 @@ def get_defaults() -> ml_collections.ConfigDict:
 
   # Devices: (data, fsdp, tensor, expert) sizes, -1 = the rest; multi-host start-up (see
   # docs/meshes.md). expert splits a mixture's experts (and, like data, the rows).
-  c.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, tensor=1, expert=1))
+  # rollout_devices (split placement, docs/meshes.md): 0 = the sampler shares the learner's
+  # mesh; n > 0 = the last n devices form the sampler's mesh and the first (total - n) the
+  # learner's, each laid out by the sizes above (weights synced to the sampler every step).
+  c.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, tensor=1, expert=1,
+                                          rollout_devices=0))
   c.distributed = ml_collections.ConfigDict(dict(
       mode="none",  # "none", "auto" (jax.distributed.initialize()) or "explicit" (below)
       coordinator_address="",  # "host:port"; "" = $JAX_COORDINATOR_ADDRESS

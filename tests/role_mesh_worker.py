@@ -1,6 +1,7 @@
 """Run in a subprocess with XLA_FLAGS=--xla_force_host_platform_device_count=8
 (tests/test_role_meshes.py): the learner on devices 0-3 (fsdp 2 x tensor 2), the sampler on
-devices 4-7 (data 4); prints one JSON line."""
+devices 4-7 (data 4); then the meshes mesh.rollout_devices=4 carves (role_meshes) and the timed
+sync between them; prints one JSON line."""
 
 import json
 
@@ -8,7 +9,7 @@ import jax
 import numpy as np
 
 from grpo_jax.models.partitioning import place
-from grpo_jax.parallel.mesh import make_mesh, mesh_config, shard_batch
+from grpo_jax.parallel.mesh import make_mesh, mesh_config, role_meshes, shard_batch
 from grpo_jax.rollout.sampler import generate
 from grpo_jax.train.sources.experience_source import Run
 from tests.fixtures import perturbed_params, tiny_model_config
@@ -45,7 +46,25 @@ def main():
   out["tokens_equal"] = bool(np.array_equal(np.asarray(got.completion_tokens),
                                             np.asarray(want.completion_tokens)))
   out["rollout_devices"] = sorted({d.id for d in got.completion_tokens.sharding.device_set})
+  out.update(_carved(host))
   print(json.dumps(out))
+
+
+def _carved(host) -> dict:
+  """role_meshes(mesh.data=-1, rollout_devices=4): its meshes' devices and shapes, and what
+  sync_weights_timed reports between them (and on one shared mesh)."""
+  learner, sampler = role_meshes(mesh_config(-1), 4)
+  params = place(host, learner)
+  synced, timing = _run(learner, sampler).sync_weights_timed(params)
+  _, shared = _run(learner, None).sync_weights_timed(params)
+  ids = lambda tree: sorted({d.id for x in jax.tree.leaves(tree)  # noqa: E731
+                             for d in x.sharding.device_set})
+  return dict(carved_learner=ids(params), carved_sampler=ids(synced),
+              carved_shapes=[list(learner.shape.values()), list(sampler.shape.values())],
+              shared_alone=role_meshes(mesh_config(-1), 0)[1] is None,
+              sync_bytes=timing["weight_sync_bytes"], sync_s=timing["weight_sync_s"],
+              params_bytes=int(sum(np.asarray(x).nbytes for x in jax.tree.leaves(host))),
+              shared_timing=shared)
 
 
 if __name__ == "__main__":

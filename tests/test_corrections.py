@@ -158,7 +158,7 @@ def test_an_unknown_correction_names_the_valid_ones():
   config = get_defaults()
   config.rl.is_correction = "icepop"
   with pytest.raises(ConfigError, match="rl.is_correction='icepop' is unknown; valid: "
-                                        "decoupled_ppo, mis_sequence"):
+                                        "decoupled_ppo, mis_geometric, mis_sequence"):
     validate(config)
   assert "tis_token" in IS_CORRECTIONS
 

@@ -30,23 +30,8 @@ def _metrics(workdir):
     return [{k: v for k, v in json.loads(line).items() if k not in TIMING_KEYS} for line in f]
 
 
-@pytest.mark.slow
-def test_two_processes_equal_one_process_with_as_many_devices(tmp_path):
-  env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-  env["JAX_PORT"] = str(23000 + os.getpid() % 5000)
-  multi = subprocess.run(["bash", "launch/local_multihost.sh", "2", "2", *SMALL,
-                          f"--workdir={tmp_path / 'multi'}"], cwd=ROOT, env=env,
-                         capture_output=True, text=True, timeout=900)
-  assert multi.returncode == 0, multi.stderr[-3000:]
-  assert "2 process(es)" in multi.stdout
-  single = subprocess.run([sys.executable, "-m", "grpo_jax.main", *SMALL,
-                           f"--workdir={tmp_path / 'single'}"], cwd=ROOT,
-                          env=dict(env, XLA_FLAGS="--xla_force_host_platform_device_count=4"),
-                          capture_output=True, text=True, timeout=900)
-  assert single.returncode == 0, single.stderr[-3000:]
-  assert "(4, 1, 1, 1) over 4 devices, 1 process(es)" in single.stdout
-  multi_metrics, single_metrics = _metrics(tmp_path / "multi"), _metrics(tmp_path / "single")
-  assert [r["step"] for r in multi_metrics] == [0, 1, 2]
+def _compare(multi_metrics, single_metrics):
+  """Bit for bit but the float metrics, within 1e-6 relative (see the module docstring)."""
   assert [sorted(r) for r in multi_metrics] == [sorted(r) for r in single_metrics]
   bad = []
   for multi_row, single_row in zip(multi_metrics, single_metrics):
@@ -60,6 +45,41 @@ def test_two_processes_equal_one_process_with_as_many_devices(tmp_path):
       elif value != single_row[key]:
         bad.append((multi_row["step"], key, value, single_row[key]))
   assert not bad, bad
+
+
+def _both(tmp_path, *extra, port_offset=0):
+  """(2 processes x 2 devices, 1 process x 4 devices) runs of SMALL + extra: their metrics."""
+  env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+  env["JAX_PORT"] = str(23000 + os.getpid() % 5000 + port_offset)
+  multi = subprocess.run(["bash", "launch/local_multihost.sh", "2", "2", *SMALL, *extra,
+                          f"--workdir={tmp_path / 'multi'}"], cwd=ROOT, env=env,
+                         capture_output=True, text=True, timeout=900)
+  assert multi.returncode == 0, multi.stderr[-3000:]
+  assert "2 process(es)" in multi.stdout
+  single = subprocess.run([sys.executable, "-m", "grpo_jax.main", *SMALL, *extra,
+                           f"--workdir={tmp_path / 'single'}"], cwd=ROOT,
+                          env=dict(env, XLA_FLAGS="--xla_force_host_platform_device_count=4"),
+                          capture_output=True, text=True, timeout=900)
+  assert single.returncode == 0, single.stderr[-3000:]
+  assert "(4, 1, 1, 1) over 4 devices, 1 process(es)" in single.stdout
+  return env, _metrics(tmp_path / "multi"), _metrics(tmp_path / "single")
+
+
+@pytest.mark.slow
+def test_asynchronous_two_processes_equal_one_process(tmp_path):
+  """rl.max_staleness=1 (train/sources/pipeline.py): every process serves the same device calls
+  in the same order, so 2 processes give the 1-process run's metrics, with stale rows."""
+  _, multi_metrics, single_metrics = _both(tmp_path, "--config.rl.max_staleness=1",
+                                           "--config.train.steps=3", port_offset=7)
+  assert [r.get("experience_staleness") for r in multi_metrics] == [None, 0, 1, 1]
+  _compare(multi_metrics, single_metrics)
+
+
+@pytest.mark.slow
+def test_two_processes_equal_one_process_with_as_many_devices(tmp_path):
+  env, multi_metrics, single_metrics = _both(tmp_path)
+  assert [r["step"] for r in multi_metrics] == [0, 1, 2]
+  _compare(multi_metrics, single_metrics)
   assert multi_metrics[2]["grad_norm"] > 0.1 and multi_metrics[2]["kl"] > 0  # it trained
   # Process 0 alone reads the record: its refusal (a damaged config.json) stops every process
   # in one sentence each, instead of the others waiting at the restore.

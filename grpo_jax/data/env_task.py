@@ -47,6 +47,7 @@ class EnvTask(ChatTextTask):
     self.max_completion_tokens, self.warmup_tool_share = max_completion_tokens, warmup_tool_share
     self._train, self._test = env.rows("train", _TRAIN_ROWS), env.rows("test", test_size)
     self.max_new_tokens = max_completion_tokens  # (the evaluation's completion width)
+    self.kv_continuation = False  # env.kv_continuation (rollout/continuation.py)
 
   @staticmethod
   def check_config(config) -> None:
@@ -79,8 +80,10 @@ class EnvTask(ChatTextTask):
                           "empty; set task.tokenizer='char' for a random model.")
       from transformers import AutoTokenizer  # noqa: PLC0415
       tok = AutoTokenizer.from_pretrained(path)
-    return cls(env, tok, int(test_size), int(prompt_width),
+    task = cls(env, tok, int(test_size), int(prompt_width),
                int(config.env.get("max_completion_tokens", 256)), float(warmup_tool_share))
+    task.kv_continuation = bool(config.env.get("kv_continuation", False))
+    return task
 
   # What the environment's first messages are, as ids.
   def first_messages(self, row, seed: int = 0) -> list:

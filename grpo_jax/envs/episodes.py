@@ -1,5 +1,7 @@
-"""Sampling multi-turn episodes as token ids (the first form: every turn prefills the episode
-so far again; continuing each row's KV cache is still to come).
+"""Sampling multi-turn episodes as token ids. Each turn either prefills the episode so far
+again (the default) or, with kv_continuation (env.kv_continuation), continues each row's KV
+cache with only its new ids (rollout/continuation.py): the same draws, so the same tokens up to
+float rounding of the logits.
 
 `sample_episodes` plays B episodes of an environment with a jitted sampler, turn by turn:
 
@@ -31,6 +33,7 @@ import numpy as np
 
 from grpo_jax.envs.chat import environment_delta_ids, render
 from grpo_jax.envs.runner import EpisodeRunner
+from grpo_jax.rollout.continuation import ContinuedTurns
 from grpo_jax.rollout.types import Rollout
 
 
@@ -61,16 +64,31 @@ def _bucket(n: int, step: int) -> int:
   return -(-n // step) * step
 
 
+def _reprefilled_turns(sampling, params, row_ids, width_bucket: int):
+  """A turn's sampler call on the episodes so far, left-padded to a multiple of width_bucket
+  and prefilled whole: (sequences, key, limits, live) -> (tokens, mask, logprobs) (B, M)."""
+  def sample(sequences, key, limits, live):
+    del live  # (an ended episode decodes one ignored token: limit 1)
+    width = _bucket(max(map(len, sequences)), width_bucket)
+    tokens, mask = _left_pad(sequences, width, sampling.pad_id)
+    out = jax.device_get(sampling.with_stats(params, tokens, mask, key, limits, row_ids)[0])
+    return out.completion_tokens, out.completion_mask, out.logprobs
+  return sample
+
+
 def sample_episodes(sampling, params, env, tokenizer, rows: list, seeds: list, key,
                     max_completion_tokens: int, width_bucket: int = 32,
-                    prompt_width: int | None = None, episode_ids=None):
+                    prompt_width: int | None = None, episode_ids=None,
+                    kv_continuation: bool = False):
   """(Rollout of the B = len(rows) episodes, [per-episode dict(reward, turns, truncated,
   state)]). sampling: the turn's `Sampling` (group_size 1; its max_new_tokens caps one turn);
   max_completion_tokens: N, every id after the prompt (the sampler's and the environment's);
   prompt_width: the Rollout's prompt width (None: the longest prompt's), fixed by a training
   source so that every step's update has one shape. episode_ids: each episode's id r in its
   draws (None: its row); with ids, token t of turn k of episode r is drawn from (key, k, r, t)
-  alone, whichever episodes share the batch and in which order."""
+  alone, whichever episodes share the batch and in which order. kv_continuation: each turn
+  continues the rows' KV caches with their new ids (rollout/continuation.py) instead of
+  prefilling the episodes so far again."""
   eot = tokenizer.eos_token
   row_ids = None if episode_ids is None else np.asarray(episode_ids, np.int32)
   with EpisodeRunner(env) as runner:
@@ -79,27 +97,30 @@ def sample_episodes(sampling, params, env, tokenizer, rows: list, seeds: list, k
       prompt = tokenizer.encode(render(tokenizer, messages, env.tools,
                                        add_generation_prompt=True), add_special_tokens=False)
       episodes.append(_Episode(state, list(messages), prompt))
+    longest = max(len(e.prompt) for e in episodes)
+    sample_turn = (ContinuedTurns(sampling, params, len(episodes),
+                                  max(prompt_width or 0, _bucket(longest, width_bucket)),
+                                  max_completion_tokens, row_ids)
+                   if kv_continuation else
+                   _reprefilled_turns(sampling, params, row_ids, width_bucket))
     for turn in range(env.max_turns):
       live = [e for e in episodes if not e.done]
       if not live:
         break
-      so_far = [e.prompt + e.ids for e in episodes]
-      width = _bucket(max(map(len, so_far)), width_bucket)
-      tokens, mask = _left_pad(so_far, width, sampling.pad_id)
       limits = np.array([1 if e.done else max(max_completion_tokens - len(e.ids), 1)
                          for e in episodes], np.int32)
-      out = jax.device_get(sampling.with_stats(params, tokens, mask,
-                                               jax.random.fold_in(key, turn), limits,
-                                               row_ids)[0])
+      tokens, mask, logprobs = sample_turn([e.prompt + e.ids for e in episodes],
+                                           jax.random.fold_in(key, turn), limits,
+                                           [not e.done for e in episodes])
       texts = []
       for i, e in enumerate(episodes):
         if e.done:
           continue
-        n = int(out.completion_mask[i].sum())
-        sampled = out.completion_tokens[i, :n].tolist()
+        n = int(mask[i].sum())
+        sampled = tokens[i, :n].tolist()
         e.ids += sampled
         e.actions += [True] * n
-        e.logprobs += out.logprobs[i, :n].tolist()
+        e.logprobs += logprobs[i, :n].tolist()
         e.turns += 1
         ended = n and sampled[-1] == sampling.eos_id
         texts.append(tokenizer.decode(sampled[:-1] if ended else sampled,

@@ -72,6 +72,29 @@ def make_mesh(mesh_cfg, devices=None) -> Mesh:
                        devices=devices)
 
 
+def role_meshes(mesh_cfg, rollout_devices: int = 0, devices=None) -> tuple[Mesh, Mesh | None]:
+  """(learner's mesh, sampler's mesh or None) carved from `devices` (default jax.devices(), the
+  same global order on every process): rollout_devices = 0 gives one mesh of them all, shared
+  (None for the sampler's); n > 0 gives the first (total - n) devices to the learner and the
+  last n to the sampler, each laid out by `mesh_cfg` (its -1 axis takes the rest of that
+  role's devices). Raises ValueError naming the numbers when the split or a mesh cannot be."""
+  devices = list(jax.devices() if devices is None else devices)
+  n, total = int(rollout_devices), len(devices)
+  if n == 0:
+    return make_mesh(mesh_cfg, devices), None
+  if not 0 < n < total:
+    raise ValueError(f"mesh.rollout_devices={n} cannot be carved from {total} devices; use 0 "
+                     f"(one shared mesh) or 1 to {total - 1} (the sampler's share).")
+  meshes = []
+  for role, part in (("learner", devices[:total - n]), ("sampler", devices[total - n:])):
+    try:
+      meshes.append(make_mesh(mesh_cfg, part))
+    except ValueError as e:
+      raise ValueError(f"mesh.rollout_devices={n} gives the {role} {len(part)} devices, and "
+                       f"its {e}") from None
+  return meshes[0], meshes[1]
+
+
 def batch_axis_size(mesh: Mesh) -> int:
   """The devices a batch's rows split over: data x fsdp x expert."""
   return math.prod(mesh.shape[a] for a in LOGICAL_RULES["batch"])

@@ -13,10 +13,17 @@ as verl's `rollout_is_weights` multiply its `pg_losses`:
     "tis_sequence"  w_t = min(R_i, C)                                   (truncated IS, sequence)
     "mis_token"     w_t = rho_t  if a <= rho_t <= C  else 0             (masked IS: IcePop)
     "mis_sequence"  w_t = R_i    if a <= R_i <= C    else 0             (masked IS, sequence)
+    "tis_geometric" w_t = min(G_i, C), G_i = exp(mean_t m_t log rho_t)  (verl 0.6 "geometric")
+    "mis_geometric" w_t = G_i    if a <= G_i <= C    else 0
     "decoupled_ppo" w_t = rho_t  (0 where rho_t > C' when rl.decoupled_cap = C' > 0)
 
-with C = rl.is_high, a = rl.is_low; no gradient flows through w; 0 where ~mask. The first four
-are verl's rollout correction (verl/trainer/ppo/rollout_corr_helper.py
+with C = rl.is_high, a = rl.is_low; no gradient flows through w; 0 where ~mask. With
+rl.is_batch_normalize the tis_* / mis_* weights are divided by their batch mean
+(`batch_normalize`, verl's rollout_is_batch_normalize). The "rs_*" entries are verl's
+rejection sampling (rollout_rs, 0/1 weights; grpo_jax/rl/rejection.py); "+" joins entries into
+one whose weight is their product, at most one of them not "rs_*": "tis_sequence+rs_seq_mean_k1"
+is verl's rollout_is="sequence" with rollout_rs="seq_mean_k1" (its decoupled_geo_rs_seq_tis
+preset). The first four are verl's rollout correction (verl/trainer/ppo/rollout_corr_helper.py
 `compute_rollout_correction_weights`: rollout_is = "token" / "sequence", a single
 rollout_is_threshold truncates, a "lower_upper" one masks), checked against that function in
 tests/test_corrections.py. "decoupled_ppo" is AReaL's decoupled PPO objective (arXiv 2505.24298,
@@ -42,14 +49,13 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from grpo_jax.registry import Registry
+from grpo_jax.errors import ConfigError
+from grpo_jax.registry import hyperparameters
 from grpo_jax.rl._checks import as_token_mask, require_shape
 from grpo_jax.rl.losses import POLICY_LOSSES
 
-SAFETY_BOUND = 20.0  # |log ratio| clamp before exp (verl's SAFETY_BOUND)
-
-# rl.is_correction: fn(behaviour_logp, proximal_logp, mask, *, hyperparameters) -> weights
-IS_CORRECTIONS = Registry("rl.is_correction")
+from grpo_jax.rl import rejection  # noqa: F401  registers the "rs_*" entries
+from grpo_jax.rl.correction_registry import IS_CORRECTIONS, SAFETY_BOUND  # noqa: F401
 
 # The sums of `correction_sums` divided by the tokens, and those reduced by max / min.
 CORRECTION_MEANS = ("is_ratio", "is_weight", "is_masked_frac", "behaviour_kl")
@@ -79,6 +85,16 @@ def sequence_ratio(behaviour_logp, proximal_logp, mask):
   return jnp.where(mask, jnp.exp(total), 0.0)
 
 
+def geometric_ratio(behaviour_logp, proximal_logp, mask):
+  """G_i = exp(clip(sum_t m_t (log pi_prox_t - log mu_t) / sum_t m_t, -20, 20)), the geometric
+  mean of row i's rho_t, on each of its masked tokens, 0 where ~mask; (B, N)."""
+  mask, log_ratio = _log_ratio(behaviour_logp, proximal_logp, mask)
+  count = jnp.maximum(jnp.sum(mask, axis=-1, keepdims=True), 1).astype(log_ratio.dtype)
+  mean = jnp.clip(jnp.sum(log_ratio, axis=-1, keepdims=True) / count, -SAFETY_BOUND,
+                  SAFETY_BOUND)
+  return jnp.where(mask, jnp.exp(mean), 0.0)
+
+
 def truncate(ratio, mask, cap: float):
   """w = sg[min(ratio, cap)] where mask, else 0 (truncated IS)."""
   return jax.lax.stop_gradient(jnp.where(mask, jnp.minimum(ratio, cap), 0.0))
@@ -88,6 +104,22 @@ def mask_outside(ratio, mask, low: float, high: float):
   """w = sg[ratio] where mask and low <= ratio <= high, else 0 (masked IS, IcePop)."""
   keep = mask & (ratio >= low) & (ratio <= high)
   return jax.lax.stop_gradient(jnp.where(keep, ratio, 0.0))
+
+
+def batch_normalize(weights, mask, per_row: bool):
+  """verl's rollout_is_batch_normalize: w / mean(w), the mean over the batch's masked tokens
+  (per_row False) or over its rows with tokens of each row's mean weight (per_row True, the
+  sequence modes); w unchanged when that mean is <= 1e-8. The batch is the rows this sees (all
+  of a step's when preparation computes the weights; config.py refuses micro-batches)."""
+  mask = as_token_mask(mask, weights)
+  if per_row:
+    count = jnp.sum(mask, axis=-1)
+    row_mean = jnp.sum(jnp.where(mask, weights, 0.0), axis=-1) / jnp.maximum(count, 1)
+    rows = count > 0
+    mean = jnp.sum(jnp.where(rows, row_mean, 0.0)) / jnp.maximum(jnp.sum(rows), 1)
+  else:
+    mean = jnp.sum(jnp.where(mask, weights, 0.0)) / jnp.maximum(jnp.sum(mask), 1)
+  return jax.lax.stop_gradient(jnp.where(mean > 1e-8, weights / mean, weights))
 
 
 def _check_cap(is_high=2.0, **_):
@@ -111,34 +143,60 @@ def _check_decoupled(decoupled_cap=0.0, **_):
 
 
 @IS_CORRECTIONS.register("tis_token", check=_check_cap)
-def tis_token(behaviour_logp, proximal_logp, mask, *, is_high=2.0):
+def tis_token(behaviour_logp, proximal_logp, mask, *, is_high=2.0, is_batch_normalize=False):
   """w_t = sg[min(rho_t, C)], C = rl.is_high (verl rollout_is="token", threshold C)."""
   mask = as_token_mask(mask, proximal_logp)
-  return truncate(token_ratio(behaviour_logp, proximal_logp, mask), mask, is_high)
+  w = truncate(token_ratio(behaviour_logp, proximal_logp, mask), mask, is_high)
+  return batch_normalize(w, mask, per_row=False) if is_batch_normalize else w
 
 
 @IS_CORRECTIONS.register("tis_sequence", check=_check_cap)
-def tis_sequence(behaviour_logp, proximal_logp, mask, *, is_high=2.0):
+def tis_sequence(behaviour_logp, proximal_logp, mask, *, is_high=2.0,
+                 is_batch_normalize=False):
   """w_t = sg[min(R_i, C)] on row i's tokens (verl rollout_is="sequence", threshold C)."""
   mask = as_token_mask(mask, proximal_logp)
-  return truncate(sequence_ratio(behaviour_logp, proximal_logp, mask), mask, is_high)
+  w = truncate(sequence_ratio(behaviour_logp, proximal_logp, mask), mask, is_high)
+  return batch_normalize(w, mask, per_row=True) if is_batch_normalize else w
 
 
 @IS_CORRECTIONS.register("mis_token", check=_check_bounds)
-def mis_token(behaviour_logp, proximal_logp, mask, *, is_low=0.5, is_high=2.0):
+def mis_token(behaviour_logp, proximal_logp, mask, *, is_low=0.5, is_high=2.0,
+              is_batch_normalize=False):
   """w_t = sg[rho_t] if is_low <= rho_t <= is_high else 0: IcePop's token mask (verl
   rollout_is="token", threshold "is_low_is_high")."""
   mask = as_token_mask(mask, proximal_logp)
-  return mask_outside(token_ratio(behaviour_logp, proximal_logp, mask), mask, is_low, is_high)
+  w = mask_outside(token_ratio(behaviour_logp, proximal_logp, mask), mask, is_low, is_high)
+  return batch_normalize(w, mask, per_row=False) if is_batch_normalize else w
 
 
 @IS_CORRECTIONS.register("mis_sequence", check=_check_bounds)
-def mis_sequence(behaviour_logp, proximal_logp, mask, *, is_low=0.5, is_high=2.0):
+def mis_sequence(behaviour_logp, proximal_logp, mask, *, is_low=0.5, is_high=2.0,
+                 is_batch_normalize=False):
   """w_t = sg[R_i] if is_low <= R_i <= is_high else 0 on all of row i's tokens (verl
   rollout_is="sequence", threshold "is_low_is_high")."""
   mask = as_token_mask(mask, proximal_logp)
-  return mask_outside(sequence_ratio(behaviour_logp, proximal_logp, mask), mask, is_low,
-                      is_high)
+  w = mask_outside(sequence_ratio(behaviour_logp, proximal_logp, mask), mask, is_low, is_high)
+  return batch_normalize(w, mask, per_row=True) if is_batch_normalize else w
+
+
+@IS_CORRECTIONS.register("tis_geometric", check=_check_cap)
+def tis_geometric(behaviour_logp, proximal_logp, mask, *, is_high=2.0,
+                  is_batch_normalize=False):
+  """w_t = sg[min(G_i, C)] on row i's tokens, G_i the geometric mean of its rho_t (verl 0.6's
+  rollout_is_level="geometric", rollout_is_mode="truncate"; trainer/ppo/mismatch_helper.py)."""
+  mask = as_token_mask(mask, proximal_logp)
+  w = truncate(geometric_ratio(behaviour_logp, proximal_logp, mask), mask, is_high)
+  return batch_normalize(w, mask, per_row=True) if is_batch_normalize else w
+
+
+@IS_CORRECTIONS.register("mis_geometric", check=_check_bounds)
+def mis_geometric(behaviour_logp, proximal_logp, mask, *, is_low=0.5, is_high=2.0,
+                  is_batch_normalize=False):
+  """w_t = sg[G_i] if is_low <= G_i <= is_high else 0 on all of row i's tokens (verl 0.6's
+  rollout_is_level="geometric", rollout_is_mode="mask")."""
+  mask = as_token_mask(mask, proximal_logp)
+  w = mask_outside(geometric_ratio(behaviour_logp, proximal_logp, mask), mask, is_low, is_high)
+  return batch_normalize(w, mask, per_row=True) if is_batch_normalize else w
 
 
 @IS_CORRECTIONS.register("decoupled_ppo", check=_check_decoupled)
@@ -185,16 +243,38 @@ def correction_metrics(sums: dict) -> dict:
   return out
 
 
+def correction_parts(name: str) -> list[str]:
+  """The entries of rl.is_correction = "a+b+...", checked: distinct, and at most one of them an
+  importance weight (not "rs_*"); [] for "none"."""
+  if name == "none":
+    return []
+  parts = [part.strip() for part in name.split("+")]
+  weights = [part for part in parts if not part.startswith("rs_")]
+  if len(parts) > 1 and ("none" in parts or len(set(parts)) < len(parts) or len(weights) > 1):
+    raise ConfigError(f"rl.is_correction={name!r} joins entries that do not compose; join one "
+                      f"importance weight (tis_*, mis_*, decoupled_ppo) with distinct rs_* "
+                      f"rejections, e.g. 'tis_sequence+rs_seq_mean_k1'.")
+  return parts
+
+
 def make_correction(rl):
   """correct(behaviour_logp, proximal_logp, mask, staleness=None) -> (weights (B, N), sums)
-  for rl.is_correction with its hyperparameters bound (checked) here; None for "none"."""
-  name = rl.get("is_correction", "none")
-  if name == "none":
+  for rl.is_correction with its hyperparameters bound (checked) here; None for "none". A
+  "+"-joined name weighs by the product of its entries' weights."""
+  parts = correction_parts(rl.get("is_correction", "none"))
+  if rl.get("is_batch_normalize", False) and not any(
+      "is_batch_normalize" in hyperparameters(IS_CORRECTIONS.get(part)) for part in parts):
+    raise ConfigError(f"rl.is_batch_normalize=True normalises the tis_* / mis_* weights, but "
+                      f"rl.is_correction={rl.get('is_correction', 'none')!r} has none; add one "
+                      f"or set rl.is_batch_normalize=False.")
+  fns = [IS_CORRECTIONS.bind(part, rl) for part in parts]
+  if not fns:
     return None
-  fn = IS_CORRECTIONS.bind(name, rl)
 
   def correct(behaviour_logp, proximal_logp, mask, staleness=None):
-    weights = fn(behaviour_logp, proximal_logp, mask)
+    weights = fns[0](behaviour_logp, proximal_logp, mask)
+    for fn in fns[1:]:
+      weights = weights * fn(behaviour_logp, proximal_logp, mask)
     return weights, correction_sums(behaviour_logp, proximal_logp, weights, mask, staleness)
   return correct
 
@@ -239,3 +319,4 @@ def cispo(logprobs, old_logprobs, advantages, mask, *, cispo_eps_low=10.0, cispo
   tunes only the upper bound; verl's recipe: 10 and 0.2); log_ratio_clamp 0 = off."""
   return cispo_loss(logprobs, old_logprobs, advantages, mask, cispo_eps_low, cispo_eps_high,
                     log_ratio_clamp or None)
+

@@ -25,6 +25,7 @@ tokens as the static engine, with any S, any batch split and any mesh
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 from typing import Any
@@ -103,9 +104,23 @@ class Sampling:
                  row_ids=None):
     """sample(...) with these settings: (Rollout, DecodeStats). row_ids (B,) int32: the r of
     each row's draws, token_uniforms(key, r, t) (None: its index in the call; a multi-turn
-    source passes episode ids, so an episode's tokens do not depend on its batch)."""
-    return _sample(params, prompt_tokens, prompt_mask, key, row_limits, row_ids,
-                   sampling=self)
+    source passes episode ids, so an episode's tokens do not depend on its batch). Called
+    outside a jit, it runs under its own mesh (a sampler on devices of its own,
+    mesh.rollout_devices, called inside the learner's `jax.set_mesh`), its key and row
+    arrays copied onto that mesh when they live on other devices."""
+    own = self.mesh is not None and not isinstance(prompt_tokens, jax.core.Tracer)
+    if own:
+      key, row_limits, row_ids = (_onto(self.mesh, x) for x in (key, row_limits, row_ids))
+    with jax.set_mesh(self.mesh) if own else contextlib.nullcontext():
+      return _sample(params, prompt_tokens, prompt_mask, key, row_limits, row_ids,
+                     sampling=self)
+
+
+def _onto(mesh, x):
+  """x replicated on `mesh` when it is a device array on other devices; else x itself."""
+  if not isinstance(x, jax.Array) or x.sharding.device_set <= set(mesh.devices.flat):
+    return x
+  return jax.device_put(x, jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec()))
 
 
 @functools.partial(jax.jit, static_argnames=("sampling",))

@@ -92,11 +92,11 @@ class SourceState(flax.struct.PyTreeNode):
   in_flight: Any = None
 
 
-def create_source_state(key) -> SourceState:
+def create_source_state(key, in_flight=None) -> SourceState:
   """A fresh source state: position 0, no rollout drawn; `key` copied (the learner's state,
-  which may hold the same key, is donated to its step)."""
+  which may hold the same key, is donated to its step); `in_flight` the source's own."""
   return SourceState(key=jax.random.clone(key), data_position=jnp.int32(0),
-                     rollouts=jnp.int32(0))
+                     rollouts=jnp.int32(0), in_flight=in_flight)
 
 
 class RunState(flax.struct.PyTreeNode):

@@ -15,7 +15,8 @@ from grpo_jax.train.run import files
 
 # Wall-clock fields: the only metrics that differ between two runs of the same config.
 TIMING_KEYS = ("tokens_per_s", "step_time_s", "elapsed_s", "rollout_tokens_per_s",
-               "time_rollout_s", "time_reward_s", "time_update_s")
+               "time_rollout_s", "time_reward_s", "time_update_s", "time_waiting_for_batch_s",
+               "weight_sync_s")
 
 
 # A step's rollout statistics (rollout_metrics, step_record): TensorBoard's "rollout/" group.

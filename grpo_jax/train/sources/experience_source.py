@@ -21,6 +21,7 @@ every source.
            advance(run_state) -> (run_state, records, tokens) itself
 
 A source declares `max_staleness`: how many updates older than the learner its rows may be
+(or `pipelines`: it runs the config's rl.max_staleness, train/sources/pipeline.py)
 (0: sampled, in the same call, by the params the step then updates: today's on-policy
 sources). Only at 0 may the update reuse its own log-probs as the old ones
 (experience.reuses_current_logprobs); above it the run turns rl.reuse_old_logprobs off, so
@@ -34,6 +35,7 @@ one is a file, inside the package or outside it (config.imports):
 from __future__ import annotations
 
 import dataclasses
+import time
 from typing import Callable, NamedTuple, Optional
 
 import jax
@@ -56,6 +58,12 @@ class ExperienceSource:
   make: Callable  # make(run, state, samples_out) -> next_experience (or advance: owns_step)
   max_staleness: int = 0  # updates a row may lag the learner by; 0 = on-policy
   owns_step: bool = False  # make returns advance(run_state): the source runs the RL step
+  pipelines: bool = False  # it runs rl.max_staleness > 0 (train/sources/pipeline.py)
+
+  def staleness(self, rl) -> int:
+    """The staleness its rows may have in a run of this rl section: rl.max_staleness for a
+    source that pipelines, else its declared max_staleness."""
+    return int(rl.get("max_staleness", 0)) if self.pipelines else self.max_staleness
 
 
 class Experience(NamedTuple):
@@ -72,11 +80,11 @@ EXPERIENCE_SOURCES = Registry("train.experience_source")
 
 
 def register_experience_source(name: str, max_staleness: int = 0, owns_step: bool = False,
-                               replace: bool = False):
+                               replace: bool = False, pipelines: bool = False):
   """Decorator: registers make(run, state, samples_out) as the source `name`."""
   def add(make):
-    EXPERIENCE_SOURCES.register(name, ExperienceSource(make, max_staleness, owns_step),
-                                replace=replace)
+    EXPERIENCE_SOURCES.register(name, ExperienceSource(make, max_staleness, owns_step,
+                                                       pipelines), replace=replace)
     return make
   return add
 
@@ -90,7 +98,7 @@ def source_name(train_cfg) -> str:
 def for_source(rl, train_cfg):
   """The rl section the step runs with: reuse_old_logprobs off for a source whose rows may be
   stale (the same section otherwise)."""
-  if not EXPERIENCE_SOURCES.get(source_name(train_cfg)).max_staleness or not rl.get(
+  if not EXPERIENCE_SOURCES.get(source_name(train_cfg)).staleness(rl) or not rl.get(
       "reuse_old_logprobs", True):
     return rl
   rl = rl.copy_and_resolve_references()
@@ -172,6 +180,20 @@ class Run:
     if self.rollout_mesh is None or self.rollout_mesh is self.mesh:
       return params
     return jax.device_put(params, shardings(params, self.rollout_mesh))
+
+  def sync_weights_timed(self, params):
+    """(sync_weights(params), {"weight_sync_bytes", "weight_sync_s"}): the bytes moved (every
+    leaf's size x itemsize; 0 when both roles share one mesh) and the seconds from the params
+    being ready on the learner's devices to their copy being ready on the sampler's
+    (block_until_ready on both sides, so the update's own time is not counted)."""
+    if self.rollout_mesh is None or self.rollout_mesh is self.mesh:
+      return params, {"weight_sync_bytes": 0, "weight_sync_s": 0.0}
+    jax.block_until_ready(params)
+    started = time.perf_counter()
+    synced = jax.block_until_ready(self.sync_weights(params))
+    seconds = time.perf_counter() - started
+    moved = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(params))
+    return synced, {"weight_sync_bytes": int(moved), "weight_sync_s": seconds}
 
 
 def state_jit_options(state, run: Run) -> dict:

@@ -29,7 +29,7 @@ from grpo_jax.parallel import distributed
 from grpo_jax.parallel.distributed import to_host
 from grpo_jax.parallel.platform import (cpu_fallback_warning, devices_record, platform_line,
                                         start_backend)
-from grpo_jax.parallel.mesh import bytes_per_device, make_mesh, split_heads_note
+from grpo_jax.parallel.mesh import bytes_per_device, role_meshes, split_heads_note
 from grpo_jax.rewards.sources import RewardSources
 from grpo_jax.train.run import files
 # (imported to register the built-in experience sources)
@@ -40,8 +40,10 @@ from grpo_jax.train.sources import host as host_source  # noqa: F401
 from grpo_jax.train.run.checkpoint import Checkpoints, step_of
 from grpo_jax.train.run.evaluation import evaluator_for
 from grpo_jax.train.sources.experience_source import Run, SourceSettings, for_source
+from grpo_jax.train.sources.pipeline import initial_in_flight
 from grpo_jax.train.stages.rl_advance import make_advance
-from grpo_jax.train.stages.rl_checks import check_batches_fit_mesh, check_source
+from grpo_jax.train.stages.rl_checks import (check_batches_fit_mesh, check_batches_fit_sampler,
+                                             check_source, check_split_placement)
 from grpo_jax.train.run.reward_models import build_reward_sources
 from grpo_jax.train.run.export import export_policy
 from grpo_jax.train.run.faults import TerminationFlag, check_skips, check_state_finite
@@ -108,8 +110,8 @@ def train(config, workdir: str, log=print, seeds=None, seed_axis: str = "vmap") 
   rl = for_source(config.rl, config.train)  # no reuse of old log-probs for an off-policy source
   warm = config.warmup
   # The devices first: nothing may start JAX before the multi-host start-up and the backend.
-  mesh = _start_devices(DeviceSection.of(config), axis, rl, settings,
-                        int(config.train.eval_batch_size))
+  mesh, rollout_mesh = _start_devices(DeviceSection.of(config), axis, rl, settings,
+                                      int(config.train.eval_batch_size), config.train)
   sections = Sections.of(config)
   if not distributed.is_main_process():
     log = lambda *a, **k: None  # noqa: E731  process 0 speaks and writes for everyone
@@ -134,7 +136,11 @@ def train(config, workdir: str, log=print, seeds=None, seed_axis: str = "vmap") 
                              rl.num_minibatches)
   spec = StepSpec(model_cfg, rl, optimizer, settings.update_group_size,
                   rollout.temperature, rollout.max_new_tokens)
-  run = Run.of(config, axis, task, spec, base_keys, workdirs, mesh, log, sources)
+  run = Run.of(config, axis, task, spec, base_keys, workdirs, mesh, log, sources,
+               rollout_mesh=rollout_mesh)
+  if rollout_mesh is not None:
+    log(f"split placement: learner on devices {_ids(mesh)}, sampler on {_ids(rollout_mesh)} "
+        f"(mesh {tuple(rollout_mesh.shape.values())}); weights synced after each update")
   # Process 0 writes for everyone, so it alone holds the workdir's lock (one run per workdir).
   with (WorkdirLock(workdir) if distributed.is_main_process() else contextlib.nullcontext()):
     return _train(run, sections, workdir, configs, warm, params, started)
@@ -171,7 +177,8 @@ def _train(run: Run, sections: Sections, workdir: str, configs, warm, params,
               f", {len(axis)} seeds {list(axis.seeds)} in one program ({axis.mode})"
               if axis.stacked else ""))
       states = lambda p: axis.stack([  # noqa: E731
-          RunState(t, create_source_state(t.key)) for t in (
+          RunState(t, create_source_state(t.key, initial_in_flight(
+              run.spec.rl.get("max_staleness", 0), t.params))) for t in (
               initial_state(run.spec.rl, model_cfg, q, run.spec.optimizer, k, run.sources,
                             lora)
               for q, k in zip(axis.unstack(p), base_keys))])
@@ -235,25 +242,38 @@ def _all_processes_stop_with(refusal: Exception | None) -> None:
 
 
 def _start_devices(devices: DeviceSection, axis: SeedAxis, rl, settings: SourceSettings,
-                   eval_batch_size: int):
-  """The mesh of a single-seed run (multi-host start-up first); None for stacked seeds, which
-  run in one process on one device."""
+                   eval_batch_size: int, t_cfg):
+  """(learner's mesh, sampler's mesh) of a single-seed run (multi-host start-up first): the
+  sampler's is None when it shares the learner's (mesh.rollout_devices = 0); both None for
+  stacked seeds, which run in one process on one device."""
   dist = devices.distributed
+  split = int(devices.mesh.get("rollout_devices", 0))
+  check_split_placement(split, t_cfg, axis.stacked, 1)
   if axis.stacked:
     if dist is not None and dist.mode != "none":
       raise config_lib.ConfigError(
           f"distributed.mode={dist.mode!r}: stacked seeds run in one process on one device; "
           f"set distributed.mode='none' or run the seeds separately.")
     start_backend(devices.compilation_cache)
-    return None
+    return None, None
   distributed.initialize(dist)
   start_backend(devices.compilation_cache)
+  check_split_placement(split, t_cfg, axis.stacked, jax.process_count())
   try:
-    mesh = make_mesh(devices.mesh)
+    mesh, rollout_mesh = role_meshes(devices.mesh, split)
   except ValueError as e:
     raise config_lib.ConfigError(str(e)) from None
   check_batches_fit_mesh(rl, settings, eval_batch_size, mesh)
-  return mesh
+  if rollout_mesh is not None:
+    check_batches_fit_sampler(rl, settings, rollout_mesh)
+  return mesh, rollout_mesh
+
+
+def _ids(mesh) -> str:
+  """A mesh's device ids, as a range when they are consecutive ("4-7")."""
+  ids = sorted(d.id for d in mesh.devices.flat)
+  return (f"{ids[0]}-{ids[-1]}" if ids == list(range(ids[0], ids[-1] + 1)) and len(ids) > 1
+          else ",".join(map(str, ids)))
 
 
 def _with_seed(config, seed: int):

@@ -50,6 +50,7 @@ def make_advance(run: Run, state: RunState, samples_out=None):
   """advance(run_state) -> (run_state, [per-seed records of the step], [its tokens])."""
   axis, rl, name = run.axis, run.spec.rl, run.settings.name
   source = EXPERIENCE_SOURCES.get(name)
+  staleness = source.staleness(rl)
   made = source.make(run, state, samples_out)
   if source.owns_step:
     return made
@@ -73,14 +74,14 @@ def make_advance(run: Run, state: RunState, samples_out=None):
   def advance(state: RunState):
     source_state, experience = made(state.train, state.source)
     step = step_of(state)  # (read before the step donates the state)
-    check_staleness(experience.version, step, source.max_staleness, name)
+    check_staleness(experience.version, step, staleness, name)
     capacity, rl_step = rl_step_for(experience.rollout)
     started = time.perf_counter()
     train, metrics = rl_step(state.train, experience.rollout, experience.reward_inputs)
     metrics = to_host(metrics)  # waits for the step
     update_s = time.perf_counter() - started
     packed = {} if capacity is None else {"packed_token_capacity": capacity}
-    stale = ({} if not source.max_staleness else
+    stale = ({} if not staleness else
              {"experience_staleness": step - experience.version})
     records = [learner_record(m, r, run.settings.on_reward_error) | packed | stale | dict(time_update_s=update_s)
                for m, r in zip(axis.unstack(metrics), experience.records)]

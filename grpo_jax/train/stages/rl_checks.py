@@ -7,14 +7,26 @@ from grpo_jax import config as config_lib
 from grpo_jax.parallel.mesh import batch_axis_size
 from grpo_jax.rewards.estimator_inputs import uses_greedy
 from grpo_jax.rl.estimators import ESTIMATORS
-from grpo_jax.train.sources.experience_source import EXPERIENCE_SOURCES, SourceSettings, source_name
+from grpo_jax.train.learner.experience import reuses_current_logprobs
+from grpo_jax.train.sources.experience_source import (EXPERIENCE_SOURCES, SourceSettings,
+                                                      for_source, source_name)
+from grpo_jax.train.sources.pipeline import check_pipeline
 
 
 def check_source(t_cfg, rl) -> None:
   """The experience source is registered, train.fused_steps runs only on "fused", and
   rl.pack_tokens only on "host" (its capacity is chosen on the host from each batch)."""
   name = source_name(t_cfg)
-  EXPERIENCE_SOURCES.get(name)  # one sentence listing the valid names when unknown
+  source = EXPERIENCE_SOURCES.get(name)  # one sentence listing the valid names when unknown
+  check_pipeline(rl, name, source.pipelines, rl.dynamic_sampling)
+  if rl.get("is_batch_normalize"):
+    stepped = for_source(rl, t_cfg)  # (a stale source recomputes the old log-probs)
+    if stepped.num_micro_batches > 1 and reuses_current_logprobs(stepped):
+      raise config_lib.ConfigError(
+          f"rl.is_batch_normalize normalises over the rows one computation sees, and the "
+          f"update reusing its own log-probs sees one of rl.num_micro_batches="
+          f"{rl.num_micro_batches} micro-batches; set rl.reuse_old_logprobs=False (the whole "
+          f"batch's mean) or rl.num_micro_batches=1.")
   if rl.pack_tokens and name != "host":
     raise config_lib.ConfigError(
         f"rl.pack_tokens={rl.pack_tokens} sizes each step's packed tokens on the host, but "
@@ -55,3 +67,43 @@ def check_batches_fit_mesh(rl, settings: SourceSettings, eval_batch_size: int, m
         f"rl.advantage={rl.advantage!r} decodes one greedy row per prompt: "
         f"rollout.num_prompts={num_prompts} must be a multiple of the {size} data x fsdp x "
         f"expert devices.")
+
+
+def check_split_placement(rollout_devices: int, t_cfg, stacked: bool, processes: int) -> None:
+  """mesh.rollout_devices > 0 (the sampler on a mesh of its own) needs a source that samples
+  apart from its update (not one that owns the step in one program), one seed per program, and
+  one process (a sync between two processes' devices is not built)."""
+  if not rollout_devices:
+    return
+  name = source_name(t_cfg)
+  if EXPERIENCE_SOURCES.get(name).owns_step:
+    raise config_lib.ConfigError(
+        f"mesh.rollout_devices={rollout_devices} puts the sampler on devices of its own, but "
+        f"train.experience_source={name!r} samples and updates in one program on one mesh; "
+        f"set mesh.rollout_devices=0 or train.experience_source='host'.")
+  if stacked:
+    raise config_lib.ConfigError(
+        f"mesh.rollout_devices={rollout_devices}: stacked seeds run in one program on one "
+        f"device; set mesh.rollout_devices=0 or run the seeds separately.")
+  if processes > 1:
+    raise config_lib.ConfigError(
+        f"mesh.rollout_devices={rollout_devices} with {processes} processes: split placement "
+        f"runs in one process for now; set mesh.rollout_devices=0 on a multi-host run.")
+
+
+def check_batches_fit_sampler(rl, settings: SourceSettings, mesh) -> None:
+  """On a sampler's own mesh (mesh.rollout_devices > 0), the sampled batch (num_prompts x
+  rollout.group_size rows) and the greedy baseline's rows must split over its data x fsdp x
+  expert devices, as on the learner's."""
+  size = batch_axis_size(mesh)
+  rows = settings.num_prompts * settings.group_size
+  if rows % size:
+    raise config_lib.ConfigError(
+        f"the rollout batch (rollout.num_prompts={settings.num_prompts} x rollout.group_size="
+        f"{settings.group_size}) = {rows} does not split over the {size} devices of the "
+        f"sampler's mesh (mesh.rollout_devices); make it a multiple of {size}.")
+  if uses_greedy(ESTIMATORS.get(rl.advantage).needs) and settings.num_prompts % size:
+    raise config_lib.ConfigError(
+        f"rl.advantage={rl.advantage!r} decodes one greedy row per prompt: "
+        f"rollout.num_prompts={settings.num_prompts} must be a multiple of the {size} devices "
+        f"of the sampler's mesh (mesh.rollout_devices).")

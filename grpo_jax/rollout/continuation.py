@@ -1,0 +1,188 @@
+"""KV-cache continuation of multi-turn episodes (env.kv_continuation): each episode's KV cache
+lives across its turns, so a turn runs only its new ids through the model, where the
+re-prefilling loop (envs/episodes.py) prefills the whole episode so far again every turn.
+
+Layout: row b's ids (its prompt, then every id after it: sampled, closing, the environment's)
+sit at cache slots 0, 1, 2, ... equal to their rotary positions, as positions_from_mask gives
+them in the re-prefilled, left-padded input. `cached[b]` counts the ids whose keys and values
+are in the cache. A turn (`continue_turn`, one jitted call) is
+
+1. extend: the row's pending ids, ids[cached[b]:] (at the first turn its prompt; after it the
+   last turn's final sampled id, which no decode step is sure to have forwarded, the closing
+   end-of-turn id if the environment added one, and the environment's delta), run through the
+   decoder in chunks of W ids at the per-row cache offsets cached[b] + cW (kv_cache.write_cache's
+   per-row form); the logits at each row's last pending id are kept;
+2. decode: token t of the turn drawn from those logits (t = 0) or from the forward of token
+   t - 1 at slot end[b] + t - 1 (end = cached + pending), with token_uniforms(key, r, t): the
+   same draws as the re-prefilled turn's sampler call, so the same tokens wherever the logits
+   agree (they differ only by float rounding: the earlier ids' keys and values come from other
+   passes). A row ends at EOS or its limit; an ended episode (`live` False) records nothing.
+
+After the turn, cached[b] grows by the turn's sampled ids but its last.
+
+Capacity: C = prompt width + N + max(W, max_new_tokens) slots, N the episode's ids after the
+prompt. Every write stays inside it: a chunk writes W slots from an offset <= prompt + N, and a
+row that ended early keeps being forwarded (ignored) at most max_new_tokens - 1 slots past its
+end. So no write is ever clamped onto a row's filled slots. Slots at or past a row's end are
+masked until a later pass writes them.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from grpo_jax.models.decoder import decoder_apply
+from grpo_jax.models.kv_cache import init_cache
+from grpo_jax.models.layout import compute_copy, split_layers
+from grpo_jax.models.quantized import quantize_layers
+from grpo_jax.models.scoring import vocab_logits
+from grpo_jax.parallel.choices import choose as platform_choice
+from grpo_jax.rollout.prefill import constrain_cache
+from grpo_jax.rollout.sampling import choose_tokens, token_uniforms
+
+CHUNK = 32  # W: the extension's ids per forward pass
+
+
+def cache_capacity(prompt_width: int, max_completion_tokens: int, max_new_tokens: int,
+                   chunk: int = CHUNK) -> int:
+  """C = prompt_width + N + max(W, max_new_tokens): the slots every write fits in (module
+  docstring)."""
+  return prompt_width + max_completion_tokens + max(chunk, max_new_tokens)
+
+
+def _sampler_params(params, sampling):
+  """The params as the sampler reads them (sampler._sample): quantised or cast once, layers
+  split."""
+  if sampling.weight_dtype:
+    params = quantize_layers(params, sampling.weight_dtype)
+  else:
+    params = compute_copy(params, sampling.model_cfg.dtype)
+  return split_layers(params, sampling.model_cfg.num_layers)
+
+
+def _read_limit(bound, bounded: bool):
+  """The passes' read_limit: `bound` where reads are bounded (the platform table's
+  rollout.decode_loop "bounded", attention.bounded_attention), else None (the whole cache)."""
+  return bound if bounded else None
+
+
+def _extend(params, cfg, cache, pending, pending_len, start, chunk: int, mesh, bounded: bool):
+  """Writes row b's pending[b, :pending_len[b]] at cache slots start[b], start[b] + 1, ...
+  in ceil(max pending_len / W) passes of W ids; returns (cache, the logits (B, V) at each row's
+  last pending id, 0 for a row with none)."""
+  batch, capacity = pending.shape
+  slots = jnp.arange(capacity, dtype=jnp.int32)
+  passes = (jnp.max(pending_len) + chunk - 1) // chunk
+
+  def one(c, carry):
+    cache, last = carry
+    ids = jax.lax.dynamic_slice_in_dim(pending, c * chunk, chunk, axis=1)
+    count = jnp.clip(pending_len - c * chunk, 0, chunk)
+    offset = start + c * chunk
+    positions = offset[:, None] + jnp.arange(chunk, dtype=jnp.int32)
+    kv_mask = slots[None, :] < (offset + count)[:, None]
+    hidden, cache = decoder_apply(cfg, params, ids, positions, kv_mask, cache, offset,
+                                  project=False,
+                                  read_limit=_read_limit(jnp.max(offset) + chunk, bounded))
+    at = jnp.maximum(count - 1, 0)[:, None, None]
+    logits = vocab_logits(params, cfg, jnp.take_along_axis(hidden, at, axis=1)[:, 0])
+    ends_here = (count > 0) & (pending_len - c * chunk <= chunk)
+    return constrain_cache(cache, mesh), jnp.where(ends_here[:, None], logits, last)
+
+  return jax.lax.fori_loop(0, passes, one,
+                           (cache, jnp.zeros((batch, cfg.vocab_size), jnp.float32)))
+
+
+def _decode(params, sampling, cache, first_logits, end, key, limits, row_ids, live,
+            bounded: bool):
+  """The turn's decode loop (module docstring, step 2): (tokens, logprobs, mask) (B, M)."""
+  s, cfg = sampling, sampling.model_cfg
+  batch, new = end.shape[0], s.max_new_tokens
+  capacity = cache[0]["v"].shape[2]
+  slots = jnp.arange(capacity, dtype=jnp.int32)
+  choose = lambda logits, t: choose_tokens(  # noqa: E731
+      logits, token_uniforms(key, row_ids, t), s.temperature, s.top_k, s.top_p)[:2]
+
+  def record(t, token, logp, done, outs):
+    tokens, logps, mask = outs
+    keep = ~done
+    outs = (tokens.at[:, t].set(jnp.where(keep, token, s.pad_id)),
+            logps.at[:, t].set(jnp.where(keep, logp, 0.0)), mask.at[:, t].set(keep))
+    return done | (token == s.eos_id) | (t + 1 >= limits), outs
+
+  def body(carry):
+    t, token, logp, cache, done, outs = carry
+    done, outs = record(t, token, logp, done, outs)
+    slot = end + t
+    logits, cache = decoder_apply(cfg, params, token[:, None], slot[:, None],
+                                  slots[None, :] <= slot[:, None], cache, slot,
+                                  read_limit=_read_limit(jnp.max(slot) + 1, bounded))
+    token, logp = choose(logits[:, 0], t + 1)
+    return t + 1, token, logp, constrain_cache(cache, s.mesh), done, outs
+
+  token, logp = choose(first_logits, 0)
+  outs = (jnp.full((batch, new), s.pad_id, jnp.int32), jnp.zeros((batch, new), jnp.float32),
+          jnp.zeros((batch, new), bool))
+  carry = jax.lax.while_loop(lambda c: (c[0] < new - 1) & ~jnp.all(c[4]), body,
+                             (jnp.int32(0), token, logp, cache, ~live, outs))
+  t, token, logp, cache, done, outs = carry
+  _, outs = record(t, token, logp, done, outs)  # the last token, or a no-op (all done)
+  return (*outs, cache)
+
+
+@functools.partial(jax.jit, static_argnames=("sampling", "chunk"), donate_argnames=("cache",))
+def continue_turn(params, cache, pending, pending_len, start, key, limits, row_ids, live, *,
+                  sampling, chunk: int = CHUNK):
+  """One turn of B episodes from their KV cache (module docstring): pending (B, C) int32 the
+  ids not yet cached, pending_len (B,), start (B,) = cached; limits (B,) the turn's ids at most
+  (clipped to [1, max_new_tokens]); row_ids (B,) the r of each row's draws; live (B,) bool.
+  Returns (tokens (B, M) int32, logprobs (B, M) float32, mask (B, M) bool, the cache); the
+  cache argument is donated (updated in place)."""
+  params = _sampler_params(params, sampling)
+  cfg = sampling.model_cfg
+  pending_len = jnp.where(live, pending_len, 0)
+  bounded = platform_choice("rollout.decode_loop", sampling.decode_loop) == "bounded"
+  cache, first_logits = _extend(params, cfg, constrain_cache(cache, sampling.mesh), pending,
+                                pending_len, start, chunk, sampling.mesh, bounded)
+  limits = jnp.clip(limits, 1, sampling.max_new_tokens)
+  return _decode(params, sampling, cache, first_logits, start + pending_len, key, limits,
+                 row_ids, live, bounded)
+
+
+class ContinuedTurns:
+  """The host side of continuation for one batch of B episodes: the cache and each row's
+  cached count. Called once per turn with every row's ids so far (prompt + after it), it
+  returns the turn's (tokens, mask, logprobs) as numpy (B, M), like the sampler's Rollout."""
+
+  def __init__(self, sampling, params, batch: int, prompt_width: int,
+               max_completion_tokens: int, row_ids=None, chunk: int = CHUNK):
+    self.sampling, self.params, self.chunk = sampling, params, chunk
+    self.capacity = cache_capacity(prompt_width, max_completion_tokens,
+                                   sampling.max_new_tokens, chunk)
+    self.cache = init_cache(sampling.model_cfg, batch, self.capacity)
+    self.cached = np.zeros(batch, np.int32)
+    self.row_ids = np.arange(batch, dtype=np.int32) if row_ids is None else np.asarray(
+        row_ids, np.int32)
+
+  def __call__(self, sequences: list, key, limits, live):
+    """sequences: each row's ids so far; limits (B,) the turn's ids at most; live (B,) bool
+    (an ended episode samples nothing)."""
+    live = np.asarray(live, bool)
+    pending = np.zeros((len(sequences), self.capacity), np.int32)
+    pending_len = np.zeros(len(sequences), np.int32)
+    for b, seq in enumerate(sequences):
+      rest = seq[self.cached[b]:] if live[b] else []
+      pending[b, :len(rest)], pending_len[b] = rest, len(rest)
+    tokens, logprobs, mask, self.cache = continue_turn(
+        self.params, self.cache, pending, pending_len, self.cached, key,
+        np.asarray(limits, np.int32), self.row_ids, live, sampling=self.sampling,
+        chunk=self.chunk)
+    tokens, logprobs, mask = jax.device_get((tokens, logprobs, mask))
+    sampled = mask.sum(axis=1).astype(np.int32)
+    self.cached = np.where(live, self.cached + pending_len + np.maximum(sampled - 1, 0),
+                           self.cached).astype(np.int32)
+    return tokens, mask, logprobs
