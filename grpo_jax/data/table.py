@@ -21,6 +21,12 @@ with the experiment's seed. The training stream reshuffles every epoch by (seed,
 run resumes exactly from its saved position. A bad row (not UTF-8, not JSON, no prompt, an
 empty prompt, a prompt longer than data.max_prompt_tokens) stops the run with one sentence
 naming the file and line (data.on_bad_row="raise"), or is skipped and counted ("skip").
+
+A row's "images" column (IMAGES_COLUMN; optional) lists its images: paths (relative to the data
+file's folder, or absolute), data:image/...;base64 URIs, bytes or `datasets` Image features
+(data/images.py). They are decoded to uint8 RGB arrays when the rows are read; one that cannot
+be read makes the row a bad row (its file, its line and the image named), never a text-only row.
+The column does not reach the reward functions. Rows without it are read as before.
 """
 
 from __future__ import annotations
@@ -33,6 +39,7 @@ import os
 import numpy as np
 
 from grpo_jax.data.chat import ChatTextTask, epoch_stream
+from grpo_jax.data.images import ImageLoadError, image_dir, load_row_images
 from grpo_jax.data.task import register_task
 from grpo_jax.data.tokenizer import pad_rows
 from grpo_jax.errors import ConfigError, InputError, first_line
@@ -42,6 +49,7 @@ from grpo_jax.rewards.functions import (ANSWER_READERS, answer_match, call_rewar
 EXTENSIONS = (".jsonl", ".json", ".parquet", ".csv")
 BAD_ROW_MODES = ("raise", "skip")
 _SPLIT_SEED = 1234  # fixed: the held-out fraction must not move with the experiment's seed
+IMAGES_COLUMN = "images"
 
 
 @dataclasses.dataclass
@@ -51,6 +59,7 @@ class TablePrompts:
   gold: list  # the answer column, as text ("" without one)
   user_text: list  # the last user message: what reward functions receive as the prompt
   columns: list  # each row's other columns, {name: value}
+  images: list = dataclasses.field(default_factory=list)  # each row's [(H, W, 3) uint8] ([] none)
 
 
 class BadRow(Exception):
@@ -226,6 +235,7 @@ class TableTask(ChatTextTask):
     self.data = data_cfg
     self.prompt_len = data_cfg.max_prompt_tokens
     self.use_chat_template = data_cfg.use_chat_template
+    self.image_dir = image_dir(data_cfg.source)
     train, test = self.read_rows(data_cfg)
     skipped = {}
     self.train = self._encode_all(train, skipped)
@@ -315,9 +325,16 @@ class TableTask(ChatTextTask):
                        f"{self.prompt_len}", f"prompts longer than data.max_prompt_tokens="
                        f"{self.prompt_len}")
     user = [m["content"] for m in messages if m["role"] == "user"]
-    columns = {k: v for k, v in row.items() if k not in (self.data.prompt_field, "messages")}
+    columns = {k: v for k, v in row.items()
+               if k not in (self.data.prompt_field, "messages", IMAGES_COLUMN)}
     answer = row.get(self.data.answer_field)
-    return ids, "" if answer is None else str(answer), user[-1] if user else "", columns
+    item = ids, "" if answer is None else str(answer), user[-1] if user else "", columns
+    try:  # (ids, answer, user text, columns[, images]): rows without images as before
+      images = load_row_images(row.get(IMAGES_COLUMN), self.image_dir)
+    except ImageLoadError as e:
+      raise BadRow(f"has an image that cannot be read ({e})", "rows with unreadable images"
+                   ) from None
+    return item + (images,) if images else item
 
   def _encode_all(self, rows, skipped: dict) -> list:
     out = []
@@ -337,7 +354,8 @@ class TableTask(ChatTextTask):
   def _batch(self, items) -> TablePrompts:
     tokens, mask = pad_rows([item[0] for item in items], self.prompt_len, self.pad_id, left=True)
     return TablePrompts(tokens, mask, [item[1] for item in items], [item[2] for item in items],
-                        [item[3] for item in items])
+                        [item[3] for item in items],
+                        [item[4] if len(item) > 4 else [] for item in items])
 
   def train_batch(self, position: int, count: int, seed: int) -> TablePrompts:
     """Prompts [position, position + count) of a stream reshuffled every epoch by (seed,
