@@ -1,0 +1,318 @@
+"""Memory, FLOPs and compile time of Qwen2.5-VL's update and prefill at real shape (issue 57,
+must-show 4), compiled for this machine's CPU without allocating the model: benchmarks/scale.py
+for the vision-language model (grpo_jax/models/vision/qwen2_5_vl_model.py).
+
+Shape (the defaults): Qwen2.5-VL-3B (its config.json, written out in `qwen2_5_vl_3b_config`),
+--rows 16 rows, each one image of --image 448 x 448 pixels (grid_thw [1, 32, 32] patches of
+14 px: 1024 patches, 256 image tokens after the 2 x 2 merge) + --text 256 text tokens, then
+--new 256 completion tokens. Params and compute in --dtype (bfloat16).
+
+What it measures:
+  update   jax.value_and_grad of the token-mean log-prob over the completion tokens,
+           loss = -sum(logp[b, t] * m[b, t]) / sum(m), logp of token t+1 from the logits at t,
+           through the whole model on prompt + completion (image + text + new tokens), with
+           the vision tower frozen (its params under stop_gradient, grads of the text
+           decoder only) or trained (grads of both). No optimizer: the bytes of one
+           forward + backward.
+  prefill  the sampler's first call: the images encoded, merged into the prompt embeddings,
+           and the prompt run through the KV-cached decoder (qwen2_5_vl_cached.cached_decoder)
+           into a cache of prompt + new slots; the last position's logits. With --group-size
+           G, rows / G prompts (the G samples of a prompt share its prefill).
+  sampler  the whole KV-cached sampler (rollout/vlm_sampler.py: images encoded, prefill shared
+           G ways, --new decode steps in a lax.scan, temperature 1): the encoder here, then the
+           sampler's jitted body `_sample` on the features. Its decode scan's body is counted
+           once by cost_analysis.
+
+How: params are `jax.eval_shape(init_vlm_params, ...)`, every input a `jax.ShapeDtypeStruct`
+(the mRoPE positions too: their values never change the program); only the image layout
+(patch_layout of grid_thw: window order, segments) is host data, as encode_images needs it.
+Then `jax.jit(f).lower(*abstract).compile()` (compile_s: its wall time), memory_analysis()'s
+argument / output / alias / temp bytes (GiB = bytes / 2**30; peak = argument + output - alias
++ temp) and cost_analysis()'s flops, with scale.py's field names.
+
+    python benchmarks/scale_vlm.py [--what update_frozen,update_trained,prefill] [--tiny]
+        [--rows 16] [--image 448] [--text 256] [--new 256] [--dtype bfloat16] [--group-size 1]
+
+  --tiny   the same programs at a tiny random shape (2 layers, 2 rows, a 112 px image), in
+           seconds: the fast test's shape (tests/test_scale_vlm.py).
+
+Output: per measurement a human-readable line, one JSON line (what, shape, rows, image_tokens,
+text, new, dtype, compile_s, temp_bytes, argument_bytes, output_bytes, alias_bytes, *_gib,
+peak_gib, gflop, while_loops, ...), and at the end a markdown table.
+
+Caveats (scale.py's): XLA:CPU's buffer assignment estimates what a GPU compile needs; the
+vision encoder attends densely over all of a call's patches with a segment mask
+(qwen2_5_vl.py), so its score tensors grow with (images x patches)^2; cost_analysis counts a
+scan's body once, so with while_loops > 0 gflop is a lower bound (the decoder's 36 layers and
+the encoder's 32 blocks are scans: gflop is about one layer's + one block's + the rest).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import re
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if ROOT not in sys.path:
+  sys.path.insert(0, ROOT)
+
+from benchmarks.scale import cost_flops  # noqa: E402
+from benchmarks.state_bytes import GIB, tree_gib  # noqa: E402
+
+WHATS = ("update_frozen", "update_trained", "prefill", "sampler")
+VISION_START, VISION_END = 151652, 151653
+
+
+def qwen2_5_vl_3b_config() -> dict:
+  """Qwen2.5-VL-3B-Instruct's config.json (the released 4.x layout: text fields at the top
+  level, rope_scaling.mrope_section), the fields the model reads."""
+  return dict(
+      model_type="qwen2_5_vl", vocab_size=151936, hidden_size=2048, intermediate_size=11008,
+      num_hidden_layers=36, num_attention_heads=16, num_key_value_heads=2, hidden_act="silu",
+      rms_norm_eps=1e-6, rope_theta=1e6, max_position_embeddings=128000,
+      tie_word_embeddings=True, image_token_id=151655, video_token_id=151656,
+      vision_start_token_id=VISION_START, vision_end_token_id=VISION_END,
+      rope_scaling=dict(type="mrope", mrope_section=[16, 24, 24]),
+      vision_config=dict(depth=32, hidden_size=1280, intermediate_size=3420, num_heads=16,
+                         in_chans=3, out_hidden_size=2048, patch_size=14, spatial_merge_size=2,
+                         temporal_patch_size=2, window_size=112, hidden_act="silu",
+                         fullatt_block_indexes=[7, 15, 23, 31], tokens_per_second=2))
+
+
+def tiny_config() -> dict:
+  """A tiny random Qwen2.5-VL (2 text layers, 2 vision blocks, vocab 512): the same programs
+  in seconds."""
+  return dict(
+      model_type="qwen2_5_vl", vocab_size=512, hidden_size=64, intermediate_size=128,
+      num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, hidden_act="silu",
+      rms_norm_eps=1e-6, rope_theta=1e6, max_position_embeddings=4096,
+      tie_word_embeddings=True, image_token_id=500,
+      rope_scaling=dict(type="mrope", mrope_section=[2, 3, 3]),
+      vision_config=dict(depth=2, hidden_size=32, intermediate_size=64, num_heads=2,
+                         out_hidden_size=64, patch_size=14, spatial_merge_size=2,
+                         temporal_patch_size=2, window_size=112, hidden_act="silu",
+                         fullatt_block_indexes=[1]))
+
+
+def parse_args(argv=None):
+  p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
+  p.add_argument("--what", default=",".join(WHATS))
+  p.add_argument("--tiny", action="store_true", help="a tiny random model and shape")
+  p.add_argument("--rows", type=int, default=None, help="rows (default 16; --tiny 2)")
+  p.add_argument("--image", type=int, default=None,
+                 help="image side in pixels, a multiple of 28 (default 448; --tiny 112)")
+  p.add_argument("--text", type=int, default=None, help="text tokens (default 256; --tiny 8)")
+  p.add_argument("--new", type=int, default=None, help="new tokens (default 256; --tiny 8)")
+  p.add_argument("--dtype", default="bfloat16", help="params and compute dtype")
+  p.add_argument("--group-size", type=int, default=1,
+                 help="prefill: rows per prompt (rows / G prompts are prefilled)")
+  p.add_argument("--per-image", action="store_true",
+                 help="encode each image alone (jax.vmap of the encoder over the images) "
+                      "instead of one dense call over all the patches")
+  args = p.parse_args(argv)
+  args.what = [w.strip() for w in args.what.split(",") if w.strip()]
+  for w in args.what:
+    if w not in WHATS:
+      p.error(f"--what {w!r}: use {', '.join(WHATS)} (comma-separated)")
+  for name, real, tiny in (("rows", 16, 2), ("image", 448, 112), ("text", 256, 8),
+                           ("new", 256, 8)):
+    if getattr(args, name) is None:
+      setattr(args, name, tiny if args.tiny else real)
+  if args.image % 28:
+    p.error(f"--image {args.image}: use a multiple of 28 (patch 14 x merge 2)")
+  if args.text < 2:
+    p.error(f"--text {args.text}: use at least 2 (the vision start and end tokens)")
+  if args.rows % args.group_size:
+    p.error(f"--rows {args.rows} is not a multiple of --group-size {args.group_size}")
+  return args
+
+
+def vlm_config(args):
+  from grpo_jax.models.vision.qwen2_5_vl_model_hf import vlm_config_from_hf
+  hf = tiny_config() if args.tiny else qwen2_5_vl_3b_config()
+  return vlm_config_from_hf(hf, param_dtype=args.dtype, compute_dtype=args.dtype)
+
+
+def prompt_layout(cfg, rows: int, image: int, text: int, new: int):
+  """Host layout of the batch: (ids (rows, P + new) int32, grid_thw (rows, 3), image tokens per
+  row). A row is vision_start, the image's tokens, vision_end, text - 2 text tokens, then the
+  new tokens; only where the image tokens sit matters (the values are abstract)."""
+  import numpy as np
+  patches = image // cfg.vision.patch_size
+  grid = np.tile([[1, patches, patches]], (rows, 1))
+  image_tokens = patches * patches // cfg.vision.spatial_merge_size ** 2
+  row = np.concatenate([[VISION_START % cfg.text.vocab_size],
+                        np.full(image_tokens, cfg.image_token_id),
+                        [VISION_END % cfg.text.vocab_size], np.full(text - 2 + new, 7)])
+  return np.tile(row.astype(np.int32), (rows, 1)), grid, image_tokens
+
+
+def measure(fn, abstract_args) -> dict:
+  """Lowers and compiles jit(fn) on abstract inputs: compile seconds, memory_analysis bytes
+  (and GiB, scale.py's names), cost_analysis GFLOP, and the compiled module's while loops."""
+  import jax
+  start = time.perf_counter()
+  lowered = jax.jit(fn).lower(*abstract_args)
+  lower_s = time.perf_counter() - start
+  compiled = lowered.compile()
+  out = dict(compile_s=round(time.perf_counter() - start, 2), lower_s=round(lower_s, 2))
+  mem = compiled.memory_analysis()
+  get = lambda name: int(getattr(mem, f"{name}_size_in_bytes", 0) or 0)  # noqa: E731
+  for name in ("argument", "output", "alias", "temp"):
+    out[f"{name}_bytes"] = get(name)
+    out[f"{name}_gib"] = round(get(name) / GIB, 4)
+  out["peak_gib"] = round((get("argument") + get("output") - get("alias") + get("temp")) / GIB,
+                          4)
+  out["gflop"] = round(cost_flops(compiled) / 1e9, 2)
+  try:
+    out["while_loops"] = len(re.findall(r"\bwhile\(", compiled.as_text()))
+  except Exception:  # noqa: BLE001  (as_text is best effort)
+    out["while_loops"] = None
+  return out
+
+
+def encode(vision_params, pixel_values, grid_thw, cfg, per_image: bool):
+  """(image tokens, E) of the images: qwen2_5_vl_model.image_features (one encoder call over
+  all the patches, attention dense with a segment mask), or with per_image, jax.vmap of the
+  encoder over the images (equal grids only), each image's attention (patches^2) alone."""
+  import jax
+  from grpo_jax.models.vision.qwen2_5_vl import _encode, _layout_arrays
+  from grpo_jax.models.vision.qwen2_5_vl_model import image_features
+  if not per_image:
+    return image_features({"vision": vision_params}, pixel_values, grid_thw, cfg)
+  layout = _layout_arrays(grid_thw[:1], cfg.vision)
+  per = pixel_values.reshape(len(grid_thw), -1, pixel_values.shape[-1])
+  out = jax.vmap(lambda pv: _encode(vision_params, pv, cfg.vision, layout))(per)
+  return out.reshape(-1, out.shape[-1])
+
+
+def completion_logprob_loss(text_params, vision_params, ids, kv_mask, pixel_values, positions,
+                            completion_mask, *, grid_thw, cfg, freeze_vision: bool,
+                            per_image: bool = False):
+  """-sum(logp * m) / sum(m): the token-mean log-prob of the completion tokens (logp of token
+  t+1 from the logits at t; m = completion_mask over the targets ids[:, 1:])."""
+  import jax
+  import jax.numpy as jnp
+  from grpo_jax.models.vision.qwen2_5_vl_model import decoder_logits
+  if freeze_vision:
+    vision_params = jax.lax.stop_gradient(vision_params)
+  features = encode(vision_params, pixel_values, grid_thw, cfg, per_image)
+  logits = decoder_logits(text_params, ids, kv_mask, features, positions, cfg)[:, :-1]
+  logp = jax.nn.log_softmax(logits, axis=-1)
+  target = jnp.take_along_axis(logp, ids[:, 1:, None], axis=-1)[..., 0]
+  m = completion_mask[:, 1:].astype(jnp.float32)
+  return -jnp.sum(target * m) / jnp.maximum(jnp.sum(m), 1.0)
+
+
+def prefill_logits(text_params, vision_params, ids, kv_mask, pixel_values, positions, *,
+                   grid_thw, cfg, slots: int, per_image: bool = False):
+  """(last logits (B, 1, vocab), cache): images encoded and merged, the prompt written into a
+  fresh cache of `slots` slots by the cached decoder (the VLM sampler's first call)."""
+  import jax.numpy as jnp
+  from grpo_jax.models.vision.placeholders import merge_image_features
+  from grpo_jax.models.vision.qwen2_5_vl_cached import cached_decoder, init_stacked_cache
+  from grpo_jax.models.vision.qwen2_5_vl_model import embed_text
+  features = encode(vision_params, pixel_values, grid_thw, cfg, per_image)
+  x = merge_image_features(embed_text(text_params, ids, cfg.text), ids, features,
+                           cfg.image_token_id)
+  cache = init_stacked_cache(cfg.text, ids.shape[0], slots)
+  full_mask = jnp.concatenate(
+      [kv_mask, jnp.zeros((ids.shape[0], slots - ids.shape[1]), bool)], axis=1)
+  return cached_decoder(text_params, x, positions, full_mask, cache, 0, cfg)
+
+
+def sampler_tokens(text_params, vision_params, ids, kv_mask, pixel_values, positions,
+                   decode_base, key, row_ids, special, *, grid_thw, cfg, new: int, group: int,
+                   per_image: bool = False):
+  """(tokens, logprobs, mask) of vlm_sampler's jitted body on the encoded images."""
+  from grpo_jax.rollout.vlm_sampler import _sample
+  features = encode(vision_params, pixel_values, grid_thw, cfg, per_image)
+  return _sample(text_params, ids, kv_mask, features, positions, decode_base, key, row_ids,
+                 special, cfg=cfg, max_new_tokens=new, temperature=1.0, group_size=group)
+
+
+def run(args) -> list:
+  import functools
+
+  import jax
+  import jax.numpy as jnp
+  from grpo_jax.models.vision.mrope import mrope_position_ids
+  from grpo_jax.models.vision.qwen2_5_vl_model import init_vlm_params
+
+  cfg = vlm_config(args)
+  params = jax.eval_shape(lambda k: init_vlm_params(cfg, k), jax.random.key(0))
+  sds = jax.ShapeDtypeStruct
+  base = dict(shape="tiny" if args.tiny else "qwen2.5-vl-3b", rows=args.rows, image=args.image,
+              text=args.text, new=args.new, dtype=args.dtype,
+              vision_batch="per_image" if args.per_image else "all",
+              params_m=round(sum(math.prod(x.shape) for x in jax.tree.leaves(params)) / 1e6, 1),
+              vision_params_m=round(sum(math.prod(x.shape)
+                                        for x in jax.tree.leaves(params["vision"])) / 1e6, 1),
+              params_gib=round(tree_gib(params), 4), backend=jax.default_backend())
+  results = []
+  for what in args.what:
+    rows = args.rows if what.startswith("update") else args.rows // args.group_size
+    ids, grid, image_tokens = prompt_layout(cfg, rows, args.image, args.text, args.new)
+    if what in ("prefill", "sampler"):
+      ids = ids[:, :-args.new]
+    seq = ids.shape[1]
+    positions, _ = mrope_position_ids(ids, grid, image_token_id=cfg.image_token_id,
+                                      merge_size=cfg.vision.spatial_merge_size)
+    patches = int(grid[:, 1:].prod(axis=1).sum())
+    inputs = (sds((rows, seq), jnp.int32), sds((rows, seq), jnp.bool_),
+              sds((patches, cfg.vision.patch_dim), jnp.float32),
+              sds(positions.shape, jnp.int32))
+    if what == "prefill":
+      fn = functools.partial(prefill_logits, grid_thw=grid, cfg=cfg, slots=seq + args.new,
+                             per_image=args.per_image)
+      m = measure(fn, (params["text"], params["vision"], *inputs))
+    elif what == "sampler":
+      fn = functools.partial(sampler_tokens, grid_thw=grid, cfg=cfg, new=args.new,
+                             group=args.group_size, per_image=args.per_image)
+      m = measure(fn, (params["text"], params["vision"], *inputs, sds((rows,), jnp.int32),
+                       jax.eval_shape(lambda: jax.random.key(0)),
+                       sds((args.rows,), jnp.int32), sds((2,), jnp.int32)))
+    else:
+      freeze = what == "update_frozen"
+      loss = functools.partial(completion_logprob_loss, grid_thw=grid, cfg=cfg,
+                               freeze_vision=freeze, per_image=args.per_image)
+      fn = jax.value_and_grad(loss, argnums=0 if freeze else (0, 1))
+      m = measure(fn, (params["text"], params["vision"], *inputs,
+                       sds((rows, seq), jnp.bool_)))
+    result = dict(what=what, **base, batch_rows=rows, image_tokens=image_tokens,
+                  patches=patches, seq=seq, **m)
+    results.append(result)
+    print(f"{what} {result['shape']} rows={rows} image={args.image}px ({image_tokens} tokens) "
+          f"text={args.text} new={args.new} {args.dtype} vision={result['vision_batch']}: "
+          f"compile {m['compile_s']:.1f} s, "
+          f"args {m['argument_gib']} GiB, out {m['output_gib']} GiB, temp {m['temp_gib']} GiB, "
+          f"{m['gflop']} GFLOP", flush=True)
+    print(json.dumps(result), flush=True)
+  print(markdown_table(results), flush=True)
+  return results
+
+
+def markdown_table(results) -> str:
+  """The results as a markdown table (one row per measurement)."""
+  lines = ["| what | vision batch | rows | seq | compile s | argument GiB | output GiB "
+           "| temp GiB | peak GiB | GFLOP (loops counted once) |", "|---" * 10 + "|"]
+  for r in results:
+    lines.append(f"| {r['what']} | {r['vision_batch']} | {r['batch_rows']} | {r['seq']} | "
+                 f"{r['compile_s']} | "
+                 f"{r['argument_gib']} | {r['output_gib']} | {r['temp_gib']} | "
+                 f"{r['peak_gib']} | {r['gflop']} |")
+  return "\n".join(lines)
+
+
+def main(argv=None):
+  return run(parse_args(argv))
+
+
+if __name__ == "__main__":
+  main()
