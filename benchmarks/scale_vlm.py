@@ -9,7 +9,8 @@ Shape (the defaults): Qwen2.5-VL-3B (its config.json, written out in `qwen2_5_vl
 
 What it measures:
   update   jax.value_and_grad of the token-mean log-prob over the completion tokens,
-           loss = -sum(logp[b, t] * m[b, t]) / sum(m), logp of token t+1 from the logits at t,
+           loss = -sum(logp[b, t] * m[b, t]) / sum(m) over the --new completion tokens only
+           (qwen2_5_vl_model.completion_token_logprobs, with --remat and --logits-chunk),
            through the whole model on prompt + completion (image + text + new tokens), with
            the vision tower frozen (its params under stop_gradient, grads of the text
            decoder only) or trained (grads of both). No optimizer: the bytes of one
@@ -32,6 +33,11 @@ argument / output / alias / temp bytes (GiB = bytes / 2**30; peak = argument + o
 
     python benchmarks/scale_vlm.py [--what update_frozen,update_trained,prefill] [--tiny]
         [--rows 16] [--image 448] [--text 256] [--new 256] [--dtype bfloat16] [--group-size 1]
+        [--per-image] [--remat none] [--logits-chunk 0]
+
+  --remat, --logits-chunk  the text decoder's model.remat and model.logits_chunk (the text
+           families' fields, on VlmConfig.text): what each layer keeps for the backward pass,
+           and how many completion positions are projected onto the vocabulary at a time.
 
   --tiny   the same programs at a tiny random shape (2 layers, 2 rows, a 112 px image), in
            seconds: the fast test's shape (tests/test_scale_vlm.py).
@@ -41,8 +47,9 @@ text, new, dtype, compile_s, temp_bytes, argument_bytes, output_bytes, alias_byt
 peak_gib, gflop, while_loops, ...), and at the end a markdown table.
 
 Caveats (scale.py's): XLA:CPU's buffer assignment estimates what a GPU compile needs; the
-vision encoder attends densely over all of a call's patches with a segment mask
-(qwen2_5_vl.py), so its score tensors grow with (images x patches)^2; cost_analysis counts a
+vision encoder attends per frame / window (qwen2_5_vl.segment_attention), so its score
+tensors grow with the sum of each image's patches^2 (--per-image is now an alias of the
+default); cost_analysis counts a
 scan's body once, so with while_loops > 0 gflop is a lower bound (the decoder's 36 layers and
 the encoder's 32 blocks are scans: gflop is about one layer's + one block's + the rest).
 """
@@ -50,6 +57,7 @@ the encoder's 32 blocks are scans: gflop is about one layer's + one block's + th
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import os
@@ -113,8 +121,13 @@ def parse_args(argv=None):
   p.add_argument("--group-size", type=int, default=1,
                  help="prefill: rows per prompt (rows / G prompts are prefilled)")
   p.add_argument("--per-image", action="store_true",
-                 help="encode each image alone (jax.vmap of the encoder over the images) "
-                      "instead of one dense call over all the patches")
+                 help="an alias kept for old command lines: the encoder now always attends "
+                      "per image (per frame / window), which this vmap what-if measured")
+  p.add_argument("--remat", default="none",
+                 help="model.remat of the text decoder's layers (none, full, save_dots, "
+                      "save_dots_no_batch)")
+  p.add_argument("--logits-chunk", type=int, default=0,
+                 help="model.logits_chunk: completion positions projected at a time (0: all)")
   args = p.parse_args(argv)
   args.what = [w.strip() for w in args.what.split(",") if w.strip()]
   for w in args.what:
@@ -136,7 +149,9 @@ def parse_args(argv=None):
 def vlm_config(args):
   from grpo_jax.models.vision.qwen2_5_vl_model_hf import vlm_config_from_hf
   hf = tiny_config() if args.tiny else qwen2_5_vl_3b_config()
-  return vlm_config_from_hf(hf, param_dtype=args.dtype, compute_dtype=args.dtype)
+  cfg = vlm_config_from_hf(hf, param_dtype=args.dtype, compute_dtype=args.dtype)
+  text = dataclasses.replace(cfg.text, remat=args.remat, logits_chunk=args.logits_chunk)
+  return dataclasses.replace(cfg, text=text)
 
 
 def prompt_layout(cfg, rows: int, image: int, text: int, new: int):
@@ -177,37 +192,33 @@ def measure(fn, abstract_args) -> dict:
   return out
 
 
-def encode(vision_params, pixel_values, grid_thw, cfg, per_image: bool):
-  """(image tokens, E) of the images: qwen2_5_vl_model.image_features (one encoder call over
-  all the patches, attention dense with a segment mask), or with per_image, jax.vmap of the
-  encoder over the images (equal grids only), each image's attention (patches^2) alone."""
-  import jax
-  from grpo_jax.models.vision.qwen2_5_vl import _encode, _layout_arrays
+def encode(vision_params, pixel_values, grid_thw, cfg, per_image: bool = False):
+  """(image tokens, E) of the images: qwen2_5_vl_model.image_features, one encoder call whose
+  attention runs per segment (each frame, each window: qwen2_5_vl.segment_attention), so its
+  scores grow with each image's patches^2, never the call's total^2. per_image is ignored (the
+  former what-if, a vmap over images, is what the encoder does now)."""
   from grpo_jax.models.vision.qwen2_5_vl_model import image_features
-  if not per_image:
-    return image_features({"vision": vision_params}, pixel_values, grid_thw, cfg)
-  layout = _layout_arrays(grid_thw[:1], cfg.vision)
-  per = pixel_values.reshape(len(grid_thw), -1, pixel_values.shape[-1])
-  out = jax.vmap(lambda pv: _encode(vision_params, pv, cfg.vision, layout))(per)
-  return out.reshape(-1, out.shape[-1])
+  del per_image
+  return image_features({"vision": vision_params}, pixel_values, grid_thw, cfg)
 
 
 def completion_logprob_loss(text_params, vision_params, ids, kv_mask, pixel_values, positions,
-                            completion_mask, *, grid_thw, cfg, freeze_vision: bool,
+                            completion_mask, *, grid_thw, cfg, freeze_vision: bool, new: int,
                             per_image: bool = False):
-  """-sum(logp * m) / sum(m): the token-mean log-prob of the completion tokens (logp of token
-  t+1 from the logits at t; m = completion_mask over the targets ids[:, 1:])."""
+  """-sum(logp * m) / sum(m): the token-mean log-prob of the last `new` (completion) tokens, as
+  the update scores them (qwen2_5_vl_model.completion_token_logprobs: only the completion's
+  positions projected onto the vocabulary, in cfg.text.logits_chunk chunks when > 0, the
+  layers rematerialised by cfg.text.remat); m = completion_mask over those tokens."""
   import jax
   import jax.numpy as jnp
-  from grpo_jax.models.vision.qwen2_5_vl_model import decoder_logits
+  from grpo_jax.models.vision.qwen2_5_vl_model import completion_token_logprobs
   if freeze_vision:
     vision_params = jax.lax.stop_gradient(vision_params)
   features = encode(vision_params, pixel_values, grid_thw, cfg, per_image)
-  logits = decoder_logits(text_params, ids, kv_mask, features, positions, cfg)[:, :-1]
-  logp = jax.nn.log_softmax(logits, axis=-1)
-  target = jnp.take_along_axis(logp, ids[:, 1:, None], axis=-1)[..., 0]
-  m = completion_mask[:, 1:].astype(jnp.float32)
-  return -jnp.sum(target * m) / jnp.maximum(jnp.sum(m), 1.0)
+  logp = completion_token_logprobs(text_params, ids, kv_mask, features, positions, cfg, None,
+                                   ids.shape[1] - new)
+  m = completion_mask[:, -new:].astype(jnp.float32)
+  return -jnp.sum(logp * m) / jnp.maximum(jnp.sum(m), 1.0)
 
 
 def prefill_logits(text_params, vision_params, ids, kv_mask, pixel_values, positions, *,
@@ -250,7 +261,8 @@ def run(args) -> list:
   sds = jax.ShapeDtypeStruct
   base = dict(shape="tiny" if args.tiny else "qwen2.5-vl-3b", rows=args.rows, image=args.image,
               text=args.text, new=args.new, dtype=args.dtype,
-              vision_batch="per_image" if args.per_image else "all",
+              vision_batch="per_segment", remat=args.remat,
+              logits_chunk=args.logits_chunk,
               params_m=round(sum(math.prod(x.shape) for x in jax.tree.leaves(params)) / 1e6, 1),
               vision_params_m=round(sum(math.prod(x.shape)
                                         for x in jax.tree.leaves(params["vision"])) / 1e6, 1),
@@ -281,7 +293,7 @@ def run(args) -> list:
     else:
       freeze = what == "update_frozen"
       loss = functools.partial(completion_logprob_loss, grid_thw=grid, cfg=cfg,
-                               freeze_vision=freeze, per_image=args.per_image)
+                               freeze_vision=freeze, new=args.new, per_image=args.per_image)
       fn = jax.value_and_grad(loss, argnums=0 if freeze else (0, 1))
       m = measure(fn, (params["text"], params["vision"], *inputs,
                        sds((rows, seq), jnp.bool_)))
@@ -300,11 +312,12 @@ def run(args) -> list:
 
 def markdown_table(results) -> str:
   """The results as a markdown table (one row per measurement)."""
-  lines = ["| what | vision batch | rows | seq | compile s | argument GiB | output GiB "
-           "| temp GiB | peak GiB | GFLOP (loops counted once) |", "|---" * 10 + "|"]
+  lines = ["| what | vision batch | remat | logits chunk | rows | seq | compile s "
+           "| argument GiB | output GiB | temp GiB | peak GiB | GFLOP (loops counted once) |",
+           "|---" * 12 + "|"]
   for r in results:
-    lines.append(f"| {r['what']} | {r['vision_batch']} | {r['batch_rows']} | {r['seq']} | "
-                 f"{r['compile_s']} | "
+    lines.append(f"| {r['what']} | {r['vision_batch']} | {r['remat']} | {r['logits_chunk']} | "
+                 f"{r['batch_rows']} | {r['seq']} | {r['compile_s']} | "
                  f"{r['argument_gib']} | {r['output_gib']} | {r['temp_gib']} | "
                  f"{r['peak_gib']} | {r['gflop']} |")
   return "\n".join(lines)

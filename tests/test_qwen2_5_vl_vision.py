@@ -126,3 +126,59 @@ def test_bad_inputs_are_one_sentence(hf_vision):
     vision_params_from_hf(state, cfg)
   with pytest.raises(ConfigError, match="window_size=4"):
     vision_config_from_hf({**TINY, "window_size": 4})
+
+
+def dense_masked_attention(q, k, v, blocks):
+  """The reference: softmax over all N keys with a (N, N) same-segment mask (the segment ids
+  rebuilt from the blocks), as the encoder computed it before attention was blocked."""
+  import jax  # noqa: PLC0415
+  import jax.numpy as jnp  # noqa: PLC0415
+  groups, _ = blocks
+  ids, first = [], 0
+  for index in groups:
+    ids.append(jnp.repeat(first + jnp.arange(index.shape[0]), index.shape[1]))
+    first += index.shape[0]
+  segment = jnp.zeros(q.shape[0], jnp.int32).at[
+      jnp.concatenate([g.reshape(-1) for g in groups])].set(jnp.concatenate(ids))
+  mask = segment[:, None] == segment[None, :]
+  scores = jnp.einsum("qhd,khd->hqk", q, k).astype(jnp.float32) / np.sqrt(q.shape[-1])
+  scores = jnp.where(mask[None], scores, jnp.finfo(jnp.float32).min)
+  return jnp.einsum("hqk,khd->qhd", jax.nn.softmax(scores, axis=-1).astype(v.dtype), v)
+
+
+def test_blocked_attention_equals_dense_masked(hf_vision, monkeypatch):
+  """Two images of different sizes (4x4 and 10x6 patches: windows of 4, 2 and 1 units) and a
+  two-frame grid: per-segment attention equals the dense masked form within 1e-6, for frames
+  and windows, in values and gradients, and through the whole encoder."""
+  import jax  # noqa: PLC0415
+  import jax.numpy as jnp  # noqa: PLC0415
+  from grpo_jax.models.vision import qwen2_5_vl  # noqa: PLC0415
+  _, cfg, params = hf_vision
+  grid_thw = np.array([[1, 4, 4], [1, 10, 6], [2, 4, 4]])
+  layout = qwen2_5_vl._layout_arrays(grid_thw, cfg)
+  frames, windows = layout[3], layout[4]
+  assert len(windows[0]) == 3 and len(frames[0]) == 2  # window lengths 4, 8, 16; frames 16, 60
+  q, k, v = jax.random.normal(jax.random.key(0), (3, 108, 2, 16))
+
+  def values_and_grads(attention, q, k, v, blocks):
+    loss = lambda q, k, v: jnp.sum(jnp.sin(attention(q, k, v, blocks)))  # noqa: E731
+    return attention(q, k, v, blocks), jax.grad(loss, argnums=(0, 1, 2))(q, k, v)
+
+  both = jax.jit(lambda q, k, v, layouts: [
+      (values_and_grads(qwen2_5_vl.segment_attention, q, k, v, blocks),
+       values_and_grads(dense_masked_attention, q, k, v, blocks)) for blocks in layouts])
+  for ours, dense in both(q, k, v, (frames, windows)):
+    for a, b in zip(jax.tree.leaves(ours), jax.tree.leaves(dense)):
+      np.testing.assert_allclose(a, b, atol=1e-6, rtol=0)
+  pixel_values = np.random.RandomState(2).randn(108, cfg.patch_dim).astype(np.float32)
+  encode = lambda: jax.jit(lambda *args: qwen2_5_vl.VisionEncoder(cfg).apply(  # noqa: E731
+      {"params": params}, *args))(pixel_values, *layout)  # a new function: traced anew
+  ours = encode()
+  traced = []
+  monkeypatch.setattr(qwen2_5_vl, "segment_attention",
+                      lambda *args: traced.append(1) or dense_masked_attention(*args))
+  jax.clear_caches()  # jax.checkpoint caches its trace: retrace with the reference
+  reference = encode()
+  assert traced  # the reference really ran
+  np.testing.assert_allclose(ours, reference, atol=1e-6, rtol=0)
+  jax.clear_caches()  # and drop the reference's traces for the tests that follow

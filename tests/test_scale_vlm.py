@@ -55,4 +55,4 @@ def test_tiny_sampler_reports_memory_and_flops():
   pytest.importorskip("grpo_jax.rollout.vlm_sampler")
   (result,) = scale_vlm.main(["--tiny", "--what", "sampler", "--per-image"])
   check(result, "sampler")
-  assert result["vision_batch"] == "per_image" and result["while_loops"] > 0
+  assert result["vision_batch"] == "per_segment" and result["while_loops"] > 0

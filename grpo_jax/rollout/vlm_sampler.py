@@ -14,12 +14,14 @@ log-prob is the text sampler's, that of pi = softmax(logits / T) over the whole 
 (T = 0: greedy, log-probs of softmax(logits)). A row ends after emitting eos_id: later slots
 are pad_id, log-prob 0, mask False.
 
-Update, `vlm_completion_logprobs`: one teacher-forced forward (qwen2_5_vl_model.decoder_logits)
+Update, `vlm_completion_logprobs`: one teacher-forced forward (qwen2_5_vl_model.decoder_hidden)
 over prompt + completion with the same image features (encoded once per prompt, repeated for
 its G rows), completion token k at the same mRoPE id as in the sampler, a generated image
 token id keeping its text embedding (only the prompt's placeholders take image features). It
 returns log pi of the completion tokens only (the loss is over text tokens), 0 where the
-completion mask is False.
+completion mask is False, projecting only the completion's positions onto the vocabulary (in
+chunks of cfg.text.logits_chunk when > 0; the layers rematerialised by cfg.text.remat:
+qwen2_5_vl_model.completion_token_logprobs).
 """
 
 from __future__ import annotations
@@ -34,8 +36,8 @@ from grpo_jax.errors import ConfigError
 from grpo_jax.models.vision.mrope import decode_position_ids, mrope_position_ids
 from grpo_jax.models.vision.placeholders import check_image_features, merge_image_features
 from grpo_jax.models.vision.qwen2_5_vl_cached import cached_decoder, init_stacked_cache
-from grpo_jax.models.vision.qwen2_5_vl_model import (VlmConfig, decoder_logits, embed_text,
-                                                     image_features)
+from grpo_jax.models.vision.qwen2_5_vl_model import (VlmConfig, completion_token_logprobs,
+                                                     embed_text, image_features)
 from grpo_jax.rollout.prefill import repeat_rows
 from grpo_jax.rollout.sampling import choose_tokens, token_uniforms
 
@@ -189,8 +191,11 @@ def vlm_completion_logprobs(params, input_ids, attention_mask, pixel_values, ima
   tokens = np.concatenate([ids, completion], axis=1)
   kv_mask = np.concatenate([mask, completion_mask], axis=1)
   placeholders = np.concatenate([ids, np.full(completion.shape, -1, ids.dtype)], axis=1)
-  logits = decoder_logits(params["text"], tokens, kv_mask, features, all_positions, cfg,
-                          placeholders)
-  logp = token_logprobs(logits[:, prompt_len - 1:prompt_len + new - 1], jnp.asarray(completion),
-                        temperature)
+  logp = _teacher_forced(params["text"], tokens, kv_mask, features, all_positions, cfg=cfg,
+                         placeholder_ids=placeholders, prompt_len=prompt_len,
+                         temperature=float(temperature))
   return jnp.where(jnp.asarray(completion_mask), logp, 0.0)
+
+
+_teacher_forced = jax.jit(completion_token_logprobs,
+                          static_argnames=("cfg", "prompt_len", "temperature"))

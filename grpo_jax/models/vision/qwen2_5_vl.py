@@ -39,8 +39,12 @@ on a leading axis like the decoder's layers; vision_param_axes gives their logic
 ``merger/mlp_0/{kernel (m^2 D, m^2 D), bias}``, ``merger/mlp_2/{kernel (m^2 D, out), bias}``.
 Hugging Face's tensor names: qwen2_5_vl_hf.py.
 
-Attention is dense over all N patches with a segment mask (O(N^2) memory per head): fine for
-a few images of a few thousand patches; a per-segment kernel is left for later.
+Attention is blocked by segment (segment_attention): the segments (frames, or windows), each a
+contiguous run of the window order, are grouped by length (qwen2_5_vl_layout.segment_blocks)
+and each group attends as one (segments, heads, len, len) batch, so memory grows with the sum
+of the segments' squared lengths, never with N^2. A block picks its layout with lax.cond under
+jax.checkpoint: the backward pass keeps q, k, v and recomputes the scores, so the scan's
+saved residuals do not hold both layouts' probabilities for every block.
 """
 
 from __future__ import annotations
@@ -57,7 +61,7 @@ import numpy as np
 
 from grpo_jax.errors import ConfigError
 from grpo_jax.models.blocks import RMSNorm, normal_init, with_axes
-from grpo_jax.models.vision.qwen2_5_vl_layout import patch_layout
+from grpo_jax.models.vision.qwen2_5_vl_layout import patch_layout, segment_blocks
 
 # config.json's hidden_act -> the function (transformers' ACT2FN names).
 ACTIVATIONS: dict[str, Callable] = {
@@ -191,23 +195,44 @@ class Linear(nn.Module):
     return y
 
 
+def segment_attention(q, k, v, blocks: tuple):
+  """softmax(q k^T / sqrt(d)) v within each segment, for q, k, v (N, heads, d) in the window
+  order and blocks = (groups, inverse) of a SegmentBlocks: per group of n segments of length
+  L, scores (n, heads, L, L) in float32 (q k^T in q's dtype, then cast, as the dense form),
+  the outputs concatenated over groups and put back in token order by inverse."""
+  groups, inverse = blocks
+  scale = math.sqrt(q.shape[-1])
+  outs = []
+  for index in groups:
+    qs, ks, vs = q[index], k[index], v[index]  # (n, L, heads, d)
+    scores = jnp.einsum("nqhd,nkhd->nhqk", qs, ks).astype(jnp.float32) / scale
+    probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
+    outs.append(jnp.einsum("nhqk,nkhd->nqhd", probs, vs).reshape(-1, *q.shape[1:]))
+  return jnp.concatenate(outs)[inverse]
+
+
+@jax.checkpoint
+def frame_or_window_attention(is_full, q, k, v, frame_blocks, window_blocks):
+  """segment_attention within frames if is_full (a traced bool), else within windows;
+  checkpointed, so a scan's backward saves q, k, v rather than both branches' probabilities."""
+  return jax.lax.cond(is_full, lambda q, k, v: segment_attention(q, k, v, frame_blocks),
+                      lambda q, k, v: segment_attention(q, k, v, window_blocks), q, k, v)
+
+
 class VisionAttention(nn.Module):
-  """[attn] Bidirectional attention where `mask` (N, N) allows: fused qkv, the 2-D RoPE on q
-  and k, softmax in float32, out proj."""
+  """[attn] Bidirectional attention within segments (frames if is_full, else windows): fused
+  qkv, the 2-D RoPE on q and k, softmax in float32 (segment_attention), out proj."""
   cfg: VisionConfig
 
   @nn.compact
-  def __call__(self, x, cos, sin, mask):
+  def __call__(self, x, cos, sin, is_full, frame_blocks, window_blocks):
     cfg = self.cfg
     dim, heads, d = cfg.hidden_size, cfg.num_heads, cfg.head_dim
     qkv = Linear((dim,), (3, heads, d), ("embed",), (None, "heads", "head_dim"), cfg,
                  name="qkv")(x)
     q, k, v = (qkv[:, i] for i in range(3))
     q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
-    scores = jnp.einsum("qhd,khd->hqk", q, k).astype(jnp.float32) / math.sqrt(d)
-    scores = jnp.where(mask[None], scores, jnp.finfo(jnp.float32).min)
-    probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
-    attended = jnp.einsum("hqk,khd->qhd", probs, v)
+    attended = frame_or_window_attention(is_full, q, k, v, frame_blocks, window_blocks)
     return Linear((heads, d), (dim,), ("heads", "head_dim"), ("embed",), cfg,
                   name="proj")(attended)
 
@@ -232,10 +257,10 @@ class VisionBlock(nn.Module):
   cfg: VisionConfig
 
   @nn.compact
-  def __call__(self, x, is_full, cos, sin, frame_mask, window_mask):
+  def __call__(self, x, is_full, cos, sin, frame_blocks, window_blocks):
     cfg = self.cfg
-    mask = jnp.where(is_full, frame_mask, window_mask)
-    x = x + VisionAttention(cfg, name="attn")(vision_norm(cfg, "norm1")(x), cos, sin, mask)
+    x = x + VisionAttention(cfg, name="attn")(vision_norm(cfg, "norm1")(x), cos, sin, is_full,
+                                              frame_blocks, window_blocks)
     return x + VisionMLP(cfg, name="mlp")(vision_norm(cfg, "norm2")(x)), None
 
 
@@ -271,28 +296,28 @@ class VisionEncoder(nn.Module):
   cfg: VisionConfig
 
   @nn.compact
-  def __call__(self, pixel_values, window_index, reverse_index, positions, frame_segments,
-               window_segments):
+  def __call__(self, pixel_values, window_index, reverse_index, positions, frame_blocks,
+               window_blocks):
     cfg = self.cfg
     unit = cfg.spatial_merge_size ** 2
     x = PatchEmbed(cfg, name="patch_embed")(pixel_values)
     x = x.reshape(-1, unit, cfg.hidden_size)[window_index].reshape(-1, cfg.hidden_size)
     cos, sin = rotary_cos_sin(positions, cfg)
-    frame_mask = frame_segments[:, None] == frame_segments[None, :]
-    window_mask = window_segments[:, None] == window_segments[None, :]
     is_full = jnp.asarray([i in cfg.fullatt_block_indexes for i in range(cfg.depth)])
     blocks = nn.scan(VisionBlock, variable_axes={"params": 0}, split_rngs={"params": True},
                      in_axes=(0, nn.broadcast, nn.broadcast, nn.broadcast, nn.broadcast),
                      length=cfg.depth, metadata_params={nn.PARTITION_NAME: "layers"})
-    x, _ = blocks(cfg, name="blocks")(x, is_full, cos, sin, frame_mask, window_mask)
+    x, _ = blocks(cfg, name="blocks")(x, is_full, cos, sin, frame_blocks, window_blocks)
     return PatchMerger(cfg, name="merger")(x)[reverse_index]
 
 
 def _layout_arrays(grid_thw, cfg: VisionConfig) -> tuple:
-  """VisionEncoder's layout inputs (NumPy) for these image grids."""
+  """VisionEncoder's layout inputs (NumPy) for these image grids: window_index, reverse_index,
+  positions, then the frames' and the windows' SegmentBlocks as (groups, inverse) tuples."""
   layout = patch_layout(grid_thw, cfg.spatial_merge_size, cfg.window_units)
-  return (layout.window_index, layout.reverse_index, layout.positions, layout.frame_segments,
-          layout.window_segments)
+  frames, windows = segment_blocks(layout.frame_segments), segment_blocks(layout.window_segments)
+  return (layout.window_index, layout.reverse_index, layout.positions,
+          (frames.groups, frames.inverse), (windows.groups, windows.inverse))
 
 
 @functools.partial(jax.jit, static_argnums=(2,))

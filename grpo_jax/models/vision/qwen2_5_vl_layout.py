@@ -13,7 +13,9 @@ column of windows smaller), windows row-major, units row-major inside a window.
 ``window_index`` lists the units in that order (transformers' ``get_vision_window_index``); the
 encoder permutes its tokens by it before the blocks and back by ``argsort(window_index)`` after
 the merger. Full-attention blocks attend within a frame, window blocks within a window; both
-are given here as one segment id per token in the permuted order.
+are given here as one segment id per token in the permuted order, and as SegmentBlocks: the
+segments (each contiguous in that order) grouped by length, so that attention runs per segment
+with static shapes and never forms an (N, N) score matrix.
 """
 
 from __future__ import annotations
@@ -93,6 +95,29 @@ def patch_layout(grid_thw, spatial_merge_size: int, window_units: int) -> PatchL
                      positions=positions.astype(np.int32),
                      frame_segments=_per_patch(unit_frame, unit),
                      window_segments=_per_patch(unit_window, unit))
+
+
+@dataclasses.dataclass(frozen=True)
+class SegmentBlocks:
+  """Segments grouped by length: groups[g] (n_g, len_g) int32 holds the token indices of the
+  n_g segments of length len_g (ascending lengths, segments and tokens in order); inverse (N,)
+  int32 is each token's row in concatenate([g.reshape(-1) for g in groups]), so that
+  concat(per-group outputs)[inverse] puts them back in token order."""
+  groups: tuple
+  inverse: np.ndarray
+
+
+def segment_blocks(segments: np.ndarray) -> SegmentBlocks:
+  """The SegmentBlocks of per-token segment ids (N,) whose segments are contiguous runs."""
+  starts = np.flatnonzero(np.diff(segments, prepend=-1) != 0)
+  lengths = np.diff(np.append(starts, len(segments)))
+  if len(np.unique(segments)) != len(starts):
+    raise ValueError("segment ids must form contiguous runs")
+  groups = tuple((starts[lengths == n][:, None] + np.arange(n)).astype(np.int32)
+                 for n in np.unique(lengths))
+  inverse = np.empty(len(segments), np.int32)
+  inverse[np.concatenate([g.reshape(-1) for g in groups])] = np.arange(len(segments))
+  return SegmentBlocks(groups=groups, inverse=inverse)
 
 
 def _per_patch(per_unit: list, unit: int) -> np.ndarray:

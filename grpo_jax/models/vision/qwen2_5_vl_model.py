@@ -21,6 +21,13 @@ layers stacked, the same module names), so the text families' loading, sharding 
 export tables apply to them; here the layers run one after the other through one
 ``jax.lax.scan`` of a small Flax layer whose attention takes the (3, B, T) positions.
 
+Memory (not maths), the text families' fields on ``cfg.text``: ``remat`` names what each
+scanned layer keeps for its backward pass (models/decoder.py REMAT_POLICIES: "none", "full",
+"save_dots", "save_dots_no_batch"; the rest is recomputed), and ``logits_chunk`` = C > 0 scores
+the completion C positions at a time (`completion_token_logprobs`, models/scoring.py's
+scheme), so that no (B, N, vocab) float32 array exists; 0: in one piece.
+The log-probs of the update are always projected from the completion's positions only.
+
 Params: ``{"vision": encoder params, "text": decoder params}``; loading from Hugging Face:
 qwen2_5_vl_model_hf.py. Generation without a KV cache (each step recomputes the whole
 sequence): `greedy_generate`.
@@ -36,10 +43,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from grpo_jax.errors import ConfigError
 from grpo_jax.models.attention import attention_mask as causal_mask, grouped_query_attention
 from grpo_jax.models.blocks import normal_init, with_axes
 from grpo_jax.models.config import ModelConfig
-from grpo_jax.models.decoder import init_params
+from grpo_jax.models.decoder import REMAT_POLICIES, init_params
+from grpo_jax.models.scoring import token_logprobs_and_entropy
 from grpo_jax.models.vision.mrope import (apply_multimodal_rotary_pos_emb, decode_position_ids,
                                           mrope_frequency_axes, mrope_position_ids)
 from grpo_jax.models.vision.placeholders import check_image_features, merge_image_features
@@ -61,6 +70,11 @@ class VlmConfig:
   def __post_init__(self):
     mrope_frequency_axes(self.mrope_section, self.text.head_dim)  # ConfigError when it's off
     check_vision_config(self.vision)
+    if self.text.remat not in REMAT_POLICIES:
+      raise ConfigError(f"remat={self.text.remat!r}; use one of {', '.join(REMAT_POLICIES)}.")
+    if int(self.text.logits_chunk) < 0:
+      raise ConfigError(f"logits_chunk={self.text.logits_chunk}; use 0 (the completion in one "
+                        f"piece) or a positive number of positions.")
 
 
 class MropeAttention(nn.Module):
@@ -125,10 +139,10 @@ def embed_text(text_params, input_ids, cfg: ModelConfig) -> jax.Array:
   return x if scale is None else x * jnp.asarray(scale, cfg.dtype)
 
 
-@functools.partial(jax.jit, static_argnums=(5,))
-def decoder_logits(text_params, input_ids, kv_mask, image_features, positions,
+def decoder_hidden(text_params, input_ids, kv_mask, image_features, positions,
                    cfg: VlmConfig, placeholder_ids=None) -> jax.Array:
-  """(B, T, vocab) float32 logits of the text decoder on the merged embeddings.
+  """(B, T, E) final-normed hidden states of the text decoder on the merged embeddings (the
+  inputs of the vocabulary projection), each scanned layer rematerialised by cfg.text.remat.
 
   input_ids (B, T); kv_mask (B, T) (False: padding, never attended to); image_features
   (N, E), one row per image token of the batch (row-major); positions (3, B, T) mRoPE ids;
@@ -145,11 +159,71 @@ def decoder_logits(text_params, input_ids, kv_mask, image_features, positions,
   def step(h, layer_params):
     return layer.apply({"params": layer_params}, h, positions, mask), None
 
+  policy = REMAT_POLICIES[text.remat]
+  if policy is not None:
+    step = jax.checkpoint(step, policy=policy, prevent_cse=False)
   x, _ = jax.lax.scan(step, x, text_params["layers"])
-  x = _FinalNorm(text).apply({"params": {"norm": text_params["norm"]}}, x)
-  head = (jnp.asarray(text_params["embed_tokens"]["embedding"], text.dtype).T
-          if text.tie_embeddings else jnp.asarray(text_params["lm_head"]["kernel"], text.dtype))
-  return jnp.einsum("bte,ev->btv", x, head, preferred_element_type=jnp.float32)
+  return _FinalNorm(text).apply({"params": {"norm": text_params["norm"]}}, x)
+
+
+def project_vocab(text_params, hidden, cfg: ModelConfig) -> jax.Array:
+  """(..., vocab) float32 logits of normed hidden states (..., E): lm_head, or the embedding
+  table's transpose when tied, in the compute dtype with float32 accumulation."""
+  head = (jnp.asarray(text_params["embed_tokens"]["embedding"], cfg.dtype).T
+          if cfg.tie_embeddings else jnp.asarray(text_params["lm_head"]["kernel"], cfg.dtype))
+  return jnp.einsum("...e,ev->...v", hidden, head, preferred_element_type=jnp.float32)
+
+
+@functools.partial(jax.jit, static_argnums=(5,))
+def decoder_logits(text_params, input_ids, kv_mask, image_features, positions,
+                   cfg: VlmConfig, placeholder_ids=None) -> jax.Array:
+  """(B, T, vocab) float32 logits of the text decoder on the merged embeddings:
+  project_vocab(decoder_hidden(...)); the arguments as decoder_hidden's."""
+  hidden = decoder_hidden(text_params, input_ids, kv_mask, image_features, positions, cfg,
+                          placeholder_ids)
+  return project_vocab(text_params, hidden, cfg.text)
+
+
+def chunked_token_logprobs(text_params, hidden, tokens, cfg: ModelConfig, temperature: float,
+                           chunk: int) -> jax.Array:
+  """token_logprobs_and_entropy(project_vocab(hidden), tokens, temperature)[0] computed `chunk`
+  positions at a time in a lax.map, each chunk rematerialised in the backward pass: one
+  (B, chunk, vocab) float32 array at a time, never (B, N, vocab). hidden (B, N, E), tokens
+  (B, N) -> (B, N) float32. (scoring.chunked_logprobs_and_entropy's scheme, with this model's
+  projection: float32 accumulation, as the sampler's cached decoder projects.)"""
+  batch, length = tokens.shape
+  chunks = -(-length // chunk)
+  pad = chunks * chunk - length
+  split = lambda x: jnp.swapaxes(  # noqa: E731  (chunks, B, chunk, ...)
+      jnp.pad(x, [(0, 0), (0, pad)] + [(0, 0)] * (x.ndim - 2)).reshape(
+          batch, chunks, chunk, *x.shape[2:]), 0, 1)
+
+  @jax.checkpoint
+  def one(part):
+    h, t = part
+    return token_logprobs_and_entropy(project_vocab(text_params, h, cfg), t, temperature)[0]
+
+  logp = jax.lax.map(one, (split(hidden), split(tokens)))
+  return jnp.swapaxes(logp, 0, 1).reshape(batch, chunks * chunk)[:, :length]
+
+
+def completion_token_logprobs(text_params, input_ids, kv_mask, image_features, positions,
+                              cfg: VlmConfig, placeholder_ids, prompt_len: int,
+                              temperature: float = 1.0) -> jax.Array:
+  """(B, N) float32 log pi(input_ids[:, P + k]) of the N = T - P completion tokens under
+  teacher forcing, pi = softmax(logits / T) at position P + k - 1; only those N positions of
+  decoder_hidden are projected onto the vocabulary: with cfg.text.logits_chunk = C > 0, C at a
+  time, each chunk rematerialised (chunked_token_logprobs; one (B, C, vocab) array at a time),
+  else at once (scoring.token_logprobs_and_entropy, the text families' and the sampler's
+  arithmetic). Differentiable; unmasked."""
+  hidden = decoder_hidden(text_params, input_ids, kv_mask, image_features, positions, cfg,
+                          placeholder_ids)[:, prompt_len - 1:-1]
+  targets = jnp.asarray(input_ids)[:, prompt_len:]
+  if cfg.text.logits_chunk:
+    return chunked_token_logprobs(text_params, hidden, targets, cfg.text, temperature,
+                                  cfg.text.logits_chunk)
+  return token_logprobs_and_entropy(project_vocab(text_params, hidden, cfg.text), targets,
+                                    temperature)[0]
 
 
 def image_features(params, pixel_values, image_grid_thw, cfg: VlmConfig) -> jax.Array:
