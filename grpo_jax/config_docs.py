@@ -1,6 +1,7 @@
 """`python -m grpo_jax.main --config=X --print_config`: the resolved config, one field a line,
 each with its one-line doc: the comment that stands beside or above the field in
-grpo_jax/defaults.py, the one place where every default lives."""
+grpo_jax/defaults.py, the one place where every default lives (and grpo_jax/objective_defaults.py,
+the rl and dpo sections it calls)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ import os
 import tokenize
 
 DEFAULTS_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "defaults.py")
-# The functions of defaults.py that build one section from a `section = dict(...)`.
+SECTIONS_FILE = os.path.join(os.path.dirname(DEFAULTS_FILE), "objective_defaults.py")
+# The functions of objective_defaults.py that build one section from a `section = dict(...)`.
 SECTION_FUNCTIONS = {"rl_defaults": "rl", "dpo_defaults": "dpo"}
 DOC_WIDTH = 110
 
@@ -90,7 +92,7 @@ def _flatten(config, prefix: str = ""):
 
 def describe(config) -> str:
   """Every field of the resolved `config` as `field = value  # doc`, in its sections."""
-  docs = field_docs()
+  docs = {**field_docs(SECTIONS_FILE), **field_docs()}
   rows = sorted(_flatten(config), key=lambda row: ("." in row[0], row[0]))  # top level first
   width = min(max(len(f"{p} = {v!r}") for p, v in rows), 60)
   out, section = [], None
