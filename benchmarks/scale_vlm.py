@@ -23,6 +23,13 @@ What it measures:
            G ways, --new decode steps in a lax.scan, temperature 1): the encoder here, then the
            sampler's jitted body `_sample` on the features. Its decode scan's body is counted
            once by cost_analysis.
+  rl_step  what the RL loop compiles with a vision-language policy (benchmarks/scale_vlm_loop.py):
+           the learner's jitted RL step (make_rl_step, state donated) with configs/grpo_gsm8k.py's
+           rl section (kl_coef 0.001: a reference pass; 4 minibatches x 4 micro-batches, or
+           --minibatches / --micro-batches) and AdamW, the Rollout's `images` each row's
+           pixel_values; G = --group-size (default 8) rows per prompt.
+  sampler_loop  the loop's training rollout: Sampling(...).with_stats(..., images=) ->
+           rollout/vlm_policy.vlm_rollout on rows / G prompts (G default 8).
 
 How: params are `jax.eval_shape(init_vlm_params, ...)`, every input a `jax.ShapeDtypeStruct`
 (the mRoPE positions too: their values never change the program); only the image layout
@@ -31,9 +38,9 @@ Then `jax.jit(f).lower(*abstract).compile()` (compile_s: its wall time), memory_
 argument / output / alias / temp bytes (GiB = bytes / 2**30; peak = argument + output - alias
 + temp) and cost_analysis()'s flops, with scale.py's field names.
 
-    python benchmarks/scale_vlm.py [--what update_frozen,update_trained,prefill] [--tiny]
-        [--rows 16] [--image 448] [--text 256] [--new 256] [--dtype bfloat16] [--group-size 1]
-        [--per-image] [--remat none] [--logits-chunk 0]
+    python benchmarks/scale_vlm.py [--what update_frozen,update_trained,prefill,rl_step,...]
+        [--tiny] [--rows 16] [--image 448] [--text 256] [--new 256] [--dtype bfloat16]
+        [--group-size G] [--minibatches 4] [--micro-batches 4] [--remat none] [--logits-chunk 0]
 
   --remat, --logits-chunk  the text decoder's model.remat and model.logits_chunk (the text
            families' fields, on VlmConfig.text): what each layer keeps for the backward pass,
@@ -48,8 +55,7 @@ peak_gib, gflop, while_loops, ...), and at the end a markdown table.
 
 Caveats (scale.py's): XLA:CPU's buffer assignment estimates what a GPU compile needs; the
 vision encoder attends per frame / window (qwen2_5_vl.segment_attention), so its score
-tensors grow with the sum of each image's patches^2 (--per-image is now an alias of the
-default); cost_analysis counts a
+tensors grow with the sum of each image's patches^2; cost_analysis counts a
 scan's body once, so with while_loops > 0 gflop is a lower bound (the decoder's 36 layers and
 the encoder's 32 blocks are scans: gflop is about one layer's + one block's + the rest).
 """
@@ -72,7 +78,8 @@ if ROOT not in sys.path:
 from benchmarks.scale import cost_flops  # noqa: E402
 from benchmarks.state_bytes import GIB, tree_gib  # noqa: E402
 
-WHATS = ("update_frozen", "update_trained", "prefill", "sampler")
+WHATS = ("update_frozen", "update_trained", "prefill", "sampler", "rl_step", "sampler_loop")
+LOOP_WHATS = ("rl_step", "sampler_loop")  # the loop's own programs (scale_vlm_loop.py)
 VISION_START, VISION_END = 151652, 151653
 
 
@@ -118,11 +125,13 @@ def parse_args(argv=None):
   p.add_argument("--text", type=int, default=None, help="text tokens (default 256; --tiny 8)")
   p.add_argument("--new", type=int, default=None, help="new tokens (default 256; --tiny 8)")
   p.add_argument("--dtype", default="bfloat16", help="params and compute dtype")
-  p.add_argument("--group-size", type=int, default=1,
-                 help="prefill: rows per prompt (rows / G prompts are prefilled)")
-  p.add_argument("--per-image", action="store_true",
-                 help="an alias kept for old command lines: the encoder now always attends "
-                      "per image (per frame / window), which this vmap what-if measured")
+  p.add_argument("--group-size", type=int, default=None,
+                 help="rows per prompt G (rows / G prompts are prefilled / sampled); default 1 "
+                      "for prefill and sampler, 8 for rl_step and sampler_loop (--tiny 2)")
+  p.add_argument("--minibatches", type=int, default=None,
+                 help="rl_step: rl.num_minibatches (default configs/grpo_gsm8k.py's 4; --tiny 1)")
+  p.add_argument("--micro-batches", type=int, default=None,
+                 help="rl_step: rl.num_micro_batches (default grpo_gsm8k's 4; --tiny 1)")
   p.add_argument("--remat", default="none",
                  help="model.remat of the text decoder's layers (none, full, save_dots, "
                       "save_dots_no_batch)")
@@ -141,9 +150,26 @@ def parse_args(argv=None):
     p.error(f"--image {args.image}: use a multiple of 28 (patch 14 x merge 2)")
   if args.text < 2:
     p.error(f"--text {args.text}: use at least 2 (the vision start and end tokens)")
-  if args.rows % args.group_size:
-    p.error(f"--rows {args.rows} is not a multiple of --group-size {args.group_size}")
+  if args.tiny:
+    args.minibatches = args.minibatches or 1
+    args.micro_batches = args.micro_batches or 1
+  for what in args.what:
+    if args.rows % group_size(args, what):
+      p.error(f"--rows {args.rows} is not a multiple of --group-size "
+              f"{group_size(args, what)} ({what})")
+  split = (args.minibatches or 4) * (args.micro_batches or 4)
+  if "rl_step" in args.what and args.rows % split:
+    p.error(f"--rows {args.rows} does not split into {split} micro-batches (--minibatches x "
+            f"--micro-batches); use a multiple of {split}")
   return args
+
+
+def group_size(args, what: str) -> int:
+  """G of a measurement: --group-size, else 1 for prefill / sampler, 8 for the loop's programs
+  (--tiny: 2)."""
+  if args.group_size:
+    return args.group_size
+  return (2 if args.tiny else 8) if what in LOOP_WHATS else 1
 
 
 def vlm_config(args):
@@ -168,12 +194,13 @@ def prompt_layout(cfg, rows: int, image: int, text: int, new: int):
   return np.tile(row.astype(np.int32), (rows, 1)), grid, image_tokens
 
 
-def measure(fn, abstract_args) -> dict:
-  """Lowers and compiles jit(fn) on abstract inputs: compile seconds, memory_analysis bytes
-  (and GiB, scale.py's names), cost_analysis GFLOP, and the compiled module's while loops."""
+def measure(fn, abstract_args, donate=()) -> dict:
+  """Lowers and compiles jit(fn, donate_argnums=donate) on abstract inputs: compile seconds,
+  memory_analysis bytes (and GiB, scale.py's names), cost_analysis GFLOP, and the compiled
+  module's while loops."""
   import jax
   start = time.perf_counter()
-  lowered = jax.jit(fn).lower(*abstract_args)
+  lowered = jax.jit(fn, donate_argnums=donate).lower(*abstract_args)
   lower_s = time.perf_counter() - start
   compiled = lowered.compile()
   out = dict(compile_s=round(time.perf_counter() - start, 2), lower_s=round(lower_s, 2))
@@ -192,19 +219,16 @@ def measure(fn, abstract_args) -> dict:
   return out
 
 
-def encode(vision_params, pixel_values, grid_thw, cfg, per_image: bool = False):
+def encode(vision_params, pixel_values, grid_thw, cfg):
   """(image tokens, E) of the images: qwen2_5_vl_model.image_features, one encoder call whose
   attention runs per segment (each frame, each window: qwen2_5_vl.segment_attention), so its
-  scores grow with each image's patches^2, never the call's total^2. per_image is ignored (the
-  former what-if, a vmap over images, is what the encoder does now)."""
+  scores grow with each image's patches^2, never the call's total^2."""
   from grpo_jax.models.vision.qwen2_5_vl_model import image_features
-  del per_image
   return image_features({"vision": vision_params}, pixel_values, grid_thw, cfg)
 
 
 def completion_logprob_loss(text_params, vision_params, ids, kv_mask, pixel_values, positions,
-                            completion_mask, *, grid_thw, cfg, freeze_vision: bool, new: int,
-                            per_image: bool = False):
+                            completion_mask, *, grid_thw, cfg, freeze_vision: bool, new: int):
   """-sum(logp * m) / sum(m): the token-mean log-prob of the last `new` (completion) tokens, as
   the update scores them (qwen2_5_vl_model.completion_token_logprobs: only the completion's
   positions projected onto the vocabulary, in cfg.text.logits_chunk chunks when > 0, the
@@ -214,7 +238,7 @@ def completion_logprob_loss(text_params, vision_params, ids, kv_mask, pixel_valu
   from grpo_jax.models.vision.qwen2_5_vl_model import completion_token_logprobs
   if freeze_vision:
     vision_params = jax.lax.stop_gradient(vision_params)
-  features = encode(vision_params, pixel_values, grid_thw, cfg, per_image)
+  features = encode(vision_params, pixel_values, grid_thw, cfg)
   logp = completion_token_logprobs(text_params, ids, kv_mask, features, positions, cfg, None,
                                    ids.shape[1] - new)
   m = completion_mask[:, -new:].astype(jnp.float32)
@@ -222,14 +246,14 @@ def completion_logprob_loss(text_params, vision_params, ids, kv_mask, pixel_valu
 
 
 def prefill_logits(text_params, vision_params, ids, kv_mask, pixel_values, positions, *,
-                   grid_thw, cfg, slots: int, per_image: bool = False):
+                   grid_thw, cfg, slots: int):
   """(last logits (B, 1, vocab), cache): images encoded and merged, the prompt written into a
   fresh cache of `slots` slots by the cached decoder (the VLM sampler's first call)."""
   import jax.numpy as jnp
   from grpo_jax.models.vision.placeholders import merge_image_features
   from grpo_jax.models.vision.qwen2_5_vl_cached import cached_decoder, init_stacked_cache
   from grpo_jax.models.vision.qwen2_5_vl_model import embed_text
-  features = encode(vision_params, pixel_values, grid_thw, cfg, per_image)
+  features = encode(vision_params, pixel_values, grid_thw, cfg)
   x = merge_image_features(embed_text(text_params, ids, cfg.text), ids, features,
                            cfg.image_token_id)
   cache = init_stacked_cache(cfg.text, ids.shape[0], slots)
@@ -239,11 +263,10 @@ def prefill_logits(text_params, vision_params, ids, kv_mask, pixel_values, posit
 
 
 def sampler_tokens(text_params, vision_params, ids, kv_mask, pixel_values, positions,
-                   decode_base, key, row_ids, special, *, grid_thw, cfg, new: int, group: int,
-                   per_image: bool = False):
+                   decode_base, key, row_ids, special, *, grid_thw, cfg, new: int, group: int):
   """(tokens, logprobs, mask) of vlm_sampler's jitted body on the encoded images."""
   from grpo_jax.rollout.vlm_sampler import _sample
-  features = encode(vision_params, pixel_values, grid_thw, cfg, per_image)
+  features = encode(vision_params, pixel_values, grid_thw, cfg)
   return _sample(text_params, ids, kv_mask, features, positions, decode_base, key, row_ids,
                  special, cfg=cfg, max_new_tokens=new, temperature=1.0, group_size=group)
 
@@ -269,9 +292,11 @@ def run(args) -> list:
               params_gib=round(tree_gib(params), 4), backend=jax.default_backend())
   results = []
   for what in args.what:
-    rows = args.rows if what.startswith("update") else args.rows // args.group_size
+    group = group_size(args, what)
+    rows = args.rows if what in ("update_frozen", "update_trained", "rl_step") else (
+        args.rows // group)
     ids, grid, image_tokens = prompt_layout(cfg, rows, args.image, args.text, args.new)
-    if what in ("prefill", "sampler"):
+    if what in ("prefill", "sampler", "sampler_loop"):
       ids = ids[:, :-args.new]
     seq = ids.shape[1]
     positions, _ = mrope_position_ids(ids, grid, image_token_id=cfg.image_token_id,
@@ -280,25 +305,38 @@ def run(args) -> list:
     inputs = (sds((rows, seq), jnp.int32), sds((rows, seq), jnp.bool_),
               sds((patches, cfg.vision.patch_dim), jnp.float32),
               sds(positions.shape, jnp.int32))
-    if what == "prefill":
-      fn = functools.partial(prefill_logits, grid_thw=grid, cfg=cfg, slots=seq + args.new,
-                             per_image=args.per_image)
+    extra = dict(group_size=group)
+    if what in LOOP_WHATS:
+      from benchmarks import scale_vlm_loop as loop
+      loop_cfg, prompt_len = loop.loop_config(cfg, args.image), image_tokens + args.text
+      if what == "rl_step":
+        fn, abstract, facts = loop.rl_step_program(
+            loop_cfg, params, rows=rows, prompt_len=prompt_len, new=args.new, group=group,
+            minibatches=args.minibatches, micro_batches=args.micro_batches)
+        m = measure(fn, abstract, donate=0)  # the state donated, as the learner jits it
+      else:
+        fn, abstract, facts = loop.sampler_loop_program(
+            loop_cfg, params, prompts=rows, prompt_len=prompt_len, new=args.new, group=group)
+        m = measure(fn, abstract)
+      extra.update(facts)
+    elif what == "prefill":
+      fn = functools.partial(prefill_logits, grid_thw=grid, cfg=cfg, slots=seq + args.new)
       m = measure(fn, (params["text"], params["vision"], *inputs))
     elif what == "sampler":
       fn = functools.partial(sampler_tokens, grid_thw=grid, cfg=cfg, new=args.new,
-                             group=args.group_size, per_image=args.per_image)
+                             group=group)
       m = measure(fn, (params["text"], params["vision"], *inputs, sds((rows,), jnp.int32),
                        jax.eval_shape(lambda: jax.random.key(0)),
                        sds((args.rows,), jnp.int32), sds((2,), jnp.int32)))
     else:
       freeze = what == "update_frozen"
       loss = functools.partial(completion_logprob_loss, grid_thw=grid, cfg=cfg,
-                               freeze_vision=freeze, new=args.new, per_image=args.per_image)
+                               freeze_vision=freeze, new=args.new)
       fn = jax.value_and_grad(loss, argnums=0 if freeze else (0, 1))
       m = measure(fn, (params["text"], params["vision"], *inputs,
                        sds((rows, seq), jnp.bool_)))
     result = dict(what=what, **base, batch_rows=rows, image_tokens=image_tokens,
-                  patches=patches, seq=seq, **m)
+                  patches=patches, seq=seq, **extra, **m)
     results.append(result)
     print(f"{what} {result['shape']} rows={rows} image={args.image}px ({image_tokens} tokens) "
           f"text={args.text} new={args.new} {args.dtype} vision={result['vision_batch']}: "

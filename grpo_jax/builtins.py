@@ -4,6 +4,7 @@ is validated. A researcher's own entries come from config.imports (grpo_jax.regi
 
 from grpo_jax.data import addition_work, arithmetic, chat_arithmetic, gsm8k, table  # noqa: F401
 from grpo_jax.data import env_task  # noqa: F401  episodes (task.name="env")
+from grpo_jax.data import visual_task  # noqa: F401  image + text prompts (task.name="visual")
 from grpo_jax.envs import calculator  # noqa: F401  the built-in environment
 from grpo_jax.envs.adapters import openenv  # noqa: F401  env.name="openenv" (lazy import)
 from grpo_jax.models import families  # noqa: F401  model families

@@ -8,19 +8,30 @@ import dataclasses
 import numpy as np
 
 
+def _rows_of(value, rows):
+  if value is None:  # a field the batch does not carry (a text table's pixel_values)
+    return None
+  return value[rows] if isinstance(value, np.ndarray) else [value[i] for i in rows]
+
+
 def take_rows(batch, rows):
-  """The rows of a task's prompt batch (a dataclass of arrays and lists)."""
+  """The rows of a task's prompt batch (a dataclass of arrays and lists; None fields stay
+  None)."""
   return dataclasses.replace(batch, **{
-      f.name: (getattr(batch, f.name)[rows] if isinstance(getattr(batch, f.name), np.ndarray)
-               else [getattr(batch, f.name)[i] for i in rows])
-      for f in dataclasses.fields(batch)})
+      f.name: _rows_of(getattr(batch, f.name), rows) for f in dataclasses.fields(batch)})
+
+
+def _joined(values: list):
+  if values[0] is None:
+    return None
+  if isinstance(values[0], np.ndarray):
+    return np.concatenate(values)
+  return [x for v in values for x in v]
 
 
 def concat_batches(batches):
-  """Prompt batches of one task (dataclasses of arrays and lists) as one, rows in order."""
-  first = batches[0]
-  return dataclasses.replace(first, **{
-      f.name: (np.concatenate([getattr(b, f.name) for b in batches])
-               if isinstance(getattr(first, f.name), np.ndarray)
-               else [x for b in batches for x in getattr(b, f.name)])
-      for f in dataclasses.fields(first)})
+  """Prompt batches of one task (dataclasses of arrays and lists; None fields stay None) as
+  one, rows in order."""
+  return dataclasses.replace(batches[0], **{
+      f.name: _joined([getattr(b, f.name) for b in batches])
+      for f in dataclasses.fields(batches[0])})

@@ -99,6 +99,14 @@ def test_the_shipped_configs_are_valid(tmp_path):
     if config.task.name == "table":  # the user's data and reward, by the command line
       config.data.source = os.path.join(ROOT, "tests", "data", "gsm8k")
       config.reward.fns = "answer_number"
+    if config.task.name == "table" and config.model.get("vision") is not None:
+      # a Qwen2.5-VL folder (tokenizer with the vision tokens) and a table of image rows
+      from grpo_jax.data.visual_count import write_table  # noqa: PLC0415
+      from tests.test_table_images import save_tiny_vl, save_tokenizer  # noqa: PLC0415
+      config.model.path = str(tmp_path / f"vl_{name}")
+      save_tiny_vl(config.model.path, save_tokenizer(config.model.path))
+      config.data.source = str(tmp_path / f"rows_{name}")
+      write_table(config.data.source, train=4, test=2, variant="count")
     if config.rl.distill_coef > 0:  # the teacher's folder (validation reads its config.json)
       os.makedirs(tmp_path / "teacher", exist_ok=True)
       (tmp_path / "teacher" / "config.json").write_text("{}")

@@ -109,13 +109,20 @@ def test_text_only_batch_matches_transformers(models):
 
 
 def test_greedy_tokens_match_transformers_generate(models):
+  """32 greedy tokens: the no-cache generator and the RL loop's KV-cached sampler (its greedy
+  draw, one row per prompt) both equal transformers' generate."""
+  import jax  # noqa: PLC0415
+  from grpo_jax.rollout.vlm_sampler import vlm_sample  # noqa: PLC0415
   model, cfg, params = models
   ids, mask, pixel_values, grid_thw = batch()
-  ours = greedy_generate(params, ids, mask, pixel_values, grid_thw, cfg, num_tokens=8)
+  ours = greedy_generate(params, ids, mask, pixel_values, grid_thw, cfg, num_tokens=32)
+  cached, _, _ = vlm_sample(params, ids, mask, pixel_values, grid_thw, jax.random.key(0), cfg,
+                            max_new_tokens=32, temperature=0.0)
   with torch.no_grad():
-    out = model.generate(**hf_inputs(ids, mask, pixel_values, grid_thw), max_new_tokens=8,
-                         min_new_tokens=8, do_sample=False, eos_token_id=None, pad_token_id=0)
+    out = model.generate(**hf_inputs(ids, mask, pixel_values, grid_thw), max_new_tokens=32,
+                         min_new_tokens=32, do_sample=False, eos_token_id=None, pad_token_id=0)
   np.testing.assert_array_equal(ours, out[:, ids.shape[1]:].numpy())
+  np.testing.assert_array_equal(np.asarray(cached), out[:, ids.shape[1]:].numpy())
 
 
 def test_bad_inputs_are_one_sentence(models):

@@ -14,8 +14,8 @@ from grpo_jax.errors import ConfigError
 from grpo_jax.models.vision.placeholders import expand_image_placeholders
 from grpo_jax.models.vision.qwen2_5_vl_model import greedy_generate, init_vlm_params
 from grpo_jax.models.vision.qwen2_5_vl_model_hf import vlm_config_from_hf
-from grpo_jax.rollout.vlm_sampler import (token_logprobs, vlm_completion_logprobs,
-                                                       vlm_sample)
+from grpo_jax.models.scoring import token_logprobs_and_entropy
+from grpo_jax.rollout.vlm_sampler import vlm_completion_logprobs, vlm_sample
 from grpo_jax.rollout.sampling import choose_tokens
 
 IMAGE, START, END, EOS = 290, 292, 293, 2
@@ -139,9 +139,10 @@ def test_bad_settings_are_one_sentence(model):
 
 @pytest.mark.parametrize("temperature", [0.0, 0.7, 1.0, 1.5])
 def test_token_logprobs_are_the_text_samplers(temperature):
-  """The update's log pi under softmax(logits / T) is the one the text sampler records."""
+  """The update's log pi under softmax(logits / T) (scoring.token_logprobs_and_entropy, what
+  the VLM's teacher-forced pass scores with) is the one the text sampler records."""
   logits = jax.random.normal(jax.random.key(0), (5, 300)) * 3
   uniform = jax.random.uniform(jax.random.key(1), (5,))
   tokens, logp, _ = choose_tokens(logits, uniform, temperature, 0, 1.0)
-  np.testing.assert_allclose(np.asarray(token_logprobs(logits, tokens, temperature)),
-                             np.asarray(logp), atol=1e-6, rtol=0)
+  scored, _ = token_logprobs_and_entropy(logits, tokens, temperature)
+  np.testing.assert_allclose(np.asarray(scored), np.asarray(logp), atol=1e-6, rtol=0)

@@ -53,6 +53,31 @@ def test_bad_image_size_is_refused():
 
 def test_tiny_sampler_reports_memory_and_flops():
   pytest.importorskip("grpo_jax.rollout.vlm_sampler")
-  (result,) = scale_vlm.main(["--tiny", "--what", "sampler", "--per-image"])
+  (result,) = scale_vlm.main(["--tiny", "--what", "sampler"])
   check(result, "sampler")
   assert result["vision_batch"] == "per_segment" and result["while_loops"] > 0
+
+
+def test_tiny_rl_step_compiles_the_loops_step():
+  """--what rl_step: the learner's RL step (make_rl_step, state donated) with the VLM policy;
+  GSM8K's rl section: kl_coef > 0, so the state holds a reference copy of the params."""
+  (result,) = scale_vlm.main(["--tiny", "--what", "rl_step"])
+  check(result, "rl_step")
+  assert result["reference"] and result["kl_coef"] == 0.001
+  assert result["seq"] == 16 + 8 + 8 and result["group_size"] == 2  # image + text + new
+  # The donated state comes back in place: params, AdamW moments and the reference alias.
+  assert result["alias_bytes"] > 0.9 * result["state_gib"] * 2**30
+  assert result["while_loops"] > 0
+
+
+def test_rl_step_rows_must_split_into_micro_batches():
+  with pytest.raises(SystemExit):
+    scale_vlm.parse_args(["--what", "rl_step", "--rows", "8"])  # 4 x 4 micro-batches
+
+
+def test_tiny_sampler_loop_is_the_loops_rollout():
+  """--what sampler_loop: Sampling.with_stats(..., images=) on rows / G prompts."""
+  (result,) = scale_vlm.main(["--tiny", "--what", "sampler_loop"])
+  check(result, "sampler_loop")
+  assert result["sampler_prompts"] == 1 and result["sampler_group"] == 2
+  assert result["while_loops"] > 0

@@ -27,14 +27,17 @@ file's folder, or absolute), data:image/...;base64 URIs, bytes or `datasets` Ima
 (data/images.py). They are decoded to uint8 RGB arrays when the rows are read; one that cannot
 be read makes the row a bad row (its file, its line and the image named), never a text-only row.
 The column does not reach the reward functions. Rows without it are read as before.
+
+With model.vision (a vision-language policy) every row holds exactly one image, resized to
+data.image_size pixels square, an image placed before the last user message's text by the chat
+template and its placeholder expanded to the image's tokens, and the batches carry the images'
+patches as `pixel_values` (data/table_images.py; the task's image_grid and image_token_id are what
+the policy is built for). Without model.vision nothing here changes.
 """
 
 from __future__ import annotations
 
-import csv
 import dataclasses
-import json
-import os
 
 import numpy as np
 
@@ -42,11 +45,13 @@ from grpo_jax.data.chat import ChatTextTask, epoch_stream
 from grpo_jax.data.images import ImageLoadError, image_dir, load_row_images
 from grpo_jax.data.task import register_task
 from grpo_jax.data.tokenizer import pad_rows
-from grpo_jax.errors import ConfigError, InputError, first_line
+from grpo_jax.data.table_files import (EXTENSIONS, BadRow, LongPrompt, _file_rows,  # noqa: F401
+                                       jsonl_rows, read_splits)
+from grpo_jax.data.table_images import image_prompt_ids, table_vision
+from grpo_jax.errors import ConfigError, InputError
 from grpo_jax.rewards.functions import (ANSWER_READERS, answer_match, call_reward,
                                         load_reward_functions)
 
-EXTENSIONS = (".jsonl", ".json", ".parquet", ".csv")
 BAD_ROW_MODES = ("raise", "skip")
 _SPLIT_SEED = 1234  # fixed: the held-out fraction must not move with the experiment's seed
 IMAGES_COLUMN = "images"
@@ -59,136 +64,10 @@ class TablePrompts:
   gold: list  # the answer column, as text ("" without one)
   user_text: list  # the last user message: what reward functions receive as the prompt
   columns: list  # each row's other columns, {name: value}
-  images: list = dataclasses.field(default_factory=list)  # each row's [(H, W, 3) uint8] ([] none)
-
-
-class BadRow(Exception):
-  """A row that cannot be used; the message says why, `kind` (the message without its
-  details) is what skipped rows are counted by."""
-
-  def __init__(self, message: str, kind: str = ""):
-    super().__init__(message)
-    self.kind = kind or message.split(" (")[0].split(";")[0]
-
-
-class LongPrompt(BadRow):
-  """A prompt longer than data.max_prompt_tokens."""
-
-
-def jsonl_rows(path: str):
-  """(where "file:line", row dict or BadRow) of a .jsonl file, blank lines skipped."""
-  with open(path, "rb") as f:
-    for number, raw in enumerate(f, 1):
-      where = f"{path}:{number}"
-      try:
-        line = raw.decode("utf-8")
-      except UnicodeDecodeError as e:
-        yield where, BadRow(f"is not UTF-8 text (byte {raw[e.start:e.start + 1]!r} at column "
-                            f"{e.start + 1}); save the file as UTF-8")
-        continue
-      if not line.strip():
-        continue
-      try:
-        row = json.loads(line)
-      except json.JSONDecodeError as e:
-        yield where, BadRow(f"is not valid JSON ({e.msg}); each line must be one object")
-        continue
-      yield where, row if isinstance(row, dict) else BadRow(
-          "is not a JSON object; each line must be one object")
-
-
-_MISSING, _EXTRA = object(), "\x00extra"  # a CSV row with fewer / more fields than its header
-
-
-def _file_rows(path: str):
-  """(where, row dict or BadRow) of one file."""
-  ext = os.path.splitext(path)[1]
-  if ext == ".jsonl":
-    yield from jsonl_rows(path)
-    return
-  try:
-    if ext == ".json":
-      with open(path, encoding="utf-8") as f:
-        rows = json.load(f)
-      if not isinstance(rows, list):
-        raise InputError(f"{path} holds a JSON {type(rows).__name__}; a .json data file must be "
-                         f"a list of objects (or use .jsonl, one object per line).")
-      for i, row in enumerate(rows):
-        yield f"{path} item {i}", row if isinstance(row, dict) else BadRow("is not an object")
-    elif ext == ".csv":
-      with open(path, encoding="utf-8", newline="") as f:
-        reader = csv.DictReader(f, restval=_MISSING, restkey=_EXTRA)
-        for row in reader:
-          where = f"{path}:{reader.line_num}"
-          if _EXTRA in row or _MISSING in row.values():
-            given = len(row) - (_EXTRA in row) - sum(v is _MISSING for v in row.values())
-            given += len(row.get(_EXTRA, ()))
-            yield where, BadRow(f"has {given} fields where the header names "
-                                f"{len(reader.fieldnames)}; give every row the header's fields")
-          else:
-            yield where, dict(row)
-    else:  # .parquet
-      import pyarrow.parquet as pq  # noqa: PLC0415  (datasets' dependency)
-      for i, row in enumerate(pq.read_table(path).to_pylist()):
-        yield f"{path} row {i}", row
-  except UnicodeDecodeError as e:
-    raise InputError(f"{path} is not UTF-8 text ({e.reason} at byte {e.start}); save it as "
-                     f"UTF-8.") from None
-  except (ValueError, OSError, ImportError) as e:
-    if isinstance(e, InputError):
-      raise
-    raise InputError(f"{path} cannot be read as {ext} ({first_line(e)}); check the file.") from None
-
-
-def _dataset_rows(dataset, name: str):
-  for i, row in enumerate(dataset):
-    yield f"{name} row {i}", dict(row)
-
-
-def read_splits(source: str, train_split: str, test_split: str, subset: str = ""):
-  """(train rows, test rows or None): lists of (where, row or BadRow), by the module's rules."""
-  if os.path.isfile(source):
-    if os.path.splitext(source)[1] not in EXTENSIONS:
-      raise InputError(f"data.source={source!r} is not a {', '.join(EXTENSIONS)} file; convert "
-                       f"it, or point data.source at a folder or a datasets hub id.")
-    return list(_file_rows(source)), None
-  if os.path.isdir(source):
-    if any(os.path.isfile(os.path.join(source, f)) for f in ("dataset_dict.json", "state.json")):
-      import datasets  # noqa: PLC0415
-      loaded = datasets.load_from_disk(source)
-      if isinstance(loaded, datasets.Dataset):
-        return list(_dataset_rows(loaded, source)), None
-      splits = loaded
-    else:
-      def find(split):
-        for ext in EXTENSIONS:
-          path = os.path.join(source, split + ext)
-          if os.path.isfile(path):
-            return list(_file_rows(path))
-        return None
-      train = find(train_split)
-      if train is None:
-        raise InputError(f"data.source={source!r} has no {train_split}{{{','.join(EXTENSIONS)}}} "
-                         f"(data.train_split={train_split!r}); add the file or point "
-                         f"data.source at one.")
-      return train, find(test_split)
-  elif source.endswith(EXTENSIONS) or source.startswith(("/", ".", "~")):
-    raise InputError(f"data.source={source!r} does not exist (cwd {os.getcwd()}); give the path "
-                     f"of a {'/'.join(EXTENSIONS)} file or of a folder.")
-  else:
-    try:
-      import datasets  # noqa: PLC0415
-      splits = datasets.load_dataset(source, subset or None)
-    except Exception as e:  # noqa: BLE001  offline, unknown id, ...: one sentence
-      raise InputError(f"data.source={source!r} is not a local file or folder, and loading it "
-                       f"as a datasets hub id failed ({first_line(e)}); check the path or id, "
-                       f"or save the dataset to a folder and point data.source at it.") from None
-  if train_split not in splits:
-    raise InputError(f"data.source={source!r} has splits {sorted(splits)}, not "
-                     f"data.train_split={train_split!r}; set data.train_split.")
-  test = splits[test_split] if test_split in splits else None
-  return (list(_dataset_rows(splits[train_split], f"{source}[{train_split}]")),
-          None if test is None else list(_dataset_rows(test, f"{source}[{test_split}]")))
+  # each row's [(H, W, 3) uint8] ([] none; under model.vision its one image, resized)
+  images: list = dataclasses.field(default_factory=list)
+  # model.vision: (B, patches, C*T*P*P) float32, each row's one image processed; None: text only
+  pixel_values: np.ndarray | None = None
 
 
 def _require(condition: bool, message: str) -> None:
@@ -226,11 +105,15 @@ class TableTask(ChatTextTask):
   @classmethod
   def from_config(cls, config, log=print) -> "TableTask":
     from grpo_jax.data.tokenizer import load_hf_tokenizer  # noqa: PLC0415  transformers
-    return cls(config.data, load_hf_tokenizer(config.model.path), load_reward_functions(config),
-               config.rollout.max_new_tokens, log)
+    tokenizer = load_hf_tokenizer(config.model.path)
+    return cls(config.data, tokenizer, load_reward_functions(config),
+               config.rollout.max_new_tokens, log, vision=table_vision(config, tokenizer))
 
-  def __init__(self, data_cfg, tokenizer, rewards, max_new_tokens: int, log=print):
+  def __init__(self, data_cfg, tokenizer, rewards, max_new_tokens: int, log=print, vision=None):
     self.tokenizer, self.rewards, self.max_new_tokens = tokenizer, rewards, max_new_tokens
+    self.vision = vision  # data/table_images.TableVision under model.vision, else None
+    if vision is not None:  # what models/vision/build.py fits the policy to
+      self.image_grid, self.image_token_id = vision.image_grid, vision.image_token_id
     self._log = log
     self.data = data_cfg
     self.prompt_len = data_cfg.max_prompt_tokens
@@ -319,7 +202,10 @@ class TableTask(ChatTextTask):
 
   def _encode(self, row: dict):
     messages = self._messages(row)
-    ids = self.tokenizer(self.render(messages), add_special_tokens=False)["input_ids"]
+    if self.vision is not None:
+      ids = image_prompt_ids(self, self.vision, messages)
+    else:
+      ids = self.tokenizer(self.render(messages), add_special_tokens=False)["input_ids"]
     if len(ids) > self.prompt_len:
       raise LongPrompt(f"has a prompt of {len(ids)} tokens, more than data.max_prompt_tokens="
                        f"{self.prompt_len}", f"prompts longer than data.max_prompt_tokens="
@@ -334,6 +220,8 @@ class TableTask(ChatTextTask):
     except ImageLoadError as e:
       raise BadRow(f"has an image that cannot be read ({e})", "rows with unreadable images"
                    ) from None
+    if self.vision is not None:
+      return item + ([self.vision.fit(images)],)
     return item + (images,) if images else item
 
   def _encode_all(self, rows, skipped: dict) -> list:
@@ -353,9 +241,11 @@ class TableTask(ChatTextTask):
 
   def _batch(self, items) -> TablePrompts:
     tokens, mask = pad_rows([item[0] for item in items], self.prompt_len, self.pad_id, left=True)
+    images = [item[4] if len(item) > 4 else [] for item in items]
+    pixel_values = (None if self.vision is None else
+                    self.vision.pixel_values([row[0] for row in images]))
     return TablePrompts(tokens, mask, [item[1] for item in items], [item[2] for item in items],
-                        [item[3] for item in items],
-                        [item[4] if len(item) > 4 else [] for item in items])
+                        [item[3] for item in items], images, pixel_values)
 
   def train_batch(self, position: int, count: int, seed: int) -> TablePrompts:
     """Prompts [position, position + count) of a stream reshuffled every epoch by (seed,

@@ -45,9 +45,22 @@ def _declared_axes(families: tuple) -> dict:
         param_axes(cfg), is_leaf=lambda x: isinstance(x, tuple))
     table.update({tuple(k.key for k in path): axes for path, axes in flat})
   table.update(adapter_axes(table))
+  table.update(_vision_axes())
   table.update(HEAD_AXES)
   table.update(SCORE_AXES)
   return table
+
+
+def _vision_axes() -> dict:
+  """A vision-language policy's tower (its params under "vision", models/vision/): the axes
+  its modules declare (qwen2_5_vl.vision_param_axes), at a small shape. Its decoder's params
+  (under "text") are the decoder's own paths, matched above."""
+  from grpo_jax.models.vision.qwen2_5_vl import VisionConfig, vision_param_axes  # noqa: PLC0415
+  small = VisionConfig(depth=1, hidden_size=8, intermediate_size=8, num_heads=1, patch_size=2,
+                       window_size=8, out_hidden_size=8, fullatt_block_indexes=(0,))
+  flat, _ = jax.tree_util.tree_flatten_with_path(vision_param_axes(small),
+                                                 is_leaf=lambda x: isinstance(x, tuple))
+  return {("vision",) + tuple(k.key for k in path): axes for path, axes in flat}
 
 
 def axes_of(path: tuple, ndim: int) -> tuple:

@@ -85,11 +85,16 @@ def vocab_logits(params, model_cfg: ModelConfig, hidden):
 
 
 def chunked_logprobs_and_entropy(params, model_cfg: ModelConfig, hidden, tokens,
-                                 temperature: float = 1.0, chunk: int = 64, keep_cutoff=None):
-  """token_logprobs_and_entropy(vocab_logits(hidden), tokens, temperature, keep_cutoff)
-  computed `chunk` positions at a time, each chunk rematerialised in the backward pass: no
-  (B, N, V) array exists, only one (B, chunk, V) at a time. hidden (B, N, H), tokens (B, N)
-  -> two (B, N) float32 arrays."""
+                                 temperature: float = 1.0, chunk: int = 64, keep_cutoff=None,
+                                 project=None):
+  """token_logprobs_and_entropy(project(hidden), tokens, temperature, keep_cutoff) computed
+  `chunk` positions at a time, each chunk rematerialised in the backward pass: no (B, N, V)
+  array exists, only one (B, chunk, V) at a time. hidden (B, N, H), tokens (B, N) -> two
+  (B, N) float32 arrays. project: hidden (..., H) -> float32 logits (..., V); None: this
+  decoder's vocab_logits(params, model_cfg, .) (a model with its own head passes its own,
+  e.g. Qwen2.5-VL's float32-accumulated qwen2_5_vl_model.project_vocab)."""
+  if project is None:
+    project = lambda h: vocab_logits(params, model_cfg, h)  # noqa: E731
   batch, length, width = hidden.shape
   chunks = -(-length // chunk)
   pad = chunks * chunk - length
@@ -100,7 +105,7 @@ def chunked_logprobs_and_entropy(params, model_cfg: ModelConfig, hidden, tokens,
   @jax.checkpoint
   def one(part):
     h, t, c = part
-    return token_logprobs_and_entropy(vocab_logits(params, model_cfg, h), t, temperature, c)
+    return token_logprobs_and_entropy(project(h), t, temperature, c)
 
   cutoff = None if keep_cutoff is None else split(keep_cutoff)
   logp, entropy = jax.lax.map(one, (split(hidden), split(tokens), cutoff))

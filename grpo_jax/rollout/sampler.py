@@ -95,14 +95,16 @@ class Sampling:
     the training rollout under rollout.weight_dtype."""
     return dataclasses.replace(self, weight_dtype=weight_dtype)
 
-  def __call__(self, params, prompt_tokens, prompt_mask, key) -> Rollout:
+  def __call__(self, params, prompt_tokens, prompt_mask, key, images=None) -> Rollout:
     """generate(params, prompt_tokens, prompt_mask, key) with these settings: prompts
     (B / G, P) -> a Rollout of B rows."""
-    return self.with_stats(params, prompt_tokens, prompt_mask, key)[0]
+    return self.with_stats(params, prompt_tokens, prompt_mask, key, images=images)[0]
 
   def with_stats(self, params, prompt_tokens, prompt_mask, key, row_limits=None,
-                 row_ids=None):
-    """sample(...) with these settings: (Rollout, DecodeStats). row_ids (B,) int32: the r of
+                 row_ids=None, images=None):
+    """sample(...) with these settings: (Rollout, DecodeStats). images (B / G, patches, dim):
+    each prompt's image, for a vision-language model (rollout/vlm_policy.py's vlm_rollout;
+    None: text prompts). row_ids (B,) int32: the r of
     each row's draws, token_uniforms(key, r, t) (None: its index in the call; a multi-turn
     source passes episode ids, so an episode's tokens do not depend on its batch). Called
     outside a jit, it runs under its own mesh (a sampler on devices of its own,
@@ -112,7 +114,7 @@ class Sampling:
     if own:
       key, row_limits, row_ids = (_onto(self.mesh, x) for x in (key, row_limits, row_ids))
     with jax.set_mesh(self.mesh) if own else contextlib.nullcontext():
-      return _sample(params, prompt_tokens, prompt_mask, key, row_limits, row_ids,
+      return _sample(params, prompt_tokens, prompt_mask, key, row_limits, row_ids, images,
                      sampling=self)
 
 
@@ -124,9 +126,12 @@ def _onto(mesh, x):
 
 
 @functools.partial(jax.jit, static_argnames=("sampling",))
-def _sample(params, prompt_tokens, prompt_mask, key, row_limits, row_ids=None, *,
+def _sample(params, prompt_tokens, prompt_mask, key, row_limits, row_ids=None, images=None, *,
             sampling: Sampling) -> tuple[Rollout, DecodeStats]:
   s = sampling
+  if images is not None:  # image + text prompts (checked at set-up: no top-k/p, no refill)
+    from grpo_jax.rollout.vlm_policy import vlm_rollout  # noqa: PLC0415
+    return vlm_rollout(params, prompt_tokens, prompt_mask, images, key, s, row_ids)
   if s.weight_dtype:  # the quantised copy the decode steps read (models/quantized.py)
     params = quantize_layers(params, s.weight_dtype)
   else:  # matrices in the compute dtype once, not cast in every decode step

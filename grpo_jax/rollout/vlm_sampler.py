@@ -44,17 +44,6 @@ from grpo_jax.rollout.sampling import choose_tokens, token_uniforms
 NO_EOS = -1  # eos_id=None: no token ends a row
 
 
-def token_logprobs(logits: jax.Array, tokens: jax.Array, temperature: float) -> jax.Array:
-  """log pi(tokens) under pi = softmax(logits / T) (T in (0, 1): the logits as they are), as
-  sampling.choose_tokens computes it: (z_t - max z) - log sum_v exp(z_v - max z).
-  logits (..., V) float32; tokens (...) int."""
-  scaled = logits if temperature in (0.0, 1.0) else logits / temperature
-  top = jnp.max(scaled, axis=-1, keepdims=True)
-  log_z = jnp.log(jnp.sum(jnp.exp(scaled - top), axis=-1))
-  chosen = jnp.take_along_axis(scaled, tokens[..., None].astype(jnp.int32), axis=-1)[..., 0]
-  return (chosen - top[..., 0]) - log_z
-
-
 def _host_inputs(params, input_ids, attention_mask, pixel_values, image_grid_thw,
                  cfg: VlmConfig):
   """(ids, mask, features, positions (3, B, P), rope_deltas (B,), real lengths (B,)) on the host:

@@ -20,24 +20,14 @@ from __future__ import annotations
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from grpo_jax.models.attention import attention_mask as causal_mask, grouped_query_attention
 from grpo_jax.models.blocks import normal_init, with_axes
 from grpo_jax.models.config import ModelConfig
 from grpo_jax.models.kv_cache import init_cache, write_cache
 from grpo_jax.models.vision.mrope import apply_multimodal_rotary_pos_emb
-from grpo_jax.models.vision.qwen2_5_vl_model import VlmConfig, _FinalNorm
-
-
-def rope_inverse_frequencies(cfg: ModelConfig):
-  """(inv_freq (D / 2,), attention factor) of the text decoder: the config's rope type, or the
-  default theta^(-2i / D) in float32 as HF computes it (as qwen2_5_vl_model.MropeAttention)."""
-  inv_freq, factor = cfg.rope_frequencies()
-  if inv_freq is None:
-    exponents = np.arange(0, cfg.head_dim, 2, dtype=np.float32) / np.float32(cfg.head_dim)
-    inv_freq = np.float32(1.0) / np.power(np.float32(cfg.rope_theta), exponents)
-  return inv_freq, factor
+from grpo_jax.models.vision.qwen2_5_vl_model import (VlmConfig, _FinalNorm, project_vocab,
+                                                     rope_inverse_frequencies)
 
 
 class CachedMropeAttention(nn.Module):
@@ -91,12 +81,11 @@ def init_stacked_cache(cfg: ModelConfig, batch: int, slots: int) -> dict:
 
 
 def lm_head(text_params, x, cfg: ModelConfig) -> jax.Array:
-  """(B, T, vocab) float32 logits of the final hidden states x (final norm, then lm_head or the
-  tied embedding table's transpose)."""
+  """(B, T, vocab) float32 logits of the final hidden states x: the final norm, then
+  qwen2_5_vl_model.project_vocab (lm_head or the tied embedding table's transpose, float32
+  accumulation)."""
   x = _FinalNorm(cfg).apply({"params": {"norm": text_params["norm"]}}, x)
-  head = (jnp.asarray(text_params["embed_tokens"]["embedding"], cfg.dtype).T
-          if cfg.tie_embeddings else jnp.asarray(text_params["lm_head"]["kernel"], cfg.dtype))
-  return jnp.einsum("bte,ev->btv", x, head, preferred_element_type=jnp.float32)
+  return project_vocab(text_params, x, cfg)
 
 
 def cached_decoder(text_params, x, positions, kv_mask, cache, offset, cfg: VlmConfig,

@@ -48,7 +48,7 @@ from grpo_jax.models.attention import attention_mask as causal_mask, grouped_que
 from grpo_jax.models.blocks import normal_init, with_axes
 from grpo_jax.models.config import ModelConfig
 from grpo_jax.models.decoder import REMAT_POLICIES, init_params
-from grpo_jax.models.scoring import token_logprobs_and_entropy
+from grpo_jax.models.scoring import chunked_logprobs_and_entropy, token_logprobs_and_entropy
 from grpo_jax.models.vision.mrope import (apply_multimodal_rotary_pos_emb, decode_position_ids,
                                           mrope_frequency_axes, mrope_position_ids)
 from grpo_jax.models.vision.placeholders import check_image_features, merge_image_features
@@ -66,6 +66,18 @@ class VlmConfig:
   vision: VisionConfig
   mrope_section: tuple
   image_token_id: int = 151655
+  # (t, gh, gw) patches of every image when the model is the RL loop's policy (one image size
+  # per run; rollout/vlm_policy.py); unused by the functions of this module.
+  image_grid: tuple = (1, 2, 2)
+  # False: the vision tower is frozen in RL (no update, no weight decay; model.vision.train_tower).
+  train_tower: bool = True
+
+  def __getattr__(self, name):
+    """The text decoder's fields (vocab_size, dtype, num_experts, ...) read through: where the
+    loop takes a model config, the VLM's is its decoder's plus the vision tower."""
+    if name.startswith("__") or name in ("text", "vision"):
+      raise AttributeError(name)
+    return getattr(self.text, name)
 
   def __post_init__(self):
     mrope_frequency_axes(self.mrope_section, self.text.head_dim)  # ConfigError when it's off
@@ -75,6 +87,17 @@ class VlmConfig:
     if int(self.text.logits_chunk) < 0:
       raise ConfigError(f"logits_chunk={self.text.logits_chunk}; use 0 (the completion in one "
                         f"piece) or a positive number of positions.")
+
+
+def rope_inverse_frequencies(cfg: ModelConfig):
+  """(inv_freq (D / 2,), attention factor) of the text decoder: the config's rope type
+  (cfg.rope_frequencies()), or the default theta^(-2i / D) in float32 as HF computes it. The
+  one rule of MropeAttention and the cached decoder (qwen2_5_vl_cached.py)."""
+  inv_freq, factor = cfg.rope_frequencies()
+  if inv_freq is None:
+    exponents = np.arange(0, cfg.head_dim, 2, dtype=np.float32) / np.float32(cfg.head_dim)
+    inv_freq = np.float32(1.0) / np.power(np.float32(cfg.rope_theta), exponents)
+  return inv_freq, factor
 
 
 class MropeAttention(nn.Module):
@@ -93,10 +116,7 @@ class MropeAttention(nn.Module):
     q = heads(cfg.num_heads, "heads", "q_proj")
     k = heads(cfg.num_kv_heads, "kv_heads", "k_proj")
     v = heads(cfg.num_kv_heads, "kv_heads", "v_proj")
-    inv_freq, factor = cfg.rope_frequencies()
-    if inv_freq is None:  # the default type: theta^(-2i / D) in float32, as HF computes it
-      exponents = np.arange(0, cfg.head_dim, 2, dtype=np.float32) / np.float32(cfg.head_dim)
-      inv_freq = np.float32(1.0) / np.power(np.float32(cfg.rope_theta), exponents)
+    inv_freq, factor = rope_inverse_frequencies(cfg)
     q, k = apply_multimodal_rotary_pos_emb(q, k, positions, inv_freq, self.mrope_section, factor)
     out = grouped_query_attention(q, k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3), mask,
                                   query_pre_attn_scalar=cfg.query_pre_attn_scalar)
@@ -184,44 +204,23 @@ def decoder_logits(text_params, input_ids, kv_mask, image_features, positions,
   return project_vocab(text_params, hidden, cfg.text)
 
 
-def chunked_token_logprobs(text_params, hidden, tokens, cfg: ModelConfig, temperature: float,
-                           chunk: int) -> jax.Array:
-  """token_logprobs_and_entropy(project_vocab(hidden), tokens, temperature)[0] computed `chunk`
-  positions at a time in a lax.map, each chunk rematerialised in the backward pass: one
-  (B, chunk, vocab) float32 array at a time, never (B, N, vocab). hidden (B, N, E), tokens
-  (B, N) -> (B, N) float32. (scoring.chunked_logprobs_and_entropy's scheme, with this model's
-  projection: float32 accumulation, as the sampler's cached decoder projects.)"""
-  batch, length = tokens.shape
-  chunks = -(-length // chunk)
-  pad = chunks * chunk - length
-  split = lambda x: jnp.swapaxes(  # noqa: E731  (chunks, B, chunk, ...)
-      jnp.pad(x, [(0, 0), (0, pad)] + [(0, 0)] * (x.ndim - 2)).reshape(
-          batch, chunks, chunk, *x.shape[2:]), 0, 1)
-
-  @jax.checkpoint
-  def one(part):
-    h, t = part
-    return token_logprobs_and_entropy(project_vocab(text_params, h, cfg), t, temperature)[0]
-
-  logp = jax.lax.map(one, (split(hidden), split(tokens)))
-  return jnp.swapaxes(logp, 0, 1).reshape(batch, chunks * chunk)[:, :length]
-
-
 def completion_token_logprobs(text_params, input_ids, kv_mask, image_features, positions,
                               cfg: VlmConfig, placeholder_ids, prompt_len: int,
                               temperature: float = 1.0) -> jax.Array:
   """(B, N) float32 log pi(input_ids[:, P + k]) of the N = T - P completion tokens under
   teacher forcing, pi = softmax(logits / T) at position P + k - 1; only those N positions of
   decoder_hidden are projected onto the vocabulary: with cfg.text.logits_chunk = C > 0, C at a
-  time, each chunk rematerialised (chunked_token_logprobs; one (B, C, vocab) array at a time),
-  else at once (scoring.token_logprobs_and_entropy, the text families' and the sampler's
-  arithmetic). Differentiable; unmasked."""
+  time, each chunk rematerialised (scoring.chunked_logprobs_and_entropy with this model's
+  project_vocab; one (B, C, vocab) array at a time), else at once
+  (scoring.token_logprobs_and_entropy, the text families' and the sampler's arithmetic).
+  Differentiable; unmasked."""
   hidden = decoder_hidden(text_params, input_ids, kv_mask, image_features, positions, cfg,
                           placeholder_ids)[:, prompt_len - 1:-1]
   targets = jnp.asarray(input_ids)[:, prompt_len:]
   if cfg.text.logits_chunk:
-    return chunked_token_logprobs(text_params, hidden, targets, cfg.text, temperature,
-                                  cfg.text.logits_chunk)
+    return chunked_logprobs_and_entropy(
+        text_params, cfg.text, hidden, targets, temperature, cfg.text.logits_chunk,
+        project=lambda h: project_vocab(text_params, h, cfg.text))[0]
   return token_logprobs_and_entropy(project_vocab(text_params, hidden, cfg.text), targets,
                                     temperature)[0]
 

@@ -74,6 +74,9 @@ class Batch(NamedTuple):
   # update measures the rollout's KL and sampler gap when it reuses its log-probs. A
   # multi-turn episode's environment tokens are completion tokens but not actions.
   action_mask: jax.Array | None = None
+  # (B, patches, dim) each row's image (Rollout.images) for a vision-language policy; None for
+  # text: the update's and the reference's passes see the image the sampler saw.
+  images: jax.Array | None = None
 
 
 def reuses_current_logprobs(rl) -> bool:
@@ -209,7 +212,7 @@ def prepare_from_logprobs(rl, group_size: int, max_new_tokens: int, rollout: Rol
                 is_weights=is_weights, outcome_rewards=inputs.rewards.astype(jnp.float32),
                 keep_cutoff=rollout.keep_cutoff, routes=rollout.routes,
                 teacher_logprobs=teacher_logp if distill and rl.distill_in == "loss" else None,
-                action_mask=actions)
+                action_mask=actions, images=rollout.images)
   metrics = dict(shaped_reward_mean=jnp.mean(rewards),
                  advantage_abs_mean=masked_mean(jnp.abs(advantages), mask), **correction)
   if distill:  # the sampling policy's reverse KL to the teacher, per completion token

@@ -54,6 +54,11 @@ def policy_and_values(params, value_params, seqs, model_cfg: ModelConfig, value_
   completion is masked, values None without a critic; routing the pass's `routing_records`
   ({} for a dense model).
   """
+  if getattr(seqs, "images", None) is not None:  # a vision-language policy (no critic, dense)
+    from grpo_jax.rollout.vlm_policy import vlm_completion_scores  # noqa: PLC0415
+    logp, entropy = vlm_completion_scores(params, model_cfg, seqs, temperature)
+    mask = seqs.completion_mask.astype(bool)
+    return jnp.where(mask, logp, 0.0), jnp.where(mask, entropy, 0.0), None, {}
   shared = value_head == "shared"
   moe = bool(model_cfg.num_experts)
   replay = moe and routing_replay == "rollout"

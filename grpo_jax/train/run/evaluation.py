@@ -26,19 +26,21 @@ def make_evaluator(task, model_cfg: ModelConfig, section: EvalSection, eval_keys
   sampling = Sampling.of(model_cfg, task, section.rollout, mesh, task.max_new_tokens)
   place = ((lambda *xs: shard_batch(xs, mesh, replicate_indivisible=True))
            if mesh is not None else (lambda *xs: xs))
-  greedy = axis.compile(lambda p, t, m: sampling.greedy()(p, *place(t, m), jax.random.key(0)),
-                        in_axes=(0, None, None))
+  placed = lambda im: None if im is None else place(im)[0]  # noqa: E731
+  greedy = axis.compile(lambda p, t, m, im: sampling.greedy()(p, *place(t, m),
+                                                              jax.random.key(0), placed(im)),
+                        in_axes=(0, None, None, None))
   grouped = sampling.grouped(max(section.eval_pass_k, 1))
-  sampled = axis.compile(lambda p, t, m, k: grouped(p, *place(t, m), k),
-                         in_axes=(0, None, None, 0))
+  sampled = axis.compile(lambda p, t, m, k, im: grouped(p, *place(t, m), k, placed(im)),
+                         in_axes=(0, None, None, 0, None))
 
   def evaluate(params, samples_out=None, progress=None) -> list[dict]:
-    def generate_fn(prompts, prompt_mask, chunk_start, is_sampled):
+    def generate_fn(prompts, prompt_mask, chunk_start, is_sampled, images=None):
       if is_sampled:
         keys = axis.stack([jax.random.fold_in(k, chunk_start) for k in eval_keys])
-        r = sampled(params, prompts, prompt_mask, keys)
+        r = sampled(params, prompts, prompt_mask, keys, images)
       else:
-        r = greedy(params, prompts, prompt_mask)
+        r = greedy(params, prompts, prompt_mask, images)
       r = to_host(r)
       return r if axis.stacked else jax.tree.map(lambda x: np.asarray(x)[None], r)
     return evaluate_models(generate_fn, len(axis), task, section, samples_out, progress)
@@ -88,11 +90,14 @@ def evaluate_models(generate_fn, num_models: int, task, section: EvalSection, sa
     prompts, prompt_mask = batch.prompt_tokens[rows], batch.prompt_mask[rows]
     width = bucketed_width(prompt_mask, section.prompt_bucket)  # left padding cut
     prompts, prompt_mask = prompts[:, -width:], prompt_mask[:, -width:]
-    r = generate_fn(prompts, prompt_mask, start, False)
+    # A vision task's rows carry their images (one per prompt): passed only when there are.
+    images = getattr(batch, "pixel_values", None)
+    images = () if images is None else (np.asarray(images)[rows],)
+    r = generate_fn(prompts, prompt_mask, start, False, *images)
     tokens.append(np.asarray(r.completion_tokens)[:, :keep])
     masks.append(np.asarray(r.completion_mask)[:, :keep])
     if pass_k:
-      s = generate_fn(prompts, prompt_mask, start, True)  # pass_k rows per prompt
+      s = generate_fn(prompts, prompt_mask, start, True, *images)  # pass_k rows per prompt
       chunk_rows = take_rows(batch, rows)
       passed.append(np.stack([
           (guarded_score(task, chunk_rows, s.completion_tokens[m], s.completion_mask[m],

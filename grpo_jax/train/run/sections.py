@@ -46,6 +46,9 @@ class ModelSection:
   export: bool = False  # train.export, export_dtype, export_max_shard_mb
   export_dtype: str = "float32"
   export_max_shard_bytes: int = 0  # 0: one file
+  # model.vision's (name, value) pairs: a vision-language model (run/setup.py build_model);
+  # None: text only.
+  vision: Optional[tuple] = None
 
   @property
   def uses_checkpoint(self) -> bool:
@@ -56,9 +59,12 @@ class ModelSection:
     m, t = config.model, config.get("train", {})
     layout = tuple((k, m[k]) for k in ("remat", "logits_chunk", "attention_impl") if k in m)
     return cls(m.path or "", m.param_dtype, m.compute_dtype, layout, int(m.vocab_size),
-               None if m.path else ModelConfig.from_config_dict(m), LoraSection.of(config),
+               # (a vision-language model under a folder holding only its tokenizer is random)
+               None if m.path and m.get("vision") is None else ModelConfig.from_config_dict(m),
+               LoraSection.of(config),
                bool(t.get("export", False)), t.get("export_dtype", "float32"),
-               int(t.get("export_max_shard_mb", 0.0) * 2**20))
+               int(t.get("export_max_shard_mb", 0.0) * 2**20),
+               None if m.get("vision") is None else tuple(sorted(dict(m.vision).items())))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -13,8 +13,15 @@ from grpo_jax.models.lora import init_adapters, lora_scale, parse_targets
 from grpo_jax.train.run.sections import LoraSection, ModelSection
 
 
-def build_model(model: ModelSection, key):
-  """(ModelConfig, params): loaded from model.path, else random from the model section."""
+def build_model(model: ModelSection, key, task=None):
+  """(ModelConfig, params): loaded from model.path, else random from the model section; with
+  model.vision, (VlmConfig, {"vision", "text"} params) for the image + text `task`."""
+  if model.vision is not None:
+    from grpo_jax.models.vision.build import build_vlm  # noqa: PLC0415
+    vlm_cfg, params = build_vlm(model, dict(model.vision), key, task)
+    if model.lora is not None:  # the adapters sit on the decoder (models/vision/build.py)
+      vlm_cfg = dataclasses.replace(vlm_cfg, text=with_lora_scale(vlm_cfg.text, model.lora))
+    return vlm_cfg, params
   if model.uses_checkpoint:
     from grpo_jax.models.hf import load_hf_checkpoint  # transformers-free, but heavier imports
     model_cfg, params = load_hf_checkpoint(model.path, param_dtype=model.param_dtype,
@@ -24,14 +31,23 @@ def build_model(model: ModelSection, key):
     model_cfg = model.random
     params = init_params(model_cfg, key)
   if model.lora is not None:
-    lo = model.lora
-    model_cfg = dataclasses.replace(model_cfg, lora_scale=lora_scale(lo.rank, lo.alpha,
-                                                                     lo.use_rslora))
+    model_cfg = with_lora_scale(model_cfg, model.lora)
   return model_cfg, params
 
 
-def initial_adapters(lora: LoraSection, base, key):
-  """The LoRA section's adapters on `base` (B = 0: the policy starts as the base)."""
+def with_lora_scale(model_cfg: ModelConfig, lo: LoraSection) -> ModelConfig:
+  """model_cfg with lora_scale = lora.alpha / rank (or / sqrt(rank) with use_rslora)."""
+  return dataclasses.replace(model_cfg, lora_scale=lora_scale(lo.rank, lo.alpha, lo.use_rslora))
+
+
+def initial_adapters(lora: LoraSection, base, key, model_cfg=None):
+  """The LoRA section's adapters on `base` (B = 0: the policy starts as the base); for a
+  vision-language model_cfg, on base["text"] with the tower's params when it trains
+  (models/vision/build.py `vlm_adapters`)."""
+  if getattr(model_cfg, "vision", None) is not None:
+    from grpo_jax.models.vision.build import vlm_adapters  # noqa: PLC0415
+    return vlm_adapters(initial_adapters(lora, base["text"], key), base,
+                        model_cfg.train_tower)
   return init_adapters(base, parse_targets(lora.targets), lora.rank, key)
 
 

@@ -45,7 +45,7 @@ class Collected:
 @dataclasses.dataclass(frozen=True)
 class Samplers:
   """The jitted samplers of a run, both over the run's seed axis: sample(params, tokens, mask,
-  keys) of the prompts (num_prompts, P) -> (a Rollout of num_prompts x G rows (each prompt
+  keys[, images]) of the prompts (num_prompts, P) -> (a Rollout of num_prompts x G rows (each prompt
   prefilled once), its DecodeStats), and greedy(params, tokens, mask) -> one row per prompt."""
   sample: object
   greedy: object
@@ -69,6 +69,14 @@ def score_round(task, prompts, rollout: Rollout, greedy_rollout: Rollout | None,
         task, prompts, rollout, group_size, on_reward_error, sources, rewards, failed,
         greedy_rollout))
   return rewards, extras, errors + more_errors, components, scored
+
+
+def prompt_images(batches, axis) -> tuple:
+  """(the seeds' stacked pixel_values,) of prompt batches with images (a vision task's
+  `pixel_values`, one image per prompt), else (): the sampler's extra argument."""
+  if getattr(batches[0], "pixel_values", None) is None:
+    return ()
+  return (axis.stack([np.asarray(b.pixel_values) for b in batches]),)
 
 
 def _rows(tree, rows):
@@ -112,16 +120,17 @@ def collect(params, positions: list, keys: list, task, settings, samplers: Sampl
     width = max(bucketed_width(p.prompt_mask, bucket) for p in prompts)
     cut = [cut_prompts(p, width) for p in prompts]
     start = time.perf_counter()
+    images = prompt_images(cut, axis)
     rollouts, stats = to_host(samplers.sample(
         params, axis.stack([p.prompt_tokens for p in cut]),
-        axis.stack([p.prompt_mask for p in cut]), round_keys))
+        axis.stack([p.prompt_mask for p in cut]), round_keys, *images))
     elapsed = time.perf_counter() - start
     rollouts, stats = axis.unstack(rollouts), axis.unstack(stats)
     greedy = [None] * seeds
     if uses_greedy(needs):
       greedy = axis.unstack(to_host(samplers.greedy(
           params, axis.stack([p.prompt_tokens for p in cut]),
-          axis.stack([p.prompt_mask for p in cut]))))
+          axis.stack([p.prompt_mask for p in cut]), *images)))
     for s in range(seeds):
       if done[s]:
         continue

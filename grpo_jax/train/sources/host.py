@@ -37,9 +37,10 @@ def make_host_source(run: Run, state, samples_out=None):
   place = ((lambda *xs: shard_batch(xs, mesh, replicate_indivisible=True))
            if mesh is not None else (lambda *xs: xs))
   samplers = Samplers(
-      sample=axis.compile(lambda p, t, m, k: run.rollout.with_stats(p, *place(t, m), k)),
-      greedy=axis.compile(lambda p, t, m: run.sampling.greedy()(p, *place(t, m),
-                                                                jax.random.key(0))))
+      sample=axis.compile(lambda p, t, m, k, *im: run.rollout.with_stats(
+          p, *place(t, m), k, images=_placed(place, im))),
+      greedy=axis.compile(lambda p, t, m, *im: run.sampling.greedy()(
+          p, *place(t, m), jax.random.key(0), images=_placed(place, im))))
   rollout_keys = axis.compile(rollout_key)
 
   def produce(params, positions, keys, with_samplers=samplers):
@@ -157,6 +158,11 @@ def _pipelined(run: Run, state, samplers, rollout_keys, produce, experience, pos
     return source, exp
 
   return next_experience
+
+
+def _placed(place, images: tuple):
+  """The prompts' images (an optional trailing sampler argument) placed as the prompts are."""
+  return place(*images)[0] if images else None
 
 
 def lane_samplers(lane, samplers: Samplers) -> Samplers:

@@ -24,6 +24,7 @@ from grpo_jax import compile_log
 from grpo_jax import config as config_lib
 from grpo_jax.models.config import ModelConfig
 from grpo_jax.models.partitioning import place
+from grpo_jax.models.vision.build import check_vision_config, frozen_tower
 from grpo_jax.models.value_head import critic_from_reward_model, init_value_params
 from grpo_jax.parallel import distributed
 from grpo_jax.parallel.distributed import to_host
@@ -77,7 +78,7 @@ def initial_state(rl, model_cfg: ModelConfig, params, optimizer, base_key,
                                      jax.random.fold_in(base_key, 2))
   key = jax.random.fold_in(base_key, 1)
   if lora is not None:
-    adapters = initial_adapters(lora, params, jax.random.fold_in(base_key, 4))
+    adapters = initial_adapters(lora, params, jax.random.fold_in(base_key, 4), model_cfg)
     return create_train_state(adapters, optimizer, key, value_params, rl.kl_coef,
                               base_params=params)
   return create_train_state(params, optimizer, key, value_params, rl.kl_coef)
@@ -100,6 +101,7 @@ def train(config, workdir: str, log=print, seeds=None, seed_axis: str = "vmap") 
   started = time.perf_counter()
   config_lib.validate(config)
   check_source(config.train, config.rl)
+  check_vision_config(config)
   check_workdir(workdir)
   # After validation each room reads its typed section, built here once (run/sections.py);
   # the task registry alone builds from the whole config, and the record writes it.
@@ -125,7 +127,7 @@ def train(config, workdir: str, log=print, seeds=None, seed_axis: str = "vmap") 
   # Every input is read and checked before the workdir is touched: a bad one writes nothing.
   task = build_task(config, log)
   base_keys = tuple(jax.random.key(s) for s in axis.seeds)
-  built = [build_model(sections.model, jax.random.fold_in(k, 0)) for k in base_keys]
+  built = [build_model(sections.model, jax.random.fold_in(k, 0), task) for k in base_keys]
   model_cfg, params = built[0][0], axis.stack([p for _, p in built])
   del built
   rollout = sections.eval.rollout
@@ -134,6 +136,8 @@ def train(config, workdir: str, log=print, seeds=None, seed_axis: str = "vmap") 
   sources = build_reward_sources(sections.rewards, sections.model, task, mesh)
   optimizer = make_optimizer(config.optim, settings.steps * rl.num_iterations *
                              rl.num_minibatches)
+  if getattr(model_cfg, "vision", None) is not None and not model_cfg.train_tower:
+    optimizer = frozen_tower(optimizer)  # model.vision.train_tower=False
   spec = StepSpec(model_cfg, rl, optimizer, settings.update_group_size,
                   rollout.temperature, rollout.max_new_tokens)
   run = Run.of(config, axis, task, spec, base_keys, workdirs, mesh, log, sources,
