@@ -50,6 +50,15 @@ def test_task_prompts_hold_one_image_run_of_the_grid(policy):
   assert batch.pixel_values.shape == (4, 64, cfg.vision.patch_dim)
 
 
+def test_image_token_ids_decode_to_no_text(policy):
+  """A sampled image token (or any id of the model's vocabulary) decodes without error."""
+  _, task, cfg, _ = policy
+  tok = task.tokenizer
+  ids = np.array([[tok.encode("L")[0], tok.vision_start_id, tok.image_token_id,
+                   tok.vision_end_id, cfg.text.vocab_size - 1]])
+  assert task.decode(ids, np.ones(ids.shape, bool)) == ["L"]
+
+
 def test_in_jit_positions_equal_the_host_rule(policy):
   """Left-padded rows with the image at different offsets, and a row without an image."""
   _, task, cfg, _ = policy

@@ -52,6 +52,11 @@ class VisionCharTokenizer(CharTokenizer):
   def vocab_size(self) -> int:
     return len(self._specials) + len(self.alphabet) + len(VISION_SPECIALS)
 
+  def decode(self, ids, stop_at_eos: bool = True) -> str:
+    """The characters of `ids`; the image tokens (and any id past them) give no text."""
+    return super().decode([i for i in np.asarray(ids).tolist() if i < self.vision_start_id],
+                          stop_at_eos)
+
 
 @dataclasses.dataclass
 class VisualBatch:

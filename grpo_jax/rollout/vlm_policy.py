@@ -25,7 +25,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from grpo_jax.errors import ConfigError
 from grpo_jax.models.lora import LoraParams, merge
 from grpo_jax.models.scoring import chunked_logprobs_and_entropy, token_logprobs_and_entropy
 from grpo_jax.models.vision.qwen2_5_vl import encode_images
@@ -39,16 +38,6 @@ def image_tokens(cfg: VlmConfig) -> int:
   """The placeholder tokens of one image of the run's grid: t * gh * gw / merge^2."""
   t, h, w = cfg.image_grid
   return t * h * w // cfg.vision.spatial_merge_size ** 2
-
-
-def check_pixel_values(pixel_values, cfg: VlmConfig) -> None:
-  """pixel_values must be (B, t * gh * gw, patch_dim) for the run's grid: one sentence if not."""
-  t, h, w = cfg.image_grid
-  want = (t * h * w, cfg.vision.patch_dim)
-  if np.ndim(pixel_values) != 3 or tuple(np.shape(pixel_values)[1:]) != want:
-    raise ConfigError(f"pixel_values has shape {tuple(np.shape(pixel_values))}, the model's "
-                      f"image_grid {cfg.image_grid} needs (rows, {want[0]}, {want[1]}); resize "
-                      f"every image to the task's one image size.")
 
 
 def fixed_grid_positions(ids, mask, cfg: VlmConfig):
