@@ -55,4 +55,8 @@ EOF
 else
   echo "fetch_model failed (offline?): commands 2 and 3 skipped"
 fi
+step "4. the tool-calling policy (10 warm-up steps, 1 step, 8 held-out episodes)"
+python -m grpo_jax.main --config=configs/grpo_calculator_tiny.py --workdir="$OUT/calc" \
+  --config.warmup.steps=10 --config.train.steps=1 --config.train.eval_every=1 \
+  --config.train.eval_size=8 --config.train.eval_batch_size=8 | tail -1
 step "all passed"

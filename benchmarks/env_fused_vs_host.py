@@ -7,6 +7,7 @@ seed and supervised warm-up); a step's time is read from its metrics record (ste
 the first host call (compilation) is timed apart, the last one (it evaluates) is not timed.
 
     python benchmarks/env_fused_vs_host.py [--steps 12] [--fused_steps 4] [--warmup_steps 300]
+        [--kv_continuation]   # both arms continue each row's KV cache (env.kv_continuation)
 
 Prints a table, the machine's load average, and one JSON line
 {"host_steps_per_s", "jax_steps_per_s", "speedup", ...}.
@@ -26,8 +27,9 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from configs import grpo_calculator_tiny  # noqa: E402
 
 
-def _config(source: str, steps: int, fused: int, warmup: int):
+def _config(source: str, steps: int, fused: int, warmup: int, kv: bool = False):
   c = grpo_calculator_tiny.get_config()
+  c.env.kv_continuation = kv
   c.warmup.steps = warmup
   c.train.experience_source = source
   c.train.fused_steps = fused
@@ -39,13 +41,13 @@ def _config(source: str, steps: int, fused: int, warmup: int):
   return c
 
 
-def _arm(source: str, steps: int, fused: int, warmup: int) -> dict:
+def _arm(source: str, steps: int, fused: int, warmup: int, kv: bool = False) -> dict:
   """One run's timings: compile_s (the first call), steady steps/s (the median step of the
   calls between the first and the last), and the episodes' mean turns."""
   from grpo_jax.train.stages.rl import train  # noqa: PLC0415
   with tempfile.TemporaryDirectory() as workdir:
     with contextlib.redirect_stdout(io.StringIO()):  # the run's progress lines
-      train(_config(source, steps, fused, warmup), workdir, log=lambda *_: None)
+      train(_config(source, steps, fused, warmup, kv), workdir, log=lambda *_: None)
     with open(os.path.join(workdir, "metrics.jsonl")) as f:
       records = [r for r in map(json.loads, f)
                  if "step_time_s" in r and "turns_per_episode" in r]
@@ -63,12 +65,15 @@ def main() -> None:
   parser.add_argument("--steps", type=int, default=12)
   parser.add_argument("--fused_steps", type=int, default=4)
   parser.add_argument("--warmup_steps", type=int, default=300)
+  parser.add_argument("--kv_continuation", action="store_true",
+                      help="env.kv_continuation=True in both arms")
   args = parser.parse_args()
   if args.steps % args.fused_steps or args.steps < 3 * args.fused_steps:
     raise SystemExit(f"--steps={args.steps} must be a multiple of --fused_steps="
                      f"{args.fused_steps}, at least 3 calls (compile, timed, evaluate).")
-  host = _arm("episodes", args.steps, 0, args.warmup_steps)
-  fused = _arm("fused_episodes", args.steps, args.fused_steps, args.warmup_steps)
+  host = _arm("episodes", args.steps, 0, args.warmup_steps, args.kv_continuation)
+  fused = _arm("fused_episodes", args.steps, args.fused_steps, args.warmup_steps,
+               args.kv_continuation)
   print(f"{'source':<16} {'compile s':>10} {'step ms':>9} {'steps/s':>8} {'turns':>6}")
   for r in (host, fused):
     print(f"{r['source']:<16} {r['compile_s']:>10.1f} {r['step_ms']:>9.1f} "
@@ -79,6 +84,7 @@ def main() -> None:
                         speedup=fused["steps_per_s"] / host["steps_per_s"],
                         host_compile_s=host["compile_s"], jax_compile_s=fused["compile_s"],
                         fused_steps=args.fused_steps, warmup_steps=args.warmup_steps,
+                        kv_continuation=args.kv_continuation,
                         turns_per_episode=[host["turns_per_episode"],
                                            fused["turns_per_episode"]],
                         loadavg=list(os.getloadavg()))))

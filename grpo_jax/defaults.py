@@ -71,11 +71,15 @@ def get_defaults() -> ml_collections.ConfigDict:
   # kv_continuation: the host episodes (experience source "episodes", the evaluation) continue
   # each episode's KV cache with a turn's new ids instead of prefilling the episode so far again
   # every turn (rollout/continuation.py; docs/environments.md): the same tokens, log-probs equal
-  # to float rounding (not to the bit, hence off by default).
+  # to float rounding (not to the bit, hence off by default). async_slots: S > 0 plays the host
+  # episodes' turns asynchronously (envs/async_episodes.py): an episode is sampled again as soon
+  # as its own tool returns, up to S episodes a sampler call, each continuing its KV cache; 0 is
+  # lock-step (every live episode's turn k in one call, after every tool of turn k - 1).
   from grpo_jax.envs import ENVIRONMENTS  # noqa: PLC0415  (filled by the imports above)
   c.env = ml_collections.ConfigDict(declared_defaults(
       [cls for _, cls in ENVIRONMENTS.items() if cls.__module__.startswith("grpo_jax.")],
-      dict(name="calculator", max_completion_tokens=256, kv_continuation=False)))
+      dict(name="calculator", max_completion_tokens=256, kv_continuation=False,
+           async_slots=0)))
 
   # Data of file-backed tasks: gsm8k, and a researcher's own (task.name="table";
   # grpo_jax/data/table.py, README "Bring your own data and reward", docs/own_data.md).

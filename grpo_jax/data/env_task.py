@@ -48,6 +48,7 @@ class EnvTask(ChatTextTask):
     self._train, self._test = env.rows("train", _TRAIN_ROWS), env.rows("test", test_size)
     self.max_new_tokens = max_completion_tokens  # (the evaluation's completion width)
     self.kv_continuation = False  # env.kv_continuation (rollout/continuation.py)
+    self.async_slots = 0  # env.async_slots (envs/async_episodes.py)
 
   @staticmethod
   def check_config(config) -> None:
@@ -60,6 +61,14 @@ class EnvTask(ChatTextTask):
       raise ConfigError("task.name='env' needs a config.env section (env.name and the "
                         "environment's fields); see configs/grpo_calculator_tiny.py.")
     ENVIRONMENTS.get(config.env.name)
+    slots = config.env.get("async_slots", 0)
+    if not isinstance(slots, int) or slots < 0:
+      raise ConfigError(f"env.async_slots={slots!r} is the decode slots of asynchronous turns; "
+                        f"set a whole number >= 0 (0: lock-step turns).")
+    if slots and source == "fused_episodes":
+      raise ConfigError(f"env.async_slots={slots} schedules host tools' episodes, but "
+                        f"train.experience_source='fused_episodes' plays them in one jit with "
+                        f"no tool to wait on; set env.async_slots=0.")
     if source == "fused_episodes" and (config.task.get("tokenizer") != "char"
                                        or config.env.get("tool_parser") != "pythonic"):
       raise ConfigError("train.experience_source='fused_episodes' reads turns one character "
@@ -83,6 +92,7 @@ class EnvTask(ChatTextTask):
     task = cls(env, tok, int(test_size), int(prompt_width),
                int(config.env.get("max_completion_tokens", 256)), float(warmup_tool_share))
     task.kv_continuation = bool(config.env.get("kv_continuation", False))
+    task.async_slots = int(config.env.get("async_slots", 0))
     return task
 
   # What the environment's first messages are, as ids.

@@ -26,29 +26,15 @@ or its id (`episode_ids`), which makes its tokens independent of the batch it sh
 
 from __future__ import annotations
 
-import dataclasses
-
 import jax
 import numpy as np
 
-from grpo_jax.envs.chat import environment_delta_ids, render
+from grpo_jax.envs.async_episodes import play_async
+from grpo_jax.envs.chat import render
+from grpo_jax.envs.episode_state import Episode, take_result, take_turn
 from grpo_jax.envs.runner import EpisodeRunner
 from grpo_jax.rollout.continuation import ContinuedTurns
 from grpo_jax.rollout.types import Rollout
-
-
-@dataclasses.dataclass
-class _Episode:
-  state: object
-  messages: list  # the chat so far, as the template reads it
-  prompt: list  # ids
-  ids: list = dataclasses.field(default_factory=list)  # completion ids after the prompt
-  actions: list = dataclasses.field(default_factory=list)  # bool per id: the policy's
-  logprobs: list = dataclasses.field(default_factory=list)
-  reward: float = 0.0
-  done: bool = False
-  truncated: bool = False
-  turns: int = 0
 
 
 def _left_pad(rows: list, width: int, pad_id: int):
@@ -79,7 +65,7 @@ def _reprefilled_turns(sampling, params, row_ids, width_bucket: int):
 def sample_episodes(sampling, params, env, tokenizer, rows: list, seeds: list, key,
                     max_completion_tokens: int, width_bucket: int = 32,
                     prompt_width: int | None = None, episode_ids=None,
-                    kv_continuation: bool = False):
+                    kv_continuation: bool = False, async_slots: int = 0):
   """(Rollout of the B = len(rows) episodes, [per-episode dict(reward, turns, truncated,
   state)]). sampling: the turn's `Sampling` (group_size 1; its max_new_tokens caps one turn);
   max_completion_tokens: N, every id after the prompt (the sampler's and the environment's);
@@ -88,16 +74,21 @@ def sample_episodes(sampling, params, env, tokenizer, rows: list, seeds: list, k
   draws (None: its row); with ids, token t of turn k of episode r is drawn from (key, k, r, t)
   alone, whichever episodes share the batch and in which order. kv_continuation: each turn
   continues the rows' KV caches with their new ids (rollout/continuation.py) instead of
-  prefilling the episodes so far again."""
-  eot = tokenizer.eos_token
+  prefilling the episodes so far again. async_slots: S > 0 plays asynchronous turns
+  (envs/async_episodes.py; continues the KV caches): an episode is sampled as soon as its own
+  environment step returns, up to S episodes a call."""
   row_ids = None if episode_ids is None else np.asarray(episode_ids, np.int32)
   with EpisodeRunner(env) as runner:
     episodes = []
     for state, messages in runner.reset(rows, seeds):
       prompt = tokenizer.encode(render(tokenizer, messages, env.tools,
                                        add_generation_prompt=True), add_special_tokens=False)
-      episodes.append(_Episode(state, list(messages), prompt))
+      episodes.append(Episode(state, list(messages), prompt))
     longest = max(len(e.prompt) for e in episodes)
+    if async_slots:
+      play_async(sampling, params, env, tokenizer, episodes, runner, key, max_completion_tokens,
+                 max(prompt_width or 0, _bucket(longest, width_bucket)), row_ids, async_slots)
+      return _finish(episodes, max_completion_tokens, sampling.pad_id, prompt_width)
     sample_turn = (ContinuedTurns(sampling, params, len(episodes),
                                   max(prompt_width or 0, _bucket(longest, width_bucket)),
                                   max_completion_tokens, row_ids)
@@ -112,43 +103,19 @@ def sample_episodes(sampling, params, env, tokenizer, rows: list, seeds: list, k
       tokens, mask, logprobs = sample_turn([e.prompt + e.ids for e in episodes],
                                            jax.random.fold_in(key, turn), limits,
                                            [not e.done for e in episodes])
-      texts = []
-      for i, e in enumerate(episodes):
-        if e.done:
-          continue
-        n = int(mask[i].sum())
-        sampled = tokens[i, :n].tolist()
-        e.ids += sampled
-        e.actions += [True] * n
-        e.logprobs += logprobs[i, :n].tolist()
-        e.turns += 1
-        ended = n and sampled[-1] == sampling.eos_id
-        texts.append(tokenizer.decode(sampled[:-1] if ended else sampled,
-                                      skip_special_tokens=False))
-        if not ended and len(e.ids) < max_completion_tokens:  # the turn hit its own cap:
-          e.ids.append(sampling.eos_id)  # the environment closes it (not the policy's token)
-          e.actions.append(False)
-          e.logprobs.append(0.0)
-        elif not ended:
-          e.done, e.truncated = True, True
-      stepping = [e for e in live if not e.truncated]
-      texts = [t for e, t in zip(live, texts) if not e.truncated]
-      for e, text, result in zip(stepping, texts, runner.step([e.state for e in stepping],
-                                                               texts)):
-        e.state = result.state
-        if result.done or turn + 1 == env.max_turns:
-          e.done, e.reward = True, float(result.reward or 0.0)
-          continue
-        delta = environment_delta_ids(tokenizer, e.messages, text, result.messages, env.tools,
-                                      eot)
-        e.messages = e.messages + [{"role": "assistant", "content": text}] + result.messages
-        room = max_completion_tokens - len(e.ids)
-        e.ids += delta[:room]
-        e.actions += [False] * min(len(delta), room)
-        e.logprobs += [0.0] * min(len(delta), room)
-        if len(delta) >= room:
-          e.done, e.truncated = True, True
-  return _as_rollout(episodes, max_completion_tokens, sampling.pad_id, prompt_width), [
+      texts = [take_turn(e, tokens[i], mask[i], logprobs[i], sampling.eos_id,
+                         max_completion_tokens, tokenizer) for i, e in enumerate(episodes)
+               if not e.done]
+      stepping = [(e, t) for e, t in zip(live, texts) if t is not None]
+      for (e, text), result in zip(stepping, runner.step([e.state for e, _ in stepping],
+                                                         [t for _, t in stepping])):
+        take_result(e, text, result, env, tokenizer, max_completion_tokens)
+  return _finish(episodes, max_completion_tokens, sampling.pad_id, prompt_width)
+
+
+def _finish(episodes: list, n: int, pad_id: int, prompt_width: int | None):
+  """(Rollout, [per-episode dict(reward, turns, truncated, state)])."""
+  return _as_rollout(episodes, n, pad_id, prompt_width), [
       dict(reward=e.reward, turns=e.turns, truncated=e.truncated, state=e.state)
       for e in episodes]
 

@@ -142,7 +142,14 @@ def continue_turn(params, cache, pending, pending_len, start, key, limits, row_i
   (clipped to [1, max_new_tokens]); row_ids (B,) the r of each row's draws; live (B,) bool.
   Returns (tokens (B, M) int32, logprobs (B, M) float32, mask (B, M) bool, the cache); the
   cache argument is donated (updated in place)."""
-  params = _sampler_params(params, sampling)
+  return continue_turn_traced(_sampler_params(params, sampling), cache, pending, pending_len,
+                              start, key, limits, row_ids, live, sampling=sampling, chunk=chunk)
+
+
+def continue_turn_traced(params, cache, pending, pending_len, start, key, limits, row_ids, live,
+                         *, sampling, chunk: int = CHUNK):
+  """continue_turn's body, not jitted (for a caller's own trace: envs/episodes_jax.py), on the
+  params as the sampler reads them (_sampler_params(params, sampling))."""
   cfg = sampling.model_cfg
   pending_len = jnp.where(live, pending_len, 0)
   bounded = platform_choice("rollout.decode_loop", sampling.decode_loop) == "bounded"

@@ -151,7 +151,8 @@ def make_episode_evaluator(task, model_cfg: ModelConfig, section: EvalSection, e
       rollout, got = sample_episodes(greedy, params, task.env, task.tokenizer, rows,
                                      list(range(start, start + len(rows))), jax.random.key(0),
                                      task.max_completion_tokens, prompt_width=task.prompt_len,
-                                     kv_continuation=getattr(task, "kv_continuation", False))
+                                     kv_continuation=getattr(task, "kv_continuation", False),
+                                     async_slots=getattr(task, "async_slots", 0))
       parts.append(rollout)
       infos += got
       if progress is not None:

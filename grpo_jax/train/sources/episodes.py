@@ -59,7 +59,8 @@ def make_episodes_source(run: Run, state, samples_out=None):
           run.sampling, run.sync_weights(policy_params(train_state)), task.env, task.tokenizer,
           rows, ids, rollout_key(source), task.max_completion_tokens,
           prompt_width=task.prompt_len, episode_ids=ids,
-          kv_continuation=getattr(task, "kv_continuation", False))
+          kv_continuation=getattr(task, "kv_continuation", False),
+          async_slots=getattr(task, "async_slots", 0))
     elapsed = time.perf_counter() - started
     rewards = np.asarray([i["reward"] for i in infos], np.float32)
     if samples_out is not None and samples_due(settings, version + 1):

@@ -73,11 +73,12 @@ def make_fused_iteration(run, device_task):
   return iteration
 
 
-def make_scanned_advance(run, state, iteration, tables, record_of):
+def make_scanned_advance(run, state, iteration, tables, record_of, samples_of=None):
   """advance(run_state) -> (run_state, records of K = max(train.fused_steps, 1) steps (each per
   seed), tokens of each step): K iterations of `iteration(run_state, table)` in one jitted
   lax.scan, transformed over the run's seeds (their stacked `tables`). record_of(metrics of one
-  step of one seed, host arrays, its "step_tokens" removed) -> that step's record."""
+  step of one seed, host arrays, its "step_tokens" and "samples" removed) -> that step's record;
+  samples_of(the first seed's "samples" metrics of one step), in step order, if both given."""
   k = max(run.settings.fused_steps, 1)
 
   def k_steps(state, table):
@@ -91,9 +92,12 @@ def make_scanned_advance(run, state, iteration, tables, record_of):
     records, tokens = [], []
     for i in range(k):
       step_records = []
-      for m in per_seed:
+      for j, m in enumerate(per_seed):
         one = jax.tree.map(lambda x: np.asarray(x)[i], m)
         one.pop("step_tokens")
+        drawn = one.pop("samples", None)
+        if j == 0 and drawn is not None and samples_of is not None:
+          samples_of(drawn)
         step_records.append(record_of(one))
       records.append(step_records)
       tokens.append(sum(int(np.asarray(m["step_tokens"])[i]) for m in per_seed))

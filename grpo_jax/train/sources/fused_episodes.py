@@ -9,13 +9,18 @@ does: no host round-trip per turn or per step.
 Iteration i of a seed plays what "episodes" plays at that step: the rows of the task's stream
 [position, position + num_prompts), each repeated group_size times, episode e with id
 r = position x G + e, the key rollout_key(source); the sampler's input is the prompt and the
-ids so far left-padded to task.prompt_width + env.max_completion_tokens every turn. The
+ids so far left-padded to task.prompt_width + env.max_completion_tokens every turn, or with
+env.kv_continuation each episode's KV cache continued with its new ids. The
 environments with a JAX form are JAX_ENVIRONMENTS (env.name -> make(env, tokenizer) -> the
-env's jit-static spec); what runs on the host only (text samples, tool latency) is not
-recorded.
+env's jit-static spec). On a step `samples_due`, the first seed's samples (the first episode of
+each of its first train.num_samples groups, turn by turn: envs/episodes.py `episode_samples`)
+go to samples_out, from ids the scan hands back; tool latency is not recorded (a pure-JAX
+environment makes no host tool call).
 """
 
 from __future__ import annotations
+
+import types
 
 import jax
 import jax.numpy as jnp
@@ -24,6 +29,7 @@ import numpy as np
 from grpo_jax.envs import ENVIRONMENTS
 from grpo_jax.envs import calculator  # noqa: F401  (registers env.name='calculator')
 from grpo_jax.envs.calculator_jax import CalculatorJax
+from grpo_jax.envs.episodes import episode_samples
 from grpo_jax.envs.episodes_jax import play_episodes
 from grpo_jax.errors import ConfigError
 from grpo_jax.registry import Registry
@@ -31,6 +37,7 @@ from grpo_jax.train.learner.experience import RewardInputs
 from grpo_jax.train.learner.state import RunState, policy_params, rollout_key
 from grpo_jax.train.learner.step import make_rl_step
 from grpo_jax.train.run.metrics import rollout_metrics, step_record
+from grpo_jax.train.run.samples import samples_due
 from grpo_jax.train.sources.experience_source import register_experience_source
 from grpo_jax.train.sources.fused import make_scanned_advance
 
@@ -69,14 +76,31 @@ def episode_table(task, seed: int, count: int) -> dict:
   return {k: np.asarray([r[k] for r in rows], np.int32) for k in ("a", "b")}
 
 
+def sample_count(settings) -> int:
+  """How many groups' first episodes a step's samples show: min(num_samples, num_prompts)."""
+  return min(settings.num_samples, settings.num_prompts)
+
+
+def drawn_rows(rollout, reward, step, position, group: int, count: int) -> dict:
+  """metrics["samples"]: the first episode of each of the first `count` groups (rows 0, G, ..,
+  (count - 1) G) of a step's rollout, their rewards, the step the learner is at before it and
+  the data position of its first prompt: what `episode_samples` needs, back on the host."""
+  first = lambda x: x[::group][:count]  # noqa: E731
+  return dict(completion_tokens=first(rollout.completion_tokens),
+              completion_mask=first(rollout.completion_mask),
+              action_mask=first(rollout.action_mask), reward=first(reward), step=step,
+              position=position)
+
+
 def make_episodes_iteration(run, spec):
   """iteration(run_state, table) -> (run_state, metrics): one RL step of one seed on its
-  episodes, on device."""
+  episodes, on device; with train.num_samples > 0 its metrics also hold the step's sampled
+  rows (`drawn_rows`, as metrics["samples"])."""
   settings, task = run.settings, run.task
   num_prompts, group = settings.num_prompts, settings.group_size
   n, prompt_width = task.max_completion_tokens, task.prompt_len
   rl_step = make_rl_step(run.spec)
-  rows = num_prompts * group
+  rows, count = num_prompts * group, sample_count(settings)
 
   def iteration(run_state, table):
     train, source = run_state.train, run_state.source
@@ -85,9 +109,13 @@ def make_episodes_iteration(run, spec):
             for k in ("a", "b"))
     ids = position * group + jnp.arange(rows, dtype=jnp.int32)
     rollout, end = play_episodes(run.sampling, policy_params(train), spec, a, b,
-                                 rollout_key(source), n, prompt_width, prompt_width + n, ids)
+                                 rollout_key(source), n, prompt_width, prompt_width + n, ids,
+                                 kv_continuation=getattr(task, "kv_continuation", False))
     inputs = RewardInputs(end.reward, {}, jnp.int32(num_prompts))
+    version = train.step
     train, metrics = rl_step(train, rollout, inputs)
+    if count:
+      metrics["samples"] = drawn_rows(rollout, end.reward, version, position, group, count)
     source = source.replace(data_position=position + num_prompts, rollouts=source.rollouts + 1)
     mask = rollout.completion_mask
     metrics["rollout"] = rollout_metrics(end.reward, mask, rollout.truncated, group, xp=jnp)
@@ -105,8 +133,8 @@ def make_episodes_iteration(run, spec):
 @register_experience_source("fused_episodes", owns_step=True)
 def make_fused_episodes_advance(run, state, samples_out=None):
   """advance(run_state) -> (run_state, records of K steps (each per seed), tokens of each
-  step). samples_out: unused (no text on the devices)."""
-  del samples_out
+  step). On a step `samples_due`, the first seed's sample records are appended to samples_out
+  (see the module docstring)."""
   check_fused_episodes(run)
   settings, axis, task = run.settings, run.axis, run.task
   spec = JAX_ENVIRONMENTS.get(env_name(task.env))(task.env, task.tokenizer)
@@ -119,5 +147,15 @@ def make_fused_episodes_advance(run, state, samples_out=None):
     return step_record(one, stats, settings.on_reward_error) | {
         key: float(v) for key, v in episodes.items()}
 
+  def samples_of(drawn):
+    step = int(drawn["step"]) + 1  # the step the episodes train (the host source's)
+    if samples_out is None or not samples_due(settings, step):
+      return
+    count = len(drawn["reward"])
+    texts = task.prompt_texts(task.prompt_batch(
+        task.train_rows(int(drawn["position"]), count, axis.seeds[0])))
+    samples_out.extend(episode_samples(task.tokenizer, texts, types.SimpleNamespace(**drawn),
+                                       drawn["reward"], "train", step, range(count)))
+
   return make_scanned_advance(run, state, make_episodes_iteration(run, spec), tables,
-                              record_of)
+                              record_of, samples_of)

@@ -1,0 +1,66 @@
+"""One episode as the host loops build it (envs/episodes.py lock-step, envs/async_episodes.py
+asynchronous): its ids after the prompt, which are the policy's, their log-probs, and what
+one sampled turn and one environment step append. Both loops call the same two functions, so
+they build the same episodes."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from grpo_jax.envs.chat import environment_delta_ids
+
+
+@dataclasses.dataclass
+class Episode:
+  state: object
+  messages: list  # the chat so far, as the template reads it
+  prompt: list  # ids
+  ids: list = dataclasses.field(default_factory=list)  # completion ids after the prompt
+  actions: list = dataclasses.field(default_factory=list)  # bool per id: the policy's
+  logprobs: list = dataclasses.field(default_factory=list)
+  reward: float = 0.0
+  done: bool = False
+  truncated: bool = False
+  turns: int = 0
+
+
+def take_turn(e: Episode, tokens, mask, logprobs, eos_id: int, n: int, tokenizer):
+  """Appends one sampled turn (row arrays (M,)) to episode e and returns its text for the
+  environment (without its end-of-turn id), or None when the turn spent the episode's n ids
+  without ending (e is then done, truncated). A turn cut by the sampler's cap is closed by an
+  end-of-turn id that is the environment's, not the policy's."""
+  count = int(mask.sum())
+  sampled = tokens[:count].tolist()
+  e.ids += sampled
+  e.actions += [True] * count
+  e.logprobs += logprobs[:count].tolist()
+  e.turns += 1
+  ended = count and sampled[-1] == eos_id
+  text = tokenizer.decode(sampled[:-1] if ended else sampled, skip_special_tokens=False)
+  if not ended and len(e.ids) < n:
+    e.ids.append(eos_id)
+    e.actions.append(False)
+    e.logprobs.append(0.0)
+  elif not ended:
+    e.done, e.truncated = True, True
+    return None
+  return text
+
+
+def take_result(e: Episode, text: str, result, env, tokenizer, n: int) -> None:
+  """Applies the environment's step on e's last turn: done (or its env.max_turns-th turn) ends
+  the episode with the step's reward; else the template's delta of the new messages is
+  appended (not trained), cut at the episode's n ids (no room: done, truncated)."""
+  e.state = result.state
+  if result.done or e.turns == env.max_turns:
+    e.done, e.reward = True, float(result.reward or 0.0)
+    return
+  delta = environment_delta_ids(tokenizer, e.messages, text, result.messages, env.tools,
+                                tokenizer.eos_token)
+  e.messages = e.messages + [{"role": "assistant", "content": text}] + result.messages
+  room = n - len(e.ids)
+  e.ids += delta[:room]
+  e.actions += [False] * min(len(delta), room)
+  e.logprobs += [0.0] * min(len(delta), room)
+  if len(delta) >= room:
+    e.done, e.truncated = True, True
