@@ -9,7 +9,8 @@ checkpoint. Before any job starts (or is printed), every pending arm's config is
 validated as its process would (grpo_jax/sweep/checks.py): a bad field or value stops the sweep
 in one sentence naming the arm. --print_commands prints one command per pending job (for a
 cluster scheduler) and runs nothing. The report: WORKDIR/{runs.csv, results.csv, results.md,
-reward_mean.png, eval_accuracy.png} (grpo_jax/sweep/report.py says what each figure is).
+reward_mean.png, eval_accuracy.png, eval_accuracy_wall.png} (grpo_jax/sweep/report.py says
+what each figure is).
 docs/sweeps.md is the guide.
 """
 

@@ -187,3 +187,16 @@ def test_sweep_runs_reports_and_skips_finished_runs(tmp_path):
             (out / "advantage=rloo" / "seed_1" / "metrics.jsonl").read_text().splitlines()]
   assert [r["step"] for r in redone] == [0, 1, 2]  # started afresh, records not duplicated
   assert (out / "advantage=rloo" / "seed_1" / "DONE.json").exists()
+
+
+def test_points_against_wall_clock_take_each_steps_elapsed_seconds():
+  """eval_accuracy_wall.png's x: the elapsed_s of the step an evaluation followed (0 at step
+  0); none when a step has no elapsed_s (then no plot)."""
+  from grpo_jax.sweep.report import points  # noqa: PLC0415
+  records = [{"step": 0, "eval_accuracy": 0.2}, {"step": 1, "reward_mean": 0.1, "elapsed_s": 3.0},
+             {"step": 2, "reward_mean": 0.3, "elapsed_s": 5.5},
+             {"step": 2, "eval_accuracy": 0.6}]
+  assert points(records, "eval_accuracy") == [(0, 0.2), (2, 0.6)]
+  assert points(records, "eval_accuracy", "elapsed_s") == [(0.0, 0.2), (5.5, 0.6)]
+  assert points(records, "reward_mean", "elapsed_s") == [(3.0, 0.1), (5.5, 0.3)]
+  assert points([{"step": 4, "eval_accuracy": 0.5}], "eval_accuracy", "elapsed_s") == []

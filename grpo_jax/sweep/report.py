@@ -1,5 +1,6 @@
 """A sweep's results: per-run figures (runs.csv), mean ± std over seeds per arm (results.csv,
-results.md) and curves per arm with a seed band (reward.png, eval_accuracy.png).
+results.md) and curves per arm with a seed band (reward_mean.png, eval_accuracy.png against
+steps; eval_accuracy_wall.png against the runs' wall-clock seconds, where they record them).
 
 Per run, from its metrics.jsonl and DONE.json:
     final_reward   mean of reward_mean over the last 10% of RL steps (at least one step)
@@ -111,8 +112,21 @@ def _moving_average(values: np.ndarray, window: int) -> np.ndarray:
   return np.convolve(padded, kernel, mode="valid")
 
 
-def plot_curves(sweep: Sweep, sweep_dir: str, key: str, path: str, smooth: int = 1) -> bool:
-  """Per arm: the mean over seeds of `key` against step, with a band of ± one std over seeds
+def points(records: list[dict], key: str, against: str = "step") -> list[tuple]:
+  """(x, value) of every record with `key`: x its step, or with against="elapsed_s" the run's
+  wall-clock seconds when that step ended (a record's own elapsed_s, else that of the step's
+  record with one; 0 at step 0, before any step). [] when a step has no elapsed_s."""
+  if against == "step":
+    return [(r["step"], r[key]) for r in records if key in r]
+  elapsed = {0: 0.0} | {r["step"]: r["elapsed_s"] for r in records if "elapsed_s" in r}
+  out = [(elapsed.get(r["step"]), r[key]) for r in records if key in r]
+  return out if all(x is not None for x, _ in out) else []
+
+
+def plot_curves(sweep: Sweep, sweep_dir: str, key: str, path: str, smooth: int = 1,
+                against: str = "step") -> bool:
+  """Per arm: the mean over seeds of `key` against step (or wall-clock seconds, against=
+  "elapsed_s": each x the mean over seeds), with a band of ± one std over seeds
   (`smooth`-step moving average of each seed first). False if no run has the key."""
   import matplotlib
   matplotlib.use("Agg")
@@ -125,20 +139,21 @@ def plot_curves(sweep: Sweep, sweep_dir: str, key: str, path: str, smooth: int =
       directory = run_dir(sweep_dir, arm, seed)
       if not os.path.exists(os.path.join(directory, DONE_FILE)):
         continue
-      points = [(r["step"], r[key]) for r in read_metrics(directory) if key in r]
-      if points:
-        curves.append(np.asarray(points, np.float64))
+      drawn_points = points(read_metrics(directory), key, against)
+      if drawn_points:
+        curves.append(np.asarray(drawn_points, np.float64))
     if not curves:
       continue
     length = min(len(c) for c in curves)
-    steps = curves[0][:length, 0]
+    steps = np.mean([c[:length, 0] for c in curves], axis=0)
     values = np.stack([_moving_average(c[:length, 1], smooth) for c in curves])
     mean, std = values.mean(0), values.std(0, ddof=1) if len(values) > 1 else 0 * values[0]
     (line,) = ax.plot(steps, mean, label=f"{arm.name} (n={len(curves)})")
     ax.fill_between(steps, mean - std, mean + std, color=line.get_color(), alpha=0.2)
     drawn = True
   if drawn:
-    ax.set_xlabel("step (an RL step, or an optimizer step of the DPO stage)")
+    ax.set_xlabel("step (an RL step, or an optimizer step of the DPO stage)" if against == "step"
+                  else "wall-clock seconds of the run (mean over seeds)")
     ax.set_ylabel(key + (f" ({smooth}-step moving average)" if smooth > 1 else ""))
     ax.set_title(f"{sweep.name}: {key}, mean ± std over seeds")
     ax.grid(alpha=0.3)
@@ -161,8 +176,11 @@ def write_report(sweep: Sweep, sweep_dir: str) -> list[str]:
   with open(os.path.join(sweep_dir, "results.md"), "w") as f:
     f.write(markdown_table(sweep, arms))
   written.append(os.path.join(sweep_dir, "results.md"))
-  for key, smooth in (("reward_mean", 10), ("eval_accuracy", 1), ("eval_length", 1)):
-    path = os.path.join(sweep_dir, f"{key}.png")
-    if plot_curves(sweep, sweep_dir, key, path, smooth):
+  for key, smooth, against, name in (("reward_mean", 10, "step", "reward_mean"),
+                                     ("eval_accuracy", 1, "step", "eval_accuracy"),
+                                     ("eval_length", 1, "step", "eval_length"),
+                                     ("eval_accuracy", 1, "elapsed_s", "eval_accuracy_wall")):
+    path = os.path.join(sweep_dir, f"{name}.png")
+    if plot_curves(sweep, sweep_dir, key, path, smooth, against):
       written.append(path)
   return written
