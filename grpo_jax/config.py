@@ -60,14 +60,14 @@ def validate(config) -> None:
   estimator = ESTIMATORS.get(rl.advantage)
   ESTIMATORS.bind(rl.advantage, rl, estimator.fn)  # the entries' own checks
   POLICY_LOSSES.bind(rl.loss, rl)
-  from grpo_jax.rl.objective import make_objective  # noqa: PLC0415
+  from grpo_jax.rl.objective import OBJECTIVES, make_objective  # noqa: PLC0415
   make_objective(rl, r.group_size)  # the objective's own checks
   KL_ESTIMATORS.get(rl.kl_estimator)
   _one_of(rl.loss_aggregation, LOSS_AGGREGATIONS, "rl.loss_aggregation")
   _one_of(rl.kl_in, KL_PLACEMENTS, "rl.kl_in")
   _one_of(rl.value_head, VALUE_HEADS, "rl.value_head")
   _validate_capabilities(config, task)
-  task.check_config(config)
+  task.cls.check_config(config)
   from grpo_jax.rewards.estimator_inputs import check_inputs  # noqa: PLC0415
   why = check_inputs(estimator.needs, config, task, rl.advantage,
                      device=bool(tr.fused_steps))
@@ -110,7 +110,6 @@ def validate(config) -> None:
   _require(rl.num_micro_batches >= 1 and minibatch % rl.num_micro_batches == 0,
            f"a minibatch of {minibatch} completions does not split into rl.num_micro_batches="
            f"{rl.num_micro_batches} equal micro-batches; pick a divisor of {minibatch}.")
-  from grpo_jax.rl.objective import OBJECTIVES  # noqa: PLC0415
   if OBJECTIVES.get(rl.objective).whole_groups:
     _require(minibatch % update_group_size(config) == 0,
              f"rl.objective={rl.objective!r} compares the completions of one prompt, but a "
@@ -229,7 +228,7 @@ def validate(config) -> None:
            f"are always stacked and scanned now (one param layout); delete the field.")
   from grpo_jax.models.decoder import REMAT_POLICIES  # noqa: PLC0415
   _one_of(m.remat, tuple(REMAT_POLICIES), "model.remat")
-  from grpo_jax.models.config import ATTENTION_IMPLS  # noqa: PLC0415
+  from grpo_jax.models.config import ATTENTION_IMPLS, ModelConfig  # noqa: PLC0415
   _one_of(m.get("attention_impl", "auto"), ("auto",) + ATTENTION_IMPLS, "model.attention_impl")
   _require(m.logits_chunk >= 0, f"model.logits_chunk={m.get('logits_chunk')}; use 0 "
            f"(the whole completion at once) or a number of positions > 0, e.g. 64.")
@@ -237,7 +236,6 @@ def validate(config) -> None:
   _validate_lora(config)
   if m.path:
     return  # the checkpoint's config.json describes the model
-  from grpo_jax.models.config import ModelConfig  # noqa: PLC0415
   try:  # the random model's sizes, family and mixture, by ModelConfig's own checks (the
     # platform's choices left out: the backend starts after validation)
     ModelConfig.from_config_dict({**m, "compute_dtype": "float32", "attention_impl": "xla"})
@@ -266,9 +264,7 @@ def check_wandb_config(train_cfg) -> None:
   project = train_cfg.wandb_project
   if not project:
     return
-  mode = train_cfg.wandb_mode
-  if mode not in WANDB_MODES:
-    raise ConfigError(f"train.wandb_mode={mode!r} is unknown; valid: {', '.join(WANDB_MODES)}.")
+  _one_of(train_cfg.wandb_mode, WANDB_MODES, "train.wandb_mode")
   try:
     import wandb  # noqa: F401,PLC0415
   except ImportError:

@@ -12,7 +12,6 @@ import json
 import time
 
 import jax
-from absl import flags
 
 from grpo_jax import config as config_lib
 from grpo_jax.errors import RunStopped
@@ -66,6 +65,5 @@ def main(argv):
     print(f"{name}: {value:.4f}")
 
 
-if __name__ == "__main__":
-  del flags  # the flags are those of grpo_jax.main
+if __name__ == "__main__":  # (the flags are those of grpo_jax.main)
   start(main)

@@ -98,13 +98,12 @@ def explain_parse_error(argv: list[str], error: Exception) -> str:
 def parse_flags(argv: list[str]) -> list[str]:
   try:
     return flags.FLAGS(argv)
-  except SystemExit as e:  # --help's own exit, or a config file calling sys.exit
-    if any(a.split("=")[0] in ("-h", "-?", "--help", "--helpfull", "--helpshort", "--helpxml")
-           for a in argv[1:]):
+  except (Exception, SystemExit) as e:  # noqa: BLE001  absl/ml_collections raise several types
+    # SystemExit: --help's own exit (passed on), or a config file calling sys.exit
+    if isinstance(e, SystemExit) and any(
+        a.split("=")[0] in ("-h", "-?", "--help", "--helpfull", "--helpshort", "--helpxml")
+        for a in argv[1:]):
       raise
-    print(f"error: {explain_parse_error(argv, e)}", file=sys.stderr)
-    sys.exit(2)
-  except Exception as e:  # noqa: BLE001  absl/ml_collections raise several types here
     print(f"error: {explain_parse_error(argv, e)}", file=sys.stderr)
     sys.exit(2)
 
@@ -118,14 +117,20 @@ def _fail(message: str, code: int):
   sys.exit(code)
 
 
-def check_flags() -> None:
-  """Exits with one line (status 2) when the config file could not be loaded, --workdir is
-  missing or a Hub id in model.path cannot be fetched (grpo_jax/models/hub.py); shared by
-  grpo_jax.eval."""
+def _loaded_config():
+  """The config; exits with one line (status 2) when its file could not be loaded."""
   try:  # config_flags defers a config file's load error to the first use of the config
     _CONFIG.value.get("seed")
   except (Exception, SystemExit) as e:  # noqa: BLE001  (a sys.exit in the file: not a success)
     _fail(explain_parse_error(sys.argv, e), 2)
+  return _CONFIG.value
+
+
+def check_flags() -> None:
+  """Exits with one line (status 2) when the config file could not be loaded, --workdir is
+  missing or a Hub id in model.path cannot be fetched (grpo_jax/models/hub.py); shared by
+  grpo_jax.eval."""
+  _loaded_config()
   if _WORKDIR.value is None:
     _fail("--workdir is required: the folder for the run's outputs, e.g. --workdir=/tmp/run.", 2)
   from grpo_jax.models.hub import resolve_config_model_path  # noqa: PLC0415
@@ -165,13 +170,8 @@ def main(argv):
   stopped by SIGTERM / SIGINT after checkpointing (run it again to resume)."""
 
   if _PRINT_CONFIG.value:
-    try:  # config_flags defers a config file's load error to the first use of the config
-      config = _CONFIG.value
-      config.get("seed")
-    except (Exception, SystemExit) as e:  # noqa: BLE001
-      _fail(explain_parse_error(sys.argv, e), 2)
     from grpo_jax.config_docs import describe  # noqa: PLC0415
-    print(describe(config))
+    print(describe(_loaded_config()))
     return
 
   def run():
@@ -192,10 +192,8 @@ def main(argv):
     if seeds and _STAGE.value != "rl":
       raise ConfigError(f"--vmap_seeds runs seeds of the RL stage; --stage={_STAGE.value} runs "
                         f"one seed (config.seed): drop --vmap_seeds or run --stage=rl.")
-    if _STAGE.value == "rl":
-      stage(_CONFIG.value, _WORKDIR.value, seeds=seeds, seed_axis=_SEED_AXIS.value)
-    else:
-      stage(_CONFIG.value, _WORKDIR.value)
+    rl = dict(seeds=seeds, seed_axis=_SEED_AXIS.value) if _STAGE.value == "rl" else {}
+    stage(_CONFIG.value, _WORKDIR.value, **rl)
 
   run_command(argv, run)
 

@@ -62,10 +62,6 @@ class AdditionWorkTask(AdditionTask):
     return cls(num_digits, test_size, config.rollout.max_new_tokens, work_fraction,
                length_penalty)
 
-  @staticmethod
-  def check_config(config) -> None:
-    AdditionTask.check_config(config)
-
   def warmup_batch(self, step: int, count: int, seed: int,
                    carry_drop_fraction: float) -> PromptBatch:
     """The addition task's warm-up (carries dropped from `carry_drop_fraction` of the answers),

@@ -19,8 +19,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from grpo_jax.data.chat import epoch_stream
 from grpo_jax.data.task import DeviceTask, register_task, reward_name
-from grpo_jax.data.tokenizer import CharTokenizer, pad_rows
+from grpo_jax.data.tokenizer import CharTask, CharTokenizer, pad_rows
 from grpo_jax.errors import ConfigError
 from grpo_jax.rewards.exact_match import token_step_rewards
 from grpo_jax.rewards.registry import get_reward
@@ -52,7 +53,7 @@ class PromptBatch:
 
 @register_task("addition", capabilities=("step_rewards", "device", "warmup", "supervised",
                                            "preference_pairs"))
-class AdditionTask:
+class AdditionTask(CharTask):
   """Train/test problems, tokenisation, and the data stream for RL and warm-up. Rewards are
   "tokens" rewards (grpo_jax.rewards.registry) against the answer's tokens, exact_match by
   default, so the task also runs fused (`device_task`)."""
@@ -104,13 +105,8 @@ class AdditionTask:
     The stream walks epoch e through the training pairs in the order of a permutation seeded
     by (seed, e), so any position can be reproduced (and resumed) without replaying the stream.
     """
-    num = len(self.train_pairs)
-    idx = []
-    while len(idx) < count:
-      epoch, offset = divmod(position + len(idx), num)
-      perm = np.random.default_rng([seed, epoch]).permutation(num)
-      idx.extend(perm[offset:offset + count - len(idx)].tolist())
-    return self.train_pairs[np.asarray(idx)]
+    return self.train_pairs[np.asarray(epoch_stream(len(self.train_pairs), position, count,
+                                                    seed))]
 
   def train_batch(self, position: int, count: int, seed: int) -> PromptBatch:
     return self.encode(self.train_operands(position, count, seed))
@@ -152,15 +148,7 @@ class AdditionTask:
     return cls(num_digits, test_size, config.rollout.max_new_tokens, fixed_width,
                reverse_answer, reward_name(config, "exact_match"))
 
-  # The Task protocol (grpo_jax.data.task).
-  @property
-  def eos_id(self) -> int:
-    return self.tokenizer.eos_id
-
-  @property
-  def pad_id(self) -> int:
-    return self.tokenizer.pad_id
-
+  # The Task protocol (grpo_jax.data.task): eos_id, pad_id and decode are CharTask's.
   def _targets(self, batch: PromptBatch, group_size: int, xp=np):
     repeat = lambda x: xp.repeat(x, group_size, axis=0)  # noqa: E731
     return repeat(batch.target_tokens), repeat(batch.target_mask)
@@ -188,10 +176,6 @@ class AdditionTask:
   def prompt_texts(self, batch: PromptBatch) -> list[str]:
     """The prompts as text ("<bos>12+34=" decoded)."""
     return self.decode(batch.prompt_tokens, batch.prompt_mask)
-
-  def decode(self, completion_tokens, completion_mask) -> list[str]:
-    return [self.tokenizer.decode(t[m].tolist()) for t, m in
-            zip(np.asarray(completion_tokens), np.asarray(completion_mask, bool))]
 
   def eval_scores(self, batch: PromptBatch, completion_tokens, completion_mask) -> dict:
     return {"eval_accuracy": np.asarray(self.reward.fn(

@@ -25,6 +25,7 @@ import os
 
 import numpy as np
 
+from grpo_jax.config_checks import _require
 from grpo_jax.data.chat import ChatTextTask, epoch_stream
 from grpo_jax.data.task import register_task, reward_name
 from grpo_jax.errors import ConfigError
@@ -46,18 +47,8 @@ class ChatArithmeticPrompts:
 
 def all_problems(max_operand: int, operations: str) -> list[tuple[int, str, int]]:
   """Every (a, op, b) with operands in [0, max_operand), a >= b for "-", in a fixed order."""
-  problems = []
-  for op in operations:
-    for a in range(max_operand):
-      for b in range(max_operand):
-        if op != "-" or a >= b:
-          problems.append((a, op, b))
-  return problems
-
-
-def _require(condition: bool, message: str) -> None:
-  if not condition:
-    raise ConfigError(message)
+  return [(a, op, b) for op in operations for a in range(max_operand)
+          for b in range(max_operand) if op != "-" or a >= b]
 
 
 @register_task("chat_arithmetic")
@@ -128,8 +119,6 @@ class ChatArithmeticTask(ChatTextTask):
     return ids, str(OPERATIONS[op](a, b)), user
 
   def train_batch(self, position: int, count: int, seed: int) -> ChatArithmeticPrompts:
-    """Prompts [position, position + count) of a stream reshuffled every epoch by (seed,
-    epoch): any position is reproducible without replay."""
     return self._batch([self._encode(self.train[i])
                         for i in epoch_stream(len(self.train), position, count, seed)])
 

@@ -20,13 +20,11 @@ SOURCE, CONFIG = "openai/gsm8k", "main"
 def write_split(records, path: str) -> int:
   """Writes {"question", "answer"} lines to path (a temporary file renamed over it); returns
   the number written."""
-  count = 0
+  lines = [json.dumps({"question": r["question"], "answer": r["answer"]}) + "\n" for r in records]
   with open(path + ".tmp", "w") as f:
-    for record in records:
-      f.write(json.dumps({"question": record["question"], "answer": record["answer"]}) + "\n")
-      count += 1
+    f.writelines(lines)
   os.replace(path + ".tmp", path)
-  return count
+  return len(lines)
 
 
 def fetch(out: str, load_dataset=None) -> dict:

@@ -16,6 +16,7 @@ import os
 
 import numpy as np
 
+from grpo_jax.config_checks import _one_of, _require
 from grpo_jax.data.table import TableTask, jsonl_rows
 from grpo_jax.data.task import register_task, reward_name
 from grpo_jax.errors import ConfigError, InputError, first_line
@@ -80,11 +81,6 @@ def load_tfds(split: str, data_dir: str | None = None) -> list[dict]:
   return out
 
 
-def _require(condition: bool, message: str) -> None:
-  if not condition:
-    raise ConfigError(message)
-
-
 @register_task("gsm8k", capabilities=("supervised",))
 class GSM8KTask(TableTask):
   """GSM8K's rows through the table task (module docstring); "text" rewards
@@ -104,8 +100,7 @@ class GSM8KTask(TableTask):
              f"--local-dir {path}.")
     get_reward(reward_name(config, "gsm8k_strict"), "text", "gsm8k")
     data = config.data
-    _require(data.source in ("jsonl", "tfds"), f"data.source={data.source!r} is unknown; "
-             f"valid: jsonl, tfds.")
+    _one_of(data.source, ("jsonl", "tfds"), "data.source")
     if data.source == "jsonl":
       for split in ("train", "test"):
         file = os.path.join(data.path, f"{split}.jsonl")

@@ -18,6 +18,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from grpo_jax.data.chat import epoch_stream
 from grpo_jax.data.tokenizer import pad_rows
 from grpo_jax.errors import InputError
 
@@ -114,13 +115,8 @@ def write_jsonl(path: str, records: list[dict]) -> None:
 
 def epoch_positions(position: int, count: int, num: int, seed: int) -> np.ndarray:
   """Indices [position, position + count) of a stream that walks epoch e of `num` records in the
-  order of a permutation seeded by (seed, e)."""
-  idx = []
-  while len(idx) < count:
-    epoch, offset = divmod(position + len(idx), num)
-    perm = np.random.default_rng([seed, epoch]).permutation(num)
-    idx.extend(perm[offset:offset + count - len(idx)].tolist())
-  return np.asarray(idx)
+  order of a permutation seeded by (seed, e) (data/chat.py epoch_stream, as an array)."""
+  return np.asarray(epoch_stream(num, position, count, seed))
 
 
 class SupervisedData:

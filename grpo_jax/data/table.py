@@ -41,6 +41,7 @@ import dataclasses
 
 import numpy as np
 
+from grpo_jax.config_checks import _one_of, _require
 from grpo_jax.data.chat import ChatTextTask, epoch_stream
 from grpo_jax.data.images import ImageLoadError, image_dir, load_row_images
 from grpo_jax.data.task import register_task
@@ -70,11 +71,6 @@ class TablePrompts:
   pixel_values: np.ndarray | None = None
 
 
-def _require(condition: bool, message: str) -> None:
-  if not condition:
-    raise ConfigError(message)
-
-
 @register_task("table")
 class TableTask(ChatTextTask):
   """Rows of the user's own data (module docstring), scored by reward.fns. A task built on it
@@ -93,8 +89,7 @@ class TableTask(ChatTextTask):
              f"GSM8K's setting; for task.name='table' set data.source to a "
              f"{'/'.join(EXTENSIONS)} file, a folder of them, a save_to_disk folder or a "
              f"datasets hub id.")
-    _require(data.on_bad_row in BAD_ROW_MODES, f"data.on_bad_row={data.on_bad_row!r} is "
-             f"unknown; valid: {', '.join(BAD_ROW_MODES)}.")
+    _one_of(data.on_bad_row, BAD_ROW_MODES, "data.on_bad_row")
     _require(0 < data.test_fraction < 1, f"data.test_fraction={data.test_fraction}; use a "
              f"fraction in (0, 1) of the rows held out when the source has no test split.")
     _require(bool(config.reward.fns.strip()), "task.name='table' scores with reward.fns, which "
@@ -248,8 +243,6 @@ class TableTask(ChatTextTask):
                         [item[3] for item in items], images, pixel_values)
 
   def train_batch(self, position: int, count: int, seed: int) -> TablePrompts:
-    """Prompts [position, position + count) of a stream reshuffled every epoch by (seed,
-    epoch): any position is reproducible without replay."""
     return self._batch([self.train[i]
                         for i in epoch_stream(len(self.train), position, count, seed)])
 

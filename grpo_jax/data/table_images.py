@@ -77,20 +77,18 @@ def patch_sizes(model) -> dict:
   """{patch_size, temporal_patch_size, spatial_merge_size} of the model section: model.path's
   config.json vision_config when it has one (a Qwen2.5-VL checkpoint), else model.vision's."""
   config_file = os.path.join(model.path or "", "config.json")
+  vision = None
   if model.path and os.path.isfile(config_file):
     with open(config_file) as f:
       vision = json.load(f).get("vision_config")
-    if vision is not None:
-      missing = [k for k in PATCH_FIELDS if k not in vision]
-      if missing:
-        raise ConfigError(f"{config_file}'s vision_config lacks {', '.join(missing)}; point "
-                          f"model.path at a Qwen2.5-VL checkpoint with its own config.json.")
-      return {k: int(vision[k]) for k in PATCH_FIELDS}
-  vision = dict(model.vision)
+  where, fix = (f"{config_file}'s vision_config", "point model.path at a Qwen2.5-VL checkpoint "
+                "with its own config.json")
+  if vision is None:
+    vision, where = dict(model.vision), "model.vision"
+    fix = "set them (configs/grpo_vision_tiny.py shows a tower)"
   missing = [k for k in PATCH_FIELDS if k not in vision]
   if missing:
-    raise ConfigError(f"model.vision lacks {', '.join(missing)}; set them (configs/"
-                      f"grpo_vision_tiny.py shows a tower).")
+    raise ConfigError(f"{where} lacks {', '.join(missing)}; {fix}.")
   return {k: int(vision[k]) for k in PATCH_FIELDS}
 
 

@@ -93,10 +93,8 @@ class DeviceTask:
   step_rewards: Callable[..., Any] | None = None
 
 
-# What a task may offer beyond the protocol, declared where it is registered
-# (`register_task(name, capabilities=...)`): each capability is the methods the class promises.
-# Registration checks that the class has them; config validation checks, once and before any
-# compute, that a config asks only for what its task declares (grpo_jax/config.py).
+# What a task may offer beyond the protocol (module docstring): capability -> the methods the
+# class promises, checked at registration (register_task) and against a config (config.py).
 CAPABILITIES = {
     # process rewards of each completion's steps (estimators that read step_rewards)
     "step_rewards": ("step_rewards",),
@@ -129,9 +127,6 @@ class TaskEntry:
           f"{setting} needs a task with the {capability!r} capability ("
           f"{', '.join(CAPABILITIES[capability])}), which task {self.name!r} does not declare "
           f"(it declares: {', '.join(sorted(self.capabilities)) or 'none'}); {fix}.")
-
-  def check_config(self, config) -> None:
-    self.cls.check_config(config)
 
   def build(self, config, log=print):
     """The task, its fields (from_config's keyword-only parameters) bound from config.task."""
@@ -169,8 +164,7 @@ def register_task(name: str, capabilities=(), replace: bool = False):
 def reward_name(config, default: str) -> str:
   """config.reward.name, or the task's default reward when it is empty or absent."""
   reward = config.get("reward")
-  name = reward.name if reward is not None else ""
-  return name or default
+  return (reward.name if reward is not None else "") or default
 
 
 def bucketed_width(prompt_mask, bucket: int) -> int:

@@ -42,6 +42,23 @@ class CharTokenizer:
     return "".join(out)
 
 
+class CharTask:
+  """A mixin of the tasks on a CharTokenizer (`self.tokenizer`): their eos / pad ids and the
+  text of completion rows."""
+
+  @property
+  def eos_id(self) -> int:
+    return self.tokenizer.eos_id
+
+  @property
+  def pad_id(self) -> int:
+    return self.tokenizer.pad_id
+
+  def decode(self, completion_tokens, completion_mask) -> list[str]:
+    return [self.tokenizer.decode(t[m].tolist()) for t, m in
+            zip(np.asarray(completion_tokens), np.asarray(completion_mask, bool))]
+
+
 def pad_rows(rows: list[list[int]], length: int, pad_id: int, left: bool):
   """Pads token rows to `length` -> (tokens (B, length) int32, mask (B, length) bool)."""
   tokens = np.full((len(rows), length), pad_id, np.int32)

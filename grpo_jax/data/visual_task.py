@@ -27,7 +27,7 @@ import numpy as np
 
 from grpo_jax.data import visual_count
 from grpo_jax.data.task import register_task, reward_name
-from grpo_jax.data.tokenizer import CharTokenizer, pad_rows
+from grpo_jax.data.tokenizer import CharTask, CharTokenizer, pad_rows
 from grpo_jax.data.vision_processor import VisionProcessorSpec, process_images
 from grpo_jax.errors import ConfigError
 from grpo_jax.models.vision.placeholders import expand_image_placeholders
@@ -70,7 +70,7 @@ class VisualBatch:
 
 
 @register_task("visual")
-class VisualTask:
+class VisualTask(CharTask):
   """Generated image + question rows (module docstring) for a model with model.vision."""
 
   def __init__(self, variant: str, blank: bool, test_size: int, spec: VisionProcessorSpec,
@@ -145,14 +145,6 @@ class VisualTask:
     return cls(variant, bool(blank), int(test_size), spec, int(config.rollout.max_new_tokens),
                reward_name(config, "exact_match"))
 
-  @property
-  def eos_id(self) -> int:
-    return self.tokenizer.eos_id
-
-  @property
-  def pad_id(self) -> int:
-    return self.tokenizer.pad_id
-
   def score(self, batch: VisualBatch, completion_tokens, completion_mask, group_size: int):
     repeat = lambda x: np.repeat(x, group_size, axis=0)  # noqa: E731
     return np.asarray(self.reward.fn(completion_tokens, completion_mask,
@@ -166,7 +158,3 @@ class VisualTask:
 
   def prompt_texts(self, batch: VisualBatch) -> list[str]:
     return [f"<image> {q}{HINTS[self.variant]}" for q in batch.questions]
-
-  def decode(self, completion_tokens, completion_mask) -> list[str]:
-    return [self.tokenizer.decode(t[m].tolist()) for t, m in
-            zip(np.asarray(completion_tokens), np.asarray(completion_mask, bool))]

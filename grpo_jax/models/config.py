@@ -10,13 +10,6 @@ import jax.numpy as jnp
 from grpo_jax.models.rope import check_rope, rope_frequencies
 
 
-def platform_compute_dtype(platform: str | None = None) -> str:
-  """model.compute_dtype="auto": float32 on CPU, bfloat16 on GPU and TPU (the platform table,
-  parallel/choices.py, says why)."""
-  from grpo_jax.parallel.choices import choose  # noqa: PLC0415
-  return choose("model.compute_dtype", "auto", platform)
-
-
 ATTENTION_IMPLS = ("xla", "jax", "cudnn")  # model.attention_impl (models/attention.py)
 
 
@@ -80,11 +73,11 @@ class ModelConfig:
   lora_scale: float = 0.0
 
   def __post_init__(self):
-    if self.compute_dtype == "auto":  # resolved once, here: every ModelConfig holds a dtype
-      object.__setattr__(self, "compute_dtype", platform_compute_dtype())
-    if self.attention_impl == "auto":
-      from grpo_jax.parallel.choices import choose  # noqa: PLC0415
-      object.__setattr__(self, "attention_impl", choose("model.attention_impl"))
+    from grpo_jax.parallel.choices import choose  # noqa: PLC0415
+    # "auto" resolved once, here, by the platform table (parallel/choices.py says why): every
+    # ModelConfig holds a dtype (float32 on CPU, bfloat16 on GPU and TPU) and an attention.
+    object.__setattr__(self, "compute_dtype", choose("model.compute_dtype", self.compute_dtype))
+    object.__setattr__(self, "attention_impl", choose("model.attention_impl", self.attention_impl))
     if self.attention_impl not in ATTENTION_IMPLS:
       raise ValueError(f"model.attention_impl={self.attention_impl!r}; use auto or one of "
                        f"{', '.join(ATTENTION_IMPLS)}.")

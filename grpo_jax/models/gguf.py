@@ -87,7 +87,6 @@ def hf_config_from_gguf(metadata: dict, tensor_names, gguf_path, dtype: str = "f
                  (f"llama.rope.dimension_count={rope_dim} != head dim {head_dim} (partial RoPE)"
                   if rope_dim != head_dim else None) or
                  (f"llama.rope.scaling.type={scaling!r}" if scaling != "none" else None) or
-
                  (f"llama.attention.value_length={metadata['llama.attention.value_length']} != "
                   f"key_length {head_dim}" if metadata.get("llama.attention.value_length",
                                                            head_dim) != head_dim else None))
@@ -202,16 +201,12 @@ def dequantized(tensor, gguf_path) -> np.ndarray:
   try:
     array = gguf.quants.dequantize(tensor.data, tensor.tensor_type)
   except NotImplementedError:
+    from importlib.metadata import version  # noqa: PLC0415
     raise InputError(
         f"{gguf_path} stores tensor {tensor.name} as {kind}, which gguf "
-        f"{_gguf_version()} cannot dequantize; import a GGUF of {', '.join(TESTED_TYPES)} "
+        f"{version('gguf')} cannot dequantize; import a GGUF of {', '.join(TESTED_TYPES)} "
         f"(or another type gguf's dequantize implements).") from None
   return np.asarray(array, np.float32).reshape(tuple(int(d) for d in reversed(tensor.shape)))
-
-
-def _gguf_version() -> str:
-  from importlib.metadata import version  # noqa: PLC0415
-  return version("gguf")
 
 
 def hf_tensors(reader, config: dict, gguf_path):

@@ -16,6 +16,7 @@ dtype jax registers with NumPy; safetensors >= 0.5 understands it) and cast to `
 from __future__ import annotations
 
 import collections
+import contextlib
 import json
 import pathlib
 
@@ -71,7 +72,10 @@ def model_config_from_hf(hf_config: dict, param_dtype: str = "float32",
       num_layers=_require(hf_config, "num_hidden_layers"),
       num_heads=heads,
       num_kv_heads=hf_config.get("num_key_value_heads") or heads,
-      head_dim=_head_dim(hf_config, family),
+      # head_dim defaults like transformers': the family's (e.g. Qwen3's 128), else hidden / heads
+      head_dim=(int(hf_config["head_dim"]) if hf_config.get("head_dim") else
+                family.default_head_dim if family.default_head_dim is not None else
+                hf_config["hidden_size"] // heads),
       **rope_fields(family.rope_config(hf_config) if family.rope_config else hf_config),
       rms_norm_eps=float(hf_config.get("rms_norm_eps", 1e-6)),
       tie_embeddings=bool(hf_config.get("tie_word_embeddings", False)),
@@ -125,16 +129,6 @@ def _require(hf_config: dict, key: str):
     raise ValueError(f"config.json has no {key!r}; use the config.json that came with the "
                      f"checkpoint.")
   return hf_config[key]
-
-
-def _head_dim(hf_config: dict, family: ModelFamily) -> int:
-  """head_dim, defaulting like transformers does (the family's default, e.g. Qwen3's 128, else
-  hidden / heads)."""
-  if hf_config.get("head_dim"):
-    return int(hf_config["head_dim"])
-  if family.default_head_dim is not None:
-    return family.default_head_dim
-  return _require(hf_config, "hidden_size") // _require(hf_config, "num_attention_heads")
 
 
 def _window(hf_config: dict, family: ModelFamily) -> dict:
@@ -203,17 +197,25 @@ def load_hf_checkpoint(path, param_dtype: str = "float32", compute_dtype: str = 
   params has exactly the structure of ``init_params(cfg, key)``, cast to param_dtype.
   """
   path = pathlib.Path(path)
-  try:
+  with loading_errors(f"model.path={path}"):
     model_cfg = model_config_from_hf(read_config(path), param_dtype, compute_dtype)
     weight_map = _weight_map(path)
     layout, treedef = param_layout(model_cfg)
     _check_tensor_names({t.name for t in layout}, set(weight_map), model_cfg)
     arrays = _read_tensors(weight_map, layout, jnp.dtype(param_dtype))
+  return model_cfg, params_from_hf(layout, treedef, arrays, jnp.dtype(param_dtype))
+
+
+@contextlib.contextmanager
+def loading_errors(where: str):
+  """A checkpoint's loading error as one InputError sentence naming the folder (`where: ...`);
+  an InputError as it is."""
+  try:
+    yield
   except InputError:
     raise
-  except (OSError, ValueError, KeyError, SafetensorError) as e:  # one sentence naming the folder
-    raise InputError(f"model.path={path}: {str(e).strip() or first_line(e)}") from None
-  return model_cfg, params_from_hf(layout, treedef, arrays, jnp.dtype(param_dtype))
+  except (OSError, ValueError, KeyError, SafetensorError) as e:
+    raise InputError(f"{where}: {str(e).strip() or first_line(e)}") from None
 
 
 def _download_hint(path) -> str:
@@ -314,13 +316,8 @@ def _read_tensors(weight_map: dict, layout: list, dtype) -> dict:
           raise ValueError(f"Tensor {name} in {file} has {bad} non-finite value(s) (NaN or "
                            f"inf) of {np.size(array)}: the checkpoint is damaged; download or "
                            f"export it again.")
-        arrays[name] = _to_param(array, path, name, hf_shape, shape, dtype)
+        if tuple(array.shape) != hf_shape:
+          raise ValueError(f"Tensor {name} has shape {tuple(array.shape)} but config.json "
+                           f"implies {hf_shape}; check that config.json belongs to these weights.")
+        arrays[name] = np.asarray(_from_hf(array, path, shape)).astype(dtype)  # our layout
   return arrays
-
-
-def _to_param(array: np.ndarray, path: tuple, name: str, hf_shape: tuple, shape: tuple, dtype):
-  """A torch-layout tensor -> our layout and dtype, after checking its shape."""
-  if tuple(array.shape) != hf_shape:
-    raise ValueError(f"Tensor {name} has shape {tuple(array.shape)} but config.json implies "
-                     f"{hf_shape}; check that config.json belongs to these weights.")
-  return np.asarray(_from_hf(array, path, shape)).astype(dtype)

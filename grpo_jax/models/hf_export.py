@@ -38,10 +38,8 @@ def export_hf_checkpoint(params, model_cfg: ModelConfig, out_dir, source_dir=Non
   if dtype not in EXPORT_DTYPES:
     raise ValueError(f"dtype={dtype!r} is not supported for export; pass one of "
                      f"{', '.join(EXPORT_DTYPES)}.")
-  if source_dir is None:
-    hf_config = hf_config_from_model_config(model_cfg, model_type, dtype)
-  else:
-    hf_config = _source_config(pathlib.Path(source_dir), model_cfg, dtype)
+  hf_config = (hf_config_from_model_config(model_cfg, model_type, dtype) if source_dir is None
+               else _source_config(pathlib.Path(source_dir), model_cfg, dtype))
   tensors = _hf_tensors(params, model_cfg, np.dtype(jnp.dtype(dtype)))
   out_dir = pathlib.Path(out_dir)
   out_dir.mkdir(parents=True, exist_ok=True)
@@ -83,11 +81,9 @@ def _source_config(source_dir: pathlib.Path, model_cfg: ModelConfig, dtype: str)
     if ours != theirs:
       raise ValueError(f"model_cfg.{field}={ours!r} but {source_dir}/config.json implies "
                        f"{theirs!r}; pass the source_dir the params were loaded from.")
-  hf_config = dict(hf_config)
-  for key in ("dtype", "torch_dtype"):
-    if key in hf_config:
-      hf_config[key] = dtype
-  hf_config.setdefault("dtype", dtype)
+  hf_config = {**hf_config, "dtype": dtype}  # (in place when present, else appended)
+  if "torch_dtype" in hf_config:
+    hf_config["torch_dtype"] = dtype
   return hf_config
 
 

@@ -76,14 +76,11 @@ def param_layout(model_cfg: ModelConfig):
     path = tuple(k.key for k in key_path)
     stacked = path[0] == "layers"
     shape = tuple(leaf.shape[1:] if stacked else leaf.shape)
+    per_expert = model_cfg.blocks.per_expert(path)  # one tensor per expert (the family's format)
+    one = shape[1:] if per_expert else shape
     for layer in (range(leaf.shape[0]) if stacked else [None]):
-      if model_cfg.blocks.per_expert(path):  # one tensor per expert (the family's format)
-        for e in range(shape[0]):
-          layout.append(HFTensor(path, layer, _hf_name(path, layer, e),
-                                 _hf_shape(path, shape[1:]), shape[1:], e))
-      else:
-        layout.append(HFTensor(path, layer, _hf_name(path, layer), _hf_shape(path, shape),
-                               shape))
+      for e in (range(shape[0]) if per_expert else [None]):
+        layout.append(HFTensor(path, layer, _hf_name(path, layer, e), _hf_shape(path, one), one, e))
   return layout, treedef
 
 

@@ -20,14 +20,10 @@ import jax
 import jax.numpy as jnp
 import qwix
 
-from grpo_jax.models.lora import LoraParams
+from grpo_jax.models.lora import LoraParams, input_dims
 
 # rollout.weight_dtype -> the qwix qtype ("" or "none": full precision, no copy).
 WEIGHT_DTYPES = {"int8": jnp.int8, "float8_e4m3fn": jnp.float8_e4m3fn}
-
-# The contracted (input) axes of a stacked kernel, counted after the layer axis and, for a
-# mixture's experts, the expert axis: o_proj (heads, head_dim, embed) contracts two.
-_CONTRACTED = {"o_proj": 2}
 
 
 def _is_qarray(x) -> bool:
@@ -37,8 +33,9 @@ def _is_qarray(x) -> bool:
 def _quantize_kernel(name: str, kernel: jax.Array, leading: int, qtype):
   """`kernel` (L, [E,] in..., out...) with per-channel scales over every non-contracted axis,
   one layer at a time (lax.map), so that the float32 temporaries of the quantisation are one
-  layer's, not the whole stack's."""
-  contracted = set(range(leading - 1, leading - 1 + _CONTRACTED.get(name, 1)))
+  layer's, not the whole stack's. The contracted (input) axes, counted after the layer axis and
+  a mixture's expert axis, are lora.input_dims': o_proj (heads, head_dim, embed) contracts two."""
+  contracted = set(range(leading - 1, leading - 1 + input_dims(name)))
   channelwise = [a for a in range(kernel.ndim - 1) if a not in contracted]
   return jax.lax.map(lambda layer: qwix.quantize(layer, qtype, channelwise_axes=channelwise,
                                                  scale_dtype=jnp.float32), kernel)

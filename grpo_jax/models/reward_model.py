@@ -25,15 +25,14 @@ import pathlib
 import jax
 import jax.numpy as jnp
 import numpy as np
-from safetensors import SafetensorError
 from safetensors.numpy import save_file
 
-from grpo_jax.errors import InputError, first_line
 from grpo_jax.models.config import ModelConfig
 from grpo_jax.models.decoder import decoder_apply, init_params, positions_from_mask
 from grpo_jax.models.hf import (EXPORT_DTYPES, _open_safetensors, _read_tensors, _weight_map,
-                                hf_arrays, hf_config_from_model_config, model_config_from_hf,
-                                param_layout, params_from_hf, read_config, to_hf)
+                                hf_arrays, hf_config_from_model_config, loading_errors,
+                                model_config_from_hf, param_layout, params_from_hf, read_config,
+                                to_hf)
 
 
 # The score head's logical axes (grpo_jax/models/partitioning.py), as a value head's.
@@ -85,20 +84,15 @@ def sequence_reward(params, model_cfg: ModelConfig, prompt_tokens, prompt_mask,
 # ----------------------------------------------------------------------------- HF folders
 
 
-def _layout(model_cfg: ModelConfig):
-  """([HFTensor] of the backbone, its treedef)."""
-  return param_layout(backbone_config(model_cfg))
-
-
 def load_reward_model(path, param_dtype: str = "float32", compute_dtype: str = "float32"):
   """(ModelConfig, params, num_labels) of a local `*ForSequenceClassification` folder (or of a
   causal LM's: score head zero, num_labels 1)."""
   path = pathlib.Path(path)
-  try:
+  with loading_errors(f"reward model {path}"):
     hf_config = read_config(path)
     model_cfg = model_config_from_hf(hf_config, param_dtype, compute_dtype)
     weight_map = _weight_map(path)
-    layout, treedef = _layout(model_cfg)
+    layout, treedef = param_layout(backbone_config(model_cfg))
     missing = sorted({t.name for t in layout} - set(weight_map))
     if missing:
       raise ValueError(f"the checkpoint lacks tensors {', '.join(missing[:3])} that its "
@@ -114,10 +108,6 @@ def load_reward_model(path, param_dtype: str = "float32", compute_dtype: str = "
       kernel = jnp.asarray(score.T)
     else:  # a causal LM: the start of reward-model training
       kernel = jnp.zeros((model_cfg.hidden_size, 1), jnp.float32)
-  except InputError:
-    raise
-  except (OSError, ValueError, KeyError, SafetensorError) as e:
-    raise InputError(f"reward model {path}: {str(e).strip() or first_line(e)}") from None
   return model_cfg, {"backbone": backbone, "score": {"kernel": kernel}}, int(kernel.shape[1])
 
 
@@ -129,19 +119,18 @@ def export_reward_model(params, model_cfg: ModelConfig, out_dir, model_type: str
   if dtype not in EXPORT_DTYPES:
     raise ValueError(f"dtype={dtype!r} is not supported for export; pass one of "
                      f"{', '.join(EXPORT_DTYPES)}.")
-  layout, _ = _layout(model_cfg)
+  layout, _ = param_layout(backbone_config(model_cfg))
   np_dtype = np.dtype(jnp.dtype(dtype))
   tensors = {t.name: np.ascontiguousarray(to_hf(np.asarray(array, np.float32), t.path)).astype(
       np_dtype) for t, array in hf_arrays(layout, params["backbone"])}
   kernel = np.asarray(params["score"]["kernel"], np.float32)
   tensors["score.weight"] = np.ascontiguousarray(kernel.T).astype(np_dtype)
   hf_config = hf_config_from_model_config(model_cfg, model_type, dtype)
-  family_arch = hf_config["architectures"][0]
-  hf_config["architectures"] = [family_arch.replace("ForCausalLM", "ForSequenceClassification")]
-  hf_config["num_labels"] = int(kernel.shape[1])
-  hf_config["id2label"] = {str(i): f"LABEL_{i}" for i in range(kernel.shape[1])}
-  hf_config["label2id"] = {f"LABEL_{i}": i for i in range(kernel.shape[1])}
-  hf_config["pad_token_id"] = int(pad_token_id)
+  arch = hf_config["architectures"][0].replace("ForCausalLM", "ForSequenceClassification")
+  labels = range(kernel.shape[1])
+  hf_config.update(architectures=[arch], num_labels=len(labels),
+                   id2label={str(i): f"LABEL_{i}" for i in labels},
+                   label2id={f"LABEL_{i}": i for i in labels}, pad_token_id=int(pad_token_id))
   out_dir = pathlib.Path(out_dir)
   out_dir.mkdir(parents=True, exist_ok=True)
   save_file(tensors, str(out_dir / "model.safetensors"), metadata={"format": "pt"})

@@ -65,13 +65,6 @@ def _linear(params, theta, head_dim, max_position):
   return default_inverse_frequencies(theta, head_dim) / params["factor"], 1.0
 
 
-def _dynamic(params, theta, head_dim, max_position):
-  """NTK-aware scaling at L <= max_position_embeddings, the only lengths a run reaches (module
-  docstring): base' = base * (factor * L / M - (factor - 1))^(D / (D - 2)) with L = M, i.e. base.
-  """
-  return default_inverse_frequencies(theta, head_dim), 1.0
-
-
 def _yarn(params, theta, head_dim, max_position):
   """YaRN (arXiv 2309.00071): per frequency a blend of interpolation (inv_freq / s) and
   extrapolation (inv_freq), by a linear ramp over the dimensions whose number of rotations over
@@ -128,7 +121,10 @@ def _llama3(params, theta, head_dim, max_position):
 
 register_rope_type(RopeType("default", (), _default))
 register_rope_type(RopeType("linear", ("factor",), _linear))
-register_rope_type(RopeType("dynamic", ("factor",), _dynamic, needs_max_position=True))
+# dynamic: NTK-aware scaling at L <= max_position_embeddings, the only lengths a run reaches
+# (module docstring): base' = base * (factor * L / M - (factor - 1))^(D / (D - 2)) with L = M,
+# i.e. base: the default frequencies.
+register_rope_type(RopeType("dynamic", ("factor",), _default, needs_max_position=True))
 register_rope_type(RopeType("yarn", ("original_max_position_embeddings",), _yarn))
 register_rope_type(RopeType("llama3", ("factor", "low_freq_factor", "high_freq_factor",
                                        "original_max_position_embeddings"), _llama3))

@@ -33,10 +33,7 @@ def completion_logits(params, model_cfg: ModelConfig, prompt_tokens, prompt_mask
                       return_hidden=return_hidden, logits_window=(prompt_len - 1, num_new),
                       project=project, routes=routes, record_routing=record_routing)
   out, routing = out if record_routing else (out, None)
-  if not project:
-    result = out[0]
-  else:
-    result = (out[0], out[2]) if return_hidden else out[0]
+  result = (out[0], out[2]) if project and return_hidden else out[0]
   return (result, routing) if record_routing else result
 
 

@@ -181,17 +181,15 @@ def shard_batch(tree, mesh: Mesh, replicate_indivisible: bool = False):
 
   def place(x):
     x = x if isinstance(x, jax.Array) else np.asarray(x)
-    if x.ndim and x.shape[0] % size and replicate_indivisible:
-      sharding = NamedSharding(mesh, PartitionSpec())
-      if isinstance(x, np.ndarray):
-        return jax.make_array_from_callback(x.shape, sharding, lambda index: x[index])
-      return jax.device_put(x, sharding)
-    if x.ndim and x.shape[0] % size:
+    if x.ndim and x.shape[0] % size and not replicate_indivisible:
       raise ValueError(f"a batch of {x.shape[0]} rows does not split over the {size} devices "
                        f"of the mesh's data x fsdp x expert axes ({mesh.shape['data']} x "
                        f"{mesh.shape['fsdp']} x {mesh.shape['expert']}); make the batch a "
                        f"multiple of {size}.")
-    sharding = batch_sharding(mesh, x.ndim) if x.ndim else NamedSharding(mesh, PartitionSpec())
+    if x.ndim and not x.shape[0] % size:
+      sharding = batch_sharding(mesh, x.ndim)
+    else:  # a scalar, or indivisible prompts placed whole
+      sharding = NamedSharding(mesh, PartitionSpec())
     if isinstance(x, np.ndarray):
       # Every process holds the same global host array and contributes its own shards.
       return jax.make_array_from_callback(x.shape, sharding, lambda index: x[index])

@@ -96,9 +96,8 @@ def provide_host(needs, round_: HostRound) -> tuple[dict, np.ndarray, np.ndarray
     errors, scored = errors + got.errors, scored + got.scored
     if got.failed is not None:
       failed = round_.failed | got.failed
-      round_ = dataclasses.replace(round_, failed=failed,
-                                   rewards=np.where(failed, 0.0, round_.rewards).astype(
-                                       np.float32))
+      rewards = np.where(failed, 0.0, round_.rewards).astype(np.float32)
+      round_ = dataclasses.replace(round_, failed=failed, rewards=rewards)
   return extras, round_.rewards, round_.failed, errors, scored
 
 

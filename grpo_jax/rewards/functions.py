@@ -60,11 +60,8 @@ def _number(text) -> float | None:
 def answer_number(prompts, completions, *, answers, **_):
   """1.0 where the completion's last number equals the answer's last number."""
   del prompts
-  out = []
-  for completion, answer in zip(completions, answers):
-    got, want = _number(completion), _number(answer)
-    out.append(float(got is not None and want is not None and got == want))
-  return out
+  return [float((got := _number(c)) is not None and got == _number(a))
+          for c, a in zip(completions, answers)]
 
 
 def answer_match(completion, answer) -> float:

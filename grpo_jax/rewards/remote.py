@@ -51,8 +51,8 @@ from typing import NamedTuple
 import numpy as np
 
 from grpo_jax.errors import ConfigError, RemoteRewardOutage, RewardError, first_line
-from grpo_jax.rewards.http_deadline import (Abandon, DeadlineExceeded, HttpStatus, fetch,
-                                            map_abandoning, public_url, url_problem)
+from grpo_jax.rewards.http_deadline import (Abandon, HttpStatus, fetch, map_abandoning,
+                                            public_url, url_problem)
 
 MAX_BACKOFF_S = 8.0
 FLOAT32_MAX = float(np.finfo(np.float32).max)
@@ -109,11 +109,9 @@ def _headers_problem(headers) -> str | None:
 
 def config_problems(cfg: RemoteRewardConfig) -> list:
   """One sentence per bad field of cfg, each starting `field=value`; [] if none."""
-  problems = []
   url = url_problem("url", cfg.url, "http://127.0.0.1:8000/score",
                     "pass the credentials in headers, e.g. (('Authorization', 'Basic ...'),)")
-  if url:
-    problems.append(url)
+  problems = [url] if url else []
   if not (isinstance(cfg.name, str) and cfg.name):
     problems.append(f"name={cfg.name!r} must be a non-empty string; it names the reward in "
                     f"messages, e.g. 'remote'.")
@@ -198,12 +196,9 @@ def _post(cfg: RemoteRewardConfig, body: bytes | None, abandon: Abandon | None) 
                  cfg.timeout_s, abandon)
   except HttpStatus as e:
     raise _status_fault(e) from None
-  except DeadlineExceeded:
+  except TimeoutError:  # DeadlineExceeded, or connecting took the whole socket timeout
     raise _Fault(f"timed out after {cfg.timeout_s:g} s", transport=True, retry=True) from None
   except (OSError, http.client.HTTPException, ValueError) as e:
-    if isinstance(e, TimeoutError):  # connecting took the whole socket timeout
-      raise _Fault(f"timed out after {cfg.timeout_s:g} s", transport=True,
-                   retry=True) from None
     raise _Fault("request failed", f": {first_line(e, 200)}", transport=True,
                  retry=True) from None
 
@@ -262,14 +257,6 @@ def _steps_field(payload, rows: int, first: int) -> list | None:
   return out
 
 
-def _request(cfg: RemoteRewardConfig, body: bytes, rows: int, first: int, abandon: Abandon):
-  """(rewards, step_rewards or None) of one chunk, posting until an answer reads or the
-  attempts run out; raises the last _Fault, with the attempts made."""
-  return post_with_retries(cfg, body, lambda payload: (_rewards_field(payload, rows, first),
-                                                       _steps_field(payload, rows, first)),
-                           abandon)
-
-
 def post_with_retries(cfg: RemoteRewardConfig, body: bytes | None, read,
                       abandon: Abandon | None = None):
   """read(the answer's JSON) of a POST of body to cfg.url (a GET when body is None), retried as
@@ -314,22 +301,18 @@ class _Chunk(NamedTuple):
   outage: str | None = None
 
 
-def _span(first: int, rows: int) -> str:
-  return f"row {first}" if rows == 1 else f"rows {first}-{first + rows - 1}"
-
-
 def _score_chunk(cfg: RemoteRewardConfig, body: bytes, rows: int, first: int,
                  abandon: Abandon) -> _Chunk:
   """One chunk's rewards; a fault of the server fails its rows (or the row it touches)."""
   try:
-    rewards, steps = _request(cfg, body, rows, first, abandon)
+    rewards, steps = post_with_retries(cfg, body, lambda payload: (
+        _rewards_field(payload, rows, first), _steps_field(payload, rows, first)), abandon)
   except _Fault as fault:
-    span = _span(first, rows)
-    outage = None
-    if fault.retry:  # its retry budget is spent
-      outage = (f"{_source(cfg)}: {fault.describe()} on {span}; restart or fix the server, or "
-                f"give it longer with its reward.remote entry's "
-                f"{outage_fix(cfg, ('timeout_s', 'max_retries', 'backoff_s'))}.")
+    span = f"row {first}" if rows == 1 else f"rows {first}-{first + rows - 1}"
+    outage = (f"{_source(cfg)}: {fault.describe()} on {span}; restart or fix the server, or "
+              f"give it longer with its reward.remote entry's "
+              f"{outage_fix(cfg, ('timeout_s', 'max_retries', 'backoff_s'))}."
+              if fault.retry else None)  # a retry fault raised here spent its retry budget
     return _Chunk([0.0] * rows, [True] * rows, None,
                   [f"{_source(cfg)}: {fault.describe()}; {span} scored 0"], outage)
   problems = [_row_problem(r, s, first + i)
@@ -387,9 +370,9 @@ def score_remote(cfg: RemoteRewardConfig, queries: list, prompts: list,
 
 def raise_first(result: RemoteResult) -> None:
   """For train.on_reward_error='raise': raises RemoteRewardOutage (a RemoteOutage and a
-  RewardError) if a chunk's retry budget ran out
-  (the server is down or too slow), else a RewardError with the first error line if any row
-  failed (the server answered something unusable)."""
+  RewardError) if a chunk's retry budget ran out (the server is down or too slow), else a
+  RewardError with the first error line if any row failed (the server answered something
+  unusable)."""
   if result.outage:
     raise RemoteRewardOutage(result.outage)
   if np.any(result.failed):

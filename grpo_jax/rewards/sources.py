@@ -23,9 +23,8 @@ from typing import Any, Callable
 import jax.numpy as jnp
 import numpy as np
 
-from grpo_jax.errors import ConfigError
+from grpo_jax.errors import ConfigError, RewardError
 from grpo_jax.rewards.combine import COMBINE_MODES, combine_rewards
-from grpo_jax.errors import RewardError
 from grpo_jax.rewards.guard import guarded_score
 
 RULE = "rule"
@@ -206,8 +205,7 @@ def check_reward_config(config) -> None:
     raise ConfigError("reward.rule_weight=0 with no reward.models and no reward.remote leaves "
                       "no reward; add a reward model or a remote reward, or set rule_weight > 0.")
   for i, m in enumerate(models):
-    unknown = set(m) - {"path", "weight", "name", "tokenizer", "max_tokens"}
-    if unknown:
+    if unknown := set(m) - {"path", "weight", "name", "tokenizer", "max_tokens"}:
       raise ConfigError(f"reward.models[{i}] has unknown field(s) {sorted(unknown)}; valid: "
                         f"path, weight, name, tokenizer, max_tokens.")
     if not m.get("path"):
@@ -219,8 +217,7 @@ def check_reward_config(config) -> None:
   for i, r in enumerate(remote):
     from grpo_jax.rewards.remote import RemoteRewardConfig  # noqa: PLC0415
     fields = {f.name for f in dataclasses.fields(RemoteRewardConfig)} | {"weight"}
-    unknown = set(r) - fields
-    if unknown:
+    if unknown := set(r) - fields:
       raise ConfigError(f"reward.remote[{i}] has unknown field(s) {sorted(unknown)}; valid: "
                         f"{', '.join(sorted(fields))}.")
     remote_config(r, i).check(f"reward.remote[{i}]")

@@ -23,10 +23,6 @@ TEMPLATE_FIELDS = {
 REQUIRED_FIELDS = {"problem": ("problem",)}  # without it the policy never sees the question
 
 
-def _whole_number(value) -> bool:
-  return isinstance(value, int) and not isinstance(value, bool)
-
-
 def check_template(name: str, template) -> None:
   """ConfigError when tfgrpo.prompts.<name> is not a string, names a field the loop does not
   fill (a KeyError at the first step that uses it), lacks a required one, or cannot be filled
@@ -66,7 +62,7 @@ def check_training_free_config(config) -> None:
   for name, least in (("steps", 0), ("batch_size", 1), ("summary_max_new_tokens", 1),
                       ("chat_batch_size", 1)):
     value = t.get(name)
-    if not _whole_number(value) or value < least:
+    if not isinstance(value, int) or isinstance(value, bool) or value < least:
       raise ConfigError(f"tfgrpo.{name}={value!r}; use a whole number >= {least}.")
   if config.rollout.group_size < 2:
     raise ConfigError(f"rollout.group_size={config.rollout.group_size}: a step compares the "

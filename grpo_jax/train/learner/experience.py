@@ -92,14 +92,6 @@ def reuses_current_logprobs(rl) -> bool:
               and rl.value_head != "shared")
 
 
-def _forward_passes(model_cfg: ModelConfig, rl) -> int:
-  """How many pieces preparation's forward passes take the rows in: in the memory mode of a
-  large vocabulary (model.logits_chunk > 0), the update's micro-batches (num_minibatches x
-  num_micro_batches pieces), so that preparation needs no more memory than the update; else
-  1 (one pass over all rows)."""
-  return rl.num_minibatches * rl.num_micro_batches if model_cfg.logits_chunk else 1
-
-
 def in_row_chunks(fn, rows_tree, pieces: int):
   """fn(rows_tree) computed `pieces` rows-chunks at a time (jax.lax.map), outputs joined back
   along the rows; fn itself when pieces == 1."""
@@ -119,11 +111,15 @@ def make_prepare_batch(model_cfg: ModelConfig, rl, group_size: int, temperature:
 
   reuse = reuses_current_logprobs(rl)
   group = prompt_group(rl, group_size)
+  # The pieces the forward passes take the rows in: packed, or in the memory mode of a large
+  # vocabulary (model.logits_chunk > 0), the update's micro-batches (num_minibatches x
+  # num_micro_batches pieces), so that preparation needs no more memory than the update; else
+  # 1 (one pass over all rows).
+  passes = (rl.num_minibatches * rl.num_micro_batches
+            if token_capacity or model_cfg.logits_chunk else 1)
 
   def prepare(state, rollout: Rollout, inputs: RewardInputs):
     mask = rollout.completion_mask.astype(bool)
-    passes = (rl.num_minibatches * rl.num_micro_batches if token_capacity
-              else _forward_passes(model_cfg, rl))
     if reuse:  # the update computes the old log-probs (see reuses_current_logprobs)
       old_logp, old_values, routing = None, None, {}
       if rl.value_head == "separate":

@@ -35,10 +35,8 @@ from grpo_jax.train.learner.experience import Batch, reuses_current_logprobs
 from grpo_jax.train.learner.forward import policy_and_values, prompt_group
 from grpo_jax.train.learner.state import TrainState, apply_if_finite, step_key
 
-# Metrics summed over micro-batches, then divided by the token count (`tokens`): the
-# objective's (rl/objective.py TOKEN_SUMS).
-# ... and divided by the completion-token count (`completion_tokens`; see
-# reuses_current_logprobs).
+# Metrics summed over micro-batches, then divided by the completion-token count
+# (`completion_tokens`; see reuses_current_logprobs), as the objective's TOKEN_SUMS are by `tokens`.
 _COMPLETION_SUMS = ("rollout_kl", "sampler_logprob_gap")
 # The off-policy correction's sums (rl/corrections.py correction_sums), when the update computes
 # its weights (reuses_current_logprobs): extrema reduced by max / min, the rest added up.

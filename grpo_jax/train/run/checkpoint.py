@@ -195,12 +195,11 @@ def _per_layer_template(abstract):
 
 def _stack_layers(tree, abstract):
   """Inverse of _per_layer_template on restored arrays, placed as `abstract` says."""
-  def stack(x, like):
+  def stack(like, x):
     if not _holds_stacked_layers(like):
       return x
     return stack_layers(x, jax.tree.leaves(like["layers"])[0].shape[0])
-  stacked = jax.tree.map(lambda like, x: stack(x, like), abstract, tree,
-                         is_leaf=_holds_stacked_layers)
+  stacked = jax.tree.map(stack, abstract, tree, is_leaf=_holds_stacked_layers)
   return jax.tree.map(lambda x, s: jax.device_put(x, s.sharding) if s.sharding else x,
                       stacked, abstract)
 
@@ -286,10 +285,8 @@ class Checkpoints:
       left = [c for c in (folder.iterdir() if folder.is_dir() else ())
               if c.name == str(step) or (c.name.startswith(f"{step}.") and "tmp" in c.name)]
       for child in left:
-        try:
+        with contextlib.suppress(OSError):
           child.rmtree()
-        except OSError:
-          pass
       now = time.monotonic()
       if left:
         clean_since = None
@@ -310,16 +307,14 @@ class Checkpoints:
       saved = checkpointer.metadata(item).item_metadata.tree
       before_source = "data_position" in saved  # the older layout (_WithDataPosition)
       if before_source:
-        step_leaf = abstract.step
-        abstract = _WithDataPosition(**_fields(abstract), data_position=step_leaf)
+        abstract = _WithDataPosition(**_fields(abstract), data_position=abstract.step)
       # Saved before runs without KL stopped holding a reference copy: read it, then drop it.
       drop_reference = abstract.ref_params is None and bool(jax.tree.leaves(
           saved.get("ref_params")))
       if drop_reference:
         abstract = abstract.replace(ref_params=abstract.params)
       if _has_per_layer_params(saved):
-        tree = checkpointer.restore(item, _per_layer_template(abstract))
-        tree = _stack_layers(tree, abstract)
+        tree = _stack_layers(checkpointer.restore(item, _per_layer_template(abstract)), abstract)
       else:
         tree = checkpointer.restore(item, abstract)
     if drop_reference:

@@ -15,7 +15,6 @@ from grpo_jax.errors import ConfigError, RunStopped, first_line
 from grpo_jax.models.config import ModelConfig
 from grpo_jax.models.lora import merge
 from grpo_jax.parallel import distributed
-from grpo_jax.parallel.distributed import to_host
 from grpo_jax.train.run import files
 from grpo_jax.train.run.sections import ModelSection
 
@@ -53,7 +52,7 @@ def export_policy(model: ModelSection, state, model_cfg: ModelConfig, workdir: s
   if not (export or lora):
     return
   # Collective: every process takes part.
-  host = to_host((state.params, state.base_params))
+  host = distributed.to_host((state.params, state.base_params))
   if not distributed.is_main_process():
     return
   from grpo_jax.models.hf_export import export_hf_checkpoint, export_peft_adapter  # noqa

@@ -71,7 +71,6 @@ class TerminationFlag:
     for s, previous in self._previous.items():
       signal.signal(s, previous)
     self._previous = {}
-    return False
 
 
 def check_skips(consecutive: int, limit: int, step: int) -> None:

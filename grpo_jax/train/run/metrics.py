@@ -39,11 +39,9 @@ def dashboard_tag(key: str) -> str:
 
 
 def to_python(metrics: Mapping) -> dict:
-  out = {}
-  for k, v in metrics.items():
-    v = v.item() if hasattr(v, "item") else v
-    out[k] = float(v) if isinstance(v, float) or (hasattr(v, "dtype")) else v
-  return out
+  items = {k: v.item() if hasattr(v, "item") else v for k, v in metrics.items()}
+  return {k: float(v) if isinstance(v, float) or hasattr(v, "dtype") else v
+          for k, v in items.items()}
 
 
 def rollout_metrics(rewards, completion_mask, truncated, group_size: int, xp=np) -> dict:
@@ -82,21 +80,15 @@ def keep_records_until(path: str, step: int) -> int:
   short by a kill) are skipped, never the valid records after them. The new file is written
   beside the old one and renamed over it, so a kill during the rewrite loses nothing. Returns
   how many lines were dropped."""
-  kept, dropped = [], 0
-  text = files.read_text(path)
-  if text is not None:
-    for line in text.splitlines():
-      try:
-        record_step = json.loads(line)["step"]
-        keep = record_step <= step
-      except (ValueError, KeyError, TypeError):
-        keep = False
-      if keep:
-        kept.append(line)
-      else:
-        dropped += 1
+  def keep(line: str) -> bool:
+    try:
+      return json.loads(line)["step"] <= step
+    except (ValueError, KeyError, TypeError):
+      return False
+  lines = (files.read_text(path) or "").splitlines()
+  kept = [line for line in lines if keep(line)]
   files.write_atomic(path, "".join(line + "\n" for line in kept))
-  return dropped
+  return len(lines) - len(kept)
 
 
 class MetricsWriter:

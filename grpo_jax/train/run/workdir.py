@@ -3,6 +3,7 @@ each start or resume, the package versions and the git commit of the code (run_i
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import importlib.metadata
 import json
@@ -104,11 +105,8 @@ def check_checkpoints_access(folder: str) -> None:
   if not os.access(folder, os.W_OK):
     refuse(folder, "writable")
   for root, dirs, names in os.walk(folder):
-    for name in dirs:
-      if not os.access(os.path.join(root, name), os.R_OK | os.X_OK):
-        refuse(os.path.join(root, name), "readable")
-    for name in names:
-      if not os.access(os.path.join(root, name), os.R_OK):
+    for name, mode in [(d, os.R_OK | os.X_OK) for d in dirs] + [(n, os.R_OK) for n in names]:
+      if not os.access(os.path.join(root, name), mode):
         refuse(os.path.join(root, name), "readable")
 
 
@@ -189,13 +187,9 @@ FREE_TO_CHANGE = ("train.steps", "train.eval_every", "train.checkpoint_every",
 
 
 def _flat(tree, prefix: str = "") -> dict:
-  out = {}
-  for key, value in tree.items():
-    if isinstance(value, dict):
-      out.update(_flat(value, f"{prefix}{key}."))
-    else:
-      out[f"{prefix}{key}"] = value
-  return out
+  return {k: v for key, value in tree.items()
+          for k, v in (_flat(value, f"{prefix}{key}.") if isinstance(value, dict)
+                       else {f"{prefix}{key}": value}).items()}
 
 
 class RecordDamaged(InputError):
@@ -269,8 +263,7 @@ def record_changes(workdir: str, devices: dict, allow: bool = False,
                            "new record")
   recorded = next((s["devices"] for s in reversed(info["starts"])
                    if isinstance(s, dict) and isinstance(s.get("devices"), dict)), None)
-  if recorded and isinstance(recorded.get("mesh"), list) and isinstance(devices.get("mesh"),
-                                                                        list):
+  if recorded and all(isinstance(d.get("mesh"), list) for d in (recorded, devices)):
     # A mesh recorded before the expert axis (2026-11-26) has three sizes: its expert was 1.
     missing = len(devices["mesh"]) - len(recorded["mesh"])
     recorded = {**recorded, "mesh": recorded["mesh"] + [1] * max(missing, 0)}
@@ -326,10 +319,8 @@ def record_start(workdir: str, resumed_from_step: int | None,
   info, problem = _read_json(workdir, "run_info.json")
   if info is None or not isinstance(info.get("starts"), list):
     if problem != "missing":
-      try:
+      with contextlib.suppress(OSError):  # unreadable: nothing to keep
         files.path(workdir, "run_info.json.damaged").write_bytes(path.read_bytes())
-      except OSError:
-        pass  # unreadable: nothing to keep
     info = {"starts": []}
   entry = {"time": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
            "resumed_from_step": resumed_from_step, "host": platform.node(),

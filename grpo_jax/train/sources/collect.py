@@ -103,9 +103,7 @@ def collect(params, positions: list, keys: list, task, settings, samplers: Sampl
   positions, step keys); settings: the run's SourceSettings (experience_source.py); `sources`
   the rewards (score_round)."""
   num_prompts, sampled = settings.num_prompts, settings.group_size
-  group = settings.gfpo_keep or sampled
-  on_error = settings.on_reward_error
-  bucket = settings.prompt_bucket
+  group = settings.update_group_size  # the k kept of G' with GFPO
   seeds = len(axis)
   kept, spare = [[] for _ in range(seeds)], [[] for _ in range(seeds)]
   position, rounds, errors = list(positions), [0] * seeds, [0] * seeds
@@ -117,20 +115,17 @@ def collect(params, positions: list, keys: list, task, settings, samplers: Sampl
         prompts[s] = task.train_batch(position[s], num_prompts, axis.seeds[s])
     round_keys = axis.stack([jax.random.fold_in(k, rounds[s]) for s, k in enumerate(keys)])
     # Left padding cut to the longest prompt of the round, bucketed (data.prompt_bucket).
-    width = max(bucketed_width(p.prompt_mask, bucket) for p in prompts)
+    width = max(bucketed_width(p.prompt_mask, settings.prompt_bucket) for p in prompts)
     cut = [cut_prompts(p, width) for p in prompts]
     start = time.perf_counter()
     images = prompt_images(cut, axis)
-    rollouts, stats = to_host(samplers.sample(
-        params, axis.stack([p.prompt_tokens for p in cut]),
-        axis.stack([p.prompt_mask for p in cut]), round_keys, *images))
+    batch = axis.stack([p.prompt_tokens for p in cut]), axis.stack([p.prompt_mask for p in cut])
+    rollouts, stats = to_host(samplers.sample(params, *batch, round_keys, *images))
     elapsed = time.perf_counter() - start
     rollouts, stats = axis.unstack(rollouts), axis.unstack(stats)
     greedy = [None] * seeds
     if uses_greedy(needs):
-      greedy = axis.unstack(to_host(samplers.greedy(
-          params, axis.stack([p.prompt_tokens for p in cut]),
-          axis.stack([p.prompt_mask for p in cut]), *images)))
+      greedy = axis.unstack(to_host(samplers.greedy(params, *batch, *images)))
     for s in range(seeds):
       if done[s]:
         continue
@@ -140,7 +135,8 @@ def collect(params, positions: list, keys: list, task, settings, samplers: Sampl
       slot_steps[s] += int(np.asarray(stats[s].slot_steps))
       rollout_s[s] += elapsed
       rewards, extras, bad, parts, extra_scored = score_round(
-          task, prompts[s], rollouts[s], greedy[s], sampled, on_error, needs, sources)
+          task, prompts[s], rollouts[s], greedy[s], sampled, settings.on_reward_error, needs,
+          sources)
       errors[s] += bad
       scored[s] += len(rewards) + extra_scored
       kept_rows = gfpo_rows(settings, rewards, rollouts[s].completion_mask, sampled)
@@ -155,8 +151,7 @@ def collect(params, positions: list, keys: list, task, settings, samplers: Sampl
   return [dataclasses.replace(
       _assemble(kept[s], spare[s], num_prompts, position[s] - positions[s], rounds[s],
                 errors[s]), scored=scored[s], decoded_tokens=decoded[s],
-      slot_steps=slot_steps[s],
-      rollout_s=rollout_s[s]) for s in range(seeds)]
+      slot_steps=slot_steps[s], rollout_s=rollout_s[s]) for s in range(seeds)]
 
 
 def _left_pad_prompts(rollout: Rollout, width: int) -> Rollout:

@@ -73,13 +73,17 @@ def make_fused_iteration(run, device_task):
   return iteration
 
 
-def make_scanned_advance(run, state, iteration, tables, record_of, samples_of=None):
+def make_scanned_advance(run, state, iteration, table_of, record_of, samples_of=None):
   """advance(run_state) -> (run_state, records of K = max(train.fused_steps, 1) steps (each per
   seed), tokens of each step): K iterations of `iteration(run_state, table)` in one jitted
-  lax.scan, transformed over the run's seeds (their stacked `tables`). record_of(metrics of one
+  lax.scan, transformed over the run's seeds (their stacked tables: table_of(seed, count), the
+  stream up to the end of the run, placed on the devices once). record_of(metrics of one
   step of one seed, host arrays, its "step_tokens" and "samples" removed) -> that step's record;
   samples_of(the first seed's "samples" metrics of one step), in step order, if both given."""
   k = max(run.settings.fused_steps, 1)
+  count = run.settings.steps * run.settings.num_prompts
+  tables = run.axis.stack([jax.tree.map(jnp.asarray, table_of(s, count))
+                           for s in run.axis.seeds])
 
   def k_steps(state, table):
     return jax.lax.scan(lambda s, _: iteration(s, table), state, None, length=k)
@@ -108,15 +112,10 @@ def make_scanned_advance(run, state, iteration, tables, record_of, samples_of=No
 
 @register_experience_source("fused", owns_step=True)
 def make_fused_advance(run, state, samples_out=None):
-  """advance(run_state) -> (run_state, records of K steps (each per seed), tokens of each
-  step): the experience source "fused" (on-policy, owns the step). samples_out: unused (no
-  text on the devices)."""
-  settings, axis = run.settings, run.axis
+  """The experience source "fused" (on-policy, owns the step): make_scanned_advance's advance.
+  samples_out: unused (no text on the devices)."""
+  settings = run.settings
   device_task = run.task.device_task()
-  # The stream up to the end of the run, one table per seed, placed on the devices once.
-  count = settings.steps * settings.num_prompts
-  tables = axis.stack([jax.tree.map(jnp.asarray, device_task.stream(s, count))
-                       for s in axis.seeds])
 
   def record_of(one):
     stats = one.pop("rollout")
@@ -124,5 +123,5 @@ def make_fused_advance(run, state, samples_out=None):
     return step_record(one, stats, settings.on_reward_error) | dict(
         decode_slot_utilisation=int(decoded) / max(int(slot_steps), 1))
 
-  return make_scanned_advance(run, state, make_fused_iteration(run, device_task), tables,
-                              record_of)
+  return make_scanned_advance(run, state, make_fused_iteration(run, device_task),
+                              device_task.stream, record_of)

@@ -76,11 +76,6 @@ def episode_table(task, seed: int, count: int) -> dict:
   return {k: np.asarray([r[k] for r in rows], np.int32) for k in ("a", "b")}
 
 
-def sample_count(settings) -> int:
-  """How many groups' first episodes a step's samples show: min(num_samples, num_prompts)."""
-  return min(settings.num_samples, settings.num_prompts)
-
-
 def drawn_rows(rollout, reward, step, position, group: int, count: int) -> dict:
   """metrics["samples"]: the first episode of each of the first `count` groups (rows 0, G, ..,
   (count - 1) G) of a step's rollout, their rewards, the step the learner is at before it and
@@ -100,7 +95,8 @@ def make_episodes_iteration(run, spec):
   num_prompts, group = settings.num_prompts, settings.group_size
   n, prompt_width = task.max_completion_tokens, task.prompt_len
   rl_step = make_rl_step(run.spec)
-  rows, count = num_prompts * group, sample_count(settings)
+  # How many groups' first episodes a step's samples show.
+  rows, count = num_prompts * group, min(settings.num_samples, num_prompts)
 
   def iteration(run_state, table):
     train, source = run_state.train, run_state.source
@@ -132,15 +128,11 @@ def make_episodes_iteration(run, spec):
 
 @register_experience_source("fused_episodes", owns_step=True)
 def make_fused_episodes_advance(run, state, samples_out=None):
-  """advance(run_state) -> (run_state, records of K steps (each per seed), tokens of each
-  step). On a step `samples_due`, the first seed's sample records are appended to samples_out
-  (see the module docstring)."""
+  """make_scanned_advance's advance. On a step `samples_due`, the first seed's sample records
+  are appended to samples_out (see the module docstring)."""
   check_fused_episodes(run)
   settings, axis, task = run.settings, run.axis, run.task
   spec = JAX_ENVIRONMENTS.get(env_name(task.env))(task.env, task.tokenizer)
-  count = settings.steps * settings.num_prompts
-  tables = axis.stack([jax.tree.map(jnp.asarray, episode_table(task, s, count))
-                       for s in axis.seeds])
 
   def record_of(one):
     stats, episodes = one.pop("rollout"), one.pop("episodes")
@@ -157,5 +149,6 @@ def make_fused_episodes_advance(run, state, samples_out=None):
     samples_out.extend(episode_samples(task.tokenizer, texts, types.SimpleNamespace(**drawn),
                                        drawn["reward"], "train", step, range(count)))
 
-  return make_scanned_advance(run, state, make_episodes_iteration(run, spec), tables,
-                              record_of, samples_of)
+  return make_scanned_advance(run, state, make_episodes_iteration(run, spec),
+                              lambda s, count: episode_table(task, s, count), record_of,
+                              samples_of)

@@ -98,8 +98,7 @@ def make_host_source(run: Run, state, samples_out=None):
   def next_experience(train_state, source):
     version = step_of(train_state)
     params, sync = run.sync_weights_timed(policy_params(train_state))
-    collected, seconds = produce(params, positions_of(source),
-                                 axis.unstack(rollout_keys(source)))
+    collected, seconds = produce(params, positions_of(source), axis.unstack(rollout_keys(source)))
     source, exp = experience(collected, seconds, source, version, version)
     for record in exp.records if split else ():
       record.update(sync)
@@ -115,9 +114,6 @@ def _pipelined(run: Run, state, samplers, rollout_keys, produce, experience, pos
   schedule = Schedule(k, settings.steps)
   # LoRA's frozen base, copied once: the learner's step donates the state that holds it.
   base = [None]
-
-  def behaviour(params):
-    return params if base[0] is None else LoraParams(base[0], params)
 
   def current_weights(params):
     """The learner's trainable params in buffers of their own (its step donates its own), on
@@ -143,15 +139,11 @@ def _pipelined(run: Run, state, samplers, rollout_keys, produce, experience, pos
       # Without dynamic sampling (refused with k > 0) each batch draws num_prompts prompts.
       positions = [p + offset * settings.num_prompts for p in first]
       keys = axis.unstack(rollout_keys(source.replace(rollouts=source.rollouts + offset)))
-      weights = run.sync_weights(behaviour(params))
-
-      def in_thread(lane):
-        return produce(weights, positions, keys, lane_samplers(lane, samplers))
-      return Producer(in_thread)
+      weights = run.sync_weights(params if base[0] is None else LoraParams(base[0], params))
+      return Producer(lambda lane: produce(weights, positions, keys, lane_samplers(lane, samplers)))
 
     (collected, seconds), waited = schedule.take(step, source.in_flight, current, start)
-    source, exp = experience(collected, seconds, source, step,
-                             behaviour_version(step, k))
+    source, exp = experience(collected, seconds, source, step, behaviour_version(step, k))
     source = source.replace(in_flight=shift(source.in_flight, current))
     for record in exp.records:
       record.update(sync, time_waiting_for_batch_s=waited)

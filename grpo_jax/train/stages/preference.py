@@ -38,6 +38,7 @@ grpo_jax/train/stages/preference_step.py.
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -145,7 +146,6 @@ def train_dpo(config, workdir: str, log=print):
   optimizer = make_optimizer(config.optim, total)
   pair_logps, reference_free = make_pair_logps(model_cfg, d.loss)
   lora = model.lora
-  starts = {}  # the SFT start, where the state holds no copy of it (see start_params)
 
   def state_from(start):
     k = jax.random.fold_in(key, 1)
@@ -160,13 +160,9 @@ def train_dpo(config, workdir: str, log=print):
       return state
     return state.replace(ref_params=jax.tree.map(jnp.copy, start))
 
-  def warmed():
-    if "start" not in starts:
-      starts["start"] = run_warmup(params, task, model_cfg, config.warmup, axis, log)
-    return starts["start"]
-
-  def fresh():
-    return state_from(warmed())
+  @functools.cache
+  def warmed():  # the SFT start, where the state holds no copy of it (see start_params)
+    return run_warmup(params, task, model_cfg, config.warmup, axis, log)
 
   def restored(state):
     if lora is not None:  # a checkpoint holds the adapters, not the frozen base
@@ -257,19 +253,17 @@ def train_dpo(config, workdir: str, log=print):
     return [{**scores, **evaluate_pairs(pair_logps, reference_free, float(d.beta), state,
                                         held_out(state), d.batch_size)}]
 
-  def write(writer, state, first, records, tokens, seconds, clock):
-    record = records[-1][0]
+  def report(first, record, clock):
     if "eval_accuracy" in record:  # step 0 (the start) and every evaluation after it
       loss = f" | loss {record['loss']:.4f}" if "loss" in record else " (the start)"
       kind = "pair" if "eval_pair_accuracy" in record else "label"
       log(f"dpo step {first:>5}/{total}{loss} | held-out accuracy "
           f"{record['eval_accuracy']:.3f} | held-out {kind} accuracy "
           f"{record[f'eval_{kind}_accuracy']:.3f} | margin {record['eval_reward_margin']:.3f}")
-    writer.write(first, record)
 
   with WorkdirLock(workdir):
-    state = run_stage("dpo", config, workdir, fresh, advance, evaluate, write,
-                      Schedule(total, d.eval_every, config.train.checkpoint_every), log,
+    state = run_stage("dpo", config, workdir, lambda: state_from(warmed()), advance, evaluate,
+                      report, Schedule(total, d.eval_every, config.train.checkpoint_every), log,
                       free=("dpo.eval_every", "dpo.export") + (("dpo.steps",) if rounds == 0
                                                                else ("dpo.rounds",)),
                       fresh_shape=lambda: state_from(params), restored=restored,

@@ -34,10 +34,7 @@ from grpo_jax.parallel.mesh import bytes_per_device, role_meshes, split_heads_no
 from grpo_jax.rewards.sources import RewardSources
 from grpo_jax.train.run import files
 # (imported to register the built-in experience sources)
-from grpo_jax.train.sources import episodes as episode_source  # noqa: F401
-from grpo_jax.train.sources import fused  # noqa: F401
-from grpo_jax.train.sources import fused_episodes  # noqa: F401
-from grpo_jax.train.sources import host as host_source  # noqa: F401
+from grpo_jax.train.sources import episodes, fused, fused_episodes, host  # noqa: F401
 from grpo_jax.train.run.checkpoint import Checkpoints, step_of
 from grpo_jax.train.run.evaluation import evaluator_for
 from grpo_jax.train.sources.experience_source import Run, SourceSettings, for_source
@@ -84,10 +81,6 @@ def initial_state(rl, model_cfg: ModelConfig, params, optimizer, base_key,
   return create_train_state(params, optimizer, key, value_params, rl.kl_coef)
 
 
-def seed_workdir(workdir: str, seed: int) -> str:
-  return os.path.join(workdir, f"seed_{seed}")
-
-
 def train(config, workdir: str, log=print, seeds=None, seed_axis: str = "vmap") -> RunState:
   """Runs RL steps until config.train.steps, resuming from the newest checkpoint if there is
   one (without the warm-up, whose result it holds); writes config.json, run_info.json and
@@ -118,7 +111,7 @@ def train(config, workdir: str, log=print, seeds=None, seed_axis: str = "vmap") 
   if not distributed.is_main_process():
     log = lambda *a, **k: None  # noqa: E731  process 0 speaks and writes for everyone
   log(platform_line())
-  workdirs = (workdir,) if not axis.stacked else tuple(seed_workdir(workdir, s)
+  workdirs = (workdir,) if not axis.stacked else tuple(os.path.join(workdir, f"seed_{s}")
                                                        for s in axis.seeds)
   log(where_line(workdir, per_seed=workdirs if axis.stacked else ()))
   compile_log.install(log)  # each program's compile said once (>= 1 s)
@@ -191,17 +184,16 @@ def _train(run: Run, sections: Sections, workdir: str, configs, warm, params,
       if main_process:
         dropped = resume_records(workdirs, step_of(state) if resumed else None, changes,
                                  devices, stage="rl")[-1]
-      if resumed and lora is not None:  # the frozen base is not in the checkpoint
-        origin = "model.path" if sections.model.uses_checkpoint else "the seed"
-        log(f"resumed from checkpoint {ckpts.directory}/{step_of(state)} (LoRA adapters; the "
-            f"frozen base rebuilt from {origin}"
-            f"{' and the warm-up' if warm.steps else ''})")
-        base = run_warmup(params, run.task, model_cfg, warm, axis, log)
-        state = state.replace(train=state.train.replace(base_params=base))
-        if main_process:
-          log(f"dropped {dropped} metrics records written after it")
-      elif resumed:
-        log(f"resumed from checkpoint {ckpts.directory}/{step_of(state)} (no warm-up)")
+      if resumed:
+        if lora is not None:  # the frozen base is not in the checkpoint
+          origin = "model.path" if sections.model.uses_checkpoint else "the seed"
+          log(f"resumed from checkpoint {ckpts.directory}/{step_of(state)} (LoRA adapters; the "
+              f"frozen base rebuilt from {origin}"
+              f"{' and the warm-up' if warm.steps else ''})")
+          base = run_warmup(params, run.task, model_cfg, warm, axis, log)
+          state = state.replace(train=state.train.replace(base_params=base))
+        else:
+          log(f"resumed from checkpoint {ckpts.directory}/{step_of(state)} (no warm-up)")
         if main_process:
           log(f"dropped {dropped} metrics records written after it")
       else:

@@ -81,8 +81,7 @@ def make_advance(run: Run, state: RunState, samples_out=None):
     metrics = to_host(metrics)  # waits for the step
     update_s = time.perf_counter() - started
     packed = {} if capacity is None else {"packed_token_capacity": capacity}
-    stale = ({} if not staleness else
-             {"experience_staleness": step - experience.version})
+    stale = {} if not staleness else {"experience_staleness": step - experience.version}
     records = [learner_record(m, r, run.settings.on_reward_error) | packed | stale | dict(time_update_s=update_s)
                for m, r in zip(axis.unstack(metrics), experience.records)]
     return RunState(train, source_state), [records], [experience.tokens]

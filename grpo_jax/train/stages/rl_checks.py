@@ -38,7 +38,6 @@ def check_source(t_cfg, rl) -> None:
         f"train.experience_source={name!r}; set one of them to its default.")
 
 
-
 def check_batches_fit_mesh(rl, settings: SourceSettings, eval_batch_size: int, mesh) -> None:
   """Every batch must split evenly over the mesh's data x fsdp x expert devices (checked up
   front)."""

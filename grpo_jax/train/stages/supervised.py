@@ -49,29 +49,31 @@ from grpo_jax.train.stages.warmup import make_warmup_step, warmup_log_due
 from grpo_jax.train.run.workdir import WorkdirLock, check_workdir, open_records, resume_records
 
 
-def run_stage(name: str, config, workdir: str, fresh, advance, evaluate, write,
+def run_stage(name: str, config, workdir: str, fresh, advance, evaluate, report,
               schedule: Schedule, log=print, free: tuple = (), fresh_shape=None,
-              restored=None, data: dict | None = None, export=lambda state: None,
-              metric: str = "eval_accuracy"):
+              restored=lambda state: state, data: dict | None = None,
+              export=lambda state: None, metric: str = "eval_accuracy"):
   """A supervised stage on the loop skeleton (train/run/runner.py), inside the caller's workdir
-  lock: the config recorded, the newest checkpoint restored (the records trimmed to its step)
-  or `fresh()` started, `run_steps` with SIGTERM / SIGINT handled, the records written by
-  write(writer, state, first, records, tokens, seconds, clock) to metrics.jsonl. A resume
-  follows the RL run's rules (train/run/workdir.py), `free` naming the stage's own fields that may
-  change (its length); `fresh_shape` (default `fresh`) builds a state of the same structure
-  cheaply, for restoring (a `fresh` that trains, a warm-up, is not traced); `restored(state)`
-  puts back what a checkpoint does not hold (LoRA's frozen base); `data`: the fingerprints of
-  the data files it reads ({config field: {path, sha256}}), recorded with the stage's name and
-  compared on resume (train/run/resume_guards.py). `export(state)` writes the stage's
-  result after the last step (not again when a finished run runs again and its export is
+  lock: the config recorded, the newest checkpoint restored (the records trimmed to its step) or
+  `fresh()` started, `run_steps` with SIGTERM / SIGINT handled, each step's record said by
+  report(step, record, clock) (its progress line; clock None at step 0), then written to
+  metrics.jsonl. A resume follows the RL run's rules (train/run/workdir.py), `free` naming the
+  stage's own fields that may change (its length); `fresh_shape` (default `fresh`) builds a state
+  of the same structure cheaply, for restoring (a `fresh` that trains, a warm-up, is not traced);
+  `restored(state)` puts back what a checkpoint does not hold (LoRA's frozen base); `data`: the
+  fingerprints of the data files it reads ({config field: {path, sha256}}), recorded with the
+  stage's name and compared on resume (train/run/resume_guards.py). `export(state)` writes the
+  stage's result after the last step (not again when a finished run runs again and its export is
   there); then the closing line, with `metric`'s first and last held-out values
   (train/run/summary.py), and curves.png at each evaluation. Returns the last state."""
   started = time.perf_counter()
   log(where_line(workdir, tensorboard=False))
 
-  def write_and_draw(writer, state, first, records, tokens, seconds, clock):
-    write(writer, state, first, records, tokens, seconds, clock)
-    if any(key in records[-1][0] for key, _ in CURVES):
+  def write(writer, state, first, records, tokens, seconds, clock):
+    record = records[-1][0]
+    report(first, record, clock)
+    writer.write(first, record)
+    if any(key in record for key, _ in CURVES):
       write_curves(workdir)
 
   with TerminationFlag() as sigterm:
@@ -92,11 +94,8 @@ def run_stage(name: str, config, workdir: str, fresh, advance, evaluate, write,
             f"nothing to do; more steps continue it, a fresh --workdir starts a new one")
       elif resumed:
         log(f"{name}: resumed from checkpoint {ckpts.directory}/{step_of(state)}")
-      if resumed:
-        state = restored(state) if restored is not None else state
-      else:
-        state = fresh()
-      state = run_steps(state, advance, evaluate, functools.partial(write_and_draw, writer),
+      state = restored(state) if resumed else fresh()
+      state = run_steps(state, advance, evaluate, functools.partial(write, writer),
                         schedule=schedule, ckpts=ckpts, sigterm=sigterm, resumed=resumed)
       writer.close()
       if not (finished and files.exists(files.path(workdir, "hf_export", "config.json"))):
@@ -138,7 +137,7 @@ def train_sft(config, workdir: str, log=print):
                                                      config.rollout.max_new_tokens)
   optimizer, sft_step = make_warmup_step(model_cfg, config.warmup)
   fresh = lambda: create_train_state(params, optimizer, jax.random.fold_in(key, 1)).replace(  # noqa: E731
-      ref_params=None, opt_state=optimizer.init(params))
+      opt_state=optimizer.init(params))
 
   @functools.partial(jax.jit, donate_argnums=0)
   def step_fn(state, batch):
@@ -165,17 +164,15 @@ def train_sft(config, workdir: str, log=print):
   evaluate_policy = make_evaluator(task, model_cfg, evaluation, [jax.random.fold_in(key, 3)],
                                    SeedAxis((seed,)))
 
-  def write(writer, state, first, records, tokens, seconds, clock):
-    record = records[-1][0]
+  def report(first, record, clock):
     if clock is not None and (warmup_log_due(first - 1, steps) or "eval_accuracy" in record):
       accuracy = (f" | eval_accuracy {record['eval_accuracy']:.3f}"
                   if "eval_accuracy" in record else "")
       log(f"sft step {first:>5}/{steps} | sft loss {record['sft_loss']:.4f}{accuracy}")
-    writer.write(first, record)
 
   with WorkdirLock(workdir):
     state = run_stage("sft", config, workdir, fresh, advance,
-                      lambda state, step: evaluate_policy(state.params), write,
+                      lambda state, step: evaluate_policy(state.params), report,
                       Schedule(steps, steps, config.train.checkpoint_every), log,
                       data=file_fingerprints({"warmup.data_path": data_path}), export=export)
   return state.params
@@ -311,8 +308,7 @@ def train_reward_model(config, workdir: str, log=print):
   params = init_reward_model(model_cfg, jax.random.fold_in(key, 5), backbone=policy)
   del policy
   optimizer = make_optimizer(config.optim, rm.steps)
-  fresh = lambda: create_train_state(params, optimizer, jax.random.fold_in(key, 1)).replace(  # noqa: E731
-      ref_params=None)
+  fresh = lambda: create_train_state(params, optimizer, jax.random.fold_in(key, 1))  # noqa: E731
   step_fn, rewards = make_rm_step(model_cfg, optimizer, float(rm.margin))
   step_fn = jax.jit(step_fn, donate_argnums=0)
   seed = int(config.seed)
@@ -330,17 +326,15 @@ def train_reward_model(config, workdir: str, log=print):
                             task.pad_id)
       log(f"rm: exported the reward model to {out}")
 
-  def write(writer, state, first, records, tokens, seconds, clock):
-    record = records[-1][0]
+  def report(first, record, clock):
     if clock is not None and "pair_accuracy" in record:
       log(f"rm step {first:>5}/{rm.steps} | loss {record['loss']:.4f} | held-out pair "
           f"accuracy {record['pair_accuracy']:.3f}")
-    writer.write(first, record)
 
   with WorkdirLock(workdir):
     state = run_stage(
         "rm", config, workdir, fresh, advance,
-        lambda state, step: [evaluate_pairs(rewards, state.params, test, rm.batch_size)], write,
+        lambda state, step: [evaluate_pairs(rewards, state.params, test, rm.batch_size)], report,
         Schedule(rm.steps, rm.eval_every, config.train.checkpoint_every), log,
         free=("rm.steps", "rm.eval_every", "rm.export"),  # (a constant rate after warm-up)
         data=file_fingerprints({f"rm.{s}_path": rm[f"{s}_path"] for s in ("train", "test")}),

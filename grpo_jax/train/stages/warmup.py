@@ -48,12 +48,11 @@ def warmup_log_due(i: int, total: int) -> bool:
 
 
 def run_warmup(params, task, model_cfg: ModelConfig, warmup_cfg, axis, log=print,
-               stop=lambda: False, record=None):
+               stop=lambda: False):
   """`warmup_cfg.steps` AdamW steps of SFT for every seed of `axis` (a SeedAxis; params as it
   holds them), each on its own seed's data (`task.warmup_batch`: the task's, or a jsonl file's,
   grpo_jax/data/supervised.py); returns the new params (a pure function of the seed). Returns
-  early, after the step in flight, once `stop()` is true (SIGTERM / SIGINT). record(step,
-  losses) is called at each progress line (the SFT stage's metrics)."""
+  early, after the step in flight, once `stop()` is true (SIGTERM / SIGINT)."""
   if warmup_cfg.steps <= 0:
     return params
   optimizer, step = make_warmup_step(model_cfg, warmup_cfg)
@@ -71,6 +70,4 @@ def run_warmup(params, task, model_cfg: ModelConfig, warmup_cfg, axis, log=print
     if warmup_log_due(i, warmup_cfg.steps):
       losses = " ".join(f"{float(x):.4f}" for x in np.atleast_1d(np.asarray(loss)))
       log(f"warm-up {i + 1:>5}/{warmup_cfg.steps} | sft loss {losses}")
-      if record is not None:
-        record(i + 1, np.atleast_1d(np.asarray(loss)))
   return params
