@@ -1,22 +1,13 @@
 """The per-section checks grpo_jax/config.py's validate() runs on a resolved config: LoRA,
 rewards (GFPO, the critic's start, the reward sources), devices (mesh, multi-host start-up),
-on-policy distillation and fused steps; and the two helpers every check uses (_require,
-_one_of). Each failure is one sentence naming the value and the fix."""
+on-policy distillation and fused steps, with the two helpers every check uses (errors.require
+and one_of, also the tasks'). Each failure is one sentence naming the value and the fix."""
 
 from __future__ import annotations
 
 import math
 
-from grpo_jax.errors import ConfigError
-
-
-def _require(condition: bool, message: str):
-  if not condition:
-    raise ConfigError(message)
-
-
-def _one_of(value, valid, name):
-  _require(value in valid, f"{name}={value!r} is unknown; valid: {', '.join(valid)}.")
+from grpo_jax.errors import ConfigError, one_of as _one_of, require as _require
 
 
 def _validate_lora(config) -> None:

@@ -15,6 +15,16 @@ class InputError(ConfigError):
   cannot be used; the message names it and says how to fix it."""
 
 
+def require(condition: bool, message: str) -> None:
+  """Raises ConfigError(message) unless condition holds (the config checks' helper)."""
+  if not condition:
+    raise ConfigError(message)
+
+
+def one_of(value, valid, name) -> None:
+  require(value in valid, f"{name}={value!r} is unknown; valid: {', '.join(valid)}.")
+
+
 class RunStopped(RuntimeError):
   """The run cannot go on; the message says why and what to do."""
 

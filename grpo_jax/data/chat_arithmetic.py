@@ -25,7 +25,7 @@ import os
 
 import numpy as np
 
-from grpo_jax.config_checks import _require
+from grpo_jax.errors import require as _require
 from grpo_jax.data.chat import ChatTextTask, epoch_stream
 from grpo_jax.data.task import register_task, reward_name
 from grpo_jax.errors import ConfigError

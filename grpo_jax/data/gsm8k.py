@@ -16,7 +16,7 @@ import os
 
 import numpy as np
 
-from grpo_jax.config_checks import _one_of, _require
+from grpo_jax.errors import one_of as _one_of, require as _require
 from grpo_jax.data.table import TableTask, jsonl_rows
 from grpo_jax.data.task import register_task, reward_name
 from grpo_jax.errors import ConfigError, InputError, first_line

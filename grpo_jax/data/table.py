@@ -41,7 +41,7 @@ import dataclasses
 
 import numpy as np
 
-from grpo_jax.config_checks import _one_of, _require
+from grpo_jax.errors import one_of as _one_of, require as _require
 from grpo_jax.data.chat import ChatTextTask, epoch_stream
 from grpo_jax.data.images import ImageLoadError, image_dir, load_row_images
 from grpo_jax.data.task import register_task

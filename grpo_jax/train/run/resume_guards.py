@@ -13,10 +13,10 @@ from what each start recorded in run_info.json:
 from __future__ import annotations
 
 import hashlib
+import json
 
 from grpo_jax.errors import ConfigError
 from grpo_jax.train.run import files
-from grpo_jax.train.run.workdir import _read_json
 
 
 def sha256_of(path: str) -> str:
@@ -37,7 +37,12 @@ def file_fingerprints(paths: dict) -> dict:
 def _starts(workdir: str) -> list:
   """The start records of workdir/run_info.json; [] when it is missing or damaged (which
   workdir.record_changes reports)."""
-  starts = (_read_json(workdir, "run_info.json")[0] or {}).get("starts")
+  try:
+    text = files.read_text(files.path(workdir, "run_info.json"))
+    info = json.loads(text) if text is not None else {}
+  except (OSError, UnicodeDecodeError, ValueError):
+    return []
+  starts = info.get("starts") if isinstance(info, dict) else None
   return [s for s in starts if isinstance(s, dict)] if isinstance(starts, list) else []
 
 
