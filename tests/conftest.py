@@ -1,10 +1,86 @@
 """Pytest fixtures; the helpers tests import live in tests/fixtures.py."""
 
 import gc
+import json
+import os
+import platform
+import shutil
+import tempfile
+import time
 
 import pytest
 
 from tests.fixtures import tiny_model_config
+
+
+def pytest_configure(config):
+  """One persistent JAX compilation cache for the whole session: the controller makes the folder
+  (unless $JAX_COMPILATION_CACHE_DIR names one, which is then kept) before pytest-xdist starts
+  its workers, which inherit the environment, as do the runs the tests start. A program compiled
+  by one test (or worker, or run) is then read back by the next one that builds the same program
+  instead of being compiled again: the tiny recipe's step, recompiled by every run of it and
+  after each file's jax.clear_caches(). Every program that took 0.1 s or more is kept, and
+  the size cap turns on JAX's file lock around each read and write, so the two workers and
+  their subprocesses share the folder safely. The cache's key holds the program, the XLA
+  flags, the jax version and the devices, so an entry is only read by the same program."""
+  if hasattr(config, "workerinput"):
+    return
+  if not os.environ.get("JAX_COMPILATION_CACHE_DIR"):
+    folder = tempfile.mkdtemp(prefix="grpo_jax_tests_xla_")
+    config.add_cleanup(lambda: shutil.rmtree(folder, ignore_errors=True))
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = folder
+  os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.1")
+  os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
+  os.environ.setdefault("JAX_COMPILATION_CACHE_MAX_SIZE", str(8 << 30))
+  import jax  # noqa: PLC0415  (imported already by tests.fixtures, before this hook)
+  jax.config.update("jax_compilation_cache_dir", os.environ["JAX_COMPILATION_CACHE_DIR"])
+  jax.config.update("jax_persistent_cache_min_compile_time_secs",
+                    float(os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"]))
+  jax.config.update("jax_persistent_cache_min_entry_size_bytes",
+                    int(os.environ["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"]))
+  jax.config.update("jax_compilation_cache_max_size",
+                    int(os.environ["JAX_COMPILATION_CACHE_MAX_SIZE"]))
+
+
+# Every test's setup / call / teardown seconds, written where $GRPO_JAX_TEST_DURATIONS says
+# (.ci/run sets it; benchmarks/suite_time.py reads the file and prints what is over budget).
+# Recorded by the controller only: pytest-xdist hands it every worker's reports.
+_durations = {"tests": {}, "start": None}
+
+
+def pytest_sessionstart(session):
+  _durations["start"] = time.time()
+
+
+def pytest_runtest_logreport(report):
+  if not os.environ.get("GRPO_JAX_TEST_DURATIONS"):
+    return
+  entry = _durations["tests"].setdefault(report.nodeid, {"outcome": "passed"})
+  entry[report.when] = round(report.duration, 3)
+  if report.failed or (report.skipped and report.when != "teardown"):
+    entry["outcome"] = "failed" if report.failed else "skipped"
+  worker = getattr(report, "node", None)
+  if worker is not None:
+    entry["worker"] = worker.gateway.id
+
+
+def _cpu_name() -> str:
+  try:
+    with open("/proc/cpuinfo") as f:
+      return next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+  except (OSError, StopIteration):
+    return platform.machine()
+
+
+def pytest_sessionfinish(session, exitstatus):
+  path = os.environ.get("GRPO_JAX_TEST_DURATIONS")
+  if not path or hasattr(session.config, "workerinput"):
+    return
+  with open(path, "w") as f:
+    json.dump({"wall_s": round(time.time() - _durations["start"], 1), "exitstatus": int(exitstatus),
+               "cpu": _cpu_name(), "cores": os.cpu_count(),
+               "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+               "tests": _durations["tests"]}, f, indent=0)
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -48,8 +124,19 @@ def env(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def reference(tmp_path_factory, env):
-  """The uninterrupted tiny run of 2N steps (tests/tiny_runs.py): (workdir, metrics records)."""
+  """The uninterrupted tiny run of 2N steps (tests/tiny_runs.py): (workdir, metrics records).
+  Run once for the whole session: the first worker to need it runs it under a file lock in the
+  folder both xdist workers' temporary folders share; the other reads it (tests only read it,
+  or copy it). It took 58-62 s of a worker's time in CI, once per worker."""
+  from filelock import FileLock  # noqa: PLC0415  (transformers' dependency)
+
   from tests.tiny_runs import records, run  # noqa: PLC0415
-  workdir = tmp_path_factory.mktemp("reference") / "run"
-  run(workdir, env)
+  base = tmp_path_factory.getbasetemp()
+  shared = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+  workdir = shared / "reference" / "run"
+  with FileLock(str(shared / "reference.lock")):
+    if not (shared / "reference" / "done").exists():
+      shutil.rmtree(workdir, ignore_errors=True)
+      run(workdir, env)
+      (shared / "reference" / "done").touch()
   return workdir, records(workdir)

@@ -1,8 +1,9 @@
 """Two processes x 2 CPU devices (gloo, localhost) run 2 GRPO steps of the tiny config: their
 metrics equal a 1-process x 4-device run: the same tokens, rewards and lengths (bit for bit)
-and float metrics within 1e-6 relative, since a cross-process (gloo) all-reduce may add the
+and float metrics within 1e-5 relative, since a cross-process (gloo) all-reduce may add the
 devices' partial sums in another order than the in-process one (measured: two batch means
-1 ulp apart at step 2)."""
+1 ulp apart at step 2; with rl.max_staleness=1 on an AMD EPYC, 2026-12-05, up to 2e-6 by step
+3 as the rounding carries through the stale updates)."""
 
 import json
 import os
@@ -31,7 +32,7 @@ def _metrics(workdir):
 
 
 def _compare(multi_metrics, single_metrics):
-  """Bit for bit but the float metrics, within 1e-6 relative (see the module docstring)."""
+  """Bit for bit but the float metrics, within 1e-5 relative (see the module docstring)."""
   assert [sorted(r) for r in multi_metrics] == [sorted(r) for r in single_metrics]
   bad = []
   for multi_row, single_row in zip(multi_metrics, single_metrics):
@@ -40,7 +41,7 @@ def _compare(multi_metrics, single_metrics):
         if value != pytest.approx(single_row[key], abs=1e-6):
           bad.append((multi_row["step"], key, value, single_row[key]))
       elif isinstance(value, float) and not float(value).is_integer():
-        if value != pytest.approx(single_row[key], rel=1e-6, abs=1e-9):
+        if value != pytest.approx(single_row[key], rel=1e-5, abs=1e-9):
           bad.append((multi_row["step"], key, value, single_row[key]))
       elif value != single_row[key]:
         bad.append((multi_row["step"], key, value, single_row[key]))

@@ -68,9 +68,12 @@ def _assert_equal_runs(tmp_path, separate, stacked, seeds, steps):
 
 @pytest.mark.slow
 def test_seeds_in_one_program_equal_separate_runs_bit_for_bit(tmp_path):
-  """seed_axis="map": every record of every seed, and the final params, are identical."""
-  separate, stacked = _separate_and_stacked(_small_config(), tmp_path)
-  _assert_equal_runs(tmp_path, separate, stacked, SEEDS, 3)
+  """seed_axis="map": every record of every seed, and the final params, are identical. Two
+  seeds hold the claim (a seed's slice is its own run); the dynamic-sampling test below runs
+  three."""
+  seeds = SEEDS[:2]
+  separate, stacked = _separate_and_stacked(_small_config(), tmp_path, seeds)
+  _assert_equal_runs(tmp_path, separate, stacked, seeds, 3)
   # The seeds did differ (the comparison above could fail).
   assert _records(tmp_path / "run0" / "metrics.jsonl") != _records(
       tmp_path / "run1" / "metrics.jsonl")

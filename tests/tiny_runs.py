@@ -35,8 +35,10 @@ def strip(records):
 
 
 def cache_env(cache_dir) -> dict:
-  """Subprocess environment sharing a persistent compilation cache (same programs, faster)."""
-  return {**os.environ, "JAX_COMPILATION_CACHE_DIR": str(cache_dir),
+  """Subprocess environment sharing a persistent compilation cache (same programs, faster): the
+  test session's own (tests/conftest.py's pytest_configure) when it has one, else `cache_dir`."""
+  return {**os.environ,
+          "JAX_COMPILATION_CACHE_DIR": os.environ.get("JAX_COMPILATION_CACHE_DIR") or str(cache_dir),
           "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
           "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0"}
 
@@ -53,16 +55,22 @@ def run(workdir, env, *extra):
   return out.stdout
 
 
+def _default_signals():
+  signal.signal(signal.SIGINT, signal.SIG_DFL)
+  signal.signal(signal.SIGHUP, signal.SIG_DFL)
+
+
 def start_and_signal(workdir, env, sig, at_step, delay: float, *extra):
   """Starts a run, sends `sig` `delay` seconds after its progress line for `at_step` (an int:
   "step <at_step>/"; a str: the first stdout line starting with it); returns (exit status,
   stderr, seconds from the signal to the exit)."""
   err = open(os.path.join(workdir.parent, f"{workdir.name}.stderr"), "w+")
-  # The run gets SIGINT's default disposition whatever the launcher's: a test suite started
-  # in the background of a non-interactive shell inherits SIGINT ignored, and so would the run.
+  # The run gets SIGINT's and SIGHUP's default dispositions whatever the launcher's: a test
+  # suite started in the background of a non-interactive shell inherits SIGINT ignored, and one
+  # started under `nohup` SIGHUP ignored, which the run then rightly keeps ignoring (faults.py):
+  # the SIGHUP tests waited out a whole run (an hour, 2026-12-05) instead of testing a stop.
   proc = subprocess.Popen(command(workdir, *extra), cwd=ROOT, stdout=subprocess.PIPE,
-                          stderr=err, text=True, env=env,
-                          preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+                          stderr=err, text=True, env=env, preexec_fn=_default_signals)
   prefix = at_step if isinstance(at_step, str) else f"step {at_step:>4}/"
   sent = None
   for line in proc.stdout:
