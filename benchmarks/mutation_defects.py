@@ -131,8 +131,10 @@ DEFECTS = (
         "grpo_jax/rewards/functions.py",
         "out.append(RewardFunction(spec, fn, weight, timeout_s))",
         "out.append(RewardFunction(spec, fn, 1.0, timeout_s))",
-        ("tests/test_table.py::"
-         "test_the_readmes_own_data_and_reward_learn_from_outside_the_repository",)),
+        ("tests/test_visual_data.py::"
+         "test_reward_fn_weights_reach_each_function_and_the_weighted_sum",
+         "tests/test_table.py::"
+         "test_the_readmes_own_data_and_reward_learn_from_outside_the_repository")),
     Defect(
         "lora_merge_wrong_scale",
         "merging LoRA adapters into the weights (export, VLM policy, DPO export) scales A B by "
@@ -253,6 +255,7 @@ DEFECTS = (
         "grpo_jax/rl/estimators.py",
         "x.mask, gamma, lam,",
         "x.mask, lam, gamma,",
-        ("tests/test_objective.py::test_objective_gives_the_updates_loss_and_gradients",
+        ("tests/test_rl_suite.py::test_the_gae_estimator_binds_rl_gamma_and_lam_by_name",
+         "tests/test_objective.py::test_objective_gives_the_updates_loss_and_gradients",
          "tests/test_update.py")),
 )

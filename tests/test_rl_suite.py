@@ -152,6 +152,20 @@ def test_gae_matches_loop(holes):
   np.testing.assert_array_equal(np.asarray(ret2), np.asarray(ret))
 
 
+def test_the_gae_estimator_binds_rl_gamma_and_lam_by_name():
+  """rl.gamma is the discount and rl.lam GAE's lambda through the registered estimator (as the
+  config binds it), not only in tok_lib.gae_advantages: swapped names change nothing while
+  gamma == lam == 1.0, the defaults (benchmarks/mutation_check.py's gae_arguments_swapped)."""
+  from grpo_jax.rl.estimators import ESTIMATORS, EstimatorInputs  # noqa: PLC0415
+  mask = _mask()
+  r, v = RNG.normal(size=(B, T)), RNG.normal(size=(B, T))
+  _, want = _loop_returns_and_gae(r, v, mask, 0.9, 0.8)
+  gae = ESTIMATORS.bind("gae", {"gamma": 0.9, "lam": 0.8}, ESTIMATORS.get("gae").fn)
+  adv, ret = gae(EstimatorInputs(f32(r), jnp.asarray(mask), f32(v), G, {}))
+  _close(adv, want, atol=1e-6)
+  _close(ret, np.where(mask, want + v, 0.0), atol=1e-6)
+
+
 def test_process_advantages_match_loop():
   k, eps = 4, 1e-6
   token_mask = _mask()

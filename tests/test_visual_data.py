@@ -187,3 +187,25 @@ def test_an_image_that_cannot_be_read_is_one_sentence_naming_file_and_row(tmp_pa
 def test_an_entry_of_another_kind_is_refused_in_one_sentence():
   with pytest.raises(ImageLoadError, match="is not a path, a data:image"):
     load_image(42, "")
+
+
+def test_reward_fn_weights_reach_each_function_and_the_weighted_sum(tmp_path, tokenizer,
+                                                                   monkeypatch):
+  """reward.fns with reward.fn_weights: each loaded function carries its own weight, and the
+  table's training reward is their weighted sum (benchmarks/mutation_check.py's
+  reward_fn_weights_ignored; the README's learning run alone could not catch it)."""
+  from grpo_jax.data import table  # noqa: PLC0415
+  from grpo_jax.defaults import get_defaults  # noqa: PLC0415
+  from grpo_jax.rewards.functions import load_reward_functions  # noqa: PLC0415
+  visual_count.write_table(str(tmp_path / "vc"), seed=0, train=4, test=2)
+  config = get_defaults()
+  config.task.name = "table"
+  config.data.update(dict(source=str(tmp_path / "vc"), max_prompt_tokens=64))
+  config.reward.fns, config.reward.fn_weights = "answer_number,answer_number", "0.5,2"
+  functions = load_reward_functions(config)
+  assert [f.weight for f in functions] == [0.5, 2.0]
+  task = table.TableTask(config.data, tokenizer, functions, 8, log=lambda *_: None)
+  scores = iter([np.array([1.0, 0.0, 3.0]), np.array([0.0, 1.0, -1.0])])
+  monkeypatch.setattr(table, "call_reward", lambda *args: next(scores))
+  got = task.score(task.train_batch(0, 3, 0), np.zeros((3, 2), np.int32), np.ones((3, 2), bool), 1)
+  np.testing.assert_allclose(got, [0.5, 2.0, -0.5])
