@@ -1,16 +1,29 @@
 """Pytest fixtures; the helpers tests import live in tests/fixtures.py."""
 
 import gc
-import json
 import os
-import platform
 import shutil
 import tempfile
-import time
 
 import pytest
 
 from tests.fixtures import tiny_model_config
+
+# Every test's seconds, for .ci/run and benchmarks/suite_time.py (the hooks pytest calls).
+from tests.durations_plugin import (  # noqa: E402,F401
+    pytest_runtest_logreport, pytest_sessionfinish, pytest_sessionstart)
+
+
+# The session's cache settings: environment variable (what the workers and the runs tests
+# start read) -> (jax option, its type, the default here).
+_CACHE_SETTINGS = {
+    "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": ("jax_persistent_cache_min_compile_time_secs",
+                                                   float, "0.1"),
+    "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": ("jax_persistent_cache_min_entry_size_bytes",
+                                                  int, "0"),
+    "JAX_COMPILATION_CACHE_MAX_SIZE": ("jax_compilation_cache_max_size", int, str(8 << 30)),
+    "JAX_COMPILATION_CACHE_DIR": ("jax_compilation_cache_dir", str, None),
+}
 
 
 def pytest_configure(config):
@@ -29,58 +42,11 @@ def pytest_configure(config):
     folder = tempfile.mkdtemp(prefix="grpo_jax_tests_xla_")
     config.add_cleanup(lambda: shutil.rmtree(folder, ignore_errors=True))
     os.environ["JAX_COMPILATION_CACHE_DIR"] = folder
-  os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.1")
-  os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
-  os.environ.setdefault("JAX_COMPILATION_CACHE_MAX_SIZE", str(8 << 30))
   import jax  # noqa: PLC0415  (imported already by tests.fixtures, before this hook)
-  jax.config.update("jax_compilation_cache_dir", os.environ["JAX_COMPILATION_CACHE_DIR"])
-  jax.config.update("jax_persistent_cache_min_compile_time_secs",
-                    float(os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"]))
-  jax.config.update("jax_persistent_cache_min_entry_size_bytes",
-                    int(os.environ["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"]))
-  jax.config.update("jax_compilation_cache_max_size",
-                    int(os.environ["JAX_COMPILATION_CACHE_MAX_SIZE"]))
-
-
-# Every test's setup / call / teardown seconds, written where $GRPO_JAX_TEST_DURATIONS says
-# (.ci/run sets it; benchmarks/suite_time.py reads the file and prints what is over budget).
-# Recorded by the controller only: pytest-xdist hands it every worker's reports.
-_durations = {"tests": {}, "start": None}
-
-
-def pytest_sessionstart(session):
-  _durations["start"] = time.time()
-
-
-def pytest_runtest_logreport(report):
-  if not os.environ.get("GRPO_JAX_TEST_DURATIONS"):
-    return
-  entry = _durations["tests"].setdefault(report.nodeid, {"outcome": "passed"})
-  entry[report.when] = round(report.duration, 3)
-  if report.failed or (report.skipped and report.when != "teardown"):
-    entry["outcome"] = "failed" if report.failed else "skipped"
-  worker = getattr(report, "node", None)
-  if worker is not None:
-    entry["worker"] = worker.gateway.id
-
-
-def _cpu_name() -> str:
-  try:
-    with open("/proc/cpuinfo") as f:
-      return next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
-  except (OSError, StopIteration):
-    return platform.machine()
-
-
-def pytest_sessionfinish(session, exitstatus):
-  path = os.environ.get("GRPO_JAX_TEST_DURATIONS")
-  if not path or hasattr(session.config, "workerinput"):
-    return
-  with open(path, "w") as f:
-    json.dump({"wall_s": round(time.time() - _durations["start"], 1), "exitstatus": int(exitstatus),
-               "cpu": _cpu_name(), "cores": os.cpu_count(),
-               "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-               "tests": _durations["tests"]}, f, indent=0)
+  for name, (option, kind, default) in _CACHE_SETTINGS.items():
+    if default is not None:
+      os.environ.setdefault(name, default)
+    jax.config.update(option, kind(os.environ[name]))
 
 
 @pytest.fixture(scope="module", autouse=True)

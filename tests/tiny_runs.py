@@ -36,9 +36,11 @@ def strip(records):
 
 def cache_env(cache_dir) -> dict:
   """Subprocess environment sharing a persistent compilation cache (same programs, faster): the
-  test session's own (tests/conftest.py's pytest_configure) when it has one, else `cache_dir`."""
-  return {**os.environ,
-          "JAX_COMPILATION_CACHE_DIR": os.environ.get("JAX_COMPILATION_CACHE_DIR") or str(cache_dir),
+  test session's own, with its settings (tests/conftest.py's pytest_configure), when it has
+  one; else `cache_dir`, every program kept."""
+  if os.environ.get("JAX_COMPILATION_CACHE_DIR"):
+    return dict(os.environ)
+  return {**os.environ, "JAX_COMPILATION_CACHE_DIR": str(cache_dir),
           "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
           "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0"}
 
