@@ -3,16 +3,21 @@
 import gc
 import os
 import shutil
+import subprocess
+import sys
 import tempfile
 
 import pytest
 
-from tests.fixtures import tiny_model_config
+from tests.fixtures import TEST_XLA_FLAGS, tiny_model_config
 
 # Every test's seconds, for .ci/run and benchmarks/suite_time.py (the hooks pytest calls).
 from tests.durations_plugin import (  # noqa: E402,F401
     pytest_runtest_logreport, pytest_sessionfinish, pytest_sessionstart)
 
+
+# The XLA flags this session compiles with (a worker inherits $GRPO_JAX_TEST_XLA_FLAGS, if set).
+_SESSION_XLA_FLAGS = os.environ.get("GRPO_JAX_TEST_XLA_FLAGS", TEST_XLA_FLAGS).split()
 
 # The session's cache settings: environment variable (what the workers and the runs tests
 # start read) -> (jax option, its type, the default here).
@@ -38,6 +43,11 @@ def pytest_configure(config):
   flags, the jax version and the devices, so an entry is only read by the same program."""
   if hasattr(config, "workerinput"):
     return
+  # The session's XLA flags (tests/fixtures.py's TEST_XLA_FLAGS), before any process starts XLA.
+  flags = os.environ.get("GRPO_JAX_TEST_XLA_FLAGS", TEST_XLA_FLAGS).split()
+  os.environ["XLA_FLAGS"] = " ".join([*os.environ.get("XLA_FLAGS", "").split(), *flags])
+  if not os.environ["XLA_FLAGS"]:
+    del os.environ["XLA_FLAGS"]
   if not os.environ.get("JAX_COMPILATION_CACHE_DIR"):
     folder = tempfile.mkdtemp(prefix="grpo_jax_tests_xla_")
     config.add_cleanup(lambda: shutil.rmtree(folder, ignore_errors=True))
@@ -47,6 +57,27 @@ def pytest_configure(config):
     if default is not None:
       os.environ.setdefault(name, default)
     jax.config.update(option, kind(os.environ[name]))
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_pyfunc_call(pyfuncitem):
+  """@pytest.mark.xla_defaults: the test runs in a child pytest under XLA's default flags (the
+  session's TEST_XLA_FLAGS taken out of $XLA_FLAGS), for a claim that holds for the programs
+  XLA compiles by default, as a user's run does: two differently shaped programs (S seeds
+  mapped in one, each seed alone) giving the same bits. Under -O0 with the elemental fusion
+  emitters their reductions round differently (tests/README.md)."""
+  if pyfuncitem.get_closest_marker("xla_defaults") is None or not _SESSION_XLA_FLAGS:
+    return None
+  flags = [f for f in os.environ.get("XLA_FLAGS", "").split() if f not in _SESSION_XLA_FLAGS]
+  env = {k: v for k, v in os.environ.items() if k != "GRPO_JAX_TEST_DURATIONS"}
+  env.update(GRPO_JAX_TEST_XLA_FLAGS="", XLA_FLAGS=" ".join(flags))
+  out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-n", "0", "-p", "no:randomly",
+                        "-m", "", pyfuncitem.nodeid], cwd=str(pyfuncitem.config.rootpath),
+                       env=env, capture_output=True, text=True, timeout=900)
+  if out.returncode != 0:
+    pytest.fail(f"under XLA's default flags:\n{out.stdout[-6000:]}{out.stderr[-2000:]}",
+                pytrace=False)
+  return True
 
 
 @pytest.fixture(scope="module", autouse=True)

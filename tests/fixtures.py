@@ -2,6 +2,8 @@
 config, params with every weight perturbed, configs/grpo_tiny.py shrunk to seconds, and the
 logits of a transformers model and of our decoder on the same left-padded batch."""
 
+import os
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -9,6 +11,25 @@ import numpy as np
 from grpo_jax.models.config import ModelConfig
 from grpo_jax.models.decoder import Decoder, init_params, positions_from_mask
 from grpo_jax.models.layout import stack_layers, unstack_layers
+
+
+# The XLA flags the test session compiles with (tests/conftest.py adds them to $XLA_FLAGS before
+# the workers start; tests/README.md): LLVM at -O0 and XLA:CPU's older elemental emitters for
+# fusions. The same programs, compiled in about a quarter of the time (backend compile of
+# tests/test_update.py's micro-batch tests: 40.8 s -> 9.8 s); a test's numbers are those of the
+# same flags everywhere, its processes included. $GRPO_JAX_TEST_XLA_FLAGS replaces them ("" for
+# XLA's defaults, as a user's run compiles).
+TEST_XLA_FLAGS = "--xla_backend_optimization_level=0 --xla_cpu_use_fusion_emitters=false"
+
+
+def xla_env(devices: int | None = None, **extra) -> dict:
+  """The environment for a process a test starts: os.environ (the session's XLA flags in it)
+  with `devices` fake CPU devices added to $XLA_FLAGS, and `extra` variables."""
+  env = {**os.environ, **extra}
+  if devices is not None:
+    env["XLA_FLAGS"] = " ".join(
+        [*env.get("XLA_FLAGS", "").split(), f"--xla_force_host_platform_device_count={devices}"])
+  return env
 
 
 def tiny_model_config(**overrides) -> ModelConfig:

@@ -22,8 +22,12 @@ def _records(path):
     return [json.loads(line) for line in f]
 
 
-def test_a_source_from_a_plugin_file_trains_one_version_late(tmp_path):
+def test_a_source_from_a_plugin_file_trains_one_version_late(tmp_path,
+                                                             first_token_parity_reward):
   config = small_tiny_config(steps=3, eval_every=3, num_minibatches=1)
+  # A reward with a spread in most groups (conftest): step 2's update really moves the policy
+  # (with every group tied it moves by rounding alone, which the gap below cannot rely on).
+  config.reward.name = first_token_parity_reward
   config.imports = PLUGIN
   config.train.experience_source = "one_step_stale"
   state = train(config, str(tmp_path), log=lambda *_: None)

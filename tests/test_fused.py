@@ -99,6 +99,7 @@ def _records(path):
 
 
 @pytest.mark.slow
+@pytest.mark.xla_defaults
 def test_fused_seeds_equal_fused_single_runs_and_resume(tmp_path):
   """train.fused_steps=2 over 4 steps: two seeds lax.mapped in one program give each seed's
   fused run alone bit for bit, K records per call; a stop at step 2 resumes to the same."""

@@ -22,7 +22,7 @@ from grpo_jax.rollout.sampler import generate
 from grpo_jax.train.run.checkpoint import Checkpoints, to_saveable
 from grpo_jax.train.stages.rl import train
 from tests import numpy_reference
-from tests.fixtures import perturbed_params, small_tiny_config, tiny_model_config
+from tests.fixtures import perturbed_params, small_tiny_config, tiny_model_config, xla_env
 from tests.test_memory import _seqs
 from tests.tiny_runs import strip
 
@@ -150,8 +150,7 @@ print(json.dumps({n: [list(att[n][leaf].shape), list(att[n][leaf].addressable_sh
 """
   root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
   out = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True,
-                       env=dict(os.environ, PYTHONPATH=root,
-                                XLA_FLAGS="--xla_force_host_platform_device_count=4"))
+                       env=xla_env(4, PYTHONPATH=root))
   assert out.returncode == 0, out.stderr[-2000:]
   shapes = json.loads(out.stdout.strip().splitlines()[-1])
   hidden, layers = tiny_model_config().hidden_size, tiny_model_config().num_layers

@@ -24,7 +24,7 @@ from grpo_jax.train.learner.state import (create_train_state, make_optimizer, po
                                   reference_params)
 from grpo_jax.train.learner.step import StepSpec, make_rl_step
 from tests.fixtures import tiny_model_config
-from tests.fixtures import transformers_logits
+from tests.fixtures import transformers_logits, xla_env
 from tests.test_hf import MASK, TOKENS, assert_logits_close, save, tiny_hf_model
 
 
@@ -226,7 +226,7 @@ def test_lora_run_on_a_mesh_equals_the_single_device_run(tmp_path):
            "--config.train.checkpoint_every=0"]
 
   def run(workdir, devices, *extra):
-    env = dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}")
+    env = xla_env(devices)
     out = subprocess.run([sys.executable, "-m", "grpo_jax.main",
                           "--config=configs/grpo_tiny_lora.py", f"--workdir={workdir}", *small,
                           *extra], cwd=ROOT, env=env, capture_output=True, text=True,

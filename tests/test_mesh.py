@@ -8,14 +8,14 @@ import sys
 import pytest
 
 from grpo_jax.parallel.mesh import mesh_config, resolve_mesh_shape
+from tests.fixtures import xla_env
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 @pytest.fixture(scope="module")
 def mesh_results():
-  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8",
-             PYTHONPATH=ROOT)
+  env = xla_env(8, PYTHONPATH=ROOT)
   out = subprocess.run([sys.executable, "tests/mesh_worker.py"], cwd=ROOT, env=env,
                        capture_output=True, text=True, timeout=900)
   assert out.returncode == 0, out.stderr[-3000:]

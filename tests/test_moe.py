@@ -13,7 +13,7 @@ import transformers
 from grpo_jax.models import hf, hf_export
 from grpo_jax.models.moe import grouped_expert_mlp, load_balancing_loss, route
 from grpo_jax.rollout.sampler import generate
-from tests.fixtures import decoder_logits, transformers_logits
+from tests.fixtures import decoder_logits, transformers_logits, xla_env
 from tests.test_gemma import EOS, batch
 
 
@@ -106,7 +106,7 @@ def test_experts_sharded_over_the_expert_axis_equal_one_device(tmp_path):
   import subprocess  # noqa: PLC0415
   import sys  # noqa: PLC0415
   root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", PYTHONPATH=root)
+  env = xla_env(8, PYTHONPATH=root)
   path = tmp_path / "moe_mesh.json"
   out = subprocess.run([sys.executable, "tests/mesh_worker.py", "moe", str(path)], cwd=root,
                        env=env, capture_output=True, text=True, timeout=900)

@@ -13,6 +13,7 @@ import sys
 import pytest
 
 from grpo_jax.train.run.metrics import TIMING_KEYS
+from tests.fixtures import xla_env
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # No warm-up (fast); the soft overlong penalty gives a random policy varied rewards, so the
@@ -50,7 +51,7 @@ def _compare(multi_metrics, single_metrics):
 
 def _both(tmp_path, *extra, port_offset=0):
   """(2 processes x 2 devices, 1 process x 4 devices) runs of SMALL + extra: their metrics."""
-  env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+  env = dict(os.environ)  # the session's XLA flags; launch/local_multihost.sh adds the devices
   env["JAX_PORT"] = str(23000 + os.getpid() % 5000 + port_offset)
   multi = subprocess.run(["bash", "launch/local_multihost.sh", "2", "2", *SMALL, *extra,
                           f"--workdir={tmp_path / 'multi'}"], cwd=ROOT, env=env,
@@ -59,7 +60,7 @@ def _both(tmp_path, *extra, port_offset=0):
   assert "2 process(es)" in multi.stdout
   single = subprocess.run([sys.executable, "-m", "grpo_jax.main", *SMALL, *extra,
                            f"--workdir={tmp_path / 'single'}"], cwd=ROOT,
-                          env=dict(env, XLA_FLAGS="--xla_force_host_platform_device_count=4"),
+                          env=xla_env(4, JAX_PORT=env["JAX_PORT"]),
                           capture_output=True, text=True, timeout=900)
   assert single.returncode == 0, single.stderr[-3000:]
   assert "(4, 1, 1, 1) over 4 devices, 1 process(es)" in single.stdout

@@ -340,7 +340,8 @@ def test_the_8_device_example_runs_as_written(tmp_path):
   block = re.search(r"# 8 local devices, FSDP x tensor parallel.*?\n(XLA_FLAGS=.*?)\n```", text,
                     re.S).group(1)
   words = shlex.split(block.replace("\\\n", " "))
-  env = dict(os.environ, **dict(w.split("=", 1) for w in words if w.startswith("XLA_FLAGS=")))
+  readme_flags = [w.split("=", 1)[1] for w in words if w.startswith("XLA_FLAGS=")]
+  env = dict(os.environ, XLA_FLAGS=" ".join([os.environ.get("XLA_FLAGS", ""), *readme_flags]))
   argv = [w for w in words if not w.startswith("XLA_FLAGS=")]
   assert argv[:3] == ["python", "-m", "grpo_jax.main"]
   workdir = tmp_path / "tiny8"

@@ -23,7 +23,7 @@ from grpo_jax.parallel.choices import choose
 from grpo_jax.rollout.refill import generate_refill, shrink_phases
 from grpo_jax.rollout.sampler import sample
 from grpo_jax.rollout.types import row_limits_or_max
-from tests.fixtures import perturbed_params
+from tests.fixtures import perturbed_params, xla_env
 from tests.test_sampler_prefix import _assert_same  # tokens, masks exact; log-probs 1e-5
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -138,7 +138,7 @@ def test_refill_on_the_2x2x2_mesh_equals_one_device(tiny_cfg, tmp_path):
   out = subprocess.run(
       [sys.executable, "-m", "tests.mesh_worker", "refill", str(tmp_path / "mesh.json")],
       cwd=ROOT, capture_output=True, text=True, timeout=600,
-      env={**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8"})
+      env=xla_env(8))
   assert out.returncode == 0, out.stderr[-3000:]
   got = json.loads((tmp_path / "mesh.json").read_text())
   assert got["devices"] == 8

@@ -7,12 +7,13 @@ import os
 import subprocess
 import sys
 
+from tests.fixtures import xla_env
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def test_the_sampler_mesh_gets_the_learners_params():
-  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8",
-             JAX_PLATFORMS="cpu", PYTHONPATH=ROOT)
+  env = xla_env(8, JAX_PLATFORMS="cpu", PYTHONPATH=ROOT)
   out = subprocess.run([sys.executable, "tests/role_mesh_worker.py"], cwd=ROOT, env=env,
                        capture_output=True, text=True, timeout=600)
   assert out.returncode == 0, out.stderr[-3000:]

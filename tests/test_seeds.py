@@ -67,6 +67,7 @@ def _assert_equal_runs(tmp_path, separate, stacked, seeds, steps):
 
 
 @pytest.mark.slow
+@pytest.mark.xla_defaults
 def test_seeds_in_one_program_equal_separate_runs_bit_for_bit(tmp_path):
   """seed_axis="map": every record of every seed, and the final params, are identical. Two
   seeds hold the claim (a seed's slice is its own run); the dynamic-sampling test below runs
@@ -80,6 +81,7 @@ def test_seeds_in_one_program_equal_separate_runs_bit_for_bit(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.xla_defaults
 def test_dynamic_sampling_works_for_three_seeds(tmp_path, first_token_parity_reward):
   """A feature of the step works for S seeds: DAPO's dynamic sampling, whose resampling rounds
   differ between seeds, gives each seed exactly its separate run (seed_axis="map"). The

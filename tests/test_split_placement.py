@@ -16,7 +16,7 @@ from grpo_jax.parallel.mesh import mesh_config, role_meshes
 from grpo_jax.train.sources.experience_source import SourceSettings
 from grpo_jax.train.stages import rl as _registers_sources  # noqa: F401
 from grpo_jax.train.stages import rl_checks
-from tests.fixtures import small_tiny_config
+from tests.fixtures import small_tiny_config, xla_env
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -71,8 +71,7 @@ SMALL = {"warmup.steps": 5, "warmup.batch_size": 32, "train.steps": 3, "train.ev
 
 
 def _split_run(tmp_path, overrides: dict) -> dict:
-  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8",
-             JAX_PLATFORMS="cpu", PYTHONPATH=ROOT)
+  env = xla_env(8, JAX_PLATFORMS="cpu", PYTHONPATH=ROOT)
   out = subprocess.run([sys.executable, "tests/test_split_placement.py", str(tmp_path / "run"),
                         json.dumps({"mesh.rollout_devices": 4, **overrides})], cwd=ROOT,
                        env=env, capture_output=True, text=True, timeout=900)
