@@ -32,7 +32,8 @@ _CACHE_SETTINGS = {
 
 
 def pytest_configure(config):
-  """One persistent JAX compilation cache for the whole session: the controller makes the folder
+  """The session's XLA flags (TEST_XLA_FLAGS, or $GRPO_JAX_TEST_XLA_FLAGS) added to $XLA_FLAGS,
+  and one persistent JAX compilation cache for the whole session: the controller makes the folder
   (unless $JAX_COMPILATION_CACHE_DIR names one, which is then kept) before pytest-xdist starts
   its workers, which inherit the environment, as do the runs the tests start. A program compiled
   by one test (or worker, or run) is then read back by the next one that builds the same program

@@ -220,8 +220,8 @@ def test_lora_run_on_a_mesh_equals_the_single_device_run(tmp_path):
   import sys
 
   from tests.tiny_runs import ROOT, records
-  small = ["--config.warmup.steps=30", "--config.train.steps=3", "--config.train.eval_every=3",
-           "--config.train.eval_size=40", "--config.train.eval_batch_size=20",
+  small = ["--config.warmup.steps=10", "--config.train.steps=3", "--config.train.eval_every=3",
+           "--config.train.eval_size=20", "--config.train.eval_batch_size=20",
            "--config.rollout.num_prompts=4", "--config.rollout.group_size=4",
            "--config.train.checkpoint_every=0"]
 

@@ -11,8 +11,8 @@ from grpo_jax.train.run.metrics import TIMING_KEYS
 from tests.tiny_runs import cache_env
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SMALL = ["--config.warmup.steps=30", "--config.train.steps=4", "--config.train.eval_every=2",
-         "--config.train.eval_size=40", "--config.train.eval_batch_size=20",
+SMALL = ["--config.warmup.steps=10", "--config.train.steps=4", "--config.train.eval_every=2",
+         "--config.train.eval_size=20", "--config.train.eval_batch_size=20",
          "--config.rollout.num_prompts=4", "--config.rollout.group_size=4",
          "--config.rl.num_iterations=2", "--config.rl.num_minibatches=2",
          # The slot-refill engine: 6 slots for the 16 rollout rows and the 20 eval rows.
