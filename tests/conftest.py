@@ -44,9 +44,9 @@ def pytest_configure(config):
   flags, the jax version and the devices, so an entry is only read by the same program."""
   if hasattr(config, "workerinput"):
     return
-  # The session's XLA flags (tests/fixtures.py's TEST_XLA_FLAGS), before any process starts XLA.
-  flags = os.environ.get("GRPO_JAX_TEST_XLA_FLAGS", TEST_XLA_FLAGS).split()
-  os.environ["XLA_FLAGS"] = " ".join([*os.environ.get("XLA_FLAGS", "").split(), *flags])
+  # The session's XLA flags, before any process starts XLA.
+  os.environ["XLA_FLAGS"] = " ".join([*os.environ.get("XLA_FLAGS", "").split(),
+                                      *_SESSION_XLA_FLAGS])
   if not os.environ["XLA_FLAGS"]:
     del os.environ["XLA_FLAGS"]
   if not os.environ.get("JAX_COMPILATION_CACHE_DIR"):
