@@ -6,11 +6,24 @@ can.
 
 An episode (character tokens, ChatML): the user asks "A*B"; the assistant either calls
 [calculator(expression='A*B')], reads the tool's result and answers "Answer: N", or answers at
-once. A short supervised warm-up shows both, the tool in half of the demonstrations
-(task.warmup_tool_share): the warmed-up policy samples a call about half the time, but its
-greedy choice (the evaluation's) is to answer at once, and wrong. GRPO then has to find that
+once. A supervised warm-up shows both, the tool in half of the demonstrations
+(task.warmup_tool_share): the warmed-up policy samples a call in 36-47 % of its episodes,
+and its greedy choice (the evaluation's) is mostly to answer at once, and wrong. GRPO then has to find that
 the episodes that call the tool are the rewarded ones. The control,
 --config.env.tools=False, offers no tool: its accuracy stays where it starts.
+
+What makes it hold at every seed (issue 76; the runs in benchmarks/RESULTS.md):
+* the warm-up's loss is on the policy's own tokens only (task.warmup_loss="assistant"): on
+  the tool's result, which no model can predict, it taught the model to guess product digits,
+  and at some seeds the warmed-up policy then answered its own guess instead of copying the
+  tool's result, so no episode of 60 steps earned a reward;
+* 2,000 warm-up steps, so that every seed's copying is learned (at 1,000 one seed in three
+  still miscopied operands and results);
+* sampling at temperature 1.0 (0.6 sharpened the policy until each prompt's 8 episodes all
+  succeeded or all failed: tied groups, no signal to fix the failing prompts);
+* learning rate 2e-4 (at 1e-3, and still at 5e-4, the policy reached its peak within 10-20
+  steps and then miscopied more and more: falls of 0.13-0.24);
+* a step without signal changes nothing (rl.skip_without_signal, the default).
 """
 
 import ml_collections
@@ -25,6 +38,7 @@ def get_config() -> ml_collections.ConfigDict:
   c.task.prompt_width = 56
   c.task.test_size = 64
   c.task.warmup_tool_share = 0.5
+  c.task.warmup_loss = "assistant"  # the warm-up learns the policy's tokens, not the tool's
   c.env.name = "calculator"
   c.env.digits = 3
   c.env.max_turns = 2
@@ -39,14 +53,14 @@ def get_config() -> ml_collections.ConfigDict:
   c.rollout.num_prompts = 8
   c.rollout.group_size = 8
   c.rollout.max_new_tokens = 40  # one turn
-  c.rollout.temperature = 0.6
-  c.warmup.steps = 1000
+  c.rollout.temperature = 1.0
+  c.warmup.steps = 2000
   c.warmup.batch_size = 32
   c.warmup.learning_rate = 3e-3
   c.rl.kl_coef = 0.0
-  c.optim.learning_rate = 1e-3
+  c.optim.learning_rate = 2e-4
   c.train.steps = 60
-  c.train.eval_every = 20
+  c.train.eval_every = 10
   c.train.eval_size = 64
   c.train.eval_batch_size = 64
   c.train.checkpoint_every = 20

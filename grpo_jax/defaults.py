@@ -224,6 +224,9 @@ def get_defaults() -> ml_collections.ConfigDict:
       checkpoint_every=50,  # also at step 0, at the end and on SIGTERM; 0 = only those last two
       keep_checkpoints=3,  # the newest K (a damaged newest one falls back to the one before)
       max_consecutive_skips=20,  # stop after this many non-finite updates in a row
+      # One console line (the likely cause, the remedies) when this many steps in a row have
+      # every group tied, so no signal (grpo_jax/train/run/no_signal.py); 0 = never.
+      no_signal_steps=10,
       on_reward_error="raise",  # a reward that raises / is not finite: "raise" or "zero"
       # With "zero": stop when more than this fraction of a step's completions fail to score.
       max_reward_error_fraction=0.5,

@@ -94,6 +94,11 @@ def rl_defaults(**overrides) -> ml_collections.ConfigDict:
       num_iterations=1,  # mu: passes over each rollout batch
       num_minibatches=1,  # optimizer steps per pass
       num_micro_batches=1,  # gradient accumulation inside a minibatch (exact)
+      # An optimizer step whose gradient is exactly zero (every group tied, no KL, entropy or
+      # value term) leaves the params and the optimizer's moments and count as they were
+      # (grpo_jax/train/learner/skips.py; counted in no_signal_updates). False: AdamW steps
+      # on its momentum alone, as before.
+      skip_without_signal=True,
       # mu = 1 and one minibatch: the update's own log-probs (stop-gradient) are the old ones,
       # no separate forward pass (see experience.reuses_current_logprobs); False: recompute.
       reuse_old_logprobs=True,

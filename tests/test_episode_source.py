@@ -140,3 +140,12 @@ def test_warmup_demonstrations_are_the_episode_the_environment_accepts():
   prompt = task.tokenizer.decode(batch.prompt_tokens[0][batch.prompt_mask[0]].tolist())
   assert prompt.endswith(f"<|im_start|>user\n{row['a']}*{row['b']}<|im_end|>\n"
                          f"<|im_start|>assistant\n")
+  # task.warmup_loss="assistant" (the recipe's): the loss on the policy's tokens only, as the
+  # RL step's action mask; the tool's message and the next header are context.
+  tokens, loss = batch.target_tokens[0], batch.loss_mask[0].astype(bool)
+  assert task.tokenizer.decode(tokens[loss].tolist()) == (
+      f"[calculator(expression='{row['a']}*{row['b']}')]<|im_end|>Answer: {product}<|im_end|>")
+  assert task.tokenizer.decode(tokens[~loss & batch.target_mask[0]].tolist()) == (
+      f"\n<|im_start|>tool\n{product}<|im_end|>\n<|im_start|>assistant\n")
+  c.task.warmup_loss = "episode"
+  assert build_task(c).warmup_batch(0, 4, 0).loss_mask is None

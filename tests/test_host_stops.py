@@ -225,3 +225,34 @@ def test_a_config_file_that_exits_is_one_sentence(tmp_path, capfd):
   err = capfd.readouterr().err
   assert code == 2 and err.strip() == (f"error: --config={path} could not be loaded "
                                                f"(SystemExit: 0); fix that file.")
+
+
+def test_a_run_says_when_it_has_no_signal():
+  """Issue 76: one line at the K-th step in a row with every group tied, naming the remedies'
+  fields; the warm-up check's line when no sample of the first batch earns a reward; the
+  closing line counts the steps without signal."""
+  from configs import grpo_calculator_tiny  # noqa: PLC0415
+  from grpo_jax.train.run.no_signal import NoSignalWatch, warmup_check_line  # noqa: PLC0415
+  config, lines = grpo_calculator_tiny.get_config(), []
+  watch = NoSignalWatch(3, config, lines.append)
+  tied = {"frac_groups_all_same": 1.0, "reward_mean": 0.0, "reward_std": 0.0}
+  for step, record in enumerate([tied, {"frac_groups_all_same": 0.5}, tied, tied, tied, tied],
+                                start=1):
+    watch.see(step, record)
+  assert len(lines) == 1 and lines[0].startswith(
+      "no signal: steps 3-5, every group tied (at reward 0.000), so no update moved the policy "
+      "(rl.skip_without_signal).")
+  for field in ("rl.dynamic_sampling=True", "rollout.group_size (now 8)",
+                "rollout.temperature (now 0.6)", "warmup.steps, now 1000"):
+    assert field in lines[0]
+  none = warmup_check_line([0.0] * 16, 8, config)
+  assert none.startswith("warm-up check: the first batch's 16 samples (2 prompts x 8), scored "
+                         "as the RL step scores them: none earns a reward")
+  some = warmup_check_line([1.0] + [0.0] * 15, 8, config)
+  assert "1 of 16 earn a reward (success rate 0.062" in some and "50% of the groups tied" in some
+  records = [{"step": 0, "eval_accuracy": 0.0}] + [
+      {"step": s, "reward_mean": 0.0, "frac_groups_all_same": 1.0 if s > 1 else 0.5}
+      for s in (1, 2, 3)]
+  assert closing_line("/r", 3, None, None, False, records).startswith(
+      "done: step 3/3; held-out eval_accuracy 0.000 (step 0) -> 0.000 (step 0); 2 of 3 steps "
+      "without signal (every group tied); files in /r")

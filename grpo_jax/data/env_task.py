@@ -7,8 +7,10 @@ like every registry's entries); its episodes are played by the "episodes" experi
 Fields (config.task): tokenizer ("": model.path's; "char": the character-level chat tokenizer,
 envs/char_tokenizer.py), test_size (held-out rows), prompt_width (the prompts' padded width,
 in tokens), warmup_tool_share (the share of warm-up demonstrations that call the tool; the rest
-answer directly). config.env.max_completion_tokens is an episode's budget of ids after the
-prompt (the policy's and the environment's).
+answer directly), warmup_loss ("episode": the warm-up's loss on every token after the prompt,
+the tool's results included; "assistant": only on the tokens the policy writes, the
+environment's being context, as in the RL step's action mask). config.env.max_completion_tokens
+is an episode's budget of ids after the prompt (the policy's and the environment's).
 """
 
 from __future__ import annotations
@@ -41,8 +43,10 @@ class EnvTask(ChatTextTask):
   prompts' text as every chat task's (data/chat.py)."""
 
   def __init__(self, env, tokenizer, test_size: int, max_prompt_tokens: int,
-               max_completion_tokens: int, warmup_tool_share: float):
+               max_completion_tokens: int, warmup_tool_share: float,
+               warmup_loss: str = "episode"):
     self.env, self.tokenizer = env, tokenizer
+    self.warmup_loss = warmup_loss
     self.test_size, self.prompt_len = test_size, max_prompt_tokens
     self.max_completion_tokens, self.warmup_tool_share = max_completion_tokens, warmup_tool_share
     self._train, self._test = env.rows("train", _TRAIN_ROWS), env.rows("test", test_size)
@@ -77,7 +81,12 @@ class EnvTask(ChatTextTask):
 
   @classmethod
   def from_config(cls, config, log=print, *, tokenizer: str = "", test_size: int = 500,
-                  prompt_width: int = 128, warmup_tool_share: float = 1.0):
+                  prompt_width: int = 128, warmup_tool_share: float = 1.0,
+                  warmup_loss: str = "episode"):
+    if warmup_loss not in ("episode", "assistant"):
+      raise ConfigError(f"task.warmup_loss={warmup_loss!r}; use 'episode' (every token after "
+                        f"the prompt, the tool's results included) or 'assistant' (only the "
+                        f"tokens the policy writes).")
     env = ENVIRONMENTS.bind(config.env.name, config.env)()
     if tokenizer == "char":
       from grpo_jax.envs.char_tokenizer import char_chat_tokenizer  # noqa: PLC0415
@@ -90,7 +99,8 @@ class EnvTask(ChatTextTask):
       from transformers import AutoTokenizer  # noqa: PLC0415
       tok = AutoTokenizer.from_pretrained(path)
     task = cls(env, tok, int(test_size), int(prompt_width),
-               int(config.env.get("max_completion_tokens", 256)), float(warmup_tool_share))
+               int(config.env.get("max_completion_tokens", 256)), float(warmup_tool_share),
+               warmup_loss)
     task.kv_continuation = bool(config.env.get("kv_continuation", False))
     task.async_slots = int(config.env.get("async_slots", 0))
     return task
@@ -133,21 +143,48 @@ class EnvTask(ChatTextTask):
     from grpo_jax.data.supervised import SupervisedBatch  # noqa: PLC0415
     rows = self.train_rows(step * count, count, seed + 1)
     use_tool = np.random.default_rng([seed, 13, step]).random(count) < self.warmup_tool_share
-    prompts, targets = [], []
+    assistant_only = self.warmup_loss == "assistant"
+    prompts, targets, losses = [], [], []
     for row, tool in zip(rows, use_tool):
       first = self.first_messages(row)
       head = render(self.tokenizer, first, self.env.tools, add_generation_prompt=True)
-      whole = render(self.tokenizer, first + self.env.demonstration(row, bool(tool)),
-                     self.env.tools)
+      demo = self.env.demonstration(row, bool(tool))
+      whole = render(self.tokenizer, first + demo, self.env.tools)
       prompts.append(self.prompt_ids(first))
       # The rendered episode ends with the last turn's end-of-turn token and a newline: the
       # target stops at that token, as a sampled turn does.
       rest = self.tokenizer.encode(whole[len(head):], add_special_tokens=False)
       ends = [i for i, t in enumerate(rest) if t == self.eos_id]
       targets.append(rest[:ends[-1] + 1] if ends else rest)
+      if assistant_only:
+        losses.append(self._assistant_tokens(first, demo, head, targets[-1]))
     pt, pm = pad_rows(prompts, self.prompt_len, self.pad_id, left=True)
     tt, tm = pad_rows(targets, self.max_completion_tokens, self.pad_id, left=False)
-    return SupervisedBatch(pt, pm, tt, tm)
+    lm = None
+    if assistant_only:
+      lm = np.zeros_like(tm)
+      for i, marks in enumerate(losses):
+        lm[i, :len(marks)] = marks[:lm.shape[1]]
+      lm = lm * tm
+    return SupervisedBatch(pt, pm, tt, tm, lm)
+
+  def _assistant_tokens(self, first: list, demo: list, head: str, target: list) -> list[int]:
+    """1 for each target token the policy writes, 0 for the environment's (what follows the
+    policy's end-of-turn token: a tool message and the next turn's header, as the RL step's
+    action mask has them): the rendered prefixes' lengths in tokens mark the messages."""
+    def tokens_to(messages, generation_prompt):
+      text = render(self.tokenizer, first + messages, self.env.tools,
+                    add_generation_prompt=generation_prompt)
+      return len(self.tokenizer.encode(text[len(head):], add_special_tokens=False))
+    marks = [1] * len(target)
+    for k, message in enumerate(demo):
+      if message["role"] != "assistant":
+        start = tokens_to(demo[:k], False)
+        while start > 0 and target[start - 1] != self.eos_id:  # (the template's newline)
+          start -= 1
+        end = tokens_to(demo[:k + 1], k + 1 < len(demo))
+        marks[start:end] = [0] * len(marks[start:end])
+    return marks
 
   # The Task protocol's single-completion side, which an episode task does not have.
   def score(self, prompts, completion_tokens, completion_mask, group_size: int):

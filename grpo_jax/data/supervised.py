@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-from typing import NamedTuple
+from typing import NamedTuple, Optional
 
 import numpy as np
 
@@ -29,6 +29,9 @@ class SupervisedBatch:
   prompt_mask: np.ndarray
   target_tokens: np.ndarray  # (B, N) right-padded, ending with <eos>
   target_mask: np.ndarray
+  # (B, N) the target tokens that carry loss, when not all of them do (an episode's
+  # environment tokens: data/env_task.py with task.warmup_loss="assistant"); None: target_mask
+  loss_mask: Optional[np.ndarray] = None
 
 
 class PairBatch(NamedTuple):  # (a pytree: jitted steps take it whole)

@@ -85,6 +85,17 @@ def check_objective_rules(rl, name: str, rules: list) -> None:
       raise ConfigError(sentence)
 
 
+def gradient_needs_advantages(rl) -> bool:
+  """True when, for these settings, rows whose advantages are all 0 have a zero gradient: the
+  "policy_gradient" objective (every registered policy loss is a product with the advantage)
+  without a KL term in the loss, an entropy bonus, a distillation loss term or a value loss.
+  (The update leaves out such a micro-batch's backward pass; the model's own auxiliary loss,
+  a MoE's router term, is the update's to check.)"""
+  return (rl.objective == "policy_gradient" and not (rl.kl_in == "loss" and rl.kl_coef > 0)
+          and not rl.entropy_coef and rl.value_head == "none"
+          and not (rl.get("distill_coef", 0.0) > 0 and rl.get("distill_in") == "loss"))
+
+
 def make_objective(rl, group_size: int = 1) -> Objective:
   """The registered objective rl.objective with its hyperparameters bound from rl, for rows
   that come in groups of `group_size` (consecutive rows, one prompt)."""

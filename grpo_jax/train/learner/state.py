@@ -11,6 +11,7 @@ import optax
 
 from grpo_jax.models.lora import LoraParams
 from grpo_jax.rl.kl import adaptive_kl_coef
+from grpo_jax.train.learner import skips
 
 
 class TrainState(flax.struct.PyTreeNode):
@@ -36,6 +37,9 @@ class TrainState(flax.struct.PyTreeNode):
   key: jax.Array
   skipped_updates: jax.Array  # updates refused for a non-finite loss or gradient
   consecutive_skips: jax.Array  # ... of which the latest in a row (0 after an applied one)
+  # optimizer steps left out because their gradient was exactly zero (rl.skip_without_signal;
+  # learner/skips.py): params, moments and count unchanged
+  no_signal_updates: jax.Array
   base_params: Any = None  # LoRA's frozen base weights; None for full fine-tuning
 
 
@@ -75,7 +79,7 @@ def create_train_state(params, optimizer: optax.GradientTransformation, key,
                     opt_state=optimizer.init((params, value_params)), ref_params=ref,
                     kl_coef=jnp.float32(kl_coef), key=key,
                     skipped_updates=jnp.int32(0), consecutive_skips=jnp.int32(0),
-                    base_params=base_params)
+                    no_signal_updates=jnp.int32(0), base_params=base_params)
 
 
 class SourceState(flax.struct.PyTreeNode):
@@ -135,8 +139,21 @@ def apply_if_finite(params, opt_state, grads, loss, optimizer):
 
   Returns (params, opt_state, applied: bool array).
   """
+  params, opt_state, finite, _ = guarded_apply(params, opt_state, grads, loss, optimizer)
+  return params, opt_state, finite
+
+
+def guarded_apply(params, opt_state, grads, loss, optimizer, *, skip_without_signal=False):
+  """One optimizer step, or no change at all (params, moments, count) when it is refused:
+  always if the loss or any gradient is not finite; with `skip_without_signal` also if every
+  gradient is exactly zero (the rule of learner/skips.py).
+
+  Returns (params, opt_state, finite, signal): bool arrays; the step applied iff both hold
+  (signal is True when the rule is off).
+  """
   finite = jnp.isfinite(loss) & jnp.all(jnp.array(
       [jnp.all(jnp.isfinite(g)) for g in jax.tree.leaves(grads)]))
+  signal = ~skips.skip_without_signal(grads)[0] if skip_without_signal else jnp.bool_(True)
 
   def step(params, opt_state):
     updates, new_opt_state = optimizer.update(grads, opt_state, params)
@@ -146,12 +163,14 @@ def apply_if_finite(params, opt_state, grads, loss, optimizer):
   # params and both AdamW moments alive at once (3 param-sized copies of scratch, 0.9 GiB of
   # the 0.5B step's); the branch updates them in place. (Under a vmap over seeds the cond
   # becomes that select again.)
-  # Not an optax GradientTransformation (its updates are applied outside it): the params'
-  # add would then no longer fuse with AdamW's update, which moves the params by one float32
-  # ulp in places (measured: 6e-8 after one step of tests/test_update.py's batch), so runs
-  # would no longer reproduce earlier ones bit for bit.
-  params, opt_state = jax.lax.cond(finite, step, lambda p, o: (p, o), params, opt_state)
-  return params, opt_state, finite
+  # The rules are optax's ShouldSkipUpdateFunctions, but the guard is not optax.MultiSteps (a
+  # wrapper whose updates are applied outside it): the params' add would then no longer fuse
+  # with AdamW's update, which moves the params by one float32 ulp in places (measured: 6e-8
+  # after one step of tests/test_update.py's batch), so runs would no longer reproduce earlier
+  # ones bit for bit. tests/test_skips.py checks the guard against MultiSteps.
+  params, opt_state = jax.lax.cond(finite & signal, step, lambda p, o: (p, o), params,
+                                   opt_state)
+  return params, opt_state, finite, signal
 
 
 def end_of_step(state: TrainState, rl, rollout_kl, batch_size: int) -> TrainState:

@@ -30,10 +30,11 @@ from grpo_jax.rl.corrections import (CORRECTION_MAX, CORRECTION_MIN, correction_
                                      make_correction)
 from grpo_jax.rl.kl import kl_penalty
 from grpo_jax.rl.losses import truncated_is_weights
-from grpo_jax.rl.objective import OBJECTIVES, TOKEN_SUMS, make_objective
+from grpo_jax.rl.objective import (OBJECTIVES, TOKEN_SUMS, gradient_needs_advantages,
+                                   make_objective)
 from grpo_jax.train.learner.experience import Batch, reuses_current_logprobs
 from grpo_jax.train.learner.forward import policy_and_values, prompt_group
-from grpo_jax.train.learner.state import TrainState, apply_if_finite, step_key
+from grpo_jax.train.learner.state import TrainState, guarded_apply, step_key
 
 # Metrics summed over micro-batches, then divided by the completion-token count
 # (`completion_tokens`; see reuses_current_logprobs), as the objective's TOKEN_SUMS are by `tokens`.
@@ -135,6 +136,14 @@ def make_update(model_cfg: ModelConfig, rl, optimizer, temperature: float,
   mu, num_mb, num_micro = rl.num_iterations, rl.num_minibatches, rl.num_micro_batches
   group = prompt_group(rl, group_size)
   grad_fn = jax.value_and_grad(loss_and_sums, has_aux=True)
+  skip_without_signal = rl.skip_without_signal
+  # Known before the backward pass: a micro-batch whose advantages are all 0 has a zero
+  # gradient when nothing else in the loss carries one (rl/objective.py
+  # gradient_needs_advantages; a MoE's load-balancing term does). Its backward is then left
+  # out (the forward still runs, for the metrics; under a vmap over seeds the cond becomes a
+  # select and both branches run).
+  backward_needs_advantages = (skip_without_signal and gradient_needs_advantages(rl) and
+                               not (getattr(model_cfg, "num_experts", 0) and rl.router_aux_coef))
   objective = make_objective(rl, group_size)
   # Minibatches of whole groups for the shared prompt forward or a group-wise objective.
   order_group = group_size if OBJECTIVES.get(rl.objective).whole_groups else group
@@ -145,9 +154,20 @@ def make_update(model_cfg: ModelConfig, rl, optimizer, temperature: float,
     micro = jax.tree.map(lambda x: x.reshape(num_micro, -1, *x.shape[1:]), mb)
 
     def grad_of(part):
-      return grad_fn(trainable, part, normalizer, kl_coef, model_cfg=model_cfg, rl=rl,
-                     temperature=temperature, base=base, group=group, objective=objective,
-                     token_capacity=token_capacity)
+      def loss_of(t):
+        return loss_and_sums(t, part, normalizer, kl_coef, model_cfg=model_cfg, rl=rl,
+                             temperature=temperature, base=base, group=group,
+                             objective=objective, token_capacity=token_capacity)
+      if not backward_needs_advantages:
+        return grad_fn(trainable, part, normalizer, kl_coef, model_cfg=model_cfg, rl=rl,
+                       temperature=temperature, base=base, group=group, objective=objective,
+                       token_capacity=token_capacity)
+      # The forward once; its backward only where some advantage is not 0.
+      loss, backward, sums = jax.vjp(loss_of, trainable, has_aux=True)
+      grads = jax.lax.cond(jnp.any(part.advantages != 0),
+                           lambda: backward(jnp.ones_like(loss))[0],
+                           lambda: jax.tree.map(jnp.zeros_like, trainable))
+      return (loss, sums), grads
 
     def one(acc, part):
       (_, sums), grads = grad_of(part)
@@ -170,11 +190,13 @@ def make_update(model_cfg: ModelConfig, rl, optimizer, temperature: float,
       trainable, opt_state, in_a_row = carry
       mb = jax.tree.map(lambda x: jnp.take(x, rows, axis=0), batch)
       grads, sums = minibatch_grads(trainable, mb, state.kl_coef, state.base_params)
-      trainable, opt_state, applied = apply_if_finite(trainable, opt_state, grads, sums["loss"],
-                                                      optimizer)
+      trainable, opt_state, finite, signal = guarded_apply(
+          trainable, opt_state, grads, sums["loss"], optimizer,
+          skip_without_signal=skip_without_signal)
       sums["grad_norm"] = optax.tree.norm(grads)
-      sums["skipped"] = 1 - applied.astype(jnp.int32)
-      in_a_row = jnp.where(applied, 0, in_a_row + 1)
+      sums["skipped"] = 1 - finite.astype(jnp.int32)
+      sums["no_signal"] = (finite & ~signal).astype(jnp.int32)
+      in_a_row = jnp.where(finite, 0, in_a_row + 1)
       return (trainable, opt_state, in_a_row), sums
 
     (trainable, opt_state, in_a_row), per_mb = jax.lax.scan(
@@ -184,8 +206,8 @@ def make_update(model_cfg: ModelConfig, rl, optimizer, temperature: float,
     correction = _CORRECTION_SUMS + CORRECTION_MAX + CORRECTION_MIN
     metrics = {k: (jnp.sum(v) / tokens if k in TOKEN_SUMS else jnp.mean(v))
                for k, v in per_mb.items()
-               if k not in ("tokens", "skipped", "completion_tokens", "routing_mismatched",
-                            "routed") + _COMPLETION_SUMS + correction}
+               if k not in ("tokens", "skipped", "no_signal", "completion_tokens",
+                            "routing_mismatched", "routed") + _COMPLETION_SUMS + correction}
     if "is_tokens" in per_mb:  # the correction's metrics over all minibatches
       metrics.update(correction_metrics(
           {k: _combine(k).reduce(v) for k, v in per_mb.items() if k in correction}))
@@ -197,6 +219,8 @@ def make_update(model_cfg: ModelConfig, rl, optimizer, temperature: float,
       metrics.update({k: jnp.sum(per_mb[k]) / completion_tokens for k in _COMPLETION_SUMS})
     skipped = state.skipped_updates + jnp.sum(per_mb["skipped"])
     metrics["skipped_updates"] = skipped
+    no_signal = state.no_signal_updates + jnp.sum(per_mb["no_signal"])
+    metrics["no_signal_updates"] = no_signal
     # The update's result too (a read of the new params and moments, no copy): the loop stops
     # before saving a state that is not finite although its loss and gradients were.
     metrics["state_finite"] = jnp.all(jnp.array(
@@ -204,7 +228,8 @@ def make_update(model_cfg: ModelConfig, rl, optimizer, temperature: float,
          if jnp.issubdtype(x.dtype, jnp.inexact)])).astype(jnp.float32)
     new_state = state.replace(step=state.step + 1, params=trainable[0],
                               value_params=trainable[1], opt_state=opt_state,
-                              skipped_updates=skipped, consecutive_skips=in_a_row)
+                              skipped_updates=skipped, consecutive_skips=in_a_row,
+                              no_signal_updates=no_signal)
     return new_state, metrics
 
   return update_step

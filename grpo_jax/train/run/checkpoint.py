@@ -16,6 +16,7 @@ they are read in that layout and stacked on restore (`_per_layer_template`, `_st
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import logging
 import os
@@ -176,6 +177,21 @@ def _holds_stacked_layers(x) -> bool:
   return isinstance(x, dict) and isinstance(x.get("layers"), dict)
 
 
+def _restore_item(checkpointer, item: str, template, saved: dict):
+  """checkpointer.restore(item, template); a checkpoint `saved` (its metadata tree) before the
+  learner counted the steps without signal (issue 76) is read as a dict without that count,
+  which then starts at 0."""
+  if saved.get("no_signal_updates") is not None:
+    return checkpointer.restore(item, template)
+  target = {f.name: getattr(template, f.name) for f in dataclasses.fields(template)
+            if f.name != "no_signal_updates" or f.name in saved}
+  if "no_signal_updates" in target:  # saved as None
+    target["no_signal_updates"] = None
+  tree = checkpointer.restore(item, target)
+  return template.replace(**{**tree, "no_signal_updates":
+                             np.zeros(np.shape(tree["step"]), np.int32)})
+
+
 def _per_layer_template(abstract):
   """`abstract` (stacked layers) in the per-layer layout of older checkpoints: every dict's
   "layers" entry replaced by layers_0 ... layers_{L-1}, each one layer's slice."""
@@ -313,10 +329,13 @@ class Checkpoints:
           saved.get("ref_params")))
       if drop_reference:
         abstract = abstract.replace(ref_params=abstract.params)
+      # Saved before the learner counted the steps without signal (issue 76): read without
+      # it, then start the count at 0.
       if _has_per_layer_params(saved):
-        tree = _stack_layers(checkpointer.restore(item, _per_layer_template(abstract)), abstract)
+        tree = _stack_layers(_restore_item(checkpointer, item, _per_layer_template(abstract),
+                                           saved), abstract)
       else:
-        tree = checkpointer.restore(item, abstract)
+        tree = _restore_item(checkpointer, item, abstract, saved)
     if drop_reference:
       tree = tree.replace(ref_params=None)
     state = _from_data_position(tree, template) if before_source else from_saveable(tree)

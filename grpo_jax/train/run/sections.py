@@ -172,6 +172,7 @@ class LoopSection:
   checkpoint_every: int
   keep_checkpoints: int
   max_consecutive_skips: int
+  no_signal_steps: int = 10  # a line after this many steps in a row without signal; 0 = never
 
   @property
   def schedule(self) -> Schedule:
@@ -181,7 +182,8 @@ class LoopSection:
   def of(cls, config) -> "LoopSection":
     t = config.train
     return cls(int(t.steps), int(t.eval_every), int(t.checkpoint_every),
-               int(t.keep_checkpoints), int(t.max_consecutive_skips))
+               int(t.keep_checkpoints), int(t.max_consecutive_skips),
+               int(t.no_signal_steps))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -9,6 +9,7 @@ import json
 import sys
 
 from grpo_jax.train.run import files
+from grpo_jax.train.run.no_signal import no_signal_note
 
 CURVES_FILE = "curves.png"
 # (metric, label) drawn against step, each where the run records it
@@ -94,6 +95,7 @@ def closing_line(workdir: str, steps: int, wall_s: float | None, checkpoint: str
   if evals:
     (s0, v0), (s1, v1) = evals[0], evals[-1]
     line += f"; held-out {metric} {v0:.3f} (step {s0}) -> {v1:.3f} (step {s1})"
+  line += no_signal_note(records)
   parts = [name for name in ("metrics.jsonl", CURVES_FILE, "samples.jsonl")
            if files.exists(files.path(workdir, name))]
   if checkpoint:

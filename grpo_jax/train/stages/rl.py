@@ -46,6 +46,7 @@ from grpo_jax.train.run.reward_models import build_reward_sources
 from grpo_jax.train.run.export import export_policy
 from grpo_jax.train.run.faults import TerminationFlag, check_skips, check_state_finite
 from grpo_jax.train.run.metrics import MetricsWriter
+from grpo_jax.train.run.no_signal import NoSignalWatch, warmup_check_line
 from grpo_jax.train.run.runner import run_steps
 from grpo_jax.train.run.samples import SamplesWriter, format_samples
 from grpo_jax.train.run.summary import closing_line, where_line, write_curves
@@ -300,6 +301,14 @@ def _run(run: Run, sections: Sections, configs, state, resumed: bool, ckpts,
              for wd, c in zip(run.workdirs, configs)]
   samplers = [SamplesWriter(wd, enabled, w) for wd, w in zip(run.workdirs, writers)]
 
+  labels = [f" (seed {s})" if axis.stacked else "" for s in axis.seeds]
+  watches = [NoSignalWatch(t.no_signal_steps, c, log, label)
+             for c, label in zip(configs, labels)]
+  first_rewards = getattr(advance, "first_rewards", None)  # (None: a source owning the step)
+  if not resumed and configs[0].warmup.steps and first_rewards is not None:
+    for rewards, c, label in zip(first_rewards(state), configs, labels):
+      log(warmup_check_line(rewards, c.rollout.group_size, c, label))
+
   def evaluate(state, step):
     per_model = []
     evals = run_eval(policy_params(state.train), per_model)
@@ -346,6 +355,8 @@ def _run(run: Run, sections: Sections, configs, state, resumed: bool, ckpts,
                         clock.eta(t.steps - at)))
       else:
         writers[0].progress(at, per_seed[0], clock.eta(t.steps - at))
+      for watch, record in zip(watches, per_seed):
+        watch.see(at, record)
     if "eval_accuracy" in records[-1][0]:
       draw_curves()
     check_skips(int(np.max(np.asarray(to_host(state.train.consecutive_skips)))),

@@ -86,4 +86,15 @@ def make_advance(run: Run, state: RunState, samples_out=None):
                for m, r in zip(axis.unstack(metrics), experience.records)]
     return RunState(train, source_state), [records], [experience.tokens]
 
+  def first_rewards(state: RunState) -> list:
+    """The rewards of the batch that advance(state) will learn from, drawn and scored now
+    without advancing anything (the source's state is a value; advance draws the same batch
+    again): per seed, an array of the batch's rows."""
+    _, experience = made(state.train, state.source)
+    if samples_out is not None:
+      samples_out.clear()
+    return [np.asarray(r) for r in axis.unstack(to_host(experience.reward_inputs.rewards))]
+
+  # (not for a source that runs ahead of the learner: drawing would start its pipeline)
+  advance.first_rewards = None if staleness else first_rewards
   return advance

@@ -14,11 +14,12 @@ from grpo_jax.train.learner.state import apply_if_finite
 
 
 def sft_loss(params, model_cfg: ModelConfig, prompt_tokens, prompt_mask, target_tokens,
-             target_mask):
-  """Mean negative log-likelihood of the target tokens (answer and <eos>)."""
+             target_mask, loss_mask=None):
+  """Mean negative log-likelihood of the target tokens (answer and <eos>), or of those that
+  `loss_mask` marks (the rest are context: an episode's environment tokens)."""
   logp, _ = completion_logprobs(params, model_cfg, prompt_tokens, prompt_mask, target_tokens,
                                 target_mask)
-  return -masked_mean(logp, target_mask)
+  return -masked_mean(logp, target_mask if loss_mask is None else loss_mask)
 
 
 def make_warmup_step(model_cfg: ModelConfig, warmup_cfg):
@@ -34,8 +35,8 @@ def make_warmup_step(model_cfg: ModelConfig, warmup_cfg):
       end_value=warmup_cfg.learning_rate * 0.05)
   optimizer = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(schedule))
 
-  def step(params, opt_state, pt, pm, tt, tm):
-    loss, grads = jax.value_and_grad(sft_loss)(params, model_cfg, pt, pm, tt, tm)
+  def step(params, opt_state, pt, pm, tt, tm, lm=None):
+    loss, grads = jax.value_and_grad(sft_loss)(params, model_cfg, pt, pm, tt, tm, lm)
     params, opt_state, applied = apply_if_finite(params, opt_state, grads, loss, optimizer)
     return params, opt_state, loss, applied
 
@@ -65,6 +66,8 @@ def run_warmup(params, task, model_cfg: ModelConfig, warmup_cfg, axis, log=print
       break
     batches = [task.warmup_batch(i, warmup_cfg.batch_size, s, warmup_cfg.carry_drop_fraction)
                for s in axis.seeds]
+    if getattr(batches[0], "loss_mask", None) is not None:
+      fields = fields[:4] + ("loss_mask",)
     params, opt_state, loss, _ = step(params, opt_state,
                                    *[axis.stack([getattr(b, f) for b in batches]) for f in fields])
     if warmup_log_due(i, warmup_cfg.steps):
