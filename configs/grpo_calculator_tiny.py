@@ -60,7 +60,7 @@ def get_config() -> ml_collections.ConfigDict:
   c.rl.kl_coef = 0.0
   c.optim.learning_rate = 2e-4
   c.train.steps = 60
-  c.train.eval_every = 10
+  c.train.eval_every = 20  # (a multiple of the fused source's train.fused_steps=4 too)
   c.train.eval_size = 64
   c.train.eval_batch_size = 64
   c.train.checkpoint_every = 20

@@ -242,8 +242,9 @@ def test_a_run_says_when_it_has_no_signal():
   assert len(lines) == 1 and lines[0].startswith(
       "no signal: steps 3-5, every group tied (at reward 0.000), so no update moved the policy "
       "(rl.skip_without_signal).")
-  for field in ("rl.dynamic_sampling=True", "rollout.group_size (now 8)",
-                "rollout.temperature (now 0.6)", "warmup.steps, now 1000"):
+  for field in ("rl.dynamic_sampling=True", f"rollout.group_size (now {config.rollout.group_size})",
+                f"rollout.temperature (now {config.rollout.temperature:g})",
+                f"warmup.steps, now {config.warmup.steps}"):
     assert field in lines[0]
   none = warmup_check_line([0.0] * 16, 8, config)
   assert none.startswith("warm-up check: the first batch's 16 samples (2 prompts x 8), scored "

@@ -84,7 +84,9 @@ def test_the_tiny_recipe_runs_split_four_and_four(tmp_path):
   the sampler samples with) on 4-7, each sync moving the params' 1,583,616 bytes."""
   got = _split_run(tmp_path, SMALL)
   assert got["learner"] == [0, 1, 2, 3] and got["sampler"] == [4, 5, 6, 7]
-  assert [s["weight_sync_bytes"] for s in got["syncs"]] == [1_583_616] * 3
+  # 4 syncs: the warm-up check's draw of the first batch (grpo_jax/train/run/no_signal.py),
+  # then one a step
+  assert [s["weight_sync_bytes"] for s in got["syncs"]] == [1_583_616] * 4
   assert all(s["weight_sync_s"] > 0 for s in got["syncs"])
   steps = [r for r in got["records"] if "reward_mean" in r]
   assert [r["step"] for r in steps] == [1, 2, 3]
