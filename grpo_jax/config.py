@@ -209,6 +209,11 @@ def validate(config) -> None:
              f"optim.{name}={opt[name]}; use a finite value >= 0.")
   _require(math.isfinite(opt.max_grad_norm) and opt.max_grad_norm > 0,
            f"optim.max_grad_norm={opt.max_grad_norm}; use a finite value > 0 (1.0 is usual).")
+  from grpo_jax.train.learner.state import LR_SCHEDULES  # noqa: PLC0415
+  _one_of(opt.get("schedule", "constant"), tuple(sorted(LR_SCHEDULES)), "optim.schedule")
+  frac = opt.get("final_lr_fraction", 0.0)
+  _require(math.isfinite(frac) and 0 <= frac <= 1, f"optim.final_lr_fraction={frac}; use a "
+           f"fraction of the peak rate in [0, 1] (0: the rate falls to 0 by the last update).")
   _require(opt.b1 < 1 and opt.b2 < 1, f"optim.b1={opt.b1}, optim.b2={opt.b2}; AdamW's decay "
            f"rates must be below 1 (0.9 and 0.99 are usual).")
   for name in ("num_samples", "samples_every"):
@@ -250,10 +255,14 @@ def _validate_capabilities(config, task) -> None:
   if w.steps > 0 and w.data_path:
     task.require("supervised", f"warmup.steps={w.steps} with warmup.data_path={w.data_path!r}",
                  "set warmup.steps=0")
-  elif w.steps > 0:
+  elif w.steps > 0:  # (round 5's VR5: the data_path fix offered where it cannot work)
+    fix = "set warmup.steps=0 (a real checkpoint needs none)"
+    if "supervised" in task.capabilities:
+      fix += ", or give warmup.data_path, a jsonl file of {prompt, response}"
+    elif config.model.get("vision") is not None:
+      fix += "; a vision-language policy takes no supervised warm-up (docs/vision.md)"
     task.require("warmup", f"warmup.steps={w.steps} (a supervised warm-up on the task's own "
-                 f"data)", "set warmup.steps=0 (a real checkpoint needs none), or give "
-                 "warmup.data_path, a jsonl file of {prompt, response}")
+                 f"data)", fix)
 
 
 WANDB_MODES = ("online", "offline", "disabled")  # train.wandb_mode

@@ -81,6 +81,9 @@ def _validate_distill(config) -> None:
   _require(rl.distill_coef >= 0, f"rl.distill_coef={rl.distill_coef}; use 0 (off) or a weight "
            f"> 0 of the reverse KL to the teacher.")
   if rl.distill_coef == 0:
+    _require(not rl.distill_teacher, f"rl.distill_teacher={rl.distill_teacher!r} is set, but "
+             f"rl.distill_coef=0, so the teacher is never asked and the run is plain RL; set "
+             f"rl.distill_coef > 0 (configs/distill_tiny.py uses 3.0), or rl.distill_teacher=''.")
     return
   remote = rl.distill_teacher.startswith(("http://", "https://"))  # checked at its /info
   _require(remote or os.path.isfile(os.path.join(rl.distill_teacher, "config.json")),

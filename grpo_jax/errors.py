@@ -33,6 +33,13 @@ class RewardError(RunStopped):
   """A reward function raised or returned a non-finite value."""
 
 
+class RewardContractError(InputError, RewardError):
+  """A reward function broke its contract for a whole batch (values of another count or shape
+  than its completions', or not numbers), which no completion alone shows: the user's code to
+  fix, so exit 2 like bad input (`main` reads the InputError first), while a caller that
+  catches RewardError still does."""
+
+
 class StopAfterSaving(RunStopped):
   """A fault of the step in flight that the last completed step does not share: the loop
   saves that step before the run stops, so the same command resumes there."""

@@ -171,7 +171,14 @@ def main(argv):
 
   if _PRINT_CONFIG.value:
     from grpo_jax.config_docs import describe  # noqa: PLC0415
-    print(describe(_loaded_config()))
+    config = _loaded_config()
+    print(describe(config))
+    if _STAGE.value == "rl":  # round 5's X02: a value the run refuses was printed without a word
+      from grpo_jax.config import validate  # noqa: PLC0415
+      try:
+        validate(config)
+      except ConfigError as e:
+        print(f"# a run of this config would stop at once: {e}", flush=True)
     return
 
   def run():

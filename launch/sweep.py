@@ -25,7 +25,7 @@ sys.path.insert(0, ROOT)
 
 from grpo_jax.sweep.checks import check_arms  # noqa: E402
 from grpo_jax.sweep.report import write_report  # noqa: E402
-from grpo_jax.sweep.runner import command_line, pending_jobs, run_jobs  # noqa: E402
+from grpo_jax.sweep.runner import SweepStopped, command_line, pending_jobs, run_jobs  # noqa: E402
 from grpo_jax.sweep.spec import SEED_AXES, SweepError, load_sweep  # noqa: E402
 
 
@@ -53,6 +53,14 @@ def main(argv=None) -> int:
     sweep = dataclasses.replace(sweep, seed_axis=args.seed_axis)
   sweep_dir = os.path.abspath(args.workdir or os.path.join("sweeps", sweep.name))
   failed = []
+  try:  # round 5's W10: a read-only workdir was a traceback
+    os.makedirs(sweep_dir, exist_ok=True)
+    if not os.access(sweep_dir, os.W_OK):
+      raise PermissionError("not writable")
+  except OSError as e:
+    print(f"error: the sweep's workdir {sweep_dir} cannot be written ({e.strerror or e}); pass "
+          f"a writable --workdir.", file=sys.stderr)
+    return 2
   if not args.report_only:
     todo, skipped = pending_jobs(sweep, sweep_dir)
     try:
@@ -68,8 +76,13 @@ def main(argv=None) -> int:
     print(f"sweep {sweep.name}: {len(sweep.arms)} arms x {len(sweep.seeds)} seeds; "
           f"{skipped} finished run(s) skipped, {runs} to run in {len(todo)} process(es) "
           f"({args.parallel} at a time) under {sweep_dir}", flush=True)
-    failed = run_jobs(todo, sweep_dir, cwd=ROOT, parallel=args.parallel,
-                      log=lambda m: print(m, flush=True))
+    try:
+      failed = run_jobs(todo, sweep_dir, cwd=ROOT, parallel=args.parallel,
+                        log=lambda m: print(m, flush=True))
+    except SweepStopped as e:
+      print(f"stopped by signal {e.signum}: the running jobs were stopped and saved their "
+            f"step; run the same command again to resume them.", file=sys.stderr, flush=True)
+      return 128 + e.signum
   for path in write_report(sweep, sweep_dir):
     print(f"wrote {path}")
   if failed:

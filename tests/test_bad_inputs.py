@@ -110,6 +110,7 @@ CONFIG_CASES = [
     ("rl.max_extra_rollouts=-1", "rl.max_extra_rollouts=-1"),
     ("train.num_samples=-1", "train.num_samples=-1"),
     ("train.samples_every=-1", "train.samples_every=-1"),
+    ("rl.max_staleness=1000000", "rl.max_staleness=1000000 keeps 1000000 copies"),
 ]
 
 

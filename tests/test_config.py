@@ -56,6 +56,13 @@ def test_config_error_from_main_is_one_line(tmp_path):
     ("warmup", "learning_rate", float("nan"), "warmup.learning_rate=nan; use a finite value"),
     ("optim", "max_grad_norm", 0.0, "optim.max_grad_norm=0.0; use a finite value > 0"),
     ("optim", "b2", 1.0, "optim.b2=1.0; AdamW's decay rates must be below 1"),
+    # round 5's X01: a teacher without its coefficient was ignored
+    ("rl", "distill_teacher", "http://127.0.0.1:9", "rl.distill_teacher='http://127.0.0.1:9' "
+                                                    "is set, but rl.distill_coef=0"),
+    ("optim", "schedule", "cosin", "optim.schedule='cosin' is unknown; valid: constant, "
+                                   "cosine, linear"),
+    ("optim", "final_lr_fraction", 1.5, "optim.final_lr_fraction=1.5; use a fraction of the "
+                                        "peak rate in [0, 1]"),
     ("rollout", "max_new_tokens", 0, "rollout.max_new_tokens=0; use at least 1"),
     ("train", "eval_pass_k", -2, "train.eval_pass_k=-2; use 0 (off)"),
     ("model", "compute_dtype", "float8", "model.compute_dtype='float8' is unknown; valid: "
@@ -122,3 +129,41 @@ def test_an_moe_model_refuses_what_cannot_record_its_routing():
   with pytest.raises(ConfigError, match=r"an MoE model \(model.num_experts=4\) records its "
                                         r"routing on the per-row passes; set rl.pack_tokens=0"):
     validate(config)
+
+
+# Round 5's environment fields that ran on nothing (E08, E14) or ended in a traceback that
+# named no field (E15, E16): one sentence from the config's checks or the environment's own.
+@pytest.mark.parametrize("field,value,expected", [
+    ("max_turns", 0, "env.max_turns=0; use a whole number >= 1"),
+    ("max_concurrency", 0, "env.max_concurrency=0; use a whole number >= 1"),
+    ("max_completion_tokens", 0, "env.max_completion_tokens=0; use a whole number >= 1"),
+    ("digits", 0, "env.digits=0; use a whole number from 1 to 18"),
+    ("question", "{c}-{a}", "env.question='{c}-{a}' cannot be filled (KeyError: 'c'); its "
+                            "placeholders are {a} and {b}, the two factors."),
+])
+def test_a_bad_environment_field_is_one_sentence(field, value, expected):
+  from configs import grpo_calculator_tiny  # noqa: PLC0415
+  from grpo_jax.envs import ENVIRONMENTS  # noqa: PLC0415
+  config = grpo_calculator_tiny.get_config()
+  config.env[field] = value
+  with pytest.raises(ConfigError) as err:
+    validate(config)
+    ENVIRONMENTS.bind(config.env.name, config.env)()
+  assert str(err.value).startswith(expected), str(err.value)
+
+
+def test_round_5s_unclear_sentences_now_say_the_cause():
+  """VR5: a vision policy's warm-up was offered warmup.data_path, which cannot work for it;
+  X09: a training run's workdir given as the model was called an unsupported model_type."""
+  from configs import grpo_vision_tiny  # noqa: PLC0415
+  from grpo_jax.models.hf import model_config_from_hf  # noqa: PLC0415
+  config = grpo_vision_tiny.get_config()
+  config.warmup.steps = 5
+  with pytest.raises(ConfigError) as err:
+    validate(config)
+  assert "data_path" not in str(err.value) and str(err.value).endswith(
+      "set warmup.steps=0 (a real checkpoint needs none); a vision-language policy takes no "
+      "supervised warm-up (docs/vision.md).")
+  with pytest.raises(ValueError, match=r"^config.json is a grpo_jax run's config, not a "
+                     r"model's: this folder is a training run's workdir; give its hf_export"):
+    model_config_from_hf({"train": {}, "rl": {}, "model": {}})

@@ -5,6 +5,8 @@ the calculator environment's episodes, and episodes that do not depend on tool t
 import dataclasses
 import os
 import random
+import subprocess
+import sys
 import time
 
 import numpy as np
@@ -16,7 +18,7 @@ from grpo_jax.envs.calculator import CalculatorEnv, calculator_rows
 from grpo_jax.envs.parsers import TOOL_CALL_PARSERS, ParseFailure, ToolCall
 from grpo_jax.envs.runner import EpisodeRunner
 from grpo_jax.envs.sandbox import run_python
-from grpo_jax.envs.tools import Tool, call_tools
+from grpo_jax.envs.tools import Tool, ToolPool, call_tools
 
 hermes, pythonic = TOOL_CALL_PARSERS.get("hermes"), TOOL_CALL_PARSERS.get("pythonic")
 
@@ -42,6 +44,30 @@ def test_pythonic_calls_read_literals_only():
   assert pythonic("Answer: 42") == []
 
 
+def test_hostile_call_text_is_a_parse_failure_never_an_exception():
+  """Round 5's P03, P04 and P07: text a degenerate policy writes. Nesting past what json / ast
+  can read is a ParseFailure (it raised RecursionError / MemoryError and ended the run); a turn
+  of 1,000 calls keeps its first MAX_CALLS_PER_TURN and one failure for the rest."""
+  from grpo_jax.envs.parsers import MAX_CALLS_PER_TURN  # noqa: PLC0415
+  for parsed in (hermes("<tool_call>" + "[" * 1000), hermes("<tool_call>" + "[" * 100_000),
+                 pythonic("[calculator(expression=" + "-" * 200_000 + "1)]"),
+                 pythonic("[calculator(expression=" + "-" * 5_000 + "1)]"),
+                 pythonic("[calculator(expression=" + "(" * 300 + "1" + ")" * 300 + ")]")):
+    (failure,) = parsed
+    assert isinstance(failure, ParseFailure) and ("nested too deeply" in failure.why or
+                                                  "too many nested parentheses" in failure.why)
+  for text in ("[" + ", ".join(["calculator(expression='1+1')"] * 1000) + "]",
+               '<tool_call>{"name": "calculator", "arguments": {"expression": "1+1"}}'
+               '</tool_call>' * 1000):
+    calls = (pythonic if text.startswith("[") else hermes)(text)
+    assert calls[:-1] == [ToolCall("calculator", {"expression": "1+1"})] * MAX_CALLS_PER_TURN
+    assert calls[-1].why == (f"a turn makes at most {MAX_CALLS_PER_TURN} tool calls; the "
+                             f"{1000 - MAX_CALLS_PER_TURN} after them were not run.")
+  # a failed call is shown as written, non-ASCII text included (ast counts UTF-8 bytes)
+  assert pythonic('[calculator(expression="é"), search(query=open("f"))]')[1].text == \
+      'search(query=open("f"))'
+
+
 def _slow(seconds):
   time.sleep(seconds)
   return "late"
@@ -51,12 +77,27 @@ def _boom():
   raise RuntimeError("disk full")
 
 
+def _exits():
+  sys.exit(3)
+
+
+def _interrupts():
+  raise KeyboardInterrupt
+
+
+def _surrogate():
+  return "bad \udc80 text"
+
+
+NO_ARGS = {"type": "object", "properties": {}}
+
+
 def test_every_tool_error_kind_is_a_tool_message(thread_pool):
   tools = {t.name: t for t in (
       CALCULATOR,
       Tool("slow", "sleeps", {"type": "object", "properties": {"seconds": {"type": "number"}},
                               "required": ["seconds"]}, _slow, timeout_s=0.2),
-      Tool("boom", "fails", {"type": "object", "properties": {}}, _boom))}
+      Tool("boom", "fails", NO_ARGS, _boom))}
   calls = [ParseFailure("{", "the tool call is not valid JSON."),
            ToolCall("calc", {"expression": "1"}),
            ToolCall("calculator", {}),
@@ -79,6 +120,33 @@ def test_every_tool_error_kind_is_a_tool_message(thread_pool):
   assert texts[5] == "Error: boom failed: RuntimeError: disk full"
   assert texts[6] == "Error: slow took longer than 0.2 s and was stopped."
   assert texts[7] == "7006652"
+
+
+def test_a_tool_that_exits_or_returns_bad_unicode_is_a_tool_message():
+  """Round 5's T03 / E01: a tool's sys.exit() or KeyboardInterrupt is its failure, a message the
+  model reads, never the end of the run; a result with a lone surrogate reaches the model with
+  U+FFFD in its place (no tokenizer can encode it)."""
+  tools = {t.name: t for t in (Tool("exits", "", NO_ARGS, _exits),
+                               Tool("interrupts", "", NO_ARGS, _interrupts),
+                               Tool("surrogate", "", NO_ARGS, _surrogate))}
+  outcomes = call_tools([ToolCall(name, {}) for name in tools], tools, ToolPool(2))
+  assert [o.error for o in outcomes] == ["exception", "exception", ""]
+  assert [o.message["content"] for o in outcomes] == [
+      "Error: exits failed: SystemExit: 3", "Error: interrupts failed: KeyboardInterrupt: ",
+      "bad \ufffd text"]
+
+
+def test_a_hung_tool_does_not_keep_a_finished_process_alive():
+  """Round 5's E02: a call abandoned after its timeout (here sleeping 3,600 s) is on a daemon
+  thread (envs/tools.ToolPool): the process exits when its work is done."""
+  program = ("import time\nfrom grpo_jax.envs.tools import Tool, ToolPool, call_tools\n"
+             "from grpo_jax.envs.parsers import ToolCall\n"
+             "tool = Tool('hang', '', {'type': 'object', 'properties': {}}, "
+             "lambda: time.sleep(3600), timeout_s=0.1)\n"
+             "print(call_tools([ToolCall('hang', {})], {'hang': tool}, ToolPool(1))[0].error)\n")
+  out = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True,
+                       timeout=60, cwd=os.path.dirname(os.path.dirname(__file__)))
+  assert (out.returncode, out.stdout) == (0, "timeout\n"), out.stderr[-2000:]
 
 
 @pytest.fixture

@@ -120,6 +120,40 @@ def test_held_out_scores_of_shape_b_by_1_still_count_and_a_wrong_shape_is_named(
     evaluate_models(lambda *_: rollout, 1, Short(task), train_cfg)
 
 
+@pytest.mark.parametrize("scoring", ["training", "held-out"])
+def test_a_reward_function_of_the_wrong_count_for_a_batch_is_bad_input(scoring):
+  """A reward function right for one completion and wrong for a batch (round 5's `short_batch`):
+  one sentence naming it, the counts and the scoring, as bad input (exit 2), at either scoring;
+  it used to blame the task ("failed on the whole batch ... fix its batch handling", exit 1)."""
+  from grpo_jax.errors import InputError  # noqa: PLC0415
+  from grpo_jax.rewards.functions import RewardCountError  # noqa: PLC0415
+  task = AdditionTask(2, 100, 4, fixed_width=True, reverse_answer=True)
+
+  class ShortBatch(_NanOnEmpty):
+    def _short(self, tokens):
+      if len(tokens) > 1:
+        raise RewardCountError(f"reward function 'my_rewards.py:short_batch' returned 1 values "
+                               f"for {len(tokens)} completions; return one float per "
+                               f"completion.")
+    def score(self, batch, tokens, mask, group_size):
+      self._short(tokens)
+      return self.task.score(batch, tokens, mask, group_size)
+    def eval_scores(self, batch, tokens, mask):
+      self._short(tokens)
+      return self.task.eval_scores(batch, tokens, mask)
+  batch = task.test_batch(4)
+  tokens, mask = batch.target_tokens, batch.target_mask
+  with pytest.raises(InputError) as err:
+    if scoring == "training":
+      guard.guarded_score(ShortBatch(task), batch, tokens, mask, 1, "raise")
+    else:
+      guard.guarded_eval_scores(ShortBatch(task), batch, tokens, mask, "raise")
+  assert str(err.value) == (f"reward function 'my_rewards.py:short_batch' returned 1 values for "
+                            f"4 completions, at the {scoring} scoring (a batch of 4); fix it to "
+                            f"return one float per completion, whatever their number.")
+  assert isinstance(err.value, faults.RewardError)
+
+
 def test_too_many_failed_rewards_stop_the_step():
   faults.check_reward_error_fraction(3, 6, 0.5, 4)  # half: goes on
   with pytest.raises(faults.RunStopped) as err:

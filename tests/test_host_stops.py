@@ -215,6 +215,12 @@ def test_print_config_lists_every_field_with_its_doc(capsys):
   steps = next(line for line in out if line.startswith("train.steps = 7"))
   assert steps.split("  # ")[1].startswith("RL steps")
   assert any(line.startswith("reward.timeout_s = 300.0 ") and "seconds" in line for line in out)
+  assert not any(line.startswith("# a run of this config would stop") for line in out)
+  # round 5's X02: a value the run refuses is printed, and said to be refused
+  code = cli(["--config=configs/grpo_tiny.py", "--config.rl.kl_coef=-1", "--print_config"])
+  out = capsys.readouterr().out.splitlines()
+  assert code == 0 and out[-1] == ("# a run of this config would stop at once: rl.kl_coef=-1.0; "
+                                   "use a value >= 0 (0 turns KL off).")
 
 
 def test_a_config_file_that_exits_is_one_sentence(tmp_path, capfd):

@@ -27,7 +27,8 @@ def _mesh(data):
 
 def test_a_split_must_leave_both_roles_devices():
   with pytest.raises(ValueError, match=r"^mesh.rollout_devices=1 cannot be carved from 1 "
-                                       r"devices; use 0 \(one shared mesh\) or 1 to 0"):
+                                       r"device; use 0 \(one shared mesh\) \(split placement "
+                                       r"needs at least 2 devices"):
     role_meshes(mesh_config(-1), 1)
   learner, sampler = role_meshes(mesh_config(-1), 0)
   assert sampler is None and learner.size == 1

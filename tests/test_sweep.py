@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -48,6 +49,11 @@ def test_sweep_file_gives_arms_overrides_and_commands(tmp_path):
                                    seeds=[0, 1, 2], seed_axis="vmap"))
   jobs, _ = pending_jobs(vmapped, str(tmp_path / "v"))
   assert len(jobs) == 2 and "--vmap_seeds=0,1,2" in jobs[0].command
+  # round 5's W03: a key that matches no arm (a typo) is refused, not dropped
+  with pytest.raises(SweepError, match=r"arm_overrides key 'advantage=rlo0' is in no arm's "
+                     r"name, so its overrides would never apply; the arms are advantage=grpo, "):
+    load_sweep(_sweep_file(tmp_path, base_config="c.py", grid={"rl.advantage": ["grpo", "rloo"]},
+                           arm_overrides={"advantage=rlo0": {"rl.kl_coef": 0.5}}))
 
 
 def test_recipes_pick_each_arms_config_and_program(tmp_path):
@@ -200,3 +206,35 @@ def test_points_against_wall_clock_take_each_steps_elapsed_seconds():
   assert points(records, "eval_accuracy", "elapsed_s") == [(0.0, 0.2), (5.5, 0.6)]
   assert points(records, "reward_mean", "elapsed_s") == [(3.0, 0.1), (5.5, 0.3)]
   assert points([{"step": 4, "eval_accuracy": 0.5}], "eval_accuracy", "elapsed_s") == []
+
+
+def test_sigterm_to_the_launcher_stops_its_jobs_and_a_rerun_sums_their_time(tmp_path):
+  """Round 5's W08 and W09: SIGTERM to the launcher reaches its running job (which saves and
+  exits) instead of leaving it orphaned; the job's seconds are kept, and the process that
+  finishes it reports both processes' time, not its own."""
+  import signal  # noqa: PLC0415
+  job_program = ("import signal, sys, time\n"
+                 "def saved(*_):\n  open('saved', 'w').write('1')\n  sys.exit(143)\n"
+                 "signal.signal(signal.SIGTERM, saved)\nopen('started', 'w').write('1')\n"
+                 "time.sleep(60)\n")
+  launcher = (f"import sys\nsys.path.insert(0, {ROOT!r})\n"
+              "from grpo_jax.sweep.runner import SweepStopped, run_jobs\n"
+              "from grpo_jax.sweep.spec import Arm, Job\n"
+              f"job = Job(Arm('a', {{}}, {{}}), (0,), {str(tmp_path / 'job')!r}, "
+              f"('python', '-c', {job_program!r}))\n"
+              "try:\n  run_jobs([job], '.', cwd=job.workdir)\n"
+              "except SweepStopped as e:\n  sys.exit(128 + e.signum)\n")
+  (tmp_path / "job").mkdir()
+  process = subprocess.Popen([sys.executable, "-c", launcher], cwd=tmp_path)
+  for _ in range(300):
+    if (tmp_path / "job" / "started").exists():
+      break
+    time.sleep(0.1)
+  process.send_signal(signal.SIGTERM)
+  assert process.wait(timeout=60) == 143
+  assert (tmp_path / "job" / "saved").exists()  # the job got the signal and saved
+  (first,) = json.loads((tmp_path / "job" / "sweep_wall_s.json").read_text())
+  from grpo_jax.sweep.runner import _add_wall  # noqa: PLC0415
+  from grpo_jax.sweep.spec import Arm, Job  # noqa: PLC0415
+  job = Job(Arm("a", {}, {}), (0,), str(tmp_path / "job"), ("python",))
+  assert _add_wall(job, 2.0) == pytest.approx(first + 2.0)

@@ -157,11 +157,13 @@ BAD_ROWS = [
     (b'{"prompt": "fine"}\n{"prompt": "   "}\n', "rows.jsonl:2 has an empty prompt"),
     (b'{"prompt": "fine"}\n{"prompt": "' + b"many words " * 80 + b'"}\n',
      "rows.jsonl:2 has a prompt of"),
+    (b'{"prompt": "fine"}\n{"messages": [{"role": "user", "content": "\\udc80 a"}]}\n',
+     "rows.jsonl:2 has text that is not valid Unicode in messages[0].content"),
 ]
 
 
 @pytest.mark.parametrize("content,needle", BAD_ROWS, ids=["utf8", "json", "no_prompt", "empty",
-                                                           "too_long"])
+                                                           "too_long", "lone_surrogate"])
 def test_a_bad_row_is_one_sentence_or_skipped(tmp_path, capfd, model_dir, content, needle):
   data = tmp_path / "rows.jsonl"
   data.write_bytes(content + b'{"prompt": "also fine", "answer": "1"}\n' * 20)
@@ -184,7 +186,7 @@ BAD_REWARDS = [
     ("def score(prompts, completions, **c):\n  return [1 / 0 for _ in completions]\n",
      ("reward function", "raised ZeroDivisionError")),
     ("def score(prompts, completions, **c):\n  return [1.0, 2.0] + [0.0] * len(completions)\n",
-     ("returned 3 values for 1 completions",)),
+     ("returned 4 values for 2 completions", "probe call")),
     ("def score(prompts, completions, **c):\n  return [float('nan')] * len(completions)\n",
      ("returned nan",)),
     ("def other(prompts, completions, **c):\n  return [0.0] * len(completions)\n",
@@ -194,14 +196,17 @@ BAD_REWARDS = [
      ("called sys.exit(0)",)),
     ("def score(prompts, completions, **c):\n  return None\n", ("returned None",)),
     ("def score(prompts, completions, **c):\n  n = len(completions)\n  completions.clear()\n"
-     "  return [0.0] * len(completions)\n", ("returned 0 values for 1 completions",)),
+     "  return [0.0] * len(completions)\n", ("returned 0 values for 2 completions",)),
     ("import sys\nsys.exit(0)\n", ("importing", "SystemExit: 0")),
+    ("def score(prompts, completions, **c):\n"  # right for one completion only (round 5)
+     "  return [0.5] if len(completions) > 1 else [0.0] * len(completions)\n",
+     ("returned 1 values for 2 completions", "on a probe call")),
 ]
 
 
 @pytest.mark.parametrize("body,needles", BAD_REWARDS, ids=["raises", "count", "nan", "missing",
                                                              "import", "exit", "none", "mutates",
-                                                             "exit_on_import"])
+                                                             "exit_on_import", "short_batch"])
 def test_a_bad_reward_function_is_named_in_one_sentence(tmp_path, capfd, model_dir, body,
                                                         needles):
   data = tmp_path / "rows.jsonl"

@@ -222,3 +222,19 @@ def test_the_loss_mask_is_the_action_mask():
   np.testing.assert_array_equal(np.asarray(batch.completion_mask),
                                 np.asarray(rollout.completion_mask))
   assert want.sum() > 0 and (np.asarray(rollout.completion_mask) & inserted).sum() > 0
+
+
+@pytest.mark.parametrize("name", ["constant", "linear", "cosine"])
+def test_lr_schedules_warm_up_then_hold_or_decay_to_the_final_fraction(name):
+  """optim.schedule against a NumPy reference: linear warm-up over 10 updates to 5e-4, then
+  constant, or down to 0.1 x the peak at update 100, linearly or along a half cosine."""
+  from grpo_jax.train.learner.state import LR_SCHEDULES  # noqa: PLC0415
+  peak, warm, total, final = 5e-4, 10, 100, 5e-5
+  t = np.arange(0, 120)
+  frac = np.clip((t - warm) / (total - warm), 0, 1)
+  after = {"constant": np.full_like(frac, peak),
+           "linear": peak + (final - peak) * frac,
+           "cosine": final + (peak - final) * 0.5 * (1 + np.cos(np.pi * frac))}[name]
+  want = np.where(t < warm, peak * t / warm, after)
+  got = np.array([float(LR_SCHEDULES[name](peak, warm, total, final)(i)) for i in t])
+  np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-10)

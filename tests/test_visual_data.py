@@ -104,6 +104,29 @@ def test_png_round_trips_through_pillow(tmp_path):
   np.testing.assert_array_equal(load_image({"bytes": png_bytes(image), "path": None}, ""), image)
 
 
+def test_16_bit_and_transparent_images_read_as_their_pixels(tmp_path):
+  """Round 5's V10 and V11: a 16-bit greyscale PNG is scaled to 8 bits (40000 of 65535 -> 156;
+  Pillow's convert clipped it to 255), and an image with alpha is composited onto white exactly
+  as transformers' convert_to_rgb does (it lost its alpha: a transparent pixel read dark)."""
+  from PIL import Image  # noqa: PLC0415
+  from transformers.image_transforms import convert_to_rgb  # noqa: PLC0415
+  Image.fromarray(np.full((4, 4), 40000, np.uint16)).save(tmp_path / "deep.png")
+  assert (load_image("deep.png", str(tmp_path)) == 156).all()
+  rgba = np.zeros((4, 4, 4), np.uint8)
+  rgba[..., :3] = (10, 20, 30)
+  rgba[:, 2:, 3] = 128
+  rgba[:, :1, 3] = 0
+  rgba[:, 1:2, 3] = 255
+  image = Image.fromarray(rgba)
+  image.save(tmp_path / "alpha.png")
+  got = load_image("alpha.png", str(tmp_path))
+  assert got[0, 0].tolist() == [255, 255, 255] and got[0, 1].tolist() == [10, 20, 30]
+  np.testing.assert_array_equal(got, np.asarray(convert_to_rgb(image)))
+  (tmp_path / "adir.png").mkdir()  # round 5's V04: it was said not to exist
+  with pytest.raises(ImageLoadError, match=r"adir.png is a folder, not an image file$"):
+    load_image("adir.png", str(tmp_path))
+
+
 def test_the_docs_samples_are_the_generators_rows():
   for k, index in enumerate((1000002, 1000004)):
     with open(os.path.join(ROOT, "docs", "img", f"visual_count_sample_{k}.png"), "rb") as f:

@@ -73,6 +73,19 @@ class EnvTask(ChatTextTask):
       raise ConfigError(f"env.async_slots={slots} schedules host tools' episodes, but "
                         f"train.experience_source='fused_episodes' plays them in one jit with "
                         f"no tool to wait on; set env.async_slots=0.")
+    env = config.env
+    for name in ("max_turns", "max_concurrency", "max_completion_tokens"):
+      value = env.get(name, 1)
+      if not isinstance(value, int) or value < 1:  # round 5's E08, E15: 0 ran on nothing
+        raise ConfigError(f"env.{name}={value!r}; use a whole number >= 1 (0 would play "
+                          f"episodes of no turn, with no thread, or of no token).")
+    if source == "fused_episodes":  # round 5's E10: said only after the warm-up
+      from grpo_jax.train.sources.fused_episodes import JAX_ENVIRONMENTS  # noqa: PLC0415
+      if env.name not in JAX_ENVIRONMENTS:
+        raise ConfigError(f"train.experience_source='fused_episodes' has no JAX form of the "
+                          f"environment {env.name!r} (it has: "
+                          f"{', '.join(JAX_ENVIRONMENTS.names())}); use "
+                          f"train.experience_source='episodes'.")
     if source == "fused_episodes" and (config.task.get("tokenizer") != "char"
                                        or config.env.get("tool_parser") != "pythonic"):
       raise ConfigError("train.experience_source='fused_episodes' reads turns one character "
@@ -159,6 +172,12 @@ class EnvTask(ChatTextTask):
       if assistant_only:
         losses.append(self._assistant_tokens(first, demo, head, targets[-1]))
     pt, pm = pad_rows(prompts, self.prompt_len, self.pad_id, left=True)
+    longest = max(len(t) for t in targets)
+    if longest > self.max_completion_tokens:  # round 5's E13: pad_rows' traceback named no field
+      raise ConfigError(f"a demonstration episode of the warm-up takes {longest} tokens after "
+                        f"its prompt, more than env.max_completion_tokens="
+                        f"{self.max_completion_tokens}; raise it (an episode's every turn and "
+                        f"tool result must fit).")
     tt, tm = pad_rows(targets, self.max_completion_tokens, self.pad_id, left=False)
     lm = None
     if assistant_only:

@@ -52,6 +52,25 @@ def write_png(path: str, image: np.ndarray) -> None:
     f.write(png_bytes(image))
 
 
+def to_rgb(image) -> np.ndarray:
+  """(H, W, 3) uint8 RGB of a PIL image, as transformers' `convert_to_rgb` (the Qwen2-VL image
+  processor's first step) makes it: an image with an alpha channel composited onto white (a
+  transparent pixel is white, not its hidden colour; round 5's V11), every other mode converted.
+  One deliberate difference: 16-bit greyscale is scaled to 8 bits (v / 257), where Pillow's
+  convert, and so transformers, clips every value above 255 to white (round 5's V10)."""
+  from PIL import Image  # noqa: PLC0415
+  if image.mode.startswith("I;16") or image.mode == "I":
+    grey = np.asarray(image).astype(np.float64)
+    scale = 257.0 if image.mode.startswith("I;16") or grey.max(initial=0) <= 65535 else 16843009.0
+    grey = np.clip(np.round(grey / scale), 0, 255).astype(np.uint8)
+    return np.repeat(grey[..., None], 3, axis=-1)
+  if image.mode == "RGB":
+    return np.asarray(image, np.uint8)
+  rgba = image.convert("RGBA")
+  white = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
+  return np.asarray(Image.alpha_composite(white, rgba).convert("RGB"), np.uint8)
+
+
 def decode_image(data: bytes, what: str) -> np.ndarray:
   """(H, W, 3) uint8 RGB of an encoded image (any format Pillow reads); `what` names it in the
   ImageLoadError raised when it cannot be read."""
@@ -62,7 +81,7 @@ def decode_image(data: bytes, what: str) -> np.ndarray:
                          f"(pip install pillow)") from None
   try:
     with Image.open(io.BytesIO(data)) as opened:
-      return np.asarray(opened.convert("RGB"), np.uint8)
+      return to_rgb(opened)
   except Exception as e:  # noqa: BLE001  PIL raises many kinds for unreadable bytes
     raise ImageLoadError(f"image {what} is not a readable image (Pillow: {type(e).__name__})"
                          ) from None
@@ -92,6 +111,8 @@ def load_image(value, base_dir: str) -> np.ndarray:
     return decode_image(_b64(body, what), what)
   if isinstance(value, str):
     path = value if os.path.isabs(value) else os.path.join(base_dir, value)
+    if os.path.isdir(path):  # (round 5's V04 was told it did not exist)
+      raise ImageLoadError(f"image file {path} is a folder, not an image file")
     if not os.path.isfile(path):
       raise ImageLoadError(f"image file {path} does not exist")
     with open(path, "rb") as f:
@@ -106,7 +127,7 @@ def load_image(value, base_dir: str) -> np.ndarray:
     if value.get("path"):
       return load_image(str(value["path"]), base_dir)
   if hasattr(value, "convert") and hasattr(value, "size"):  # a PIL image
-    return np.asarray(value.convert("RGB"), np.uint8)
+    return to_rgb(value)
   raise ImageLoadError(f"image entry {str(value)[:40]!r} ({type(value).__name__}) is not a "
                        f"path, a data:image/...;base64 URI, bytes or a {{'bytes', 'path'}} "
                        f"object")

@@ -20,6 +20,7 @@ import numpy as np
 
 from grpo_jax.data.chat import epoch_stream
 from grpo_jax.data.tokenizer import pad_rows
+from grpo_jax.data.unicode_text import lone_surrogate, surrogate_sentence
 from grpo_jax.errors import InputError
 
 
@@ -90,6 +91,9 @@ def jsonl_lines(path: str, needs: str, name: str = "", digest=None):
         value = json.loads(line)
       except json.JSONDecodeError as e:
         raise InputError(f"{path} line {number} is not JSON ({e.msg}); fix that line.") from None
+      found = lone_surrogate(value)
+      if found is not None:
+        raise InputError(f"{path} line {number} {surrogate_sentence(found)}; fix that line.")
       yield number, value
 
 

@@ -147,15 +147,18 @@ class TableTask(ChatTextTask):
                        f"but the rows of {self.describe_source(data_cfg)} have no such column "
                        f"(columns: {', '.join(self.column_names) or 'none'}); rename the column "
                        f"or set data.answer_field.")
-    probe = self._batch(self.test[:1])
-    empty = np.zeros((1, 1), np.int32), np.zeros((1, 1), bool)
-    for reward in rewards:  # a broken function fails here, before any compute, in one sentence
+    # Two rows, so that a function which gets its batch wrong (e.g. always one value) fails
+    # here too, before any compute, in one sentence.
+    probe = self._batch((self.test * 2)[:2])
+    empty = np.zeros((2, 1), np.int32), np.zeros((2, 1), bool)
+    for reward in rewards:
       try:
         call_reward(reward, probe.user_text, self.decode(*empty), self._columns(probe, 1))
       except (RuntimeError, ValueError) as e:
-        raise InputError(f"{str(e).rstrip('.')}, on a probe call (the first held-out row, an "
-                         f"empty completion); fix it: it must take (prompts, completions, "
-                         f"**columns) and return one finite float per completion.") from None
+        raise InputError(f"{str(e).rstrip('.')}, on a probe call (the first "
+                         f"two held-out rows, empty completions); fix it: it must take "
+                         f"(prompts, completions, **columns) and return one finite float per "
+                         f"completion.") from None
 
   def read_rows(self, data_cfg):
     """(train rows, test rows or None): lists of (where, row dict or BadRow)."""

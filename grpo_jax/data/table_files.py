@@ -9,6 +9,7 @@ import csv
 import json
 import os
 
+from grpo_jax.data.unicode_text import lone_surrogate, surrogate_sentence
 from grpo_jax.errors import InputError, first_line
 
 EXTENSIONS = (".jsonl", ".json", ".parquet", ".csv")
@@ -28,7 +29,8 @@ class LongPrompt(BadRow):
 
 
 def jsonl_rows(path: str):
-  """(where "file:line", row dict or BadRow) of a .jsonl file, blank lines skipped."""
+  """(where "file:line", row dict or BadRow) of a .jsonl file, blank lines skipped, each row's
+  text checked (`_checked`)."""
   with open(path, "rb") as f:
     for number, raw in enumerate(f, 1):
       where = f"{path}:{number}"
@@ -45,19 +47,34 @@ def jsonl_rows(path: str):
       except json.JSONDecodeError as e:
         yield where, BadRow(f"is not valid JSON ({e.msg}); each line must be one object")
         continue
-      yield where, row if isinstance(row, dict) else BadRow(
-          "is not a JSON object; each line must be one object")
+      yield from _checked([(where, row if isinstance(row, dict) else BadRow(
+          "is not a JSON object; each line must be one object"))])
 
 
 _MISSING, _EXTRA = object(), "\x00extra"  # a CSV row with fewer / more fields than its header
 
 
+def _checked(rows):
+  """`rows` with every row whose text is not valid Unicode (a lone surrogate) made a BadRow:
+  the tokenizer cannot encode it, and the error must name the file and line, not the
+  tokenizer."""
+  for where, row in rows:
+    found = None if isinstance(row, BadRow) else lone_surrogate(row)
+    yield where, row if found is None else BadRow(surrogate_sentence(found),
+                                                  "rows with text that is not valid Unicode")
+
+
 def _file_rows(path: str):
-  """(where, row dict or BadRow) of one file."""
-  ext = os.path.splitext(path)[1]
-  if ext == ".jsonl":
+  """(where, row dict or BadRow) of one file, each row's text checked (`_checked`)."""
+  if os.path.splitext(path)[1] == ".jsonl":
     yield from jsonl_rows(path)
-    return
+  else:
+    yield from _checked(_other_file_rows(path))
+
+
+def _other_file_rows(path: str):
+  """(where, row dict or BadRow) of a .json, .csv or .parquet file."""
+  ext = os.path.splitext(path)[1]
   try:
     if ext == ".json":
       with open(path, encoding="utf-8") as f:
@@ -93,8 +110,7 @@ def _file_rows(path: str):
 
 
 def _dataset_rows(dataset, name: str):
-  for i, row in enumerate(dataset):
-    yield f"{name} row {i}", dict(row)
+  yield from _checked((f"{name} row {i}", dict(row)) for i, row in enumerate(dataset))
 
 
 def read_splits(source: str, train_split: str, test_split: str, subset: str = ""):

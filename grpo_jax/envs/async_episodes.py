@@ -25,6 +25,7 @@ from __future__ import annotations
 import concurrent.futures
 
 from grpo_jax.envs.episode_state import take_result, take_turn
+from grpo_jax.envs.runner import step_result
 from grpo_jax.rollout.slot_continuation import SlotTurns
 
 
@@ -38,7 +39,8 @@ def play_async(sampling, params, env, tokenizer, episodes: list, runner, key, n:
   def collect(finished):
     for future in sorted(finished, key=waiting.get):
       i = waiting.pop(future)
-      take_result(episodes[i], texts.pop(i), future.result(), env, tokenizer, n)
+      take_result(episodes[i], texts.pop(i), step_result(future, env, env.step), env,
+                  tokenizer, n)
       if not episodes[i].done:
         ready.append(i)
 

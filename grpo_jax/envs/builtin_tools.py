@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import ast
 import collections
+import functools
 import math
 import operator
 import re
 
-from grpo_jax.envs.sandbox import run_python
+from grpo_jax.envs.sandbox import check_sandbox, run_python
 from grpo_jax.envs.tools import Tool
 
 _BINARY = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul,
@@ -59,6 +60,24 @@ CALCULATOR = Tool(
         "type": "string", "description": "e.g. 1234 * 5678"}}, "required": ["expression"]},
     calculate, timeout_s=2.0)
 
+def python_tool(sandbox: str = "bubblewrap", timeout_s: float = 5.0) -> Tool:
+  """The "python" tool: runs the policy's program isolated by the OS (envs/sandbox.py) and
+  returns what it prints. Refuses in one sentence (ConfigError) to be made where `sandbox`
+  cannot isolate: an environment offering it takes env.sandbox and builds it in its
+  __init__, before any compute."""
+  check_sandbox(sandbox)
+  return Tool(
+      "python", f"Runs a Python program (standard library only, no network, {timeout_s:g} s) "
+      f"and returns what it prints.",
+      {"type": "object", "properties": {"code": {"type": "string",
+                                                 "description": "the program"}},
+       "required": ["code"]},
+      functools.partial(run_python, timeout_s=timeout_s, sandbox=sandbox),
+      timeout_s=timeout_s + 5.0)
+
+
+# The same, checked at its first call rather than at import (a ConfigError then stops the run:
+# envs/tools.call_tools passes it on).
 PYTHON = Tool(
     "python", "Runs a Python program (standard library only, no network, 5 s) and returns what "
     "it prints.",

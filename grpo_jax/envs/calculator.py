@@ -15,15 +15,15 @@ them).
 
 from __future__ import annotations
 
-import concurrent.futures
 import re
 
 import numpy as np
 
 from grpo_jax.envs import StepResult, register_environment
+from grpo_jax.errors import ConfigError
 from grpo_jax.envs.builtin_tools import CALCULATOR
 from grpo_jax.envs.parsers import TOOL_CALL_PARSERS, TOOL_CALL_WRITERS
-from grpo_jax.envs.tools import ERROR_KINDS, call_tools
+from grpo_jax.envs.tools import ERROR_KINDS, ToolPool, call_tools
 
 _ANSWER = re.compile(r"Answer:\s*(-?[\d,]+)")
 
@@ -41,14 +41,21 @@ class CalculatorEnv:
                tools: bool = True, max_concurrency: int = 16,
                question: str = ("What is {a} * {b}? Use the calculator if you need it, then "
                                 "reply 'Answer: <number>'.")):
+    if not isinstance(digits, int) or not 1 <= digits <= 18:  # round 5's E14: 0 gave 0*0
+      raise ConfigError(f"env.digits={digits!r}; use a whole number from 1 to 18 (the digits "
+                        f"of each factor).")
+    try:  # round 5's E16: an unknown {c} was a KeyError traceback at the first episode
+      question.format(a=1, b=2)
+    except (KeyError, IndexError, ValueError) as e:
+      raise ConfigError(f"env.question={question!r} cannot be filled ({type(e).__name__}: "
+                        f"{e}); its placeholders are {{a}} and {{b}}, the two factors.") from None
     self.digits, self.max_turns, self.max_concurrency = digits, max_turns, max_concurrency
     self.question = question
     self.parse = TOOL_CALL_PARSERS.get(tool_parser)
     self.write_call = TOOL_CALL_WRITERS.get(tool_parser)
     self.tools = (CALCULATOR,) if tools else ()
     self._by_name = {t.name: t for t in self.tools}
-    self._tool_pool = concurrent.futures.ThreadPoolExecutor(max_concurrency,
-                                                            thread_name_prefix="tool")
+    self._tool_pool = ToolPool(max_concurrency)
 
   def reset(self, row: dict, seed: int):
     del seed  # the problem is the row's

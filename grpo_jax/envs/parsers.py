@@ -7,7 +7,9 @@
 
 A parser returns a list of ToolCall, or of ParseFailure for a call it found but cannot read
 (each becomes a "tool" message saying what is wrong, envs/tools.py). Text without calls gives
-[]. Register another with TOOL_CALL_PARSERS.register("name"). TOOL_CALL_WRITERS holds the
+[]. The text is the policy's, so hostile: a parser never raises (a call nested past what the
+JSON or Python parser can read is a ParseFailure), takes time linear in the text, and reads at
+most MAX_CALLS_PER_TURN calls of a turn (the rest become one ParseFailure, not run). Register another with TOOL_CALL_PARSERS.register("name"). TOOL_CALL_WRITERS holds the
 inverse of each, write(name, arguments) -> the text of one call, for demonstrations (a task's
 supervised warm-up examples).
 """
@@ -23,6 +25,10 @@ from grpo_jax.registry import Registry
 
 TOOL_CALL_PARSERS = Registry("env.tool_parser")
 TOOL_CALL_WRITERS = Registry("env.tool_parser")
+# A degenerate policy repeats calls until max_new_tokens: 1,000 calls in a turn took 7.9 s to
+# parse before parsing was made linear (round 5's P07), and each would have run.
+MAX_CALLS_PER_TURN = 32
+_TOO_DEEP = (RecursionError, MemoryError)  # what deep nesting raises in json and ast
 
 
 @TOOL_CALL_WRITERS.register("hermes")
@@ -48,10 +54,25 @@ class ParseFailure(NamedTuple):
 _HERMES = re.compile(r"<tool_call>(.*?)(?:</tool_call>|$)", re.DOTALL)
 
 
+def _capped(calls: list, total: int, text: str) -> list:
+  """The first MAX_CALLS_PER_TURN of a turn's `total` calls, and one ParseFailure for the rest."""
+  if total <= MAX_CALLS_PER_TURN:
+    return calls
+  extra = total - MAX_CALLS_PER_TURN
+  return calls + [ParseFailure(
+      text[-200:], f"a turn makes at most {MAX_CALLS_PER_TURN} tool calls; the {extra} after "
+                   f"them were not run.")]
+
+
+def _too_deep(body: str) -> ParseFailure:
+  return ParseFailure(body[:200], "the tool call is nested too deeply to read; write "
+                                  "{\"name\": ..., \"arguments\": {...}} with plain values.")
+
+
 @TOOL_CALL_PARSERS.register("hermes")
 def parse_hermes(text: str) -> list:
-  calls = []
-  for body in _HERMES.findall(text):
+  calls, bodies = [], _HERMES.findall(text)
+  for body in bodies[:MAX_CALLS_PER_TURN]:
     body = body.strip()
     try:
       call = json.loads(body)
@@ -59,8 +80,11 @@ def parse_hermes(text: str) -> list:
       calls.append(ParseFailure(body, f"the tool call is not valid JSON ({e.msg} at character "
                                       f"{e.pos}); write {{\"name\": ..., \"arguments\": {{...}}}}."))
       continue
+    except _TOO_DEEP:  # round 5's P03: "<tool_call>" + 1,000 "[" raised RecursionError
+      calls.append(_too_deep(body))
+      continue
     calls.append(_checked(call, body))
-  return calls
+  return _capped(calls, len(bodies), text)
 
 
 def _checked(call: Any, body: str):
@@ -71,7 +95,7 @@ def _checked(call: Any, body: str):
   if isinstance(arguments, str):  # some models write the arguments as a JSON string
     try:
       arguments = json.loads(arguments)
-    except json.JSONDecodeError:
+    except (json.JSONDecodeError, *_TOO_DEEP):
       pass
   if not isinstance(arguments, dict):
     return ParseFailure(body, f"the arguments of {call['name']!r} are not an object; write "
@@ -80,6 +104,22 @@ def _checked(call: Any, body: str):
 
 
 _PYTHONIC = re.compile(r"\[\s*[A-Za-z_][\w.]*\s*\(.*\)\s*\]", re.DOTALL)
+
+
+def _segments(body: str):
+  """node -> its source text, in time linear in `body` altogether (ast.get_source_segment splits
+  the whole text at every call: 1,000 calls took 7.9 s, round 5's P07). ast's columns count
+  UTF-8 bytes."""
+  data = body.encode("utf-8")
+  starts = [0]
+  for line in data.splitlines(keepends=True):
+    starts.append(starts[-1] + len(line))
+
+  def segment(node) -> str:
+    begin = starts[node.lineno - 1] + node.col_offset
+    end = starts[node.end_lineno - 1] + node.end_col_offset
+    return data[begin:end].decode("utf-8", "replace")
+  return segment
 
 
 @TOOL_CALL_PARSERS.register("pythonic")
@@ -93,19 +133,22 @@ def parse_pythonic(text: str) -> list:
   except SyntaxError as e:
     return [ParseFailure(body, f"the tool calls are not a Python list of calls ({e.msg}); "
                                f"write [name(arg=value, ...)].")]
-  calls = []
-  for node in tree.elts if isinstance(tree, ast.List) else [tree]:
-    written = ast.get_source_segment(body, node) or body
+  except (*_TOO_DEEP, ValueError):  # round 5's P04: 200,000 "-" raised MemoryError
+    return [ParseFailure(body[:200], "the tool calls are nested too deeply to read; write "
+                                     "[name(arg=value, ...)] with plain values.")]
+  segment = _segments(body)
+  calls, nodes = [], tree.elts if isinstance(tree, ast.List) else [tree]
+  for node in nodes[:MAX_CALLS_PER_TURN]:
     if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and not node.args
             and all(k.arg for k in node.keywords)):
-      calls.append(ParseFailure(written, "each tool call is name(arg=value, ...) with keyword "
-                                         "arguments only."))
+      calls.append(ParseFailure(segment(node), "each tool call is name(arg=value, ...) with "
+                                               "keyword arguments only."))
       continue
     try:
       arguments = {k.arg: ast.literal_eval(k.value) for k in node.keywords}
-    except ValueError:
-      calls.append(ParseFailure(written, f"the arguments of {node.func.id!r} must be literals "
-                                         f"(numbers, strings, lists, dicts)."))
+    except (ValueError, TypeError, SyntaxError, *_TOO_DEEP):
+      calls.append(ParseFailure(segment(node), f"the arguments of {node.func.id!r} must be "
+                                               f"literals (numbers, strings, lists, dicts)."))
       continue
     calls.append(ToolCall(node.func.id, arguments))
-  return calls
+  return _capped(calls, len(nodes), body)

@@ -6,6 +6,23 @@ from __future__ import annotations
 
 import concurrent.futures
 
+from grpo_jax.errors import RunStopped
+
+
+def step_result(future, env, fn):
+  """The call's result; a sys.exit() or KeyboardInterrupt inside the environment's own code
+  becomes one sentence that stops the run (exit 1) instead of ending it as a success (exit 0
+  and no word, round 5's E01)."""
+  try:
+    return future.result()
+  except BaseException as e:  # noqa: BLE001
+    if isinstance(e, Exception) or not (future.done() and future.exception() is e):
+      raise
+    what = (f"called sys.exit({e.code!r})" if isinstance(e, SystemExit) else
+            f"raised {type(e).__name__}")
+    raise RunStopped(f"the environment {type(env).__name__}'s {fn.__name__} {what}; fix it: "
+                     f"an environment returns its result and never ends the process.") from None
+
 
 class EpisodeRunner:
   """env.step over many episodes on a thread pool of env.max_concurrency workers (1: one after
@@ -26,7 +43,7 @@ class EpisodeRunner:
 
   def _all(self, fn, firsts, seconds) -> list:
     futures = [self.pool.submit(fn, a, b) for a, b in zip(firsts, seconds)]
-    return [f.result() for f in futures]
+    return [step_result(f, self.env, fn) for f in futures]
 
   def close(self):
     self.pool.shutdown(wait=True, cancel_futures=True)

@@ -17,10 +17,13 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
+import threading
 import time
 from typing import Callable
 
+from grpo_jax.data.unicode_text import clean_text
 from grpo_jax.envs.parsers import ParseFailure
+from grpo_jax.errors import ConfigError
 
 ERROR_KINDS = ("malformed", "unknown_tool", "bad_arguments", "exception", "timeout")
 _JSON_TYPES = {"string": str, "integer": int, "number": (int, float), "boolean": bool,
@@ -66,10 +69,37 @@ def _argument_problem(tool: Tool, arguments: dict) -> str:
   return ""
 
 
+class ToolPool(concurrent.futures.Executor):
+  """Runs each tool call on a daemon thread of its own, at most `max_workers` at once. A call
+  abandoned after its timeout never keeps the process alive: ThreadPoolExecutor's workers are
+  joined when the interpreter exits, so one hung tool held a finished run forever (round 5,
+  E02)."""
+
+  def __init__(self, max_workers: int):
+    self._slots = threading.BoundedSemaphore(max(int(max_workers), 1))
+
+  def submit(self, fn, /, *args, **kwargs):
+    future = concurrent.futures.Future()
+
+    def run():
+      with self._slots:
+        if not future.set_running_or_notify_cancel():
+          return
+        try:
+          future.set_result(fn(*args, **kwargs))
+        except BaseException as e:  # noqa: BLE001  SystemExit too: the caller reads it
+          future.set_exception(e)
+    threading.Thread(target=run, daemon=True, name="tool").start()
+    return future
+
+  def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
+    del wait, cancel_futures  # a running call is abandoned, never awaited
+
+
 def _message(name: str, content: str) -> dict:
   if len(content) > MAX_RESULT_CHARS:
     content = content[:MAX_RESULT_CHARS] + f"... [{len(content) - MAX_RESULT_CHARS} more chars]"
-  return {"role": "tool", "name": name, "content": content}
+  return {"role": "tool", "name": name, "content": clean_text(content)}
 
 
 def call_tools(calls: list, tools: dict, pool: concurrent.futures.Executor) -> list:
@@ -102,7 +132,12 @@ def call_tools(calls: list, tools: dict, pool: concurrent.futures.Executor) -> l
       outcomes[index] = CallOutcome(_message(call.name, f"Error: {call.name} took longer than "
                                              f"{tool.timeout_s:g} s and was stopped."), "timeout",
                                     tool.timeout_s)
-    except Exception as e:  # noqa: BLE001  (a tool's failure is the model's to read)
+    except BaseException as e:  # noqa: BLE001  (a tool's failure is the model's to read)
+      if not isinstance(e, Exception) and not (future.done() and future.exception() is e):
+        raise  # not the tool's: e.g. Ctrl-C while this thread waited
+      if isinstance(e, ConfigError):
+        raise  # the set-up's, not the call's: e.g. a sandbox that cannot isolate here
+      # (a tool's sys.exit() or KeyboardInterrupt is its failure too: it must not end the run)
       outcomes[index] = CallOutcome(_message(call.name, f"Error: {call.name} failed: "
                                              f"{type(e).__name__}: {e}"), "exception",
                                     time.perf_counter() - started)

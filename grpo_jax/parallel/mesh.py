@@ -82,9 +82,12 @@ def role_meshes(mesh_cfg, rollout_devices: int = 0, devices=None) -> tuple[Mesh,
   n, total = int(rollout_devices), len(devices)
   if n == 0:
     return make_mesh(mesh_cfg, devices), None
-  if not 0 < n < total:
-    raise ValueError(f"mesh.rollout_devices={n} cannot be carved from {total} devices; use 0 "
-                     f"(one shared mesh) or 1 to {total - 1} (the sampler's share).")
+  if not 0 < n < total:  # (round 5's A07 offered "1 to 0" on one device)
+    share = (f"or 1 to {total - 1} (the sampler's share)" if total > 1 else
+             "(split placement needs at least 2 devices: one for the learner, one for the "
+             "sampler)")
+    raise ValueError(f"mesh.rollout_devices={n} cannot be carved from {total} "
+                     f"device{'s' if total != 1 else ''}; use 0 (one shared mesh) {share}.")
   meshes = []
   for role, part in (("learner", devices[:total - n]), ("sampler", devices[total - n:])):
     try:

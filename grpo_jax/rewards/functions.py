@@ -219,6 +219,12 @@ def _call(reward: RewardFunction, prompts: list, completions: list, columns: dic
   return box["value"]
 
 
+class RewardCountError(ValueError):
+  """A reward function returned a number of values other than its completions' count: a fault of
+  the whole call, which scoring the completions one at a time may not show
+  (rewards/guard.py)."""
+
+
 def call_reward(reward: RewardFunction, prompts: list, completions: list,
                 columns: dict) -> np.ndarray:
   """(B,) float64 values of one reward function; an error naming it when it raises (Runtime-
@@ -237,8 +243,8 @@ def call_reward(reward: RewardFunction, prompts: list, completions: list,
     raise ValueError(f"reward function {reward.name!r} returned values that are not numbers; "
                      f"return one float per completion.") from None
   if values.shape != (count,):
-    raise ValueError(f"reward function {reward.name!r} returned {values.size} values for "
-                     f"{count} completions; return one float per completion.")
+    raise RewardCountError(f"reward function {reward.name!r} returned {values.size} values for "
+                           f"{count} completions; return one float per completion.")
   if not np.all(np.isfinite(values)):
     raise ValueError(f"reward function {reward.name!r} returned "
                      f"{values[~np.isfinite(values)][0]}; return finite numbers.")

@@ -7,13 +7,24 @@ from __future__ import annotations
 
 import numpy as np
 
-from grpo_jax.errors import RewardError, RunStopped
+from grpo_jax.errors import RewardContractError, RewardError, RunStopped
+from grpo_jax.rewards.functions import RewardCountError
 from grpo_jax.prompt_batch import take_rows
 
 
 def _text(tokenizer, tokens, mask, limit: int = 300) -> str:
   text = tokenizer.decode(np.asarray(tokens)[np.asarray(mask, bool)].tolist())
   return text if len(text) <= limit else text[:limit] + "..."
+
+
+def _refuse_wrong_count(error: Exception, scoring: str, rows: int) -> None:
+  """A reward function that returned the wrong number of values for the whole batch (call_reward's
+  shared check) is the user's bug, whether the completions score alone or not: one sentence
+  naming the function, the counts and the scoring, exit 2 (RewardContractError)."""
+  if isinstance(error, RewardCountError):
+    raise RewardContractError(
+        f"{str(error).split(';')[0]}, at the {scoring} scoring (a batch of {rows}); fix it to "
+        f"return one float per completion, whatever their number.") from None
 
 
 def _score_rows(task, prompts, tokens, mask, group_size: int):
@@ -64,9 +75,9 @@ def _check_reward_shape(task, rewards, rows: int) -> None:
       return
   got = "None" if rewards is None else (
       f"values of shape {shape}" if isinstance(shape, tuple) else "values that are not numbers")
-  raise RewardError(f"the reward function {reward_name(task)!r} returned {got} for {rows} "
-                    f"completions; it must return one finite number per completion, shape "
-                    f"({rows},).")
+  raise RewardContractError(f"the reward function {reward_name(task)!r} returned {got} for "
+                            f"{rows} completions; it must return one finite number per "
+                            f"completion, shape ({rows},).")
 
 
 def guarded_score(task, prompts, tokens, mask, group_size: int, on_error: str):
@@ -82,6 +93,7 @@ def guarded_score(task, prompts, tokens, mask, group_size: int, on_error: str):
   except RunStopped:
     raise
   except Exception as e:  # noqa: BLE001
+    _refuse_wrong_count(e, "training", tokens.shape[0])
     ok, first_error = None, e
   else:
     _check_reward_shape(task, rewards, tokens.shape[0])
@@ -132,22 +144,24 @@ def guarded_eval_scores(task, batch, tokens, mask, on_error: str):
     scores = {k: np.asarray(v) for k, v in task.eval_scores(batch, tokens, mask).items()}
   except RunStopped:
     raise
-  except Exception:  # noqa: BLE001
+  except Exception as e:  # noqa: BLE001
+    _refuse_wrong_count(e, "held-out", rows)
     scores = None
   if scores is not None:  # one score per prompt, as (B,) or e.g. (B, 1)
     scores = {k: v.reshape(rows) if v.size == rows else v for k, v in scores.items()}
     for name, v in scores.items():
       if v.shape != (rows,):
-        raise RewardError(f"the held-out scoring of {reward_name(task)!r} returned {name} of "
-                          f"shape {v.shape} for {rows} completions; it must return one number "
-                          f"per completion, shape ({rows},).")
+        raise RewardContractError(f"the held-out scoring of {reward_name(task)!r} returned "
+                                  f"{name} of shape {v.shape} for {rows} completions; it must "
+                                  f"return one number per completion, shape ({rows},).")
   # (the scores keep their dtype: the figures as before)
   try:
     ok = scores is not None and all(np.isfinite(np.asarray(v, np.float64)).all()
                                     for v in scores.values())
   except (TypeError, ValueError):
-    raise RewardError(f"the held-out scoring of {reward_name(task)!r} returned values that are "
-                      f"not numbers; it must return one number per completion.") from None
+    raise RewardContractError(f"the held-out scoring of {reward_name(task)!r} returned "
+                              f"values that are not numbers; it must return one number per "
+                              f"completion.") from None
   if ok:
     return scores, np.zeros(rows, bool)
   failures = {r: what for r in range(rows)

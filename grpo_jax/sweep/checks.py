@@ -88,6 +88,15 @@ def _where(arm, key: str) -> str:
 def check_job(job: Job, config_file: str, cwd: str) -> None:
   """SweepError naming the job's arm and the first thing its process would refuse."""
   arm = job.arm
+  import importlib.util  # noqa: PLC0415
+  try:
+    found = importlib.util.find_spec(arm.program) is not None
+  except (ImportError, ValueError):
+    found = False
+  if not found:  # round 5's W05: caught only when its job ran
+    raise SweepError(f"arm {arm.name!r}: its program {arm.program!r} is not a module Python "
+                     f"can run (python -m {arm.program}); fix the recipe's program, e.g. "
+                     f"'grpo_jax.main' or 'grpo_jax.train_dpo'.")
   if not os.path.isfile(os.path.join(cwd, config_file.split(":", 1)[0])):  # (file.py:argument)
     raise SweepError(f"arm {arm.name!r}: its config {config_file} is not a file (looked in "
                      f"{cwd}); fix the sweep's base_config or recipes.")

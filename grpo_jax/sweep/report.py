@@ -6,7 +6,8 @@ Per run, from its metrics.jsonl and DONE.json:
     final_reward   mean of reward_mean over the last 10% of RL steps (at least one step)
     eval_accuracy  the last held-out greedy accuracy (the run's final evaluation)
     kl             mean of the update's kl over the last 10% of RL steps
-    wall_s         wall time of the process (for seeds run as one program: of all of them)
+    wall_s         wall time of the processes that ran it, a stopped and resumed run's summed
+                   (for seeds run as one program: of all of them)
     eval_length    the last evaluation's mean completion length, where the task reports one
                    (addition_work); a column of the table only then
 Over seeds: mean and sample standard deviation (ddof=1; 0 for a single seed).

@@ -33,6 +33,7 @@ import os
 import re
 import runpy
 
+from grpo_jax.data.unicode_text import lone_surrogate, surrogate_sentence
 from grpo_jax.errors import first_line
 
 SEED_AXES = ("none", "vmap", "map")
@@ -116,15 +117,28 @@ def _read_sweep_file(path: str) -> dict:
     if not isinstance(raw.get(field, {}), dict):
       raise SweepError(f"{path}: {field}={raw[field]!r}; give a dict (see "
                        f"grpo_jax/sweep/spec.py).")
+    keys = list(raw.get(field, {}))
+    if not all(isinstance(k, str) and k for k in keys):
+      bad = next(k for k in keys if not isinstance(k, str) or not k)
+      raise SweepError(f"{path}: {field} has the key {bad!r}; its keys must be non-empty "
+                       f"strings (config fields; arm names for arm_overrides).")
+  found = lone_surrogate(raw)  # (issue 77's fuzzing: a UnicodeEncodeError naming no field)
+  if found is not None:
+    raise SweepError(f"{path}: get_sweep()'s {surrogate_sentence(found).removeprefix('has ')}; "
+                     f"fix that text.")
+  for key, extra in raw.get("arm_overrides", {}).items():  # (issue 77's fuzzing: a TypeError)
+    if not isinstance(extra, dict):
+      raise SweepError(f"{path}: arm_overrides[{key!r}]={extra!r}; give a dict of config "
+                       f"fields, e.g. {{'rl.value_head': 'shared'}}.")
   return raw
 
 
 def _seeds(raw: dict, path: str) -> tuple:
   """The sweep's seeds: distinct whole numbers in [0, MAX_SEED]."""
   seeds = raw.get("seeds", [0])
-  if (not isinstance(seeds, (list, tuple)) or not seeds or len(set(seeds)) != len(seeds)
+  if (not isinstance(seeds, (list, tuple)) or not seeds
       or not all(isinstance(s, int) and not isinstance(s, bool) and 0 <= s <= MAX_SEED
-                 for s in seeds)):
+                 for s in seeds) or len(set(seeds)) != len(seeds)):
     raise SweepError(f"{path}: seeds={seeds!r}; give a list of distinct whole numbers in "
                      f"[0, {MAX_SEED}], e.g. [0, 1, 2].")
   return tuple(seeds)
@@ -184,6 +198,12 @@ def load_sweep(path: str) -> Sweep:
                        f"per process; set seed_axis='none'.")
     arms.append(Arm(name, values, overrides, recipe.get("config", ""), program,
                     folder_name(name)))
+  unused = [p for p in extras if not any(p in arm.name for arm in arms)]
+  if unused:  # round 5's W03: a typo's override was dropped without a word
+    raise SweepError(f"{path}: arm_overrides key {unused[0]!r} is in no arm's name, so its "
+                     f"overrides would never apply; the arms are "
+                     f"{', '.join(a.name for a in arms)} (a key applies to every arm whose name "
+                     f"contains it).")
   _check_distinct_folders(arms, path)
   stem = os.path.splitext(os.path.basename(path))[0]
   return Sweep(stem, raw["base_config"], tuple(arms), seeds, seed_axis, tuple(grid))

@@ -56,12 +56,36 @@ def reference_params(state: TrainState):
   return state.ref_params if state.ref_params is not None else state.base_params
 
 
+def _constant_rate(peak, warmup, total, final):
+  del total, final
+  return optax.join_schedules([optax.linear_schedule(0.0, peak, warmup),
+                               optax.constant_schedule(peak)], [warmup])
+
+
+def _linear_decay(peak, warmup, total, final):
+  return optax.join_schedules([optax.linear_schedule(0.0, peak, warmup),
+                               optax.linear_schedule(peak, final, max(total - warmup, 1))],
+                              [warmup])
+
+
+def _cosine_decay(peak, warmup, total, final):
+  return optax.warmup_cosine_decay_schedule(0.0, peak, warmup, max(total, warmup + 1), final)
+
+
+# optim.schedule: after a linear warm-up over optim.warmup_steps, the rate stays at its peak
+# ("constant", verl's default) or falls to optim.final_lr_fraction x the peak at the run's last
+# update, linearly (TRL's default, there to 0) or along a half cosine. Add one by name here.
+LR_SCHEDULES = {"constant": _constant_rate, "linear": _linear_decay, "cosine": _cosine_decay}
+
+
 def make_optimizer(optim_cfg, total_updates: int) -> optax.GradientTransformation:
-  """AdamW after global-norm clipping; linear warm-up to the peak rate, then constant."""
-  schedule = optax.join_schedules(
-      [optax.linear_schedule(0.0, optim_cfg.learning_rate, max(optim_cfg.warmup_steps, 1)),
-       optax.constant_schedule(optim_cfg.learning_rate)],
-      [max(optim_cfg.warmup_steps, 1)])
+  """AdamW after global-norm clipping, its rate from LR_SCHEDULES[optim.schedule]: a linear
+  warm-up to the peak, then constant or decaying over `total_updates` (the count advances only
+  at an applied update: a step without signal leaves it, learner/skips.py)."""
+  make = LR_SCHEDULES[getattr(optim_cfg, "schedule", "constant")]
+  peak = optim_cfg.learning_rate
+  schedule = make(peak, max(optim_cfg.warmup_steps, 1), total_updates,
+                  peak * getattr(optim_cfg, "final_lr_fraction", 0.0))
   return optax.chain(
       optax.clip_by_global_norm(optim_cfg.max_grad_norm),
       optax.adamw(schedule, b1=optim_cfg.b1, b2=optim_cfg.b2,

@@ -89,3 +89,41 @@ def data_changes(workdir: str, data: dict | None, allow: bool) -> dict:
                         f"with the new file (recorded in run_info.json).")
     changes[f"sha256 of {name}"] = [then.get("sha256"), now["sha256"]]
   return changes
+
+
+def _record_steps(text: str) -> list:
+  steps = []
+  for line in text.splitlines():
+    try:
+      steps.append(int(json.loads(line)["step"]))
+    except (ValueError, KeyError, TypeError):
+      continue  # a blank line or a record cut short: metrics.keep_records_until drops it
+  return steps
+
+
+def check_records_reach_checkpoint(workdir: str) -> None:
+  """ConfigError when metrics.jsonl stops short of the newest checkpoint: the loop writes a
+  step's record before it saves the step (train/run/runner.py), so a file whose last intact
+  record is older lost its tail (a full disk, a copy cut short, an edit), and a resume from the
+  checkpoint would leave those steps out of the curves with no trace. Refused before anything
+  is written, naming the two steps and the fixes (nothing is moved or deleted for the user)."""
+  folder = files.path(workdir, "checkpoints")
+  saved = sorted(int(p.name) for p in folder.iterdir() if p.name.isdigit()) \
+      if files.exists(folder) else []
+  if not saved:
+    return
+  last = max(_record_steps(files.read_text(files.path(workdir, "metrics.jsonl")) or ""),
+             default=-1)
+  if last >= saved[-1]:
+    return
+  later = [s for s in saved if s > last]
+  earlier = [s for s in saved if s <= last]
+  aside = " ".join(str(folder / str(s)) for s in later)
+  rewind = (f"resume from checkpoint {earlier[-1]} by moving the newer ones out of "
+            f"{folder} (mv {aside} <elsewhere>/)" if earlier else
+            "start a new --workdir (no checkpoint is at or before it)")
+  raise ConfigError(f"resuming {workdir}: metrics.jsonl ends at step {last} (its last intact "
+                    f"record), but the newest checkpoint is step {saved[-1]}, so the records "
+                    f"of steps {last + 1}-{saved[-1]} are lost and the curves would have a "
+                    f"silent gap; put the lost records back (from a copy of the file), or "
+                    f"{rewind}.")

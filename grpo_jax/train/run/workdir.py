@@ -270,6 +270,10 @@ def record_changes(workdir: str, devices: dict, allow: bool = False,
   return {"devices": [recorded, devices]} if recorded and recorded != devices else {}
 
 
+# Fields whose change alters the checkpointed state's structure: no resume can restore it.
+NEVER_CHANGED = {"rl.max_staleness": "one copy of the parameters per update a batch may lag"}
+
+
 def check_resume_config(changes: dict, workdir: str, allow: bool, log=print,
                         free: tuple = ()) -> None:
   """Refuses to resume `workdir` under a config (or on devices) whose changes go beyond
@@ -277,6 +281,13 @@ def check_resume_config(changes: dict, workdir: str, allow: bool, log=print,
   (train.allow_config_change), which then lists them in one line; before anything of the
   workdir is rewritten."""
   from grpo_jax.errors import ConfigError  # noqa: PLC0415
+  for key in NEVER_CHANGED:
+    if key in changes:  # (round 5's A14: a cut-off orbax dump that blamed the model)
+      a, b = changes[key]
+      raise ConfigError(f"resuming {workdir}: {key} {json.dumps(a)} -> {json.dumps(b)} changes "
+                        f"what its checkpoints hold ({NEVER_CHANGED[key]}), so they cannot be "
+                        f"restored, not even with train.allow_config_change; run with "
+                        f"{key}={json.dumps(a)}, or pass another --workdir.")
   refused = {k: v for k, v in changes.items() if not k.startswith(FREE_TO_CHANGE + free)}
   listed = ", ".join(f"{k} ({_devices(a)}) -> ({_devices(b)})" if k == "devices" else
                      f"{k} {json.dumps(a)} -> {json.dumps(b)}" for k, (a, b) in
@@ -350,6 +361,7 @@ def open_records(configs, workdirs, resuming: bool, devices: dict, log=print, fr
   if resuming:
     for wd in workdirs:
       resume_guards.check_stage(wd, stage)
+      resume_guards.check_records_reach_checkpoint(wd)
     changes = [{**config_changes(c, wd, allow), **record_changes(wd, devices, allow, missing_ok),
                 **resume_guards.data_changes(wd, data, allow)}
                for c, wd in zip(configs, workdirs)]

@@ -63,6 +63,9 @@ def shift(in_flight: tuple, newest) -> tuple:
   return tuple(in_flight[1:]) + (newest,)
 
 
+MAX_STALENESS = 64
+
+
 def check_pipeline(rl, settings_name: str, pipelines: bool, dynamic_sampling: bool) -> None:
   """rl.max_staleness is a count of updates, and runs only on a source that pipelines."""
   k = rl.get("max_staleness", 0)
@@ -71,6 +74,10 @@ def check_pipeline(rl, settings_name: str, pipelines: bool, dynamic_sampling: bo
                       f"synchronous); set e.g. rl.max_staleness=1.")
   if not k:
     return
+  if k > MAX_STALENESS:  # round 5's A03: 1,000,000 traced a million copies, then segfaulted
+    raise ConfigError(f"rl.max_staleness={k} keeps {k} copies of the policy's parameters in "
+                      f"memory (one per update a batch may lag); use at most {MAX_STALENESS} "
+                      f"(docs/async.md's runs use 1).")
   if not pipelines:
     raise ConfigError(f"rl.max_staleness={k} overlaps the sampling of later batches with the "
                       f"update, which train.experience_source={settings_name!r} does not do; "
