@@ -29,6 +29,20 @@ from grpo_jax.sweep.runner import SweepStopped, command_line, pending_jobs, run_
 from grpo_jax.sweep.spec import SEED_AXES, SweepError, load_sweep  # noqa: E402
 
 
+def _writable(sweep_dir: str) -> bool:
+  """Whether the sweep's folder can be written; one sentence when not (round 5's W10: a
+  read-only workdir was a 13-line traceback)."""
+  try:
+    os.makedirs(sweep_dir, exist_ok=True)
+    if not os.access(sweep_dir, os.W_OK):
+      raise PermissionError(13, "Permission denied")
+  except OSError as e:
+    print(f"error: the sweep's workdir {sweep_dir} cannot be written ({e.strerror or e}); pass "
+          f"a writable --workdir.", file=sys.stderr)
+    return False
+  return True
+
+
 def main(argv=None) -> int:
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   parser.add_argument("--sweep", required=True, help="a sweep file (configs/sweeps/*.py)")
@@ -53,13 +67,7 @@ def main(argv=None) -> int:
     sweep = dataclasses.replace(sweep, seed_axis=args.seed_axis)
   sweep_dir = os.path.abspath(args.workdir or os.path.join("sweeps", sweep.name))
   failed = []
-  try:  # round 5's W10: a read-only workdir was a traceback
-    os.makedirs(sweep_dir, exist_ok=True)
-    if not os.access(sweep_dir, os.W_OK):
-      raise PermissionError("not writable")
-  except OSError as e:
-    print(f"error: the sweep's workdir {sweep_dir} cannot be written ({e.strerror or e}); pass "
-          f"a writable --workdir.", file=sys.stderr)
+  if args.report_only and not _writable(sweep_dir):
     return 2
   if not args.report_only:
     todo, skipped = pending_jobs(sweep, sweep_dir)
@@ -72,6 +80,8 @@ def main(argv=None) -> int:
       for job in todo:
         print(command_line(job))
       return 0
+    if not _writable(sweep_dir):
+      return 2
     runs = sum(len(j.seeds) for j in todo)
     print(f"sweep {sweep.name}: {len(sweep.arms)} arms x {len(sweep.seeds)} seeds; "
           f"{skipped} finished run(s) skipped, {runs} to run in {len(todo)} process(es) "

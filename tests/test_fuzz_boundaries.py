@@ -8,8 +8,7 @@ the project's own one-sentence error, and never raises anything else.
                         fields, huge and empty values)
     tool-call text      each parser of envs/parsers.py                   ParseFailure (returned)
     tool calls          envs/tools.call_tools on the calculator          a "tool" message
-    environment steps   envs/episode_state.take_result's StepResult      EnvironmentError
-                        checks (envs/__init__.check_step_result)
+    environment steps   envs.check_step_result (what take_result reads)  InputError
     reward outputs      rewards/functions.call_reward                    ValueError / RuntimeError
                                                                          naming the function
     remote answers      rewards/remote._rewards_field / _decode          its _Fault
@@ -124,6 +123,26 @@ def test_tool_calls_always_come_back_as_tool_messages(calls):
   for outcome in outcomes:
     assert outcome.message["role"] == "tool"
     outcome.message["content"].encode("utf-8")  # every message can be tokenized
+
+
+@given(st.one_of(
+    JSON_VALUE,
+    st.tuples(JSON_VALUE, st.lists(st.one_of(JSON_VALUE, st.fixed_dictionaries(
+        {"role": st.sampled_from(["tool", "user", 1]), "content": JSON_VALUE})), max_size=3),
+        st.one_of(st.none(), st.floats(allow_nan=True), st.integers(), st.booleans(), TEXT),
+        st.one_of(st.booleans(), st.none(), st.integers(), TEXT))))
+def test_environment_steps_are_step_results_or_one_sentence(result):
+  from grpo_jax.envs import StepResult, check_step_result  # noqa: PLC0415
+  env = types.SimpleNamespace()
+  try:
+    checked = check_step_result(result, env)
+  except InputError as e:
+    assert str(e).startswith("the environment SimpleNamespace's step returned ")
+    return
+  assert isinstance(checked, StepResult) and isinstance(checked.done, (bool, np.bool_))
+  assert checked.reward is None or math.isfinite(float(checked.reward))
+  for m in checked.messages:
+    m["content"].encode("utf-8")
 
 
 @given(st.one_of(

@@ -84,6 +84,9 @@ def test_values_that_print_alike_are_refused(tmp_path):  # P05
     (dict(grid={"optim.learning_rate": ["abc"]}),
      r"arm 'learning_rate=abc': its flags do not parse \(.*could not convert string to float"),
     (dict(base_config="configs/nope.py"), r"arm 'base': its config configs/nope.py is not a file"),
+    (dict(recipes={"x": {"config": "configs/grpo_tiny.py", "program": "grpo_jax.trian"}},
+          grid={"recipe": ["x"]}),  # round 5's W05: caught only when its job ran
+     r"arm 'recipe=x': its program 'grpo_jax.trian' is not a module Python can run"),
 ])
 def test_every_arm_is_checked_before_any_job(tmp_path, fields, message):
   sweep = load_sweep(_fields(tmp_path, **{"base_config": "configs/grpo_tiny.py", **fields}))
@@ -102,3 +105,14 @@ def test_the_launcher_starts_no_job_for_a_bad_arm(tmp_path, capsys):
   good = _fields(tmp_path, base_config="configs/grpo_tiny.py", grid={"rl.kl_coef": [0.0, 0.1]})
   assert main([f"--sweep={good}", f"--workdir={tmp_path / 'out'}", "--print_commands"]) == 0
   assert len(capsys.readouterr().out.splitlines()) == 2
+
+
+def test_a_workdir_that_cannot_be_written_is_one_sentence(tmp_path, capsys):
+  """Round 5's W10 (a read-only workdir: a 13-line traceback after the first line)."""
+  from launch.sweep import main  # noqa: PLC0415
+  (tmp_path / "a_file").write_text("")
+  good = _fields(tmp_path, base_config="configs/grpo_tiny.py", grid={"rl.kl_coef": [0.0]})
+  assert main([f"--sweep={good}", f"--workdir={tmp_path / 'a_file' / 'sw'}"]) == 2
+  err = capsys.readouterr().err
+  assert err.startswith(f"error: the sweep's workdir {tmp_path / 'a_file' / 'sw'} cannot be "
+                        f"written (") and err.endswith("); pass a writable --workdir.\n")

@@ -25,12 +25,18 @@ An environment, registered by name (env.name) like tasks and rewards:
   exceptions and time-outs come back as a "tool" message that says what went wrong, counted by
   kind, and never end the run.
 
+* What a step returns is checked (`check_step_result`): anything but a StepResult of a list of
+  {role, content} string messages, a finite reward or None and a bool `done` stops the run in
+  one sentence naming the environment (exit 2); a message's text that is not valid Unicode
+  reaches the model with U+FFFD in place of each lone surrogate.
+
 Built-in tools (envs/builtin_tools.py): a calculator (a safe arithmetic parser, no eval), a
-Python executor in a subprocess sandbox (envs/sandbox.py) and retrieval over a local corpus.
+Python executor isolated by the OS (envs/sandbox.py) and retrieval over a local corpus.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any, NamedTuple, Optional
 
 from grpo_jax.registry import Registry
@@ -44,6 +50,36 @@ class StepResult(NamedTuple):
   messages: list  # chat dicts appended after the assistant's turn
   reward: Optional[float] = None  # this turn's reward (None: none yet)
   done: bool = False
+
+
+def check_step_result(result, env) -> StepResult:
+  """`result` as a StepResult an episode can take (a plain 2-4 tuple is read as one, message
+  texts with lone surrogates cleaned), or an InputError naming the environment and the fault."""
+  import numbers  # noqa: PLC0415
+
+  from grpo_jax.data.unicode_text import clean_text  # noqa: PLC0415
+  from grpo_jax.errors import InputError  # noqa: PLC0415
+
+  def bad(what: str):
+    raise InputError(f"the environment {type(env).__name__}'s step returned {what}; return "
+                     f"StepResult(state, messages: a list of {{'role', 'content'}} dicts of "
+                     f"strings, reward: a finite number or None, done: a bool).")
+  if isinstance(result, tuple) and not isinstance(result, StepResult) and 2 <= len(result) <= 4:
+    result = StepResult(*result)
+  if not isinstance(result, StepResult):
+    bad(f"a {type(result).__name__}, not a StepResult")
+  messages = result.messages
+  if not isinstance(messages, list) or not all(
+      isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
+      for m in messages):
+    bad(f"messages {str(messages)[:60]!r}, not a list of {{'role', 'content'}} string dicts")
+  reward = result.reward
+  if reward is not None and (isinstance(reward, bool) or not isinstance(reward, numbers.Real)
+                             or not math.isfinite(float(reward))):
+    bad(f"reward={str(reward)[:40]!r}")
+  if not isinstance(result.done, bool) and type(result.done).__name__ != "bool_":
+    bad(f"done={str(result.done)[:40]!r}")
+  return result._replace(messages=[{**m, "content": clean_text(m["content"])} for m in messages])
 
 
 def register_environment(name: str, replace: bool = False):

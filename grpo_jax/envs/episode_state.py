@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from grpo_jax.envs import check_step_result
 from grpo_jax.envs.chat import environment_delta_ids
 
 
@@ -51,6 +52,7 @@ def take_result(e: Episode, text: str, result, env, tokenizer, n: int) -> None:
   """Applies the environment's step on e's last turn: done (or its env.max_turns-th turn) ends
   the episode with the step's reward; else the template's delta of the new messages is
   appended (not trained), cut at the episode's n ids (no room: done, truncated)."""
+  result = check_step_result(result, env)
   e.state = result.state
   if result.done or e.turns == env.max_turns:
     e.done, e.reward = True, float(result.reward or 0.0)
