@@ -4,9 +4,9 @@ CI profile's 200 derandomised ones aside.
 
     python benchmarks/fuzz_boundaries.py
 
-Prints one JSON line per boundary with the keys boundary, passing_examples, failing (0 when the
-boundary either accepted every input or refused it with the project's own error), seconds, then
-a summary line.
+Prints one JSON line per boundary with the keys boundary, passing_examples, failing_examples (0:
+the boundary either accepted every input or refused it with the project's own error), invalid
+(draws hypothesis discarded), seconds, then a summary line.
 """
 
 from __future__ import annotations
@@ -35,15 +35,15 @@ def main() -> None:
   rows = []
   for block in re.split(r"\n(?=tests/test_fuzz_boundaries.py::)", text):
     name = re.match(r"tests/test_fuzz_boundaries.py::(\w+)", block)
-    passing = re.search(r"(\d+) passing examples", block)
-    if name and passing:
-      seconds = re.search(r"Runtime: ([^\n]*)", block)
-      rows.append(dict(boundary=name.group(1), passing_examples=int(passing.group(1)),
-                       failing=int(name.group(1) in failed),
-                       typical_runtime=seconds.group(1) if seconds else ""))
+    counts = re.search(r"(\d+) passing, (\d+) failing, and (\d+) invalid", block)
+    if name and counts:
+      seconds = re.search(r"phase \(([\d.]+) seconds\)", block)
+      rows.append(dict(boundary=name.group(1), passing_examples=int(counts.group(1)),
+                       failing_examples=int(counts.group(2)), invalid=int(counts.group(3)),
+                       seconds=float(seconds.group(1)) if seconds else None))
       print(json.dumps(rows[-1]))
   print(json.dumps(dict(boundaries=len(rows), examples=sum(r["passing_examples"] for r in rows),
-                        failing=len(failed), pytest_exit=out.returncode,
+                        failing_tests=len(failed), pytest_exit=out.returncode,
                         seconds=round(time.perf_counter() - start))))
   if out.returncode:
     print(text[-4000:])

@@ -59,6 +59,9 @@ def _lines(records):
     ("not UTF-8 (D05)", _lines(PAIRS[:3]) + [_lines(PAIRS[3:4])[0].replace(b'"1', b'"\xff')],
      "dpo", ["line 4 is not UTF-8 text (byte 0xff"]),
     ("not JSON", _lines(PAIRS[:1]) + [b"{prompt: 1}"], "dpo", ["line 2 is not JSON"]),
+    ("a lone surrogate (issue 77)", _lines(PAIRS[:1]) + [_lines(PAIRS[1:2])[0].replace(
+        b'"1', b'"\\udc80')], "dpo",
+     ["line 2 has text that is not valid Unicode in", "lone surrogate \\udc80"]),
     ("not an object", _lines(PAIRS[:1]) + [b"[1, 2]"], "dpo", ["line 2 holds a list"]),
     ("empty (D11)", [], "dpo", ["holds no records"]),
     ("blank lines only", [b"", b"  "], "dpo", ["holds no records"])])
