@@ -17,10 +17,13 @@ from grpo_jax.envs.builtin_tools import CALCULATOR, PYTHON, calculate, retrieval
 from grpo_jax.envs.calculator import CalculatorEnv, calculator_rows
 from grpo_jax.envs.parsers import TOOL_CALL_PARSERS, ParseFailure, ToolCall
 from grpo_jax.envs.runner import EpisodeRunner
-from grpo_jax.envs.sandbox import run_python
+from grpo_jax.envs.sandbox import isolation_problem, run_python
 from grpo_jax.envs.tools import Tool, ToolPool, call_tools
 
 hermes, pythonic = TOOL_CALL_PARSERS.get("hermes"), TOOL_CALL_PARSERS.get("pythonic")
+# The hook's messages and the limits hold in both sandboxes; where bubblewrap cannot run (a
+# machine without it: tests/test_sandbox.py skips, saying why) they are checked unisolated.
+SANDBOX = "unisolated" if isolation_problem() else "bubblewrap"
 
 
 def test_hermes_calls_and_what_cannot_be_read():
@@ -187,15 +190,16 @@ def test_calculator_equals_python_arithmetic_and_refuses_the_rest():
     ("import grpo_jax", "ModuleNotFoundError: No module named 'grpo_jax'"),
 ])
 def test_the_sandbox_stops_or_refuses_with_a_clear_message(program, says):
-  assert says in run_python(program, timeout_s=2.0)
+  assert says in run_python(program, timeout_s=2.0, sandbox=SANDBOX)
   assert not os.path.exists("/tmp/grpo_jax_sandbox_escape.txt")
   # and the next program runs as usual, in a fresh folder (the last one was removed)
   assert run_python("import os\nopen('f.txt', 'w').write('1')\nprint(sorted(os.listdir()))",
+                    sandbox=SANDBOX,
                     timeout_s=2.0) == "['f.txt']\n"
 
 
 def test_the_sandbox_truncates_its_output():
-  out = PYTHON.function(code="print('x' * 5000)")
+  out = PYTHON.function(code="print('x' * 5000)", sandbox=SANDBOX)
   assert out.startswith("x" * 2000) and out.endswith("[3001 more chars]")
 
 
@@ -334,3 +338,18 @@ def test_tools_reach_the_model_through_its_chat_template(tmp_path):
   delta = environment_delta_ids(tok, first, "x", [{"role": "tool", "content": "408"}],
                                 env.tools)
   assert tok.decode(delta) == "\n<|im_start|>tool\n408<|im_end|>\n<|im_start|>assistant\n"
+
+
+def test_a_machine_that_cannot_isolate_refuses_the_python_tool(monkeypatch):
+  """Where bubblewrap or user namespaces are missing the tool refuses to be made, in one
+  sentence naming the cause and the field that accepts the risk; "unisolated" is made."""
+  from grpo_jax.envs import sandbox  # noqa: PLC0415
+  from grpo_jax.envs.builtin_tools import python_tool  # noqa: PLC0415
+  from grpo_jax.errors import ConfigError  # noqa: PLC0415
+  monkeypatch.setattr(sandbox, "isolation_problem",
+                      lambda: "bubblewrap (bwrap) is not installed; install it (apt-get ...)")
+  with pytest.raises(ConfigError, match=r"^the python tool's sandbox cannot isolate its programs "
+                     r"on this machine: bubblewrap \(bwrap\) is not installed; .* set "
+                     r"env.sandbox='unisolated' \(no namespaces"):
+    python_tool()
+  assert python_tool("unisolated", timeout_s=3.0).timeout_s == 8.0

@@ -3,15 +3,17 @@ says the boundary either accepts the input (a value of the expected shape) or re
 the project's own one-sentence error, and never raises anything else.
 
     boundary            entry point                                      its own refusal
-    data rows           table_files.jsonl_rows / read_splits, TableTask  BadRow, InputError
-                        ._messages (odd Unicode, wrong types, missing
-                        fields, huge and empty values)
+    data rows           table_files.read_splits (.jsonl, .json, .csv,    BadRow, InputError
+                        .parquet), TableTask._messages (odd Unicode,
+                        wrong types, missing fields, huge and empty
+                        values)
     tool-call text      each parser of envs/parsers.py                   ParseFailure (returned)
     tool calls          envs/tools.call_tools on the calculator          a "tool" message
     environment steps   envs.check_step_result (what take_result reads)  InputError
     reward outputs      rewards/functions.call_reward                    ValueError / RuntimeError
                                                                          naming the function
-    remote answers      rewards/remote._rewards_field / _decode          its _Fault
+    remote answers      rewards/remote._rewards_field / _decode;         their _Fault /
+                        rewards/remote_teacher.read_logprobs             RemoteFault
     images              data/images.decode_image                         ImageLoadError
     sweep grids         sweep/spec.load_sweep                            SweepError
 
@@ -68,16 +70,27 @@ def _task_stub():
 
 
 @given(st.lists(st.one_of(ROW, MESSAGES_ROW, JSON_VALUE), max_size=5),
-       st.sampled_from([".jsonl", ".json"]))
+       st.sampled_from([".jsonl", ".json", ".csv", ".parquet"]))
 def test_data_rows_are_rows_or_one_sentence(tmp_path_factory, rows, ext):
   from grpo_jax.data.table import TableTask  # noqa: PLC0415
   folder = tmp_path_factory.mktemp("rows")
   path = str(folder / f"train{ext}")
-  with open(path, "w", encoding="utf-8", errors="surrogatepass") as f:
-    if ext == ".jsonl":
-      f.write("".join(json.dumps(r) + "\n" for r in rows))
-    else:
-      json.dump(rows, f)
+  if ext == ".csv":  # the rows' values as cells, odd text and missing cells included
+    lines = [",".join(json.dumps(v) if not isinstance(v, str) else v
+                      for v in (r.values() if isinstance(r, dict) else [r])) for r in rows]
+    with open(path, "w", encoding="utf-8", errors="replace") as f:
+      f.write("prompt,answer\n" + "\n".join(lines) + "\n")
+  elif ext == ".parquet":
+    import pyarrow as pa  # noqa: PLC0415
+    import pyarrow.parquet as pq  # noqa: PLC0415
+    texts = [json.dumps(r).encode("utf-8", "replace").decode("utf-8") for r in rows]
+    pq.write_table(pa.table({"prompt": texts, "answer": [str(len(t)) for t in texts]}), path)
+  else:
+    with open(path, "w", encoding="utf-8", errors="surrogatepass") as f:
+      if ext == ".jsonl":
+        f.write("".join(json.dumps(r) + "\n" for r in rows))
+      else:
+        json.dump(rows, f)
   try:
     read, _ = table_files.read_splits(path, "train", "test")
   except InputError:
@@ -169,6 +182,20 @@ def test_remote_reward_answers_are_rewards_or_a_fault(body, rows):
   except remote._Fault:
     return
   assert len(values) == rows and all(isinstance(v, float) for v in values)
+
+
+@given(st.one_of(JSON_VALUE, st.fixed_dictionaries({"logprobs": st.lists(st.one_of(
+    JSON_VALUE, st.lists(st.one_of(st.floats(allow_nan=True), st.integers(), TEXT, st.none()),
+                         max_size=4)), max_size=3)})),
+    st.lists(st.lists(st.integers(0, 50), max_size=4), min_size=1, max_size=3))
+def test_remote_teacher_answers_are_logprobs_or_a_fault(payload, completion_ids):
+  from grpo_jax.rewards.remote_teacher import RemoteFault, read_logprobs  # noqa: PLC0415
+  try:
+    rows = read_logprobs(payload, completion_ids, 0)
+  except RemoteFault:
+    return
+  assert [len(r) for r in rows] == [len(ids) for ids in completion_ids]
+  assert all(isinstance(v, float) and not v > 1e-3 for r in rows for v in r)
 
 
 _GOOD_PNG = png_bytes(np.zeros((4, 4, 3), np.uint8))

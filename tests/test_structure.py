@@ -16,7 +16,8 @@ ROOT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
 # Bottom first. A unit may import its own floor's units only where no circle results (the
 # module graph is checked for circles separately), and any unit of a lower floor.
 FLOORS = [
-    ["errors", "console", "host_allocator", "prompt_batch", "compile_log", "interrupts"],
+    ["errors", "console", "host_allocator", "prompt_batch", "compile_log", "interrupts",
+     "unicode_text"],
     ["registry", "parallel"],
     ["models", "rl"],
     ["rollout", "rewards", "fetch_model", "envs", "teacher_http"],

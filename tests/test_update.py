@@ -228,7 +228,7 @@ def test_the_loss_mask_is_the_action_mask():
 def test_lr_schedules_warm_up_then_hold_or_decay_to_the_final_fraction(name):
   """optim.schedule against a NumPy reference: linear warm-up over 10 updates to 5e-4, then
   constant, or down to 0.1 x the peak at update 100, linearly or along a half cosine."""
-  from grpo_jax.train.learner.state import LR_SCHEDULES  # noqa: PLC0415
+  from grpo_jax.rl.lr_schedules import LR_SCHEDULES  # noqa: PLC0415
   peak, warm, total, final = 5e-4, 10, 100, 5e-5
   t = np.arange(0, 120)
   frac = np.clip((t - warm) / (total - warm), 0, 1)

@@ -80,7 +80,8 @@ class EnvTask(ChatTextTask):
         raise ConfigError(f"env.{name}={value!r}; use a whole number >= 1 (0 would play "
                           f"episodes of no turn, with no thread, or of no token).")
     if source == "fused_episodes":  # round 5's E10: said only after the warm-up
-      from grpo_jax.train.sources.fused_episodes import JAX_ENVIRONMENTS  # noqa: PLC0415
+      from grpo_jax.envs import JAX_ENVIRONMENTS  # noqa: PLC0415
+      from grpo_jax.envs import calculator_jax  # noqa: F401, PLC0415  (registers its JAX form)
       if env.name not in JAX_ENVIRONMENTS:
         raise ConfigError(f"train.experience_source='fused_episodes' has no JAX form of the "
                           f"environment {env.name!r} (it has: "

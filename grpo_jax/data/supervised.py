@@ -20,7 +20,7 @@ import numpy as np
 
 from grpo_jax.data.chat import epoch_stream
 from grpo_jax.data.tokenizer import pad_rows
-from grpo_jax.data.unicode_text import lone_surrogate, surrogate_sentence
+from grpo_jax.unicode_text import lone_surrogate, surrogate_sentence
 from grpo_jax.errors import InputError
 
 

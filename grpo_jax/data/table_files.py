@@ -9,7 +9,7 @@ import csv
 import json
 import os
 
-from grpo_jax.data.unicode_text import lone_surrogate, surrogate_sentence
+from grpo_jax.unicode_text import lone_surrogate, surrogate_sentence
 from grpo_jax.errors import InputError, first_line
 
 EXTENSIONS = (".jsonl", ".json", ".parquet", ".csv")

@@ -42,6 +42,9 @@ from typing import Any, NamedTuple, Optional
 from grpo_jax.registry import Registry
 
 ENVIRONMENTS = Registry("env.name")
+# The environments with a JAX form, for train.experience_source="fused_episodes": env.name ->
+# make(env, tokenizer) -> its JAX spec (envs/calculator_jax.py registers "calculator").
+JAX_ENVIRONMENTS = Registry("env.name")
 
 
 class StepResult(NamedTuple):
@@ -57,7 +60,7 @@ def check_step_result(result, env) -> StepResult:
   texts with lone surrogates cleaned), or an InputError naming the environment and the fault."""
   import numbers  # noqa: PLC0415
 
-  from grpo_jax.data.unicode_text import clean_text  # noqa: PLC0415
+  from grpo_jax.unicode_text import clean_text  # noqa: PLC0415
   from grpo_jax.errors import InputError  # noqa: PLC0415
 
   def bad(what: str):

@@ -43,6 +43,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
+from grpo_jax.envs import JAX_ENVIRONMENTS
 from grpo_jax.envs.chat import environment_delta_ids, render
 from grpo_jax.envs.parsers import parse_pythonic
 from grpo_jax.errors import ConfigError
@@ -327,3 +328,6 @@ def step(spec: CalculatorJax, state: EnvState, turn_ids, turn_mask):
   state = EnvState(state.product, turn, state.tool_calls + calls,
                    state.tool_errors + (calls & ~exact))
   return state, delta, length, reward, done
+
+
+JAX_ENVIRONMENTS.register("calculator", CalculatorJax.of)

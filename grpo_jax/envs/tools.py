@@ -21,7 +21,7 @@ import threading
 import time
 from typing import Callable
 
-from grpo_jax.data.unicode_text import clean_text
+from grpo_jax.unicode_text import clean_text
 from grpo_jax.envs.parsers import ParseFailure
 from grpo_jax.errors import ConfigError
 

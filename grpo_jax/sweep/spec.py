@@ -33,7 +33,7 @@ import os
 import re
 import runpy
 
-from grpo_jax.data.unicode_text import lone_surrogate, surrogate_sentence
+from grpo_jax.unicode_text import lone_surrogate, surrogate_sentence
 from grpo_jax.errors import first_line
 
 SEED_AXES = ("none", "vmap", "map")

@@ -11,6 +11,7 @@ import optax
 
 from grpo_jax.models.lora import LoraParams
 from grpo_jax.rl.kl import adaptive_kl_coef
+from grpo_jax.rl.lr_schedules import LR_SCHEDULES
 from grpo_jax.train.learner import skips
 
 
@@ -54,28 +55,6 @@ def reference_params(state: TrainState):
   """The KL reference's params: the frozen copy when there is one, else under LoRA the base
   (adapters off; a stage whose reference moves, Iterative RPO's rounds, keeps a merged copy)."""
   return state.ref_params if state.ref_params is not None else state.base_params
-
-
-def _constant_rate(peak, warmup, total, final):
-  del total, final
-  return optax.join_schedules([optax.linear_schedule(0.0, peak, warmup),
-                               optax.constant_schedule(peak)], [warmup])
-
-
-def _linear_decay(peak, warmup, total, final):
-  return optax.join_schedules([optax.linear_schedule(0.0, peak, warmup),
-                               optax.linear_schedule(peak, final, max(total - warmup, 1))],
-                              [warmup])
-
-
-def _cosine_decay(peak, warmup, total, final):
-  return optax.warmup_cosine_decay_schedule(0.0, peak, warmup, max(total, warmup + 1), final)
-
-
-# optim.schedule: after a linear warm-up over optim.warmup_steps, the rate stays at its peak
-# ("constant", verl's default) or falls to optim.final_lr_fraction x the peak at the run's last
-# update, linearly (TRL's default, there to 0) or along a half cosine. Add one by name here.
-LR_SCHEDULES = {"constant": _constant_rate, "linear": _linear_decay, "cosine": _cosine_decay}
 
 
 def make_optimizer(optim_cfg, total_updates: int) -> optax.GradientTransformation:

@@ -26,13 +26,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from grpo_jax.envs import ENVIRONMENTS
+from grpo_jax.envs import ENVIRONMENTS, JAX_ENVIRONMENTS
 from grpo_jax.envs import calculator  # noqa: F401  (registers env.name='calculator')
-from grpo_jax.envs.calculator_jax import CalculatorJax
+from grpo_jax.envs import calculator_jax  # noqa: F401  (registers the calculator's JAX form)
 from grpo_jax.envs.episodes import episode_samples
 from grpo_jax.envs.episodes_jax import play_episodes
 from grpo_jax.errors import ConfigError
-from grpo_jax.registry import Registry
 from grpo_jax.train.learner.experience import RewardInputs
 from grpo_jax.train.learner.state import RunState, policy_params, rollout_key
 from grpo_jax.train.learner.step import make_rl_step
@@ -41,8 +40,6 @@ from grpo_jax.train.run.samples import samples_due
 from grpo_jax.train.sources.experience_source import register_experience_source
 from grpo_jax.train.sources.fused import make_scanned_advance
 
-JAX_ENVIRONMENTS = Registry("env.name")  # env.name -> make(env, tokenizer) -> its JAX spec
-JAX_ENVIRONMENTS.register("calculator", CalculatorJax.of)
 
 
 def env_name(env) -> str:
