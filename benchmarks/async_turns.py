@@ -1,5 +1,5 @@
 """Episodes per minute with tools that sleep at random: lock-step turns against asynchronous
-ones (env.async_slots, grpo_jax/envs/async_episodes.py), on the tiny calculator config's shapes
+ones (env.async_slots, grpo_jax/rollout/episodes/async_turns.py), on the tiny calculator config's shapes
 (configs/grpo_calculator_tiny.py), random weights.
 
 The environment is benchmarks/kv_continuation.py's (the calculator's problems, a tool message
@@ -29,7 +29,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from benchmarks.kv_continuation import ToolEveryTurn  # noqa: E402
 from configs import grpo_calculator_tiny  # noqa: E402
 from grpo_jax.data.env_task import EnvTask  # noqa: E402
-from grpo_jax.envs.episodes import sample_episodes  # noqa: E402
+from grpo_jax.rollout.episodes.host import sample_episodes  # noqa: E402
 from grpo_jax.models.config import ModelConfig  # noqa: E402
 from grpo_jax.models.decoder import init_params  # noqa: E402
 from grpo_jax.rollout.sampler import Sampling  # noqa: E402

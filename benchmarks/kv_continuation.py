@@ -28,7 +28,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from configs import grpo_calculator_tiny  # noqa: E402
 from grpo_jax.data.env_task import EnvTask  # noqa: E402
 from grpo_jax.envs import StepResult  # noqa: E402
-from grpo_jax.envs.episodes import sample_episodes  # noqa: E402
+from grpo_jax.rollout.episodes.host import sample_episodes  # noqa: E402
 from grpo_jax.models.config import ModelConfig  # noqa: E402
 from grpo_jax.models.decoder import init_params  # noqa: E402
 from grpo_jax.rollout.sampler import Sampling  # noqa: E402

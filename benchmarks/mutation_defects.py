@@ -97,9 +97,9 @@ DEFECTS = (
         "vlm_update_without_image",
         "a vision-language policy's update (and reference) pass scores the completions against "
         "a blank image instead of the row's image: the image never reaches the update",
-        "grpo_jax/rollout/vlm_policy.py",
-        'features = row_image_features(params["vision"], seqs.images, cfg)',
-        'features = row_image_features(params["vision"], jnp.zeros_like(seqs.images), cfg)',
+        "grpo_jax/train/learner/forward.py",
+        'seqs.prompt_mask.astype(bool), seqs.images, model_cfg)',
+        'seqs.prompt_mask.astype(bool), jnp.zeros_like(seqs.images), model_cfg)',
         ("tests/test_vlm_policy.py::"
          "test_sampler_logprobs_equal_the_updates_and_the_image_matters",)),
     Defect(

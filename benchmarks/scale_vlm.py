@@ -10,26 +10,26 @@ Shape (the defaults): Qwen2.5-VL-3B (its config.json, written out in `qwen2_5_vl
 What it measures:
   update   jax.value_and_grad of the token-mean log-prob over the completion tokens,
            loss = -sum(logp[b, t] * m[b, t]) / sum(m) over the --new completion tokens only
-           (qwen2_5_vl_model.completion_token_logprobs, with --remat and --logits-chunk),
+           (scoring.completion_scores on the decoder, with --remat and --logits-chunk),
            through the whole model on prompt + completion (image + text + new tokens), with
            the vision tower frozen (its params under stop_gradient, grads of the text
            decoder only) or trained (grads of both). No optimizer: the bytes of one
            forward + backward.
   prefill  the sampler's first call: the images encoded, merged into the prompt embeddings,
-           and the prompt run through the KV-cached decoder (qwen2_5_vl_cached.cached_decoder)
+           and the prompt run through the decoder into its KV cache (rollout/prefill.py)
            into a cache of prompt + new slots; the last position's logits. With --group-size
            G, rows / G prompts (the G samples of a prompt share its prefill).
-  sampler  the whole KV-cached sampler (rollout/vlm_sampler.py: images encoded, prefill shared
-           G ways, --new decode steps in a lax.scan, temperature 1): the encoder here, then the
-           sampler's jitted body `_sample` on the features. Its decode scan's body is counted
-           once by cost_analysis.
+  sampler  the whole KV-cached sampler (rollout/sampler.py's static engine: images encoded,
+           prefill shared G ways, up to --new decode steps, temperature 1): the encoder here,
+           then the sampler's jitted body `_sample` on the prompts' inputs. Its decode loop's
+           body is counted once by cost_analysis.
   rl_step  what the RL loop compiles with a vision-language policy (benchmarks/scale_vlm_loop.py):
            the learner's jitted RL step (make_rl_step, state donated) with configs/grpo_gsm8k.py's
            rl section (kl_coef 0.001: a reference pass; 4 minibatches x 4 micro-batches, or
            --minibatches / --micro-batches) and AdamW, the Rollout's `images` each row's
            pixel_values; G = --group-size (default 8) rows per prompt.
   sampler_loop  the loop's training rollout: Sampling(...).with_stats(..., images=) ->
-           rollout/vlm_policy.vlm_rollout on rows / G prompts (G default 8).
+           rollout/sampler.py with images on rows / G prompts (G default 8).
 
 How: params are `jax.eval_shape(init_vlm_params, ...)`, every input a `jax.ShapeDtypeStruct`
 (the mRoPE positions too: their values never change the program); only the image layout
@@ -227,48 +227,65 @@ def encode(vision_params, pixel_values, grid_thw, cfg):
   return image_features({"vision": vision_params}, pixel_values, grid_thw, cfg)
 
 
+def _prompt_inputs(text_params, ids, features, positions, cfg, prompt_len: int):
+  """The first prompt_len positions of ids as PromptInputs (models/prompt_inputs.py): the
+  image features merged into their embeddings, their mRoPE ids, and the id that follows."""
+  from grpo_jax.models.prompt_inputs import PromptInputs
+  from grpo_jax.models.vision.qwen2_5_vl_model import merged_embeddings
+  x = merged_embeddings(text_params, ids[:, :prompt_len], features, cfg)
+  positions = positions[..., :prompt_len]
+  return PromptInputs(x, positions, positions[0, :, -1] + 1)
+
+
 def completion_logprob_loss(text_params, vision_params, ids, kv_mask, pixel_values, positions,
                             completion_mask, *, grid_thw, cfg, freeze_vision: bool, new: int):
   """-sum(logp * m) / sum(m): the token-mean log-prob of the last `new` (completion) tokens, as
-  the update scores them (qwen2_5_vl_model.completion_token_logprobs: only the completion's
-  positions projected onto the vocabulary, in cfg.text.logits_chunk chunks when > 0, the
-  layers rematerialised by cfg.text.remat); m = completion_mask over those tokens."""
+  the update scores them (models/scoring.py completion_scores on the decoder, the prompt's
+  PromptInputs given: only the completion's positions projected onto the vocabulary, in
+  cfg.text.logits_chunk chunks when > 0, the layers rematerialised by cfg.text.remat);
+  m = completion_mask over those tokens."""
+  import types
+
   import jax
   import jax.numpy as jnp
-  from grpo_jax.models.vision.qwen2_5_vl_model import completion_token_logprobs
+  from grpo_jax.models.scoring import completion_scores
   if freeze_vision:
     vision_params = jax.lax.stop_gradient(vision_params)
   features = encode(vision_params, pixel_values, grid_thw, cfg)
-  logp = completion_token_logprobs(text_params, ids, kv_mask, features, positions, cfg, None,
-                                   ids.shape[1] - new)
+  prompt_len = ids.shape[1] - new
+  seqs = types.SimpleNamespace(prompt_tokens=ids[:, :prompt_len],
+                               prompt_mask=kv_mask[:, :prompt_len],
+                               completion_tokens=ids[:, prompt_len:],
+                               completion_mask=kv_mask[:, prompt_len:])
+  inputs = _prompt_inputs(text_params, ids, features, positions, cfg, prompt_len)
+  logp = completion_scores(text_params, cfg.text, seqs, inputs=inputs)[0]
   m = completion_mask[:, -new:].astype(jnp.float32)
   return -jnp.sum(logp * m) / jnp.maximum(jnp.sum(m), 1.0)
 
 
 def prefill_logits(text_params, vision_params, ids, kv_mask, pixel_values, positions, *,
                    grid_thw, cfg, slots: int):
-  """(last logits (B, 1, vocab), cache): images encoded and merged, the prompt written into a
-  fresh cache of `slots` slots by the cached decoder (the VLM sampler's first call)."""
-  import jax.numpy as jnp
-  from grpo_jax.models.vision.placeholders import merge_image_features
-  from grpo_jax.models.vision.qwen2_5_vl_cached import cached_decoder, init_stacked_cache
-  from grpo_jax.models.vision.qwen2_5_vl_model import embed_text
+  """(last logits (B, vocab), cache, kv_mask): images encoded and merged, the prompt written
+  into a fresh cache of `slots` slots by the decoder (the engines' prefill,
+  rollout/prefill.py)."""
+  from grpo_jax.rollout.prefill import prefill
   features = encode(vision_params, pixel_values, grid_thw, cfg)
-  x = merge_image_features(embed_text(text_params, ids, cfg.text), ids, features,
-                           cfg.image_token_id)
-  cache = init_stacked_cache(cfg.text, ids.shape[0], slots)
-  full_mask = jnp.concatenate(
-      [kv_mask, jnp.zeros((ids.shape[0], slots - ids.shape[1]), bool)], axis=1)
-  return cached_decoder(text_params, x, positions, full_mask, cache, 0, cfg)
+  inputs = _prompt_inputs(text_params, ids, features, positions, cfg, ids.shape[1])
+  return prefill(text_params, ids, kv_mask, model_cfg=cfg.text,
+                 max_new_tokens=slots - ids.shape[1], inputs=inputs)
 
 
 def sampler_tokens(text_params, vision_params, ids, kv_mask, pixel_values, positions,
                    decode_base, key, row_ids, special, *, grid_thw, cfg, new: int, group: int):
-  """(tokens, logprobs, mask) of vlm_sampler's jitted body on the encoded images."""
-  from grpo_jax.rollout.vlm_sampler import _sample
+  """(tokens, logprobs, mask) of the sampler (rollout/sampler.py, the static engine) on the
+  encoded images; decode_base (B / G,): each prompt's first completion id."""
+  from grpo_jax.rollout.sampler import Sampling, _sample
   features = encode(vision_params, pixel_values, grid_thw, cfg)
-  return _sample(text_params, ids, kv_mask, features, positions, decode_base, key, row_ids,
-                 special, cfg=cfg, max_new_tokens=new, temperature=1.0, group_size=group)
+  inputs = _prompt_inputs(text_params, ids, features, positions, cfg, ids.shape[1])
+  sampling = Sampling(cfg.text, new, -1, 0, 1.0, group_size=group)
+  rollout, _ = _sample(text_params, ids, kv_mask, key, None, row_ids,
+                       inputs=inputs._replace(next_position=decode_base), sampling=sampling)
+  return rollout.completion_tokens, rollout.logprobs, rollout.completion_mask
 
 
 def run(args) -> list:

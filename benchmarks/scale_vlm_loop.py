@@ -5,13 +5,13 @@ the loop builds it, on abstract inputs.
   rl_step       the learner's jitted RL step (train/learner/step.py make_rl_step(StepSpec(...)),
                 jitted with the state donated, as train/stages/rl_advance.py does): rewards ->
                 GRPO advantages, the reference pass (rl.kl_coef > 0), then the update's
-                minibatches of micro-batches through rollout/vlm_policy.vlm_completion_scores
+                minibatches of micro-batches through learner/forward.policy_and_values (models/vision/policy.py's prompt inputs)
                 (each row's image encoded, merged, the decoder over prompt + completion), AdamW.
                 The state is jax.eval_shape of train/stages/rl.initial_state (params, AdamW
                 moments, the reference copy); the Rollout's `images` (rows, patches, patch_dim)
                 float32 and its version, RewardInputs(rewards, {}, prompts consumed).
   sampler_loop  the training rollout: Sampling(...).with_stats(params, prompts, mask, key,
-                images=...) (rollout/sampler.py -> rollout/vlm_policy.vlm_rollout: the images
+                images=...) (rollout/sampler.py -> models/vision/policy.vlm_prompt_inputs: the images
                 encoded once per prompt, each prompt prefilled once and shared by its G rows,
                 --new decode steps), on rows / G prompts.
 

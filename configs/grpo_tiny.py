@@ -17,7 +17,7 @@ from grpo_jax.defaults import get_defaults
 def get_config() -> ml_collections.ConfigDict:
   # The defaults are this recipe's model, task, warm-up, rollout, optimizer and training.
   c = get_defaults()
-  # GRPO: group-normalised advantages, PPO clip 0.2, k3 KL in the loss (see grpo_jax/config.py
-  # for every field and its source).
+  # GRPO: group-normalised advantages, PPO clip 0.2, k3 KL in the loss (every field, its
+  # default and its doc: python -m grpo_jax.main --config=configs/grpo_tiny.py --print_config).
   c.rl.kl_coef = 0.02
   return c

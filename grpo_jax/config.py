@@ -259,8 +259,6 @@ def _validate_capabilities(config, task) -> None:
     fix = "set warmup.steps=0 (a real checkpoint needs none)"
     if "supervised" in task.capabilities:
       fix += ", or give warmup.data_path, a jsonl file of {prompt, response}"
-    elif config.model.get("vision") is not None:
-      fix += "; a vision-language policy takes no supervised warm-up (docs/vision.md)"
     task.require("warmup", f"warmup.steps={w.steps} (a supervised warm-up on the task's own "
                  f"data)", fix)
 

@@ -72,7 +72,7 @@ def get_defaults() -> ml_collections.ConfigDict:
   # each episode's KV cache with a turn's new ids instead of prefilling the episode so far again
   # every turn (rollout/continuation.py; docs/environments.md): the same tokens, log-probs equal
   # to float rounding (not to the bit, hence off by default). async_slots: S > 0 plays the host
-  # episodes' turns asynchronously (envs/async_episodes.py): an episode is sampled again as soon
+  # episodes' turns asynchronously (rollout/episodes/async_turns.py): an episode is sampled again as soon
   # as its own tool returns, up to S episodes a sampler call, each continuing its KV cache; 0 is
   # lock-step (every live episode's turn k in one call, after every tool of turn k - 1).
   from grpo_jax.envs import ENVIRONMENTS  # noqa: PLC0415  (filled by the imports above)

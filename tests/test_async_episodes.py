@@ -1,4 +1,4 @@
-"""Asynchronous turns (env.async_slots, envs/async_episodes.py): on a tiny random float32
+"""Asynchronous turns (env.async_slots, rollout/episodes/async_turns.py): on a tiny random float32
 model, the episodes are the lock-step loop's (with and without KV continuation) id for id,
 their log-probs within 1e-5, whatever the number of decode slots and whatever the tools'
 timing; and one slow tool does not stall the other episodes."""
@@ -10,7 +10,7 @@ import time
 import jax
 
 from grpo_jax.envs import StepResult
-from grpo_jax.envs.episodes import sample_episodes
+from grpo_jax.rollout.episodes.host import sample_episodes
 from tests.test_kv_continuation import _assert_same_episodes, setup  # noqa: F401  (fixture)
 
 ROWS = ["What is 2 + 2?", "Hi.", "Count to three, slowly please.", "Say hi.", "Go on.", "Why?"]

@@ -108,7 +108,7 @@ def test_invalid_actions_per_step_rewards_and_the_max_turns_cut(server, monkeypa
 
 def test_sample_episodes_plays_the_wrapped_game_with_a_tiny_random_model(server):
   from grpo_jax.envs.char_tokenizer import char_chat_tokenizer  # noqa: PLC0415
-  from grpo_jax.envs.episodes import sample_episodes  # noqa: PLC0415
+  from grpo_jax.rollout.episodes.host import sample_episodes  # noqa: PLC0415
   from grpo_jax.models.decoder import init_params  # noqa: PLC0415
   from grpo_jax.rollout.sampler import Sampling  # noqa: PLC0415
   from tests.fixtures import tiny_model_config  # noqa: PLC0415

@@ -1,5 +1,5 @@
 """The calculator environment as pure JAX functions (grpo_jax/envs/calculator_jax.py) and its
-episode loop in one traced program (grpo_jax/envs/episodes_jax.py) against the host env and
+episode loop in one traced program (grpo_jax/rollout/episodes/pure_jax.py) against the host env and
 `sample_episodes`: the same step on hand-written turns, the same episodes id for id at the
 same key (a scripted policy that calls the tool, answers and runs out of room; a tiny random
 model through the real sampler), and seeds vmapped giving each seed's episodes."""
@@ -18,8 +18,8 @@ from grpo_jax.envs.calculator import CalculatorEnv
 from grpo_jax.envs.calculator_jax import ERROR_CONTENT, CalculatorJax, reset, step
 from grpo_jax.envs.char_tokenizer import char_chat_tokenizer
 from grpo_jax.envs.chat import environment_delta_ids, render
-from grpo_jax.envs.episodes import sample_episodes
-from grpo_jax.envs.episodes_jax import play_episodes
+from grpo_jax.rollout.episodes.host import sample_episodes
+from grpo_jax.rollout.episodes.pure_jax import play_episodes
 from grpo_jax.errors import ConfigError
 from grpo_jax.models.decoder import init_params
 from grpo_jax.rollout.sampler import Sampling

@@ -1,4 +1,4 @@
-"""KV-cache continuation inside the pure-JAX episode loop (envs/episodes_jax.py,
+"""KV-cache continuation inside the pure-JAX episode loop (rollout/episodes/pure_jax.py,
 play_episodes(..., kv_continuation=True)) and its early stop. On a tiny random float32 model
 whose episodes last 1 to 3 turns (a calculator env that answers every turn before the row's
 last with the product, as a tool would: `Persistent`, its JAX step `persistent_step`), with
@@ -22,8 +22,8 @@ from grpo_jax.envs import StepResult, calculator_jax
 from grpo_jax.envs.calculator import CalculatorEnv
 from grpo_jax.envs.calculator_jax import CalculatorJax, _delta
 from grpo_jax.envs.char_tokenizer import char_chat_tokenizer
-from grpo_jax.envs.episodes import sample_episodes
-from grpo_jax.envs.episodes_jax import play_episodes
+from grpo_jax.rollout.episodes.host import sample_episodes
+from grpo_jax.rollout.episodes.pure_jax import play_episodes
 from grpo_jax.models.decoder import init_params
 from grpo_jax.rollout.sampler import Sampling
 from tests.fixtures import tiny_model_config

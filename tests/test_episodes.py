@@ -1,4 +1,4 @@
-"""Multi-turn episodes as token ids (grpo_jax/envs/episodes.py), on a tiny random model and the
+"""Multi-turn episodes as token ids (grpo_jax/rollout/episodes/host.py), on a tiny random model and the
 ChatML test tokenizer: the episode's ids are the sampler's own ids and the template's deltas,
 never re-encoded text; the update's log-probs of the policy's tokens equal the sampler's; the
 same key gives the same episodes whatever the tools' timing and the runner's concurrency."""
@@ -12,7 +12,7 @@ import pytest
 
 from grpo_jax.envs import StepResult
 from grpo_jax.envs.chat import render
-from grpo_jax.envs.episodes import sample_episodes
+from grpo_jax.rollout.episodes.host import sample_episodes
 from grpo_jax.models.decoder import init_params
 from grpo_jax.models.scoring import completion_logprobs
 from grpo_jax.rollout.sampler import Sampling

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from grpo_jax.envs import StepResult
-from grpo_jax.envs.episodes import _left_pad, sample_episodes
+from grpo_jax.rollout.episodes.host import _left_pad, sample_episodes
 from grpo_jax.models.decoder import init_params
 from grpo_jax.rollout.continuation import ContinuedTurns
 from grpo_jax.rollout.sampler import Sampling

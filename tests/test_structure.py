@@ -126,3 +126,29 @@ def test_train_rooms_import_down():
   up = sorted(f"{m} -> {d}" for m, deps in graph.items() for d in deps
               if room(m) and room(d) and TRAIN_ROOMS.index(room(d)) > TRAIN_ROOMS.index(room(m)))
   assert up == [], "imports pointing up a room of train/:\n" + "\n".join(up)
+
+
+def _architecture_block(tag: str) -> str:
+  text = open(os.path.join(os.path.dirname(ROOT), "docs", "architecture.md")).read()
+  return text.split(f"<!-- {tag}: begin -->")[1].split(f"<!-- {tag}: end -->")[0]
+
+
+def test_the_architecture_page_lists_these_floors():
+  listed = [line.split(". ", 1)[1].split(", ") for line in
+            _architecture_block("floors").strip().strip("`").strip().splitlines()]
+  assert listed == FLOORS, "docs/architecture.md's floors differ from FLOORS"
+
+
+def test_the_architecture_page_names_every_module():
+  block, missing, folder = _architecture_block("every file"), [], None
+  named = set()
+  for line in block.splitlines():
+    if line.startswith("grpo_jax"):
+      folder = line.strip().rstrip("/")
+    elif line.startswith("  ") and folder:
+      named.add(f"{folder}/{line.split()[0]}")
+  for path in _modules().values():
+    rel = os.path.relpath(path, os.path.dirname(ROOT)).replace(os.sep, "/")
+    if rel not in named:
+      missing.append(rel)
+  assert missing == [], f"docs/architecture.md's 'Every file' lacks: {missing}"

@@ -10,13 +10,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from grpo_jax.errors import ConfigError
 from grpo_jax.models.lora import LoraParams
 from grpo_jax.models.vision.build import check_vision_config
-from grpo_jax.rollout.vlm_policy import vlm_policy_params
+from grpo_jax.models.vision.policy import vlm_policy_params
 from grpo_jax.train.run.sections import ModelSection
 from grpo_jax.train.run.setup import build_model, build_task, initial_adapters
-from tests.test_vlm_policy import recipe, sample, update_logprobs
+from tests.test_vlm_policy import largest_logit_gap, recipe, sample, update_logprobs
 
 
 def lora_recipe(train_tower=False, steps=2, kl_coef=0.0):
@@ -140,11 +139,24 @@ def test_a_trained_tower_learns_beside_the_adapters_and_a_resume_rebuilds_the_ba
   assert kl[1] == 0 and kl[3] > 0, kl
 
 
-def test_lora_runs_and_its_peft_export_from_a_folder_is_one_sentence():
+def test_lora_from_a_folder_exports_a_peft_adapter_that_transformers_loads(tmp_path):
+  """A Qwen2.5-VL folder (our export of the random recipe) as model.path, 2 LoRA steps, then
+  workdir/peft_adapter on transformers' model of that folder: its logits equal the trained
+  policy's (base + s A B), float32, 1e-4."""
+  peft = pytest.importorskip("peft")
+  from transformers import Qwen2_5_VLForConditionalGeneration  # noqa: PLC0415
+  from grpo_jax.models.hf_export import export_vlm_checkpoint  # noqa: PLC0415
+  from grpo_jax.train.stages.rl import train  # noqa: PLC0415
   config = lora_recipe()
-  check_vision_config(config)  # LoRA on the random recipe: no refusal
-  config.model.path = "/some/qwen2_5_vl"
-  with pytest.raises(ConfigError, match="lora.export_adapter=True with model.path"):
-    check_vision_config(config)
-  config.lora.export_adapter = False
+  cfg, params, task = start_of(config)
+  export_vlm_checkpoint(params, cfg, tmp_path / "base")
+  config.model.path = str(tmp_path / "base")
+  config.lora.export_adapter = True
   check_vision_config(config)
+  state = train(config, str(tmp_path / "run"), log=lambda *a, **k: None).train
+  base = Qwen2_5_VLForConditionalGeneration.from_pretrained(
+      str(tmp_path / "base"), attn_implementation="eager")
+  model = peft.PeftModel.from_pretrained(base, str(tmp_path / "run" / "peft_adapter")).eval()
+  trained = vlm_policy_params(LoraParams(state.base_params, state.params), cfg)
+  assert largest_change(trained["text"], params["text"]) > 0
+  assert largest_logit_gap(model, trained, task, cfg) < 1e-4

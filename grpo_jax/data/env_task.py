@@ -52,7 +52,7 @@ class EnvTask(ChatTextTask):
     self._train, self._test = env.rows("train", _TRAIN_ROWS), env.rows("test", test_size)
     self.max_new_tokens = max_completion_tokens  # (the evaluation's completion width)
     self.kv_continuation = False  # env.kv_continuation (rollout/continuation.py)
-    self.async_slots = 0  # env.async_slots (envs/async_episodes.py)
+    self.async_slots = 0  # env.async_slots (rollout/episodes/async_turns.py)
 
   @staticmethod
   def check_config(config) -> None:
@@ -80,12 +80,11 @@ class EnvTask(ChatTextTask):
         raise ConfigError(f"env.{name}={value!r}; use a whole number >= 1 (0 would play "
                           f"episodes of no turn, with no thread, or of no token).")
     if source == "fused_episodes":  # round 5's E10: said only after the warm-up
-      from grpo_jax.envs import JAX_ENVIRONMENTS  # noqa: PLC0415
-      from grpo_jax.envs import calculator_jax  # noqa: F401, PLC0415  (registers its JAX form)
-      if env.name not in JAX_ENVIRONMENTS:
+      from grpo_jax.envs import jax_form, jax_form_names  # noqa: PLC0415
+      if jax_form(env.name) is None:
         raise ConfigError(f"train.experience_source='fused_episodes' has no JAX form of the "
                           f"environment {env.name!r} (it has: "
-                          f"{', '.join(JAX_ENVIRONMENTS.names())}); use "
+                          f"{', '.join(jax_form_names())}); use "
                           f"train.experience_source='episodes'.")
     if source == "fused_episodes" and (config.task.get("tokenizer") != "char"
                                        or config.env.get("tool_parser") != "pythonic"):

@@ -1,9 +1,9 @@
-"""The rows of task.name="table" as prompts of a vision-language policy (model.vision; issue 57):
+"""The rows of task.name="table" as prompts of a vision-language policy (model.vision):
 each row's one image, its placeholder tokens and its patches, by the Hugging Face processor's
 rules (Qwen2-VL / Qwen2.5-VL).
 
 With model.vision every row holds exactly one image (the policy runs one per prompt,
-rollout/vlm_policy.py; 0 or 2+ is a bad row), and every image takes one grid:
+models/vision/policy.py; 0 or 2+ is a bad row), and every image takes one grid:
 
 1. resize: the image to data.image_size x data.image_size pixels (S; Pillow's bicubic, HF's
    `resize`, data/vision_processor.py resize_bicubic), S a multiple of patch_size * merge_size;

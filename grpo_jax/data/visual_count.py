@@ -1,4 +1,4 @@
-"""A generated visual question whose answer needs the image (issue 57): 64x64 RGB images of
+"""A generated visual question whose answer needs the image: 64x64 RGB images of
 coloured squares and discs, "How many <colour> shapes?", and the integer answer; or two bars,
 "Which bar is taller, left or right?". Pure NumPy, deterministic from (seed, index).
 

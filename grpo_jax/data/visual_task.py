@@ -26,6 +26,7 @@ import string
 import numpy as np
 
 from grpo_jax.data import visual_count
+from grpo_jax.data.supervised import SupervisedBatch
 from grpo_jax.data.task import register_task, reward_name
 from grpo_jax.data.tokenizer import CharTask, CharTokenizer, pad_rows
 from grpo_jax.data.vision_processor import VisionProcessorSpec, process_images
@@ -69,7 +70,7 @@ class VisualBatch:
   questions: list  # the question text
 
 
-@register_task("visual")
+@register_task("visual", capabilities=("warmup",))
 class VisualTask(CharTask):
   """Generated image + question rows (module docstring) for a model with model.vision."""
 
@@ -93,6 +94,7 @@ class VisualTask(CharTask):
     longest = {"bars": visual_count.bars_row(np.random.default_rng(0)).question,
                "count": "How many yellow shapes are in the image?"}[variant]
     self.prompt_len = len(self._prompt_ids(longest))
+    self.text_prompt_len = 1 + len(self.tokenizer.encode(longest + HINTS[variant]))
 
   def _prompt_ids(self, question: str) -> list:
     tok = self.tokenizer
@@ -112,6 +114,18 @@ class VisualTask(CharTask):
     targets = np.asarray([self.tokenizer.encode(a) for a in answers], np.int32).reshape(-1, 1)
     return VisualBatch(tokens, mask, patches.astype(np.float32), targets,
                        np.ones(targets.shape, bool), answers, [r.question for r in rows])
+
+  def warmup_batch(self, step: int, count: int, seed: int, carry_drop_fraction=None):
+    """The supervised warm-up's rows, text only (the decoder's own text; warmup.steps > 0):
+    training rows [step x count, ...) of `seed` as "<bos>" + question + hint, without the image
+    run, and the answer as the target. The decoder learns the answer's form and prior; which
+    answer is right needs the image, so the text alone stays at chance."""
+    del carry_drop_fraction  # (the addition task's noise)
+    batch = self.train_batch(step * count, count, seed)
+    tok = self.tokenizer
+    prompts = [[tok.bos_id] + tok.encode(q + HINTS[self.variant]) for q in batch.questions]
+    tokens, mask = pad_rows(prompts, self.text_prompt_len, tok.pad_id, left=True)
+    return SupervisedBatch(tokens, mask, batch.target_tokens, batch.target_mask)
 
   # The Task protocol (grpo_jax.data.task).
   def train_batch(self, position: int, count: int, seed: int) -> VisualBatch:

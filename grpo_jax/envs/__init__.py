@@ -41,10 +41,20 @@ from typing import Any, NamedTuple, Optional
 
 from grpo_jax.registry import Registry
 
+# env.name -> the environment's class. A class with a JAX form (train.experience_source=
+# "fused_episodes") has a `jax_form(env, tokenizer)` staticmethod giving its JAX spec
+# (envs/calculator.py's, envs/calculator_jax.py): one registry, the form an entry may carry.
 ENVIRONMENTS = Registry("env.name")
-# The environments with a JAX form, for train.experience_source="fused_episodes": env.name ->
-# make(env, tokenizer) -> its JAX spec (envs/calculator_jax.py registers "calculator").
-JAX_ENVIRONMENTS = Registry("env.name")
+
+
+def jax_form(name: str):
+  """The registered environment `name`'s jax_form (env, tokenizer) -> spec, or None."""
+  return getattr(ENVIRONMENTS.get(name), "jax_form", None) if name in ENVIRONMENTS else None
+
+
+def jax_form_names() -> list:
+  """The env.names whose environment has a JAX form."""
+  return [name for name in ENVIRONMENTS.names() if jax_form(name) is not None]
 
 
 class StepResult(NamedTuple):

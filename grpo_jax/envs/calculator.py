@@ -57,6 +57,13 @@ class CalculatorEnv:
     self._by_name = {t.name: t for t in self.tools}
     self._tool_pool = ToolPool(max_concurrency)
 
+  @staticmethod
+  def jax_form(env, tokenizer):
+    """The calculator's JAX form (train.experience_source="fused_episodes";
+    envs/calculator_jax.py)."""
+    from grpo_jax.envs.calculator_jax import CalculatorJax  # noqa: PLC0415  (imports jax)
+    return CalculatorJax.of(env, tokenizer)
+
   def reset(self, row: dict, seed: int):
     del seed  # the problem is the row's
     state = dict(a=row["a"], b=row["b"], turn=0, tool_calls=0, tool_seconds=0.0,

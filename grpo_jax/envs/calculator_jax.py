@@ -1,6 +1,6 @@
 """The calculator environment (envs/calculator.py) as pure JAX functions on token ids, for the
 character tokenizer (envs/char_tokenizer.py: one id per character): `reset` and `step` run
-inside a jitted episode loop (envs/episodes_jax.py) with no host round-trip per turn.
+inside a jitted episode loop (rollout/episodes/pure_jax.py) with no host round-trip per turn.
 
     spec = CalculatorJax.of(env, tokenizer)        # on the host, once: the template's ids
     state, prompt = reset(spec, a, b)              # (B,) factors -> EnvState, (B, L) ids
@@ -43,7 +43,6 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from grpo_jax.envs import JAX_ENVIRONMENTS
 from grpo_jax.envs.chat import environment_delta_ids, render
 from grpo_jax.envs.parsers import parse_pythonic
 from grpo_jax.errors import ConfigError
@@ -329,5 +328,3 @@ def step(spec: CalculatorJax, state: EnvState, turn_ids, turn_mask):
                    state.tool_errors + (calls & ~exact))
   return state, delta, length, reward, done
 
-
-JAX_ENVIRONMENTS.register("calculator", CalculatorJax.of)

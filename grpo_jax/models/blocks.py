@@ -1,9 +1,9 @@
 """The decoder's building blocks (models/decoder.py) and `Blocks`, Llama's way of putting them
 together, which every model family's blocks start from (models/families/).
 
-A family's `Blocks` say what differs between decoders that share the rest (attention, RoPE,
-the KV cache, the scan, scoring, LoRA): its norm, its MLP, the embeddings' scale and how a
-layer's residual stream runs. The decoder asks the model's blocks (`ModelConfig.blocks`) for
+A family's `Blocks` say what differs between decoders that share the rest (attention, the KV
+cache, the scan, scoring, LoRA): its norm, its MLP, the embeddings' scale, its rotary
+function and how a layer's residual stream runs. The decoder asks the model's blocks (`ModelConfig.blocks`) for
 each and never branches on a family. Their methods run inside the decoder's compact methods,
 so the modules they create belong to the calling layer, under the names they give (which are
 the param names, and Hugging Face's tensor names at the checkpoint edge)."""
@@ -17,6 +17,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from grpo_jax.models.attention import rotary_embedding
 from grpo_jax.models.lora import adapted
 from grpo_jax.parallel.mesh import constrain
 
@@ -101,6 +102,12 @@ class Blocks:
   def embed_scale(self, cfg):
     """The embeddings' factor (None: not scaled)."""
     return None
+
+  def rotary(self, cfg, x, positions):
+    """q or k (B, T, H, D) rotated at `positions` (B, T): RoPE (attention.rotary_embedding)
+    with the config's rope type. A family with other position ids overrides it (Qwen2.5-VL's
+    mRoPE, families/qwen2_5_vl.py)."""
+    return rotary_embedding(x, positions, cfg.rope_theta, *cfg.rope_frequencies())
 
   def layer(self, cfg, attend: Callable, mlp: Callable) -> Callable:
     """The layer's residual stream, (x, attention's other inputs...) -> (x, layer cache), from

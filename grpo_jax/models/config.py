@@ -48,6 +48,9 @@ class ModelConfig:
   sliding_window: int = 0
   layer_types: tuple = ()
   rope_local_theta: float = 0.0
+  # Multimodal RoPE (family "qwen2_5_vl"): how many of the head's D / 2 frequencies read the
+  # temporal, height and width position ids, in turn; () for the other families.
+  mrope_section: tuple = ()
   # Mixture of experts (family "qwen3_moe", models/moe.py): every layer's MLP a router over
   # num_experts SwiGLU experts of moe_intermediate_size, each token taking experts_per_token
   # of them (their weights renormalised when norm_topk_prob).
@@ -101,6 +104,7 @@ class ModelConfig:
                        f"({self.experts_per_token}) <= num_experts and moe_intermediate_size "
                        f"({self.moe_intermediate_size}) >= 1.")
     object.__setattr__(self, "layer_types", tuple(self.layer_types))
+    object.__setattr__(self, "mrope_section", tuple(int(v) for v in self.mrope_section))
     if self.layer_types and len(self.layer_types) != self.num_layers:
       raise ValueError(f"model.layer_types has {len(self.layer_types)} entries for "
                        f"{self.num_layers} layers; give one per layer or none.")

@@ -104,8 +104,7 @@ class Attention(nn.Module):
     if cfg.qk_norm:
       q = cfg.blocks.norm(cfg, "q_norm")(q)
       k = cfg.blocks.norm(cfg, "k_norm")(k)
-    rope = lambda a: rotary_embedding(a, positions, cfg.rope_theta,  # noqa: E731
-                                      *cfg.rope_frequencies())
+    rope = lambda a: cfg.blocks.rotary(cfg, a, positions)  # noqa: E731
     if cfg.rope_local_theta and sliding is not None:  # Gemma 3: the local layers' own base
       local = lambda a: rotary_embedding(a, positions, cfg.rope_local_theta)  # noqa: E731
       rope = lambda a, g=rope: select_by(sliding, local(a), g(a))  # noqa: E731
@@ -220,6 +219,14 @@ def _lookup(embed: nn.Embed, tokens, dtype):
   return jnp.take(table, tokens, axis=0)
 
 
+def _with_prefix(x, prefix):
+  """x (B, T, E) with its first P' positions replaced by prefix (B, P', E)."""
+  prefix = constrain(prefix.astype(x.dtype), ("batch", None, None))
+  if prefix.shape[1] == x.shape[1]:
+    return prefix
+  return jnp.concatenate([prefix, x[:, prefix.shape[1]:]], axis=1)
+
+
 def _lm_head(cfg: ModelConfig) -> nn.Dense:
   return nn.Dense(cfg.vocab_size, use_bias=False, dtype=cfg.dtype, param_dtype=cfg.param_dtype,
                   kernel_init=with_axes(normal_init, "embed", "vocab"), name="lm_head")
@@ -233,7 +240,7 @@ class Decoder(nn.Module):
   def __call__(self, tokens, positions, kv_mask, cache: Optional[Cache] = None, offset=0,
                return_hidden: bool = False, logits_window: Optional[tuple] = None,
                project: bool = True, adapters=None, prompt_group: int = 0, token_index=None,
-               routes=None, read_limit=None):
+               routes=None, read_limit=None, prefix_embeddings=None):
     """project=False returns (normed hidden states of the window, cache) without the
     vocabulary projection (chunked scoring projects them itself, grpo_jax/models/scoring.py).
     adapters: LoRA adapters (grpo_jax/models/lora.py) added to the projections, or None.
@@ -250,7 +257,11 @@ class Decoder(nn.Module):
     token's experts in each layer, used instead of the router's own top-k; the passes without
     prompt_group or packing take it. Applied with mutable=["intermediates"], the experts' choices
     come back too (moe.sown_routing). read_limit (a pass with a cache): only cache slots
-    [0, read_limit) are read, in blocks (attention.bounded_attention; a traced scalar)."""
+    [0, read_limit) are read, in blocks (attention.bounded_attention; a traced scalar).
+    prefix_embeddings (B, P', E): the input embeddings of the first P' positions, given instead
+    of looked up (a vision-language prompt's, image features at its placeholders:
+    models/vision/); with prompt_group, the prompts'. positions may then be (3, B, T), the
+    family's rotary function reading them (families/qwen2_5_vl.py)."""
     cfg = self.cfg
     embed = _embedding(cfg)
     scale = cfg.blocks.embed_scale(cfg)
@@ -281,6 +292,9 @@ class Decoder(nn.Module):
       mask = attention_mask(kv_mask, tokens.shape[1], offset)
       if window:
         window_mask = sliding_window_mask(mask, tokens.shape[1], offset, window)
+    if prefix_embeddings is not None:
+      x = (_with_prefix(x[0], prefix_embeddings), x[1]) if prompt_group else _with_prefix(
+          x, prefix_embeddings)
     sliding = cfg.sliding_layers()
     if cache is not None:
       # Forwards with a KV cache (prefill, decode) run the stacked layers one after the other,
@@ -358,10 +372,9 @@ def decoder_apply(model_cfg: ModelConfig, params, *args, record_routing: bool = 
 
 
 class _OneModulePerLayer(nn.Module):
-  """The decoder's params created with one module per layer (layers_0, ..., layers_{L-1}), the
-  way grpo_jax created them before the stacked layout became the only one: `init_params` draws
-  its random values through this and stacks them, so a seed gives the same model it always
-  gave (flax derives each param's random key from its module path)."""
+  """The decoder's params with one module per layer (layers_0, ..., layers_{L-1}): init_params
+  draws its random values through this and stacks them (flax derives each param's random key
+  from its module path, so these paths fix what a seed gives)."""
   cfg: ModelConfig
 
   @nn.compact

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 import pathlib
+import re
 import shutil
 
 import jax
@@ -47,6 +48,37 @@ def export_hf_checkpoint(params, model_cfg: ModelConfig, out_dir, source_dir=Non
   (out_dir / "config.json").write_text(json.dumps(hf_config, indent=2) + "\n")
   if source_dir is not None:
     _copy_tokenizer_files(pathlib.Path(source_dir), out_dir)
+  return out_dir
+
+
+def export_vlm_checkpoint(params, cfg, out_dir, source_dir=None, dtype: str = "float32",
+                          max_shard_bytes: int = 0) -> pathlib.Path:
+  """Writes a vision-language policy ({"vision", "text"} params of a Qwen2.5-VL VlmConfig) as
+  a folder that transformers' Qwen2_5_VLForConditionalGeneration loads: config.json
+  (qwen2_5_vl_model_hf.vlm_config_to_hf), the decoder's tensors under model.language_model.,
+  the tower's under model.visual. (qwen2_5_vl_hf.vision_params_to_hf), lm_head; tokenizer and
+  processor files copied from source_dir when it has them. Returns out_dir."""
+  import dataclasses  # noqa: PLC0415
+  from grpo_jax.models.vision.qwen2_5_vl_hf import vision_params_to_hf  # noqa: PLC0415
+  from grpo_jax.models.vision.qwen2_5_vl_model_hf import (text_name_to_hf,  # noqa: PLC0415
+                                                          vlm_config_to_hf)
+  if dtype not in EXPORT_DTYPES:
+    raise ValueError(f"dtype={dtype!r} is not supported for export; pass one of "
+                     f"{', '.join(EXPORT_DTYPES)}.")
+  np_dtype = np.dtype(jnp.dtype(dtype))
+  text_cfg = dataclasses.replace(cfg.text, family="llama", mrope_section=())  # Qwen2's tensors
+  tensors = {text_name_to_hf(name): array
+             for name, array in _hf_tensors(params["text"], text_cfg, np_dtype).items()}
+  tensors.update({name: np.ascontiguousarray(np.asarray(array).astype(np_dtype)) for name, array
+                  in vision_params_to_hf(jax.device_get(params["vision"]), cfg.vision).items()})
+  out_dir = pathlib.Path(out_dir)
+  out_dir.mkdir(parents=True, exist_ok=True)
+  _save_shards(tensors, out_dir, max_shard_bytes)
+  hf_config = vlm_config_to_hf(cfg, hf_config_from_model_config(text_cfg, "qwen2", dtype), dtype)
+  (out_dir / "config.json").write_text(json.dumps(hf_config, indent=2) + "\n")
+  if source_dir is not None:
+    _copy_tokenizer_files(pathlib.Path(source_dir), out_dir,
+                          ("preprocessor_config.json", "chat_template.json"))
   return out_dir
 
 
@@ -102,19 +134,32 @@ def _hf_tensors(params, model_cfg: ModelConfig, dtype: np.dtype) -> dict:
   return tensors
 
 
-def _copy_tokenizer_files(source_dir: pathlib.Path, out_dir: pathlib.Path) -> None:
-  """Copies whichever tokenizer / generation files source_dir has."""
-  for name in TOKENIZER_FILES:
+def _copy_tokenizer_files(source_dir: pathlib.Path, out_dir: pathlib.Path, extra=()) -> None:
+  """Copies whichever tokenizer / generation files (and `extra` files) source_dir has."""
+  for name in TOKENIZER_FILES + tuple(extra):
     if (source_dir / name).is_file():
       shutil.copyfile(source_dir / name, out_dir / name)
 
 
+def _target_modules(targets: list, layers_prefix: str):
+  """PEFT's target_modules: the projection names, or (a decoder inside a larger model) a
+  regular expression matching them under that decoder only."""
+  inside = layers_prefix.removeprefix("base_model.model.").removesuffix(".layers")
+  if inside == "model":
+    return targets
+  return re.escape(inside) + r"\.layers\.\d+\..*\.(" + "|".join(targets) + ")"
+
+
 def export_peft_adapter(adapters, model_cfg: ModelConfig, out_dir, *, rank: int, alpha: float,
-                        use_rslora: bool = False, base_model: str = "") -> pathlib.Path:
+                        use_rslora: bool = False, base_model: str = "",
+                        layers_prefix: str = "base_model.model.model.layers") -> pathlib.Path:
   """Writes LoRA adapters in PEFT's format: adapter_model.safetensors with PEFT's names
   (``base_model.model.model.layers.3.self_attn.q_proj.lora_A.weight`` (r, in) and ``lora_B``
   (out, r), float32) and adapter_config.json (LORA, CAUSAL_LM, r, lora_alpha, targets).
-  Returns out_dir."""
+  layers_prefix: where the decoder's layers sit in the base model (a Qwen2.5-VL's:
+  base_model.model.model.language_model.layers; target_modules then a regular expression
+  naming only that decoder's projections, not the vision tower's of the same names). Returns
+  out_dir."""
   tensors, targets = {}, set()
   for index in range(model_cfg.num_layers):
     for parent, projections in adapters["layers"].items():
@@ -123,14 +168,14 @@ def export_peft_adapter(adapters, model_cfg: ModelConfig, out_dir, *, rank: int,
         a = np.asarray(jax.device_get(ad["lora_a"][index]), np.float32)
         b = np.asarray(jax.device_get(ad["lora_b"][index]), np.float32)
         k = input_dims(name)
-        prefix = f"base_model.model.model.layers.{index}.{parent}.{name}"
+        prefix = f"{layers_prefix}.{index}.{parent}.{name}"
         tensors[f"{prefix}.lora_A.weight"] = np.ascontiguousarray(
             a.reshape(math.prod(a.shape[:k]), rank).T)
         tensors[f"{prefix}.lora_B.weight"] = np.ascontiguousarray(b.reshape(rank, -1).T)
   config = {
       "peft_type": "LORA", "task_type": "CAUSAL_LM", "base_model_name_or_path": base_model,
       "r": rank, "lora_alpha": alpha, "lora_dropout": 0.0, "use_rslora": use_rslora,
-      "target_modules": sorted(targets), "bias": "none", "fan_in_fan_out": False,
+      "target_modules": _target_modules(sorted(targets), layers_prefix), "bias": "none", "fan_in_fan_out": False,
       "init_lora_weights": True, "inference_mode": True, "modules_to_save": None}
   out_dir = pathlib.Path(out_dir)
   out_dir.mkdir(parents=True, exist_ok=True)

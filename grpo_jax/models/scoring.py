@@ -16,29 +16,48 @@ from grpo_jax.models.packing import pack_tokens, packed_index, unpack_tokens
 
 def completion_logits(params, model_cfg: ModelConfig, prompt_tokens, prompt_mask,
                       completion_tokens, completion_mask, return_hidden: bool = False,
-                      project: bool = True, routes=None, record_routing: bool = False):
+                      project: bool = True, routes=None, record_routing: bool = False,
+                      inputs=None):
   """Logits predicting each completion token, (B, N, V), from one no-cache forward pass.
 
   The sequence is [prompt (left-padded, P) | completion (N)]; the logits at position P-1+t
   predict completion token t. Only those N positions are projected onto the vocabulary;
   project=False returns their normed hidden states (B, N, H) instead (see `vocab_logits`).
   routes (B, P + N, L, k): a mixture's routing to replay (Rollout.routes); record_routing:
-  returns (that result, the pass's own routing: moe.sown_routing).
+  returns (that result, the pass's own routing: moe.sown_routing). inputs: the prompts'
+  PromptInputs (models/prompt_inputs.py: a vision-language prompt's embeddings and rotary
+  ids, completion token k at next_position + k, as the sampler placed it); None for text.
   """
   prompt_len = prompt_tokens.shape[1]
   num_new = completion_tokens.shape[1]
   tokens = jnp.concatenate([prompt_tokens, completion_tokens], axis=1)
   mask = jnp.concatenate([prompt_mask, completion_mask], axis=1).astype(bool)
-  out = decoder_apply(model_cfg, params, tokens, positions_from_mask(mask), mask, None, 0,
+  positions = positions_from_mask(mask) if inputs is None else inputs.with_completion(num_new)
+  out = decoder_apply(model_cfg, params, tokens, positions, mask, None, 0,
                       return_hidden=return_hidden, logits_window=(prompt_len - 1, num_new),
-                      project=project, routes=routes, record_routing=record_routing)
+                      project=project, routes=routes, record_routing=record_routing,
+                      prefix_embeddings=None if inputs is None else inputs.embeddings)
   out, routing = out if record_routing else (out, None)
   result = (out[0], out[2]) if project and return_hidden else out[0]
   return (result, routing) if record_routing else result
 
 
+def _prompts_once(prompt_mask, group: int, inputs):
+  """(positions, prefix embeddings or None) of the distinct prompts (every group-th row)."""
+  if inputs is None:
+    return positions_from_mask(prompt_mask[::group].astype(bool)), None
+  return inputs.positions[..., ::group, :], inputs.embeddings[::group]
+
+
+def _completion_positions(kv_mask, prompt_len: int, inputs):
+  """The rotary ids of the completion inputs kv_mask[:, P:] (each row's own)."""
+  if inputs is None:
+    return positions_from_mask(kv_mask)[:, prompt_len:]
+  return inputs.with_completion(kv_mask.shape[1] - prompt_len)[..., prompt_len:]
+
+
 def shared_prompt_hidden(params, model_cfg: ModelConfig, prompt_tokens, prompt_mask,
-                         completion_tokens, completion_mask, group: int):
+                         completion_tokens, completion_mask, group: int, inputs=None):
   """completion_logits(..., project=False), the normed hidden states (B, N, H) predicting each
   completion token, for rows that come in runs of `group` consecutive rows with the same
   prompt (a GRPO batch: each prompt's G samples side by side): each prompt runs through the
@@ -50,22 +69,23 @@ def shared_prompt_hidden(params, model_cfg: ModelConfig, prompt_tokens, prompt_m
   layer step (Decoder's prompt_group, DecoderLayer), differentiated and rematerialised by
   model.remat: the gradients of a prompt's G rows meet in its one pass. The same values as the
   per-row forward up to rounding; the prompt's share of the forward and backward FLOPs is
-  divided by G."""
+  divided by G. inputs: the rows' PromptInputs (completion_logits), the same for a group."""
   prompt_len = prompt_tokens.shape[1]
   num_new = completion_tokens.shape[1]
   firsts = prompt_mask[::group].astype(bool)
+  first_positions, prefix = _prompts_once(prompt_mask, group, inputs)
   if num_new == 1:  # the prompt's last position predicts the only token
-    last, _ = decoder_apply(model_cfg, params, prompt_tokens[::group],
-                            positions_from_mask(firsts), firsts,
-                            logits_window=(prompt_len - 1, 1), project=False)
+    last, _ = decoder_apply(model_cfg, params, prompt_tokens[::group], first_positions, firsts,
+                            logits_window=(prompt_len - 1, 1), project=False,
+                            prefix_embeddings=prefix)
     return jnp.repeat(last, group, axis=0)
   kv_mask = jnp.concatenate([prompt_mask, completion_mask[:, :num_new - 1]],
                             axis=1).astype(bool)
-  positions = positions_from_mask(kv_mask)[:, prompt_len:]
+  positions = _completion_positions(kv_mask, prompt_len, inputs)
   hidden, _ = decoder_apply(model_cfg, params,
                             (prompt_tokens[::group], completion_tokens[:, :num_new - 1]),
-                            (positions_from_mask(firsts), positions), (firsts, kv_mask),
-                            project=False, prompt_group=group)
+                            (first_positions, positions), (firsts, kv_mask),
+                            project=False, prompt_group=group, prefix_embeddings=prefix)
   return hidden
 
 
@@ -82,16 +102,12 @@ def vocab_logits(params, model_cfg: ModelConfig, hidden):
 
 
 def chunked_logprobs_and_entropy(params, model_cfg: ModelConfig, hidden, tokens,
-                                 temperature: float = 1.0, chunk: int = 64, keep_cutoff=None,
-                                 project=None):
-  """token_logprobs_and_entropy(project(hidden), tokens, temperature, keep_cutoff) computed
-  `chunk` positions at a time, each chunk rematerialised in the backward pass: no (B, N, V)
-  array exists, only one (B, chunk, V) at a time. hidden (B, N, H), tokens (B, N) -> two
-  (B, N) float32 arrays. project: hidden (..., H) -> float32 logits (..., V); None: this
-  decoder's vocab_logits(params, model_cfg, .) (a model with its own head passes its own,
-  e.g. Qwen2.5-VL's float32-accumulated qwen2_5_vl_model.project_vocab)."""
-  if project is None:
-    project = lambda h: vocab_logits(params, model_cfg, h)  # noqa: E731
+                                 temperature: float = 1.0, chunk: int = 64, keep_cutoff=None):
+  """token_logprobs_and_entropy(vocab_logits(hidden), tokens, temperature, keep_cutoff)
+  computed `chunk` positions at a time, each chunk rematerialised in the backward pass: no
+  (B, N, V) array exists, only one (B, chunk, V) at a time. hidden (B, N, H), tokens (B, N) ->
+  two (B, N) float32 arrays."""
+  project = lambda h: vocab_logits(params, model_cfg, h)  # noqa: E731
   batch, length, width = hidden.shape
   chunks = -(-length // chunk)
   pad = chunks * chunk - length
@@ -111,7 +127,7 @@ def chunked_logprobs_and_entropy(params, model_cfg: ModelConfig, hidden, tokens,
 
 
 def packed_completion_scores(params, model_cfg: ModelConfig, seqs, temperature: float,
-                             return_hidden: bool, group: int, capacity: int):
+                             return_hidden: bool, group: int, capacity: int, inputs=None):
   """completion_scores with the completion tokens packed (models/packing.py): each prompt runs
   once for its `group` rows (shared_prompt_hidden's two streams; group 1 = each row its own),
   and the completion stream's per-token work runs on at most `capacity` tokens, those of
@@ -119,16 +135,19 @@ def packed_completion_scores(params, model_cfg: ModelConfig, seqs, temperature: 
   row. The log-probs come back (B, N) (0 where masked), as from completion_scores."""
   rows, num_new = seqs.completion_tokens.shape
   prompt_len = seqs.prompt_tokens.shape[1]
-  inputs = seqs.completion_mask[:, :num_new - 1].astype(bool)
-  index = packed_index(inputs, capacity)
-  kv_mask = jnp.concatenate([seqs.prompt_mask.astype(bool), inputs], axis=1)
-  positions = positions_from_mask(kv_mask)[:, prompt_len:]
+  real = seqs.completion_mask[:, :num_new - 1].astype(bool)
+  index = packed_index(real, capacity)
+  kv_mask = jnp.concatenate([seqs.prompt_mask.astype(bool), real], axis=1)
+  positions = _completion_positions(kv_mask, prompt_len, inputs)
+  packed_positions = (pack_tokens(positions, index) if positions.ndim == 2 else
+                      jax.vmap(lambda p: pack_tokens(p, index))(positions))
   firsts = seqs.prompt_mask[::group].astype(bool)
+  first_positions, prefix = _prompts_once(seqs.prompt_mask, group, inputs)
   (last, packed), _ = decoder_apply(
       model_cfg, params, (seqs.prompt_tokens[::group],
                           pack_tokens(seqs.completion_tokens[:, :num_new - 1], index)),
-      (positions_from_mask(firsts), pack_tokens(positions, index)), (firsts, kv_mask),
-      project=False, prompt_group=group, token_index=index)
+      (first_positions, packed_positions), (firsts, kv_mask),
+      project=False, prompt_group=group, token_index=index, prefix_embeddings=prefix)
   # Where each hidden state's prediction lands in the (B, N) completion: a prompt's last
   # position predicts token 0 of each of its rows, input (b, t) predicts token (b, t + 1).
   row, col = index // (num_new - 1), index % (num_new - 1)
@@ -153,7 +172,7 @@ def packed_completion_scores(params, model_cfg: ModelConfig, seqs, temperature: 
 def completion_scores(params, model_cfg: ModelConfig, seqs, temperature: float = 1.0,
                       return_hidden: bool = False, prompt_group: int = 1,
                       token_capacity: int | None = None, replay_routes: bool = False,
-                      record_routing: bool = False):
+                      record_routing: bool = False, inputs=None):
   """(log-probs, entropies, hidden or None) of a batch's completion tokens (seqs has
   prompt_tokens, prompt_mask, completion_tokens, completion_mask), unmasked. With
   model_cfg.logits_chunk = C > 0 the vocabulary is reached C positions at a time
@@ -165,31 +184,33 @@ def completion_scores(params, model_cfg: ModelConfig, seqs, temperature: float =
   slots (packed_completion_scores; the values up to rounding).
   A mixture of experts (the passes without prompt_group or packing): replay_routes replays
   seqs.routes (routing replay); record_routing appends the pass's own routing
-  (moe.sown_routing) to the result."""
+  (moe.sown_routing) to the result. inputs: each row's PromptInputs (completion_logits; a
+  vision-language policy's, models/vision/policy.py), on every path."""
   moe = record_routing or replay_routes
   if moe and (token_capacity or prompt_group > 1):
     raise ValueError("routing replay and its records run on the per-row forward; set "
                      "rl.pack_tokens=0 and rl.shared_prompt_forward=False for an MoE model.")
   if token_capacity:
     return packed_completion_scores(params, model_cfg, seqs, temperature, return_hidden,
-                                    prompt_group, token_capacity)
+                                    prompt_group, token_capacity, inputs)
   args = (params, model_cfg, seqs.prompt_tokens, seqs.prompt_mask, seqs.completion_tokens,
           seqs.completion_mask)
   cutoff = getattr(seqs, "keep_cutoff", None)
   if prompt_group == 1 and not model_cfg.logits_chunk and not moe:  # the decoder projects
-    out = completion_logits(*args, return_hidden=return_hidden)
+    out = completion_logits(*args, return_hidden=return_hidden, inputs=inputs)
     logits, hidden = out if return_hidden else (out, None)
     logp, entropy = token_logprobs_and_entropy(logits, seqs.completion_tokens, temperature,
                                                cutoff)
     return logp, entropy, hidden
   routing = None
   if prompt_group > 1:
-    hidden = shared_prompt_hidden(*args, prompt_group)
+    hidden = shared_prompt_hidden(*args, prompt_group, inputs)
   elif moe:
     hidden, routing = completion_logits(*args, project=False, record_routing=True,
-                                        routes=seqs.routes if replay_routes else None)
+                                        routes=seqs.routes if replay_routes else None,
+                                        inputs=inputs)
   else:
-    hidden = completion_logits(*args, project=False)
+    hidden = completion_logits(*args, project=False, inputs=inputs)
   if model_cfg.logits_chunk:
     logp, entropy = chunked_logprobs_and_entropy(params, model_cfg, hidden,
                                                  seqs.completion_tokens, temperature,

@@ -1,6 +1,6 @@
 """KV-cache continuation of multi-turn episodes (env.kv_continuation): each episode's KV cache
 lives across its turns, so a turn runs only its new ids through the model, where the
-re-prefilling loop (envs/episodes.py) prefills the whole episode so far again every turn.
+re-prefilling loop (rollout/episodes/host.py) prefills the whole episode so far again every turn.
 
 Layout: row b's ids (its prompt, then every id after it: sampled, closing, the environment's)
 sit at cache slots 0, 1, 2, ... equal to their rotary positions, as positions_from_mask gives
@@ -148,7 +148,7 @@ def continue_turn(params, cache, pending, pending_len, start, key, limits, row_i
 
 def continue_turn_traced(params, cache, pending, pending_len, start, key, limits, row_ids, live,
                          *, sampling, chunk: int = CHUNK):
-  """continue_turn's body, not jitted (for a caller's own trace: envs/episodes_jax.py), on the
+  """continue_turn's body, not jitted (for a caller's own trace: rollout/episodes/pure_jax.py), on the
   params as the sampler reads them (_sampler_params(params, sampling))."""
   cfg = sampling.model_cfg
   pending_len = jnp.where(live, pending_len, 0)

@@ -33,9 +33,21 @@ def repeat_rows(tree, group_size: int, axis: int = 0):
   return jax.tree.map(lambda x: jnp.repeat(x, group_size, axis=axis), tree)
 
 
+def prompt_positions(prompt_mask, inputs=None):
+  """The prompts' rotary ids: the given PromptInputs', or the count of real tokens."""
+  return positions_from_mask(prompt_mask) if inputs is None else inputs.positions
+
+
+def first_positions(prompt_mask, inputs=None):
+  """(B / G,) int32: the rotary id of each prompt's completion token 0."""
+  if inputs is None:
+    return jnp.sum(prompt_mask, axis=1).astype(jnp.int32)
+  return inputs.next_position.astype(jnp.int32)
+
+
 def prefill(params, prompt_tokens, prompt_mask, *, model_cfg: ModelConfig,
             max_new_tokens: int, mesh=None, group_size: int = 1, cache_slots: int = 0,
-            shared_prompt: bool = False, record_routes: bool = False):
+            shared_prompt: bool = False, record_routes: bool = False, inputs=None):
   """One forward pass over the left-padded prompts (B / G, P) into a cache of P + N slots (or
   `cache_slots`, >= P, if given: the static engine grows it segment by segment) for their
   B = prompts x G sample rows.
@@ -49,14 +61,17 @@ def prefill(params, prompt_tokens, prompt_mask, *, model_cfg: ModelConfig,
   (B / G, P), the rows' own (B, N)), as the decoder takes it with that cache.
   record_routes (a mixture of experts): returns a fourth value, the prompt tokens' experts
   (B, P, L, k) int32 (models/moe.py), repeated G times like the cache.
+  inputs: the prompts' PromptInputs (models/prompt_inputs.py; a vision-language prompt's
+  embeddings and rotary ids), None for text prompts.
   """
   prompts, prompt_len = prompt_tokens.shape
   prompt_mask = prompt_mask.astype(bool)
   slots = cache_slots or prompt_len + max_new_tokens
   cache = init_cache(model_cfg, prompts, prompt_len if shared_prompt else slots)
   out = decoder_apply(
-      model_cfg, params, prompt_tokens, positions_from_mask(prompt_mask), prompt_mask,
-      cache, 0, logits_window=(prompt_len - 1, 1), record_routing=record_routes)
+      model_cfg, params, prompt_tokens, prompt_positions(prompt_mask, inputs), prompt_mask,
+      cache, 0, logits_window=(prompt_len - 1, 1), record_routing=record_routes,
+      prefix_embeddings=None if inputs is None else inputs.embeddings)
   (logits, cache), routing = out if record_routes else (out, None)
   routes = () if routing is None else (repeat_rows(routing["routes"], group_size),)
   rows = prompts * group_size

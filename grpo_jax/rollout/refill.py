@@ -40,10 +40,11 @@ import jax
 import jax.numpy as jnp
 
 from grpo_jax.models.config import ModelConfig
-from grpo_jax.models.decoder import decoder_apply, positions_from_mask
+from grpo_jax.models.decoder import decoder_apply
 from grpo_jax.models.kv_cache import init_cache, map_cache
 from grpo_jax.parallel import choices
-from grpo_jax.rollout.prefill import constrain_cache, repeat_rows
+from grpo_jax.rollout.prefill import (constrain_cache, first_positions, prompt_positions,
+                                     repeat_rows)
 from grpo_jax.rollout.types import DecodeStats, Rollout, finish
 from grpo_jax.rollout.sampling import choose_tokens, token_uniforms, truncates
 
@@ -108,9 +109,10 @@ def generate_refill(params, prompt_tokens, prompt_mask, key, row_limits, *,
                     model_cfg: ModelConfig, max_new_tokens: int, temperature: float,
                     top_k: int, top_p: float, eos_id: int, pad_id: int, mesh, group_size: int,
                     decode_slots: int, keep_mask: bool = False,
-                    row_ids=None) -> tuple[Rollout, DecodeStats]:
+                    row_ids=None, inputs=None) -> tuple[Rollout, DecodeStats]:
   """`sampler.sample` with S = decode_slots < B slots (see the module docstring); row_ids: the
-  r of each row's draws (None: its index)."""
+  r of each row's draws (None: its index); inputs: the prompts' PromptInputs
+  (models/prompt_inputs.py), None for text prompts."""
   num_prompts, prompt_len = prompt_tokens.shape
   new, group = max_new_tokens, group_size
   rows = num_prompts * group
@@ -124,10 +126,11 @@ def generate_refill(params, prompt_tokens, prompt_mask, key, row_limits, *,
 
   # Each prompt prefilled once (prefix sharing); rows copy its cache when they start.
   first_logits, prompt_cache = apply(
-      prompt_tokens, positions_from_mask(prompt_mask), prompt_mask,
-      init_cache(model_cfg, num_prompts, prompt_len), 0, logits_window=(prompt_len - 1, 1))
+      prompt_tokens, prompt_positions(prompt_mask, inputs), prompt_mask,
+      init_cache(model_cfg, num_prompts, prompt_len), 0, logits_window=(prompt_len - 1, 1),
+      prefix_embeddings=None if inputs is None else inputs.embeddings)
   first_logits, prompt_cache = first_logits[:, 0], constrain_cache(prompt_cache, mesh)
-  prompt_lengths = jnp.sum(prompt_mask, axis=1).astype(jnp.int32)
+  prompt_lengths = first_positions(prompt_mask, inputs)
 
   def refill(state: _Slots) -> _Slots:
     """Every free slot takes the next pending row (in row order)."""

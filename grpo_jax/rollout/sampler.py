@@ -35,7 +35,9 @@ import jax
 from grpo_jax.models.config import ModelConfig
 from grpo_jax.models.layout import compute_copy, split_layers
 from grpo_jax.models.quantized import quantize_layers
+from grpo_jax.models.vision.policy import vlm_prompt_inputs
 from grpo_jax.parallel.choices import choose
+from grpo_jax.rollout.prefill import repeat_rows
 from grpo_jax.rollout.refill import generate_refill
 from grpo_jax.rollout.static import generate_static
 from grpo_jax.rollout.types import DecodeStats, Rollout, row_limits_or_max
@@ -103,8 +105,8 @@ class Sampling:
   def with_stats(self, params, prompt_tokens, prompt_mask, key, row_limits=None,
                  row_ids=None, images=None):
     """sample(...) with these settings: (Rollout, DecodeStats). images (B / G, patches, dim):
-    each prompt's image, for a vision-language model (rollout/vlm_policy.py's vlm_rollout;
-    None: text prompts). row_ids (B,) int32: the r of
+    each prompt's image, for a vision-language model (model_cfg a VlmConfig; the prompts'
+    inputs: models/vision/policy.py; None: text prompts). row_ids (B,) int32: the r of
     each row's draws, token_uniforms(key, r, t) (None: its index in the call; a multi-turn
     source passes episode ids, so an episode's tokens do not depend on its batch). Called
     outside a jit, it runs under its own mesh (a sampler on devices of its own,
@@ -126,33 +128,43 @@ def _onto(mesh, x):
 
 
 @functools.partial(jax.jit, static_argnames=("sampling",))
-def _sample(params, prompt_tokens, prompt_mask, key, row_limits, row_ids=None, images=None, *,
-            sampling: Sampling) -> tuple[Rollout, DecodeStats]:
-  s = sampling
-  if images is not None:  # image + text prompts (checked at set-up: no top-k/p, no refill)
-    from grpo_jax.rollout.vlm_policy import vlm_rollout  # noqa: PLC0415
-    return vlm_rollout(params, prompt_tokens, prompt_mask, images, key, s, row_ids)
+def _sample(params, prompt_tokens, prompt_mask, key, row_limits, row_ids=None, images=None,
+            inputs=None, *, sampling: Sampling) -> tuple[Rollout, DecodeStats]:
+  """The engines' one entry: images (a vision-language policy's, model_cfg a VlmConfig) become
+  the prompts' PromptInputs here, and every engine runs its decoder on them; inputs: given
+  PromptInputs (model_cfg the decoder's)."""
+  s, model_cfg = sampling, sampling.model_cfg
+  if images is not None:  # image + text prompts: the decoder's params and the prompts' inputs
+    params, inputs = vlm_prompt_inputs(params, prompt_tokens, prompt_mask.astype(bool), images,
+                                       model_cfg)
+    model_cfg = model_cfg.text
   if s.weight_dtype:  # the quantised copy the decode steps read (models/quantized.py)
     params = quantize_layers(params, s.weight_dtype)
   else:  # matrices in the compute dtype once, not cast in every decode step
-    params = compute_copy(params, s.model_cfg.dtype)
+    params = compute_copy(params, model_cfg.dtype)
   # Stacked layers sliced once here, not in every decode step (models/layout.split_layers).
-  params = split_layers(params, s.model_cfg.num_layers)
+  params = split_layers(params, model_cfg.num_layers)
   rows = prompt_tokens.shape[0] * s.group_size
   limits = row_limits_or_max(row_limits, rows, s.max_new_tokens)
-  common = dict(model_cfg=s.model_cfg, max_new_tokens=s.max_new_tokens,
+  common = dict(model_cfg=model_cfg, max_new_tokens=s.max_new_tokens,
                 temperature=s.temperature, top_k=s.top_k, top_p=s.top_p, eos_id=s.eos_id,
-                pad_id=s.pad_id, mesh=s.mesh, group_size=s.group_size, keep_mask=s.keep_mask)
+                pad_id=s.pad_id, mesh=s.mesh, group_size=s.group_size, keep_mask=s.keep_mask,
+                row_ids=row_ids, inputs=inputs)
   if s.decode_slots > 0:
     if s.record_routes:
       raise ValueError(f"rollout.decode_slots={s.decode_slots} (the slot-refill engine) does "
                        f"not record a mixture's routing; set rollout.decode_slots=0 for an "
                        f"MoE model's training rollouts.")
-    return generate_refill(params, prompt_tokens, prompt_mask, key, limits,
-                           decode_slots=min(s.decode_slots, rows), row_ids=row_ids, **common)
-  return generate_static(params, prompt_tokens, prompt_mask, key, limits, row_ids=row_ids,
-                         decode_block=s.decode_block, record_routes=s.record_routes,
-                         decode_loop=choose("rollout.decode_loop", s.decode_loop), **common)
+    rollout, stats = generate_refill(params, prompt_tokens, prompt_mask, key, limits,
+                                     decode_slots=min(s.decode_slots, rows), **common)
+  else:
+    rollout, stats = generate_static(
+        params, prompt_tokens, prompt_mask, key, limits, decode_block=s.decode_block,
+        record_routes=s.record_routes,
+        decode_loop=choose("rollout.decode_loop", s.decode_loop), **common)
+  if images is not None:  # each row's image (its prompt's) reaches the update's passes
+    rollout = rollout._replace(images=repeat_rows(images, s.group_size))
+  return rollout, stats
 
 
 def sample(params, prompt_tokens, prompt_mask, key, row_limits=None,

@@ -119,7 +119,7 @@ def token_uniforms(key: jax.Array, rows: jax.Array, steps) -> jax.Array:
   never of the batch, the slot that decodes the row, the loop iteration or the mesh, so every
   engine (static, slot refill with any number of slots) draws the same tokens for the same
   rows. rows (B,) int32; steps (B,) or a scalar. key: one key, or one per row (B,) (rows of
-  one call at different turns of their episodes: envs/async_episodes.py)."""
+  one call at different turns of their episodes: rollout/episodes/async_turns.py)."""
   steps = jnp.broadcast_to(jnp.asarray(steps, jnp.int32), rows.shape)
   if jnp.ndim(key) and jax.dtypes.issubdtype(key.dtype, jax.dtypes.prng_key):
     return jax.vmap(lambda k, r, t: token_uniforms(k, r[None], t[None])[0])(key, rows, steps)

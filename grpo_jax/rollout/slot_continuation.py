@@ -1,4 +1,4 @@
-"""KV-cache continuation in decode slots, for asynchronous turns (envs/async_episodes.py): the
+"""KV-cache continuation in decode slots, for asynchronous turns (rollout/episodes/async_turns.py): the
 B episodes' caches live in one (B + 1)-row cache (row B a scratch row), and a call continues up
 to S of them, whichever are ready, each at its own turn:
 

@@ -11,7 +11,7 @@ import jax.numpy as jnp
 from grpo_jax.models.config import ModelConfig
 from grpo_jax.models.decoder import decoder_apply
 from grpo_jax.models.kv_cache import grow_cache
-from grpo_jax.rollout.prefill import constrain_cache, prefill, repeat_rows
+from grpo_jax.rollout.prefill import constrain_cache, first_positions, prefill, repeat_rows
 from grpo_jax.rollout.sampling import choose_tokens, token_uniforms
 from grpo_jax.rollout.types import DecodeStats, Rollout, finish
 
@@ -40,7 +40,8 @@ def generate_static(params, prompt_tokens, prompt_mask, key, row_limits, *,
                     top_k: int, top_p: float, eos_id: int, pad_id: int, mesh, group_size: int,
                     decode_block: int, keep_mask: bool = False,
                     record_routes: bool = False,
-                    decode_loop: str = "segments", row_ids=None) -> tuple[Rollout, DecodeStats]:
+                    decode_loop: str = "segments", row_ids=None,
+                    inputs=None) -> tuple[Rollout, DecodeStats]:
   """The static engine: all B rows decode together until every row has ended (EOS or its
   limit). The loop carries the chosen token, not the (B, V) logits, and runs the decode
   forwards in segments of `decode_block` steps that read only the filled cache
@@ -54,6 +55,7 @@ def generate_static(params, prompt_tokens, prompt_mask, key, row_limits, *,
   decode_loop="bounded": one decode loop over a cache of every slot, each step's attention
   reading only its filled blocks (attention.bounded_attention, the bound a traced value), so
   the program holds one copy of the decode step whatever `decode_block` (DECODE_LOOPS).
+  inputs: the prompts' PromptInputs (models/prompt_inputs.py), None for text prompts.
   """
   prompt_len = prompt_tokens.shape[1]
   prompt_mask = prompt_mask.astype(bool)
@@ -70,13 +72,14 @@ def generate_static(params, prompt_tokens, prompt_mask, key, row_limits, *,
   logits, cache, kv_mask, *prompt_routes = prefill(
       params, prompt_tokens, prompt_mask, model_cfg=model_cfg, max_new_tokens=max_new_tokens,
       mesh=mesh, group_size=group_size, cache_slots=prompt_len + segments[0],
-      shared_prompt=shared, record_routes=record_routes)
+      shared_prompt=shared, record_routes=record_routes, inputs=inputs)
   prompts_kv_mask, kv_mask = kv_mask if shared else (None, kv_mask)
   prompt_tokens, prompt_mask = repeat_rows((prompt_tokens, prompt_mask), group_size)
   batch = prompt_tokens.shape[0]
   if row_ids is None:  # (the r of each row's draws; sampler.Sampling.with_stats)
     row_ids = jnp.arange(batch, dtype=jnp.int32)
-  next_position = jnp.sum(prompt_mask, axis=1).astype(jnp.int32)  # (B,)
+  next_position = repeat_rows(first_positions(prompt_mask[::group_size], inputs),
+                              group_size)  # (B,)
   choose = lambda lg, step: choose_tokens(  # noqa: E731
       lg, token_uniforms(key, row_ids, step), temperature, top_k, top_p, keep_mask)
 
@@ -123,6 +126,8 @@ def generate_static(params, prompt_tokens, prompt_mask, key, row_limits, *,
     outs += (jnp.zeros((batch, max_new_tokens, *prompt_routes.shape[2:]), jnp.int32),)
   carry = (jnp.int32(0), token, logp, kept, cache, jnp.zeros((batch,), bool), kv_mask, outs)
   for end in segments:
+    if end <= 0:  # one token (N = 1): no decode step runs, and a row's own cache has no slot
+      continue
     cache = constrain_cache(grow_cache(carry[4], first_slot + end), mesh)
     carry = carry[:4] + (cache,) + carry[5:]
     carry = jax.lax.while_loop(functools.partial(cond, end), functools.partial(body, end),

@@ -37,7 +37,7 @@ class Rollout(NamedTuple):
   # experience source (train/sources/experience_source.py); None straight from the sampler.
   version: jax.Array | None = None
   # (B, patches, C*T*P*P) float32: each row's image (its prompt's), as the image processor
-  # gives it, for a vision-language policy (rollout/vlm_policy.py); None for text prompts.
+  # gives it, for a vision-language policy (models/vision/policy.py); None for text prompts.
   # The update's and the reference's passes read it: the image reaches every pass.
   images: jax.Array | None = None
 

@@ -1,53 +1,46 @@
-"""Images through the sampler and through the loss (issue 57, items 3-4), for Qwen2.5-VL.
+"""Qwen2.5-VL prompts with images of any grid, on the host's terms (the processor's
+pixel_values and image_grid_thw), through the one sampler and the one teacher-forced pass.
 
-Sampler, `vlm_sample`: the images are encoded once (qwen2_5_vl_model.image_features, one pass
-over the prompts' images) and each prompt is prefilled once into a KV cache
-(qwen2_5_vl_cached.cached_decoder, the image features merged at the placeholder tokens, the
-prompt at its 3-D mRoPE ids, mrope.mrope_position_ids); the cache rows, the last position's
-logits and the masks are then repeated for the prompt's G = group_size samples, as the text
-sampler shares a prompt's prefill (rollout/prefill.py). Decode step k feeds completion token k
-at cache slot P + k and mRoPE id n + k + rope_delta on all three axes (n: the row's real prompt
-tokens; mrope.decode_position_ids). Token k of row r (r = prompt x G + sample, or row_ids[r])
-is drawn with the text sampler's uniform `token_uniforms(key, r, k)` and `choose_tokens`
-(rollout/sampling.py), so a draw depends on (key, row, position) only, never on the batch; its
-log-prob is the text sampler's, that of pi = softmax(logits / T) over the whole vocabulary
-(T = 0: greedy, log-probs of softmax(logits)). A row ends after emitting eos_id: later slots
-are pad_id, log-prob 0, mask False.
+`vlm_sample`: the images encoded once (qwen2_5_vl_model.image_features), the features merged
+into each prompt's embeddings at its placeholders, the prompt at its 3-D mRoPE ids
+(mrope.mrope_position_ids) and completion token k at n + k + rope_delta on all three axes (n:
+the row's real prompt tokens; mrope.decode_position_ids): the PromptInputs
+(models/prompt_inputs.py) with which the static engine (rollout/static.py) prefills each
+prompt once for its G rows and decodes, as it does text. Token k of row r (r = prompt x G +
+sample, or row_ids[r]) is drawn with the text sampler's `token_uniforms(key, r, k)`, so a draw
+depends on (key, row, position) only; its log-prob is that of pi = softmax(logits / T)
+(T = 0: greedy). A row ends after emitting eos_id: later slots are pad_id, log-prob 0, mask
+False.
 
-Update, `vlm_completion_logprobs`: one teacher-forced forward (qwen2_5_vl_model.decoder_hidden)
-over prompt + completion with the same image features (encoded once per prompt, repeated for
-its G rows), completion token k at the same mRoPE id as in the sampler, a generated image
-token id keeping its text embedding (only the prompt's placeholders take image features). It
-returns log pi of the completion tokens only (the loss is over text tokens), 0 where the
-completion mask is False, projecting only the completion's positions onto the vocabulary (in
-chunks of cfg.text.logits_chunk when > 0; the layers rematerialised by cfg.text.remat:
-qwen2_5_vl_model.completion_token_logprobs).
+`vlm_completion_logprobs`: the teacher-forced pass (scoring.completion_scores) over prompt +
+completion with the same inputs, each prompt's image features repeated for its G rows; log
+pi of the completion tokens only, 0 where the completion mask is False.
 """
 
 from __future__ import annotations
 
 import functools
+import types
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from grpo_jax.errors import ConfigError
-from grpo_jax.models.vision.mrope import decode_position_ids, mrope_position_ids
-from grpo_jax.models.vision.placeholders import check_image_features, merge_image_features
-from grpo_jax.models.vision.qwen2_5_vl_cached import cached_decoder, init_stacked_cache
-from grpo_jax.models.vision.qwen2_5_vl_model import (VlmConfig, completion_token_logprobs,
-                                                     embed_text, image_features)
-from grpo_jax.rollout.prefill import repeat_rows
-from grpo_jax.rollout.sampling import choose_tokens, token_uniforms
+from grpo_jax.models.prompt_inputs import PromptInputs
+from grpo_jax.models.scoring import completion_scores
+from grpo_jax.models.vision.mrope import mrope_position_ids
+from grpo_jax.models.vision.placeholders import check_image_features
+from grpo_jax.models.vision.qwen2_5_vl_model import VlmConfig, image_features, merged_embeddings
+from grpo_jax.rollout.sampler import Sampling, _sample
 
 NO_EOS = -1  # eos_id=None: no token ends a row
 
 
-def _host_inputs(params, input_ids, attention_mask, pixel_values, image_grid_thw,
-                 cfg: VlmConfig):
-  """(ids, mask, features, positions (3, B, P), rope_deltas (B,), real lengths (B,)) on the host:
-  the mRoPE ids and the image features, checked (ConfigError before any decoder compute)."""
+def host_prompt_inputs(params, input_ids, attention_mask, pixel_values, image_grid_thw,
+                       cfg: VlmConfig, group_size: int = 1):
+  """(ids, mask, PromptInputs of the prompts' rows repeated group_size times) on the host: the
+  mRoPE ids and the image features, checked (ConfigError before any decoder compute)."""
   ids = np.asarray(input_ids)
   mask = np.ones(ids.shape, bool) if attention_mask is None else np.asarray(attention_mask) > 0
   positions, deltas = mrope_position_ids(ids, image_grid_thw, mask,
@@ -55,7 +48,12 @@ def _host_inputs(params, input_ids, attention_mask, pixel_values, image_grid_thw
                                          merge_size=cfg.vision.spatial_merge_size)
   features = image_features(params, pixel_values, image_grid_thw, cfg)
   check_image_features(ids, features, image_token_id=cfg.image_token_id)
-  return ids, mask, features, positions, deltas[:, 0], mask.sum(-1)
+  features = repeat_image_features(features, ids, group_size, cfg.image_token_id)
+  ids, mask, deltas = (np.repeat(a, group_size, axis=0) for a in (ids, mask, deltas))
+  embeddings = merged_embeddings(params["text"], ids, features, cfg)
+  inputs = PromptInputs(embeddings, jnp.asarray(np.repeat(positions, group_size, axis=1)),
+                        jnp.asarray(deltas[:, 0] + mask.sum(-1), jnp.int32))
+  return ids, mask, inputs
 
 
 def check_sampling(max_new_tokens: int, temperature: float, group_size: int, rows: int,
@@ -86,68 +84,20 @@ def vlm_sample(params, input_ids, attention_mask, pixel_values, image_grid_thw, 
   of each row's draws (None: its index, prompt x G + sample)."""
   rows = np.shape(input_ids)[0] * group_size
   check_sampling(max_new_tokens, temperature, group_size, rows, row_ids)
-  ids, mask, features, positions, deltas, lengths = _host_inputs(
-      params, input_ids, attention_mask, pixel_values, image_grid_thw, cfg)
-  row_ids = jnp.arange(rows, dtype=jnp.int32) if row_ids is None else jnp.asarray(row_ids,
-                                                                                  jnp.int32)
-  special = jnp.asarray([NO_EOS if eos_id is None else eos_id, pad_id], jnp.int32)
-  return _sample(params["text"], ids, mask, features, positions, deltas + lengths, key, row_ids,
-                 special, cfg=cfg, max_new_tokens=max_new_tokens,
-                 temperature=float(temperature), group_size=group_size)
-
-
-@functools.partial(jax.jit, static_argnames=("cfg", "max_new_tokens", "temperature",
-                                             "group_size"))
-def _sample(text_params, ids, mask, features, positions, decode_base, key, row_ids, special, *,
-            cfg: VlmConfig, max_new_tokens: int, temperature: float, group_size: int):
-  """The jitted sampler: prefill each prompt once, share it G ways, then N - 1 decode steps in a
-  lax.scan (the last token is recorded after it). decode_base (B / G,): n + rope_delta, the
-  mRoPE id of a prompt's first completion token; special: (eos_id, pad_id), traced (one
-  compiled program for every pair)."""
-  eos_id, pad_id = special[0], special[1]
-  prompts, prompt_len = ids.shape
-  slots = prompt_len + max_new_tokens
-  x = merge_image_features(embed_text(text_params, ids, cfg.text), ids, features,
-                           cfg.image_token_id)
-  kv_mask = jnp.concatenate([mask, jnp.zeros((prompts, max_new_tokens), bool)], axis=1)
-  logits, cache = cached_decoder(text_params, x, positions, kv_mask,
-                                 init_stacked_cache(cfg.text, prompts, slots), 0, cfg)
-  # Prefix sharing: the prompt's cache rows (axis 1, after the layers), logits and masks x G.
-  cache = repeat_rows(cache, group_size, axis=1)
-  logits, kv_mask, decode_base = repeat_rows((logits[:, 0], kv_mask, decode_base), group_size)
-  choose = lambda lg, step: choose_tokens(  # noqa: E731
-      lg, token_uniforms(key, row_ids, step), temperature, 0, 1.0)[:2]
-
-  def record(step, token, logp, done, kv_mask):
-    """Token `step` of the live rows (pad elsewhere): (token, logp, live, done, kv_mask)."""
-    live = ~done
-    token = jnp.where(live, token, pad_id)
-    kv_mask = kv_mask.at[:, prompt_len + step].set(live)
-    return token, jnp.where(live, logp, 0.0), live, done | (token == eos_id), kv_mask
-
-  def body(carry, step):
-    token, logp, done, cache, kv_mask = carry
-    token, logp, live, done, kv_mask = record(step, token, logp, done, kv_mask)
-    position = jnp.broadcast_to((decode_base + step)[:, None], (3, token.shape[0], 1))
-    x = embed_text(text_params, token[:, None], cfg.text)
-    logits, cache = cached_decoder(text_params, x, position, kv_mask, cache,
-                                   prompt_len + step, cfg)
-    next_token, next_logp = choose(logits[:, 0], step + 1)
-    return (next_token, next_logp, done, cache, kv_mask), (token, logp, live)
-
-  token, logp = choose(logits, 0)
-  done = jnp.zeros(token.shape, bool)
-  (token, logp, done, _, kv_mask), outs = jax.lax.scan(
-      body, (token, logp, done, cache, kv_mask), jnp.arange(max_new_tokens - 1))
-  last = record(max_new_tokens - 1, token, logp, done, kv_mask)[:3]
-  tokens, logps, live = (jnp.concatenate([o.T, l[:, None]], axis=1) for o, l in zip(outs, last))
-  return tokens.astype(jnp.int32), logps, live
+  ids, mask, inputs = host_prompt_inputs(params, input_ids, attention_mask, pixel_values,
+                                         image_grid_thw, cfg)
+  sampling = Sampling(cfg.text, int(max_new_tokens), NO_EOS if eos_id is None else eos_id,
+                      pad_id, float(temperature), group_size=group_size)
+  row_ids = None if row_ids is None else jnp.asarray(row_ids, jnp.int32)
+  rollout, _ = _sample(params["text"], jnp.asarray(ids), jnp.asarray(mask), key, None, row_ids,
+                       inputs=inputs, sampling=sampling)
+  return rollout.completion_tokens, rollout.logprobs, rollout.completion_mask
 
 
 def repeat_image_features(features, input_ids, group_size: int, image_token_id: int):
   """(features of the repeated rows): the rows' image features (row-major over the prompts)
-  with each prompt's block repeated group_size times, in the order of
-  repeat_rows(input_ids, group_size)'s image tokens. Host input_ids (B / G, P)."""
+  with each prompt's block repeated group_size times, in the order of the repeated rows'
+  image tokens. Host input_ids (B / G, P)."""
   if group_size == 1 or features.shape[0] == 0:
     return features
   counts = (np.asarray(input_ids) == image_token_id).sum(axis=1)
@@ -166,25 +116,19 @@ def vlm_completion_logprobs(params, input_ids, attention_mask, pixel_values, ima
   input_ids, attention_mask, pixel_values, image_grid_thw: the prompts as vlm_sample takes
   them, (B / G, P); completion_tokens, completion_mask (B, N), groups of G contiguous rows per
   prompt (vlm_sample's output); temperature: the sampler's (pi = softmax(logits / T))."""
-  ids, mask, features, positions, deltas, lengths = _host_inputs(
-      params, input_ids, attention_mask, pixel_values, image_grid_thw, cfg)
-  features = repeat_image_features(features, ids, group_size, cfg.image_token_id)
-  ids, mask, deltas, lengths = (np.repeat(a, group_size, axis=0)
-                                for a in (ids, mask, deltas, lengths))
-  positions = np.repeat(positions, group_size, axis=1)
-  completion = np.asarray(completion_tokens).astype(ids.dtype)
-  completion_mask = np.asarray(completion_mask).astype(bool)
-  prompt_len, new = ids.shape[1], completion.shape[1]
-  all_positions = np.concatenate(
-      [positions, np.asarray(decode_position_ids(deltas, lengths, np.arange(new)))], axis=-1)
-  tokens = np.concatenate([ids, completion], axis=1)
-  kv_mask = np.concatenate([mask, completion_mask], axis=1)
-  placeholders = np.concatenate([ids, np.full(completion.shape, -1, ids.dtype)], axis=1)
-  logp = _teacher_forced(params["text"], tokens, kv_mask, features, all_positions, cfg=cfg,
-                         placeholder_ids=placeholders, prompt_len=prompt_len,
-                         temperature=float(temperature))
-  return jnp.where(jnp.asarray(completion_mask), logp, 0.0)
+  ids, mask, inputs = host_prompt_inputs(params, input_ids, attention_mask, pixel_values,
+                                         image_grid_thw, cfg, group_size)
+  completion_mask = jnp.asarray(completion_mask, bool)
+  logp = _teacher_forced(params["text"], jnp.asarray(ids), jnp.asarray(mask),
+                         jnp.asarray(completion_tokens, jnp.int32), completion_mask, inputs,
+                         cfg=cfg, temperature=float(temperature))
+  return jnp.where(completion_mask, logp, 0.0)
 
 
-_teacher_forced = jax.jit(completion_token_logprobs,
-                          static_argnames=("cfg", "prompt_len", "temperature"))
+@functools.partial(jax.jit, static_argnames=("cfg", "temperature"))
+def _teacher_forced(text_params, prompt_tokens, prompt_mask, completion_tokens, completion_mask,
+                    inputs, *, cfg: VlmConfig, temperature: float):
+  seqs = types.SimpleNamespace(prompt_tokens=prompt_tokens, prompt_mask=prompt_mask,
+                               completion_tokens=completion_tokens,
+                               completion_mask=completion_mask)
+  return completion_scores(text_params, cfg.text, seqs, temperature, inputs=inputs)[0]

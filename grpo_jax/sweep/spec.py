@@ -122,11 +122,11 @@ def _read_sweep_file(path: str) -> dict:
       bad = next(k for k in keys if not isinstance(k, str) or not k)
       raise SweepError(f"{path}: {field} has the key {bad!r}; its keys must be non-empty "
                        f"strings (config fields; arm names for arm_overrides).")
-  found = lone_surrogate(raw)  # (issue 77's fuzzing: a UnicodeEncodeError naming no field)
+  found = lone_surrogate(raw)  # (unchecked: a UnicodeEncodeError naming no field)
   if found is not None:
     raise SweepError(f"{path}: get_sweep()'s {surrogate_sentence(found).removeprefix('has ')}; "
                      f"fix that text.")
-  for key, extra in raw.get("arm_overrides", {}).items():  # (issue 77's fuzzing: a TypeError)
+  for key, extra in raw.get("arm_overrides", {}).items():  # (unchecked: a TypeError)
     if not isinstance(extra, dict):
       raise SweepError(f"{path}: arm_overrides[{key!r}]={extra!r}; give a dict of config "
                        f"fields, e.g. {{'rl.value_head': 'shared'}}.")

@@ -1,4 +1,4 @@
-"""Vision-language families (issue 57): Qwen2.5-VL's vision encoder, multimodal RoPE and image
-placeholders, and the whole model's forward pass (qwen2_5_vl_model.py, loading:
-qwen2_5_vl_model_hf.py); the KV-cached sampler and the teacher-forced log-probs of the update
-(rollout/vlm_sampler.py, on the cached decoder of qwen2_5_vl_cached.py)."""
+"""Qwen2.5-VL's vision side: the vision encoder, multimodal RoPE's position ids, the image
+placeholders and the Hugging Face loading (qwen2_5_vl*.py), the whole model's forward pass on
+models/decoder.py's Decoder (qwen2_5_vl_model.py), and the policy's prompt inputs
+(policy.py), with which every engine of rollout/ and the learner's passes run it."""

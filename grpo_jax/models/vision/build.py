@@ -1,6 +1,6 @@
 """model.vision: a vision-language policy (Qwen2.5-VL) for the RL loop, random from the config
 or loaded from a Hugging Face folder (model.path), with the image grid and placeholder token of
-its task (rollout/vlm_policy.py).
+its task (models/vision/policy.py).
 
     model.vision.depth, hidden_size, intermediate_size, num_heads, patch_size,
       temporal_patch_size, spatial_merge_size, window_size, fullatt_block_indexes
@@ -20,7 +20,7 @@ tower has no adapters, and train_tower says whether it learns in full:
 
 The base is the start model, so it is also the KL reference (tower included) and what a resume
 rebuilds; the trained tower starts as a copy of the base's (a checkpoint holds it, the base
-not). The forward merges the adapters into the decoder's kernels (rollout/vlm_policy.py
+not). The forward merges the adapters into the decoder's kernels (models/vision/policy.py
 `vlm_policy_params`: W + s A B, s = lora.alpha / rank, or / sqrt(rank) with use_rslora): at
 step 0 (B = 0) the policy is the start model exactly. The merged kernel is in the base's
 dtype, so with bfloat16 weights s A B is rounded to W's precision in the forward (the text
@@ -129,29 +129,9 @@ _REFUSED = (
                 or c.train.get("fused_steps", 0) > 0,
      "train.experience_source={v}: image prompts go through the host source; set it to 'host'",
      lambda c: c.train.experience_source or "fused"),
-    (lambda c: c.rl.get("value_head", "none") != "none",
-     "rl.value_head={v}: a vision-language policy has no critic yet; use a critic-free estimator "
-     "(rl.advantage='grpo') with rl.value_head='none'", lambda c: c.rl.value_head),
-    (lambda c: c.rollout.get("top_k", 0) or c.rollout.get("top_p", 1.0) < 1.0,
-     "rollout.top_k/top_p={v}: the image sampler draws from the full softmax; set top_k=0, "
-     "top_p=1.0", lambda c: (c.rollout.top_k, c.rollout.top_p)),
-    (lambda c: c.rollout.get("decode_slots", 0) > 0,
-     "rollout.decode_slots={v}: the image sampler has no slot-refill engine; set it to 0",
-     lambda c: c.rollout.decode_slots),
-    (lambda c: c.rl.get("shared_prompt_forward", False) or c.rl.get("pack_tokens", False),
-     "rl.shared_prompt_forward/pack_tokens={v}: not for image prompts; set both False",
-     lambda c: (c.rl.shared_prompt_forward, c.rl.pack_tokens)),
-    (lambda c: c.get("warmup") is not None and c.warmup.get("steps", 0) > 0,
-     "warmup.steps={v}: the supervised warm-up is text-only; set warmup.steps=0",
-     lambda c: c.warmup.steps),
-    (lambda c: c.get("lora") is not None and c.lora.get("rank", 0) > 0
-                and c.lora.get("export_adapter", False) and c.model.get("path"),
-     "lora.export_adapter={v} with model.path: the PEFT export of a vision-language policy's "
-     "adapters is not wired yet; set lora.export_adapter=False (the checkpoints hold them)",
-     lambda c: c.lora.export_adapter),
-    (lambda c: c.train.get("export", False),
-     "train.export={v}: export of a vision-language policy is not wired yet; set it False",
-     lambda c: c.train.export),
+    (lambda c: c.rl.get("value_head", "none") == "separate",
+     "rl.value_head={v}: a separate critic is a text decoder that reads no image; use "
+     "rl.value_head='shared' (the head on the policy's hidden states)", lambda c: c.rl.value_head),
 )
 
 

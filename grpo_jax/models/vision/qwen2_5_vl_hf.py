@@ -58,21 +58,26 @@ def _hf_shape(path: tuple, shape: tuple, cfg: VisionConfig) -> tuple:
   return (math.prod(shape[n_in:]), math.prod(shape[:n_in]))
 
 
-def vision_prefix(names) -> str:
-  """The prefix of the encoder's tensors among names, or one sentence saying none is there."""
+def tensor_prefix(names, prefixes, probe: str, missing: str) -> str:
+  """The first of `prefixes` under which `probe` is among the tensor names, or an InputError
+  saying `missing` (a part of a Qwen2.5-VL state dict: its encoder, its decoder)."""
   names = set(names)
-  for prefix in PREFIXES:
-    if prefix + "patch_embed.proj.weight" in names:
+  for prefix in prefixes:
+    if prefix + probe in names:
       return prefix
-  raise InputError("the state dict has no Qwen2.5-VL vision encoder (no model.visual.*, "
-                   "visual.* or patch_embed.proj.weight tensor); load a Qwen2.5-VL checkpoint.")
+  raise InputError(missing)
+
+
+# The encoder's tensors are missing: one sentence.
+VISION_MISSING = ("the state dict has no Qwen2.5-VL vision encoder (no model.visual.*, visual.* "
+                  "or patch_embed.proj.weight tensor); load a Qwen2.5-VL checkpoint.")
 
 
 def vision_params_from_hf(tensors: Mapping, cfg: VisionConfig, dtype=np.float32):
   """Our encoder params (a nested dict of NumPy arrays, blocks stacked) from a state dict
   {HF name: array-like}, at whichever prefix it uses; a missing or misshapen tensor is one
   sentence naming it."""
-  prefix = vision_prefix(tensors.keys())
+  prefix = tensor_prefix(tensors.keys(), PREFIXES, "patch_embed.proj.weight", VISION_MISSING)
   params = {}
   for path, shape in _param_shapes(cfg).items():
     stacked = path[0] == "blocks"

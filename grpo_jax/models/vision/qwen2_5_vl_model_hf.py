@@ -24,7 +24,7 @@ from grpo_jax.errors import InputError
 from grpo_jax.models.hf import model_config_from_hf
 from grpo_jax.models.hf_names import _from_hf, param_layout, params_from_hf
 from grpo_jax.models.vision.qwen2_5_vl import vision_config_from_hf
-from grpo_jax.models.vision.qwen2_5_vl_hf import vision_params_from_hf
+from grpo_jax.models.vision.qwen2_5_vl_hf import tensor_prefix, vision_params_from_hf
 from grpo_jax.models.vision.qwen2_5_vl_model import VlmConfig
 
 TEXT_PREFIXES = ("model.language_model.", "model.")  # transformers 5.x, 4.x checkpoints
@@ -67,25 +67,20 @@ def vlm_config_from_hf(hf_config: dict, param_dtype: str = "float32",
       image_token_id=int(hf_config.get("image_token_id", 151655)))
 
 
-def text_prefix(names) -> str:
-  """The prefix of the decoder's tensors among names, or one sentence saying none is there."""
-  names = set(names)
-  for prefix in TEXT_PREFIXES:
-    if prefix + "embed_tokens.weight" in names:
-      return prefix
-  raise InputError("the state dict has no Qwen2.5-VL text decoder (no model.language_model."
-                   "embed_tokens.weight or model.embed_tokens.weight); load a Qwen2.5-VL "
-                   "checkpoint.")
+# The decoder's tensors are missing: one sentence.
+TEXT_MISSING = ("the state dict has no Qwen2.5-VL text decoder (no model.language_model."
+                "embed_tokens.weight or model.embed_tokens.weight); load a Qwen2.5-VL "
+                "checkpoint.")
 
 
 def text_params_from_hf(tensors: Mapping, cfg: VlmConfig, dtype=np.float32):
   """The decoder's params (models/decoder.py layout) from a Qwen2.5-VL state dict; a missing
   or misshapen tensor is one sentence naming it."""
-  prefix = text_prefix(tensors.keys())
+  prefix = tensor_prefix(tensors.keys(), TEXT_PREFIXES, "embed_tokens.weight", TEXT_MISSING)
   layout, treedef = param_layout(cfg.text)
   arrays = {}
   for t in layout:
-    name = t.name if t.name.startswith("lm_head.") else prefix + t.name[len("model."):]
+    name = text_name_to_hf(t.name).replace(TEXT_PREFIXES[0], prefix, 1)
     if name not in tensors:
       raise InputError(f"the state dict lacks {name}; load a complete Qwen2.5-VL checkpoint "
                        f"whose text_config matches.")
@@ -102,3 +97,27 @@ def vlm_params_from_hf(tensors: Mapping, cfg: VlmConfig, dtype=np.float32) -> di
   {HF name: array-like} (transformers 5.x or 4.x names)."""
   return {"vision": vision_params_from_hf(tensors, cfg.vision, dtype),
           "text": text_params_from_hf(tensors, cfg, dtype)}
+
+
+VISION_EXPORT_FIELDS = ("depth", "hidden_size", "intermediate_size", "num_heads", "in_channels",
+                        "patch_size", "temporal_patch_size", "spatial_merge_size", "window_size",
+                        "out_hidden_size", "hidden_act")
+
+
+def vlm_config_to_hf(cfg: VlmConfig, text_config: dict, dtype: str = "float32") -> dict:
+  """A Qwen2.5-VL config.json (transformers 5's layout) for cfg; text_config: the decoder's
+  qwen2 config.json (hf.hf_config_from_model_config), the mRoPE split added to its rope."""
+  text = {k: v for k, v in text_config.items() if k not in ("architectures", "model_type")}
+  text["rope_parameters"] = {**text["rope_parameters"],
+                             "mrope_section": [int(v) for v in cfg.mrope_section]}
+  vision = {k: getattr(cfg.vision, k) for k in VISION_EXPORT_FIELDS}
+  vision["fullatt_block_indexes"] = [int(i) for i in cfg.vision.fullatt_block_indexes]
+  return {"architectures": ["Qwen2_5_VLForConditionalGeneration"], "model_type": "qwen2_5_vl",
+          "text_config": text, "vision_config": vision, "image_token_id": cfg.image_token_id,
+          "tie_word_embeddings": cfg.text.tie_embeddings, "dtype": dtype}
+
+
+def text_name_to_hf(name: str) -> str:
+  """A decoder tensor's name in a Qwen2.5-VL state dict (transformers 5): model.X ->
+  model.language_model.X; lm_head.weight as it is."""
+  return TEXT_PREFIXES[0] + name[len("model."):] if name.startswith("model.") else name

@@ -24,7 +24,6 @@ from grpo_jax.rl.estimators import make_estimator
 from grpo_jax.rl.kl import kl_penalty
 from grpo_jax.rl.losses import truncated_is_weights
 from grpo_jax.rl.shaping import overlong_penalty
-from grpo_jax.rollout.types import Rollout
 from grpo_jax.train.learner.forward import policy_and_values, prompt_group
 from grpo_jax.train.learner.state import policy_params, reference_params
 
@@ -118,7 +117,7 @@ def make_prepare_batch(model_cfg: ModelConfig, rl, group_size: int, temperature:
   passes = (rl.num_minibatches * rl.num_micro_batches
             if token_capacity or model_cfg.logits_chunk else 1)
 
-  def prepare(state, rollout: Rollout, inputs: RewardInputs):
+  def prepare(state, rollout, inputs: RewardInputs):
     mask = rollout.completion_mask.astype(bool)
     if reuse:  # the update computes the old log-probs (see reuses_current_logprobs)
       old_logp, old_values, routing = None, None, {}
@@ -143,7 +142,7 @@ def make_prepare_batch(model_cfg: ModelConfig, rl, group_size: int, temperature:
   return prepare
 
 
-def prepare_from_logprobs(rl, group_size: int, max_new_tokens: int, rollout: Rollout,
+def prepare_from_logprobs(rl, group_size: int, max_new_tokens: int, rollout,
                           inputs: RewardInputs, *, old_logp, ref_logp, old_values, kl_coef,
                           routing=None):
   """The preparation between a rollout and the update, from arrays alone (no model call): a

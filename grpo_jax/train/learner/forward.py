@@ -9,6 +9,7 @@ from grpo_jax.models.config import ModelConfig
 from grpo_jax.models.moe import load_balancing_loss, routes_differ
 from grpo_jax.models.scoring import completion_scores
 from grpo_jax.models.value_head import apply_value_head, separate_critic_values
+from grpo_jax.models.vision.policy import vlm_prompt_inputs
 
 
 def prompt_group(rl, group_size: int) -> int:
@@ -54,17 +55,18 @@ def policy_and_values(params, value_params, seqs, model_cfg: ModelConfig, value_
   completion is masked, values None without a critic; routing the pass's `routing_records`
   ({} for a dense model).
   """
-  if getattr(seqs, "images", None) is not None:  # a vision-language policy (no critic, dense)
-    from grpo_jax.rollout.vlm_policy import vlm_completion_scores  # noqa: PLC0415
-    logp, entropy = vlm_completion_scores(params, model_cfg, seqs, temperature)
-    mask = seqs.completion_mask.astype(bool)
-    return jnp.where(mask, logp, 0.0), jnp.where(mask, entropy, 0.0), None, {}
+  inputs = None
+  if getattr(seqs, "images", None) is not None:  # a vision-language policy: its decoder reads
+    # the prompts' embeddings (image features merged) at their mRoPE ids
+    params, inputs = vlm_prompt_inputs(params, seqs.prompt_tokens,
+                                       seqs.prompt_mask.astype(bool), seqs.images, model_cfg)
+    model_cfg = model_cfg.text
   shared = value_head == "shared"
   moe = bool(model_cfg.num_experts)
   replay = moe and routing_replay == "rollout"
   out = completion_scores(params, model_cfg, seqs, temperature, return_hidden=shared,
                           prompt_group=group, token_capacity=token_capacity,
-                          replay_routes=replay, record_routing=moe)
+                          replay_routes=replay, record_routing=moe, inputs=inputs)
   logp, entropy, hidden = out[:3]
   routing = routing_records(out[3], seqs, model_cfg.experts_per_token) if moe else {}
   mask = seqs.completion_mask.astype(bool)

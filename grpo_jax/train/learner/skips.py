@@ -30,8 +30,8 @@ def skip_without_signal(updates, gradient_step=None, params=None):
   Why: with g = 0, Adam still moves.  m <- b1 m, v <- b2 v, count <- count + 1, and the step
   -lr * m_hat / (sqrt(v_hat) + eps) replays the last informative direction, under a learning
   rate that may still be warming up (the steps of a GRPO batch whose every group is tied at one
-  reward, with no KL, entropy or value term: issue 76 measured 1.5-3.1 % of each weight
-  matrix's norm moved in 20 such steps, and the policy's behaviour with it). AdamW's weight
+  reward, with no KL, entropy or value term: 20 such steps moved 1.5-3.1 % of each weight
+  matrix's norm (benchmarks/RESULTS.md), and the policy's behaviour with it). AdamW's weight
   decay would shrink the weights too. Skipped, the step changes nothing.
 
   The count does not advance either: Adam's bias correction 1 / (1 - b^count) must count the

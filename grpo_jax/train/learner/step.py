@@ -26,7 +26,6 @@ import dataclasses
 from typing import Any
 
 from grpo_jax.models.config import ModelConfig
-from grpo_jax.rollout.types import Rollout
 from grpo_jax.train.learner.experience import RewardInputs, make_prepare_batch
 from grpo_jax.train.learner.state import TrainState, end_of_step
 from grpo_jax.train.learner.update import make_update
@@ -47,13 +46,15 @@ class StepSpec:
 
 
 def make_rl_step(spec: StepSpec):
-  """rl_step(state, rollout, reward_inputs) -> (state, metrics), pure and un-jitted."""
+  """rl_step(state, rollout, reward_inputs) -> (state, metrics), pure and un-jitted; rollout:
+  what a source produced, a rollout/types.py Rollout (the learner reads its fields and never
+  imports the sampler's package)."""
   prepare = make_prepare_batch(spec.model_cfg, spec.rl, spec.group_size, spec.temperature,
                                spec.max_new_tokens, spec.token_capacity)
   update = make_update(spec.model_cfg, spec.rl, spec.optimizer, spec.temperature,
                        spec.group_size, spec.token_capacity)
 
-  def rl_step(state: TrainState, rollout: Rollout, reward_inputs: RewardInputs):
+  def rl_step(state: TrainState, rollout, reward_inputs: RewardInputs):
     batch, prep_metrics = prepare(state, rollout, reward_inputs)
     state, metrics = update(state, batch)
     metrics = {**metrics, **prep_metrics}

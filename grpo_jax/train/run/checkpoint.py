@@ -179,7 +179,7 @@ def _holds_stacked_layers(x) -> bool:
 
 def _restore_item(checkpointer, item: str, template, saved: dict):
   """checkpointer.restore(item, template); a checkpoint `saved` (its metadata tree) before the
-  learner counted the steps without signal (issue 76) is read as a dict without that count,
+  learner counted the steps without signal is read as a dict without that count,
   which then starts at 0."""
   if saved.get("no_signal_updates") is not None:
     return checkpointer.restore(item, template)
@@ -329,7 +329,7 @@ class Checkpoints:
           saved.get("ref_params")))
       if drop_reference:
         abstract = abstract.replace(ref_params=abstract.params)
-      # Saved before the learner counted the steps without signal (issue 76): read without
+      # Saved before the learner counted the steps without signal: read without
       # it, then start the count at 0.
       if _has_per_layer_params(saved):
         tree = _stack_layers(_restore_item(checkpointer, item, _per_layer_template(abstract),

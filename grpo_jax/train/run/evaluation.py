@@ -131,11 +131,11 @@ def make_episode_evaluator(task, model_cfg: ModelConfig, section: EvalSection, e
   """make_evaluator for a task of episodes (task.name="env"): the first train.eval_size
   held-out rows played as greedy episodes, train.eval_batch_size at a time. eval_accuracy:
   the share of episodes rewarded 1; eval_reward: the mean reward; eval_turns_per_episode,
-  eval_tool_calls_per_episode, ... (envs/episodes.py `episode_metrics`). Samples are whole
+  eval_tool_calls_per_episode, ... (rollout/episodes/host.py `episode_metrics`). Samples are whole
   episodes, turn by turn. Stacked seeds (train.experience_source="fused_episodes") are
   played one after the other, one metrics record each."""
   del eval_keys  # greedy: no key is read
-  from grpo_jax.envs.episodes import (episode_metrics, episode_samples,  # noqa: PLC0415
+  from grpo_jax.rollout.episodes.host import (episode_metrics, episode_samples,  # noqa: PLC0415
                                       sample_episodes)
   greedy = Sampling.of(model_cfg, task, section.rollout, mesh).greedy()
 

@@ -13,7 +13,8 @@ import jax
 
 from grpo_jax.errors import ConfigError, RunStopped, first_line
 from grpo_jax.models.config import ModelConfig
-from grpo_jax.models.lora import merge
+from grpo_jax.models.lora import LoraParams, merge
+from grpo_jax.models.vision.policy import vlm_policy_params
 from grpo_jax.parallel import distributed
 from grpo_jax.train.run import files
 from grpo_jax.train.run.sections import ModelSection
@@ -55,24 +56,36 @@ def export_policy(model: ModelSection, state, model_cfg: ModelConfig, workdir: s
   host = distributed.to_host((state.params, state.base_params))
   if not distributed.is_main_process():
     return
-  from grpo_jax.models.hf_export import export_hf_checkpoint, export_peft_adapter  # noqa
+  from grpo_jax.models.hf_export import (export_hf_checkpoint, export_peft_adapter,  # noqa
+                                         export_vlm_checkpoint)
   params, base = host
+  vlm = hasattr(model_cfg, "vision")  # a vision-language policy: {"vision", "text"} params
   if export:
-    out, model_type = os.path.join(workdir, "hf_export"), export_model_type(model, model_cfg)
-    if base is None:
-      full = params
-    else:  # on the host's CPU: the accelerators still hold the state
-      with jax.default_device(jax.devices("cpu")[0]):
-        full = merge(base, params, model_cfg.lora_scale)
+    out = os.path.join(workdir, "hf_export")
+    with jax.default_device(jax.devices("cpu")[0]):  # the accelerators still hold the state
+      full = params if base is None else (
+          vlm_policy_params(LoraParams(base, params), model_cfg) if vlm
+          else merge(base, params, model_cfg.lora_scale))
     with _export_failure_is_one_sentence(out), files.local_folder(out) as folder:
-      export_hf_checkpoint(full, model_cfg, folder, source_dir=model.path or None,
-                           model_type=model_type,
-                           dtype=model.export_dtype, max_shard_bytes=model.export_max_shard_bytes)
+      if vlm:
+        export_vlm_checkpoint(full, model_cfg, folder, source_dir=model.path or None,
+                              dtype=model.export_dtype,
+                              max_shard_bytes=model.export_max_shard_bytes)
+      else:
+        export_hf_checkpoint(full, model_cfg, folder, source_dir=model.path or None,
+                             model_type=export_model_type(model, model_cfg),
+                             dtype=model.export_dtype,
+                             max_shard_bytes=model.export_max_shard_bytes)
     log(f"exported the trained policy as a Hugging Face checkpoint ({model.export_dtype}): {out}"
         + (" (LoRA adapters merged)" if base is not None else ""))
   if lora:
     out = os.path.join(workdir, "peft_adapter")
     with _export_failure_is_one_sentence(out), files.local_folder(out) as folder:
-      export_peft_adapter(params, model_cfg, folder, rank=lo.rank, alpha=lo.alpha,
-                          use_rslora=lo.use_rslora, base_model=model.path)
+      if vlm:  # the decoder's adapters (the tower, when trained, is not an adapter)
+        export_peft_adapter(params["text"], model_cfg.text, folder, rank=lo.rank,
+                            alpha=lo.alpha, use_rslora=lo.use_rslora, base_model=model.path,
+                            layers_prefix="base_model.model.model.language_model.layers")
+      else:
+        export_peft_adapter(params, model_cfg, folder, rank=lo.rank, alpha=lo.alpha,
+                            use_rslora=lo.use_rslora, base_model=model.path)
     log(f"exported the LoRA adapters in PEFT's format: {out}")

@@ -1,4 +1,4 @@
-"""A run that says when it has no signal (issue 76).
+"""A run that says when it has no signal.
 
 GRPO learns only from groups whose rewards differ: a step whose every group is tied (all
 right, all wrong) has zero advantages, and with rl.skip_without_signal it leaves the policy

@@ -1,6 +1,6 @@
 """The episodes experience source ("episodes", on-policy): each call plays rollout.num_prompts
 x rollout.group_size multi-turn episodes of the task's environment (task.name="env",
-grpo_jax/data/env_task.py) with the current policy, as token ids (grpo_jax/envs/episodes.py), and
+grpo_jax/data/env_task.py) with the current policy, as token ids (grpo_jax/rollout/episodes/host.py), and
 hands them to the learner as one Rollout: the prompt, then every turn's ids, `action_mask` True
 on the policy's sampled ids only, so the loss, the KL, the entropy and the importance weights
 are the policy's (train/learner/experience.py). The reward is the environment's.
@@ -18,7 +18,7 @@ import time
 import numpy as np
 
 from grpo_jax.interrupts import interruptible
-from grpo_jax.envs.episodes import episode_metrics, episode_samples, sample_episodes
+from grpo_jax.rollout.episodes.host import episode_metrics, episode_samples, sample_episodes
 from grpo_jax.errors import ConfigError
 from grpo_jax.parallel.distributed import to_host
 from grpo_jax.parallel.mesh import shard_batch

@@ -1,7 +1,7 @@
 """The episodes of a pure-JAX environment inside the one-jit RL iteration
 (train.experience_source="fused_episodes", on-policy, owns the step): the "episodes" source
 (train/sources/episodes.py) with the environment's reset and step written in JAX
-(envs/calculator_jax.py) and the turns a lax loop (envs/episodes_jax.py), so that sampling,
+(envs/calculator_jax.py) and the turns a lax loop (rollout/episodes/pure_jax.py), so that sampling,
 the environment, the reward and the RL step of max(train.fused_steps, 1) iterations run in
 one jitted lax.scan per host call, vmapped (or lax.mapped) over the run's seeds as "fused"
 does: no host round-trip per turn or per step.
@@ -11,9 +11,10 @@ Iteration i of a seed plays what "episodes" plays at that step: the rows of the 
 r = position x G + e, the key rollout_key(source); the sampler's input is the prompt and the
 ids so far left-padded to task.prompt_width + env.max_completion_tokens every turn, or with
 env.kv_continuation each episode's KV cache continued with its new ids. The
-environments with a JAX form are JAX_ENVIRONMENTS (env.name -> make(env, tokenizer) -> the
-env's jit-static spec). On a step `samples_due`, the first seed's samples (the first episode of
-each of its first train.num_samples groups, turn by turn: envs/episodes.py `episode_samples`)
+environments with a JAX form are those whose registered class has jax_form (env, tokenizer) ->
+the env's jit-static spec). On a step `samples_due`, the first seed's samples (the first episode
+of each of its first train.num_samples groups, turn by turn: rollout/episodes/host.py
+`episode_samples`)
 go to samples_out, from ids the scan hands back; tool latency is not recorded (a pure-JAX
 environment makes no host tool call).
 """
@@ -26,11 +27,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from grpo_jax.envs import ENVIRONMENTS, JAX_ENVIRONMENTS
+from grpo_jax.envs import ENVIRONMENTS, jax_form, jax_form_names
 from grpo_jax.envs import calculator  # noqa: F401  (registers env.name='calculator')
-from grpo_jax.envs import calculator_jax  # noqa: F401  (registers the calculator's JAX form)
-from grpo_jax.envs.episodes import episode_samples
-from grpo_jax.envs.episodes_jax import play_episodes
+from grpo_jax.rollout.episodes.host import episode_samples
+from grpo_jax.rollout.episodes.pure_jax import play_episodes
 from grpo_jax.errors import ConfigError
 from grpo_jax.train.learner.experience import RewardInputs
 from grpo_jax.train.learner.state import RunState, policy_params, rollout_key
@@ -53,10 +53,10 @@ def check_fused_episodes(run) -> None:
   if "episodes" not in getattr(task, "capabilities", ()):
     raise ConfigError("train.experience_source='fused_episodes' plays an environment's "
                       "episodes; set task.name='env' with a config.env section.")
-  if env_name(task.env) not in JAX_ENVIRONMENTS:
+  if jax_form(env_name(task.env)) is None:
     raise ConfigError(f"train.experience_source='fused_episodes' has no JAX form of the "
                       f"environment {env_name(task.env)!r} (it has: "
-                      f"{', '.join(JAX_ENVIRONMENTS.names())}); use "
+                      f"{', '.join(jax_form_names())}); use "
                       f"train.experience_source='episodes'.")
   if settings.gfpo_keep or settings.dynamic_sampling:
     raise ConfigError("train.experience_source='fused_episodes' keeps every episode it plays; "
@@ -129,7 +129,7 @@ def make_fused_episodes_advance(run, state, samples_out=None):
   are appended to samples_out (see the module docstring)."""
   check_fused_episodes(run)
   settings, axis, task = run.settings, run.axis, run.task
-  spec = JAX_ENVIRONMENTS.get(env_name(task.env))(task.env, task.tokenizer)
+  spec = jax_form(env_name(task.env))(task.env, task.tokenizer)
 
   def record_of(one):
     stats, episodes = one.pop("rollout"), one.pop("episodes")

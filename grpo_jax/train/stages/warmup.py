@@ -56,6 +56,9 @@ def run_warmup(params, task, model_cfg: ModelConfig, warmup_cfg, axis, log=print
   early, after the step in flight, once `stop()` is true (SIGTERM / SIGINT)."""
   if warmup_cfg.steps <= 0:
     return params
+  if hasattr(model_cfg, "text"):  # a vision-language policy: its decoder learns its own text
+    text = run_warmup(params["text"], task, model_cfg.text, warmup_cfg, axis, log, stop)
+    return {**params, "text": text}
   optimizer, step = make_warmup_step(model_cfg, warmup_cfg)
   step = axis.compile(step, donate_argnums=(0, 1))
   opt_state = axis.stack([optimizer.init(p) for p in axis.unstack(params)])

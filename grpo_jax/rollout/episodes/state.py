@@ -1,4 +1,4 @@
-"""One episode as the host loops build it (envs/episodes.py lock-step, envs/async_episodes.py
+"""One episode as the host loops build it (rollout/episodes/host.py lock-step, rollout/episodes/async_turns.py
 asynchronous): its ids after the prompt, which are the policy's, their log-probs, and what
 one sampled turn and one environment step append. Both loops call the same two functions, so
 they build the same episodes."""

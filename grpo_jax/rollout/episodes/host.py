@@ -29,9 +29,9 @@ from __future__ import annotations
 import jax
 import numpy as np
 
-from grpo_jax.envs.async_episodes import play_async
+from grpo_jax.rollout.episodes.async_turns import play_async
 from grpo_jax.envs.chat import render
-from grpo_jax.envs.episode_state import Episode, take_result, take_turn
+from grpo_jax.rollout.episodes.state import Episode, take_result, take_turn
 from grpo_jax.envs.runner import EpisodeRunner
 from grpo_jax.rollout.continuation import ContinuedTurns
 from grpo_jax.rollout.types import Rollout
@@ -75,7 +75,7 @@ def sample_episodes(sampling, params, env, tokenizer, rows: list, seeds: list, k
   alone, whichever episodes share the batch and in which order. kv_continuation: each turn
   continues the rows' KV caches with their new ids (rollout/continuation.py) instead of
   prefilling the episodes so far again. async_slots: S > 0 plays asynchronous turns
-  (envs/async_episodes.py; continues the KV caches): an episode is sampled as soon as its own
+  (rollout/episodes/async_turns.py; continues the KV caches): an episode is sampled as soon as its own
   environment step returns, up to S episodes a call."""
   row_ids = None if episode_ids is None else np.asarray(episode_ids, np.int32)
   with EpisodeRunner(env) as runner:

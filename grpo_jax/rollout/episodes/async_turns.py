@@ -1,7 +1,7 @@
 """Asynchronous turns (env.async_slots = S > 0): an episode is sampled again as soon as its own
 environment step returns, not when the slowest tool of the batch does.
 
-The lock-step loop (envs/episodes.py) samples turn k of every live episode in one call, then
+The lock-step loop (rollout/episodes/host.py) samples turn k of every live episode in one call, then
 waits for every episode's environment step before turn k + 1: one slow tool stalls the batch.
 Here each episode moves on its own:
 
@@ -24,14 +24,14 @@ from __future__ import annotations
 
 import concurrent.futures
 
-from grpo_jax.envs.episode_state import take_result, take_turn
+from grpo_jax.rollout.episodes.state import take_result, take_turn
 from grpo_jax.envs.runner import step_result
 from grpo_jax.rollout.slot_continuation import SlotTurns
 
 
 def play_async(sampling, params, env, tokenizer, episodes: list, runner, key, n: int,
                prompt_width: int, row_ids, slots: int) -> int:
-  """Plays `episodes` (envs/episode_state.Episode, as reset) to their ends with asynchronous
+  """Plays `episodes` (rollout/episodes/state.Episode, as reset) to their ends with asynchronous
   turns, on `runner`'s thread pool (envs/runner.py); returns the number of sampler calls."""
   turns = SlotTurns(sampling, params, len(episodes), slots, prompt_width, n, row_ids)
   ready, waiting, texts = list(range(len(episodes))), {}, {}

@@ -1,5 +1,5 @@
 """Multi-turn episodes of a pure-JAX environment (envs/calculator_jax.py) in one traced
-program: `play_episodes` is `sample_episodes` (envs/episodes.py) with the environment's reset
+program: `play_episodes` is `sample_episodes` (rollout/episodes/host.py) with the environment's reset
 and step written in JAX, a lax.while_loop over turns (at most max_turns; it stops once every
 episode is done, the later turns being no-ops) of the same sampler on fixed-shape arrays,
 and no host round-trip per turn (it runs inside the fused iteration,
