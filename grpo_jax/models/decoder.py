@@ -1,41 +1,36 @@
-"""A decoder-only transformer, in Flax Linen: rotary position embeddings (HF's rotate-half
-layout) and grouped-query attention, shared by every family; the norms, the MLP, the
-embeddings' scale and each layer's residual stream are the family's blocks (`cfg.blocks`,
-models/families/; Llama's: RMSNorm, SwiGLU, pre-norm). The params have one layout: the
-layers' params stacked on a leading layer axis (``layers/self_attn/q_proj/kernel`` is
-(L, embed, heads, head_dim)), run by one ``nn.scan``
-(compile time independent of depth; MaxText's scanned layers). Module names follow Hugging
-Face's (``embed_tokens``, ``self_attn/q_proj``, ...); Hugging Face's per-layer names
-(``model.layers.3...``) exist only at the checkpoint edge (grpo_jax/models/hf.py). Every param
-declares its logical axes where it is defined (``nn.with_logical_partitioning``; `param_axes`);
-parallel/mesh.py's one rules table maps them to mesh axes.
+"""A decoder-only transformer, in Flax Linen: grouped-query attention shared by every family;
+the norms, the MLP, the embeddings' scale, the rotary function (RoPE in HF's rotate-half
+layout; Qwen2.5-VL's mRoPE) and each layer's residual stream are the family's blocks
+(`cfg.blocks`, models/families/; Llama's: RMSNorm, SwiGLU, pre-norm). The layers' params are
+stacked on a leading layer axis (``layers/self_attn/q_proj/kernel`` is (L, embed, heads,
+head_dim)) and run by one ``nn.scan`` (compile time independent of depth; MaxText's scanned
+layers). Module names follow Hugging Face's (``embed_tokens``, ``self_attn/q_proj``, ...); its
+per-layer names exist only at the checkpoint edge (models/hf.py). Every param declares its
+logical axes where it is defined (`param_axes`); parallel/mesh.py's rules table maps them.
 
 The KV cache is an explicit argument and an explicit output: ``apply`` is a pure function
 
     logits, cache = Decoder(cfg).apply({"params": p}, tokens, positions, kv_mask, cache, offset)
 
-* ``tokens`` (B, T) int32, ``positions`` (B, T) int32 (the rotary position of each token);
+* ``tokens`` (B, T) int32; ``positions`` (B, T) int32, or (3, B, T) for mRoPE, read by the
+  family's rotary function; ``prefix_embeddings`` (B, P', E) replaces the first P' positions'
+  looked-up embeddings (a vision-language prompt's, models/prompt_inputs.py);
 * without a cache (``cache=None``) the T tokens attend causally to each other, keys restricted
   to ``kv_mask`` (B, T) (False for padding);
-* with a cache (a tuple of per-layer ``{"kt", "v"}`` arrays, models/kv_cache.py: the keys
-  (B, kv_heads, head_dim, S), the values (B, kv_heads, S, head_dim))
-  the T tokens are written at cache slots ``[offset, offset + T)`` (``offset`` a scalar, or
-  (B,) for rows at different positions) and attend to every slot
-  ``s <= their own slot`` with ``kv_mask[:, s]`` True; ``kv_mask`` then has shape (B, S') with
-  offset + T <= S' <= S, and only the first S' slots are read (the sampler passes the filled
-  part, so a decode step does not read the empty tail of the cache);
+* with a cache (a tuple of per-layer ``{"kt", "v"}`` arrays, models/kv_cache.py) the T tokens
+  are written at slots ``[offset, offset + T)`` (``offset`` a scalar, or (B,)) and attend to
+  every slot ``s <= their own`` with ``kv_mask[:, s]`` True; ``kv_mask`` is (B, S'),
+  offset + T <= S' <= S, and only the first S' slots are read (a decode step skips the
+  cache's empty tail);
 * a shared-prompt cache (each layer also holds ``prompt_kt`` (B/G, kv_heads, head_dim, P) and
-  ``prompt_v``: the G rows of a prompt read its keys once, kv_cache.py) takes ``kv_mask`` as
-  the pair (the prompts' (B/G, P), the rows' own slots (B, S')); ``offset`` counts the rows'
-  own slots.
+  ``prompt_v``: the G rows of a prompt read its keys once) takes ``kv_mask`` as the pair (the
+  prompts' (B/G, P), the rows' own slots (B, S')); ``offset`` counts the rows' own slots.
 
-The cache is head-major, the keys transposed (B, kv_heads, head_dim, S) and the values
-(B, kv_heads, S, head_dim), so that a decode step's two attention products read it as batched
-matrices in the layout the matmul kernels take, without transposing the cache each step.
-``logits_window=(start, n)`` normalises and projects only positions ``[start, start + n)``
-onto the vocabulary (the logits, and the hidden states with ``return_hidden``, are then
-(B, n, ...)): the sampler's prefill needs only the last position, teacher-forced scoring only
-the completion's.
+The cache is head-major, the keys transposed (B, kv_heads, head_dim, S), the values
+(B, kv_heads, S, head_dim): a decode step's two attention products read it as batched matrices
+in the matmul kernels' layout, never transposing it. ``logits_window=(start, n)`` normalises
+and projects only positions ``[start, start + n)`` (the prefill needs only the last position,
+teacher-forced scoring only the completion's).
 """
 
 from __future__ import annotations
@@ -258,10 +253,7 @@ class Decoder(nn.Module):
     prompt_group or packing take it. Applied with mutable=["intermediates"], the experts' choices
     come back too (moe.sown_routing). read_limit (a pass with a cache): only cache slots
     [0, read_limit) are read, in blocks (attention.bounded_attention; a traced scalar).
-    prefix_embeddings (B, P', E): the input embeddings of the first P' positions, given instead
-    of looked up (a vision-language prompt's, image features at its placeholders:
-    models/vision/); with prompt_group, the prompts'. positions may then be (3, B, T), the
-    family's rotary function reading them (families/qwen2_5_vl.py)."""
+    prefix_embeddings: see the module docstring; with prompt_group, the prompts'."""
     cfg = self.cfg
     embed = _embedding(cfg)
     scale = cfg.blocks.embed_scale(cfg)
@@ -372,9 +364,8 @@ def decoder_apply(model_cfg: ModelConfig, params, *args, record_routing: bool = 
 
 
 class _OneModulePerLayer(nn.Module):
-  """The decoder's params with one module per layer (layers_0, ..., layers_{L-1}): init_params
-  draws its random values through this and stacks them (flax derives each param's random key
-  from its module path, so these paths fix what a seed gives)."""
+  """The params with one module per layer (layers_0, ...): init_params draws through this and
+  stacks them (flax keys each param by its module path: these paths fix what a seed gives)."""
   cfg: ModelConfig
 
   @nn.compact

@@ -7,6 +7,7 @@ Names and layouts are grpo_jax/models/hf.py's (kernels (in, out) here, (out, in)
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import pathlib
@@ -58,7 +59,6 @@ def export_vlm_checkpoint(params, cfg, out_dir, source_dir=None, dtype: str = "f
   (qwen2_5_vl_model_hf.vlm_config_to_hf), the decoder's tensors under model.language_model.,
   the tower's under model.visual. (qwen2_5_vl_hf.vision_params_to_hf), lm_head; tokenizer and
   processor files copied from source_dir when it has them. Returns out_dir."""
-  import dataclasses  # noqa: PLC0415
   from grpo_jax.models.vision.qwen2_5_vl_hf import vision_params_to_hf  # noqa: PLC0415
   from grpo_jax.models.vision.qwen2_5_vl_model_hf import (text_name_to_hf,  # noqa: PLC0415
                                                           vlm_config_to_hf)

@@ -74,12 +74,11 @@ def generate_static(params, prompt_tokens, prompt_mask, key, row_limits, *,
       mesh=mesh, group_size=group_size, cache_slots=prompt_len + segments[0],
       shared_prompt=shared, record_routes=record_routes, inputs=inputs)
   prompts_kv_mask, kv_mask = kv_mask if shared else (None, kv_mask)
+  next_position = repeat_rows(first_positions(prompt_mask, inputs), group_size)  # (B,)
   prompt_tokens, prompt_mask = repeat_rows((prompt_tokens, prompt_mask), group_size)
   batch = prompt_tokens.shape[0]
   if row_ids is None:  # (the r of each row's draws; sampler.Sampling.with_stats)
     row_ids = jnp.arange(batch, dtype=jnp.int32)
-  next_position = repeat_rows(first_positions(prompt_mask[::group_size], inputs),
-                              group_size)  # (B,)
   choose = lambda lg, step: choose_tokens(  # noqa: E731
       lg, token_uniforms(key, row_ids, step), temperature, top_k, top_p, keep_mask)
 
