@@ -43,6 +43,21 @@ def _check_integer_ranges(config, prefix: str = "") -> None:
                       f"(|value| <= {INT32_MAX}); use a smaller value.")
 
 
+def _validate_engines(config) -> None:
+  """The run's rollout engines asked only for what they record and read: the one table of
+  rollout/engine.py (ENGINES), one sentence from it otherwise."""
+  from grpo_jax.rollout.engine import refuse  # noqa: PLC0415
+  r, rl, env = config.rollout, config.rl, config.get("env") or {}
+  engines = ["refill" if r.decode_slots else "static"]
+  if config.train.get("experience_source", "") in ("episodes", "fused_episodes"):
+    engines += ["episodes"] + ["continuation"] * bool(env.get("kv_continuation", False))
+    engines += ["slot_continuation"] * bool(env.get("async_slots", 0))
+  asked = dict(keep_mask=rl.keep_sampling_mask, weight_dtype=r.weight_dtype,
+               record_routes=config.model.num_experts and rl.routing_replay == "rollout",
+               images=config.model.get("vision") is not None)
+  refuse(engines, [feature for feature, on in asked.items() if on])
+
+
 def validate(config) -> None:
   """Checks a resolved config against the registries and every rule below; raises ConfigError
   (one sentence naming the value and the fix) on the first problem. config.imports is imported
@@ -131,10 +146,9 @@ def validate(config) -> None:
   _require(rl.routing_replay in ("off", "rollout"),
            f"rl.routing_replay={rl.routing_replay!r}; use 'off' or 'rollout'.")
   if config.model.num_experts:  # routing is recorded and replayed on the per-row forward
-    _require(not rl.pack_tokens and not rl.shared_prompt_forward and not r.decode_slots,
+    _require(not rl.pack_tokens and not rl.shared_prompt_forward,
              f"an MoE model (model.num_experts={config.model.num_experts}) records its routing "
-             f"on the per-row passes; set rl.pack_tokens=0, rl.shared_prompt_forward=False and "
-             f"rollout.decode_slots=0.")
+             f"on the per-row passes; set rl.pack_tokens=0 and rl.shared_prompt_forward=False.")
   else:
     _require(rl.routing_replay == "off" and not rl.router_aux_coef,
              f"rl.routing_replay={rl.routing_replay!r} / rl.router_aux_coef="
@@ -154,6 +168,7 @@ def validate(config) -> None:
            f">= 0 (0 = one per row, the static engine).")
   from grpo_jax.rollout.static import DECODE_LOOPS  # noqa: PLC0415
   _one_of(r.get("decode_loop", "auto"), ("auto",) + DECODE_LOOPS, "rollout.decode_loop")
+  _validate_engines(config)
   _require(rl.kl_coef >= 0, f"rl.kl_coef={rl.kl_coef}; use a value >= 0 (0 turns KL off).")
   _require(not rl.adaptive_kl or (rl.kl_target > 0 and rl.kl_horizon > 0 and rl.kl_coef > 0),
            f"rl.adaptive_kl needs rl.kl_coef > 0, rl.kl_target > 0 and rl.kl_horizon > 0 "

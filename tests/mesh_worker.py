@@ -123,6 +123,7 @@ def refill_main(path: str):
   """tests/test_refill.py's slot engine (4 slots, sampled with top-k/top-p, per-row limits) on
   the (2, 2, 2) mesh, its result written to `path` as JSON."""
   from grpo_jax.rollout.refill import generate_refill  # noqa: PLC0415
+  from grpo_jax.rollout.sampler import Sampling  # noqa: PLC0415
   from grpo_jax.rollout.types import row_limits_or_max  # noqa: PLC0415
   from tests import test_refill as t  # noqa: PLC0415
   mesh = mesh_of((2, 2, 2), jax.devices())
@@ -130,9 +131,10 @@ def refill_main(path: str):
   with jax.set_mesh(mesh):
     params = jax.device_put(t._params(cfg), shardings(t._params(cfg), mesh))
     prompts, mask = shard_batch((t.PROMPTS, t.PROMPT_MASK), mesh, replicate_indivisible=True)
+    sampling = Sampling(**t._settings(cfg, temperature=0.8, top_k=6, top_p=0.9, mesh=mesh,
+                                      decode_slots=4))
     out, _ = jax.jit(lambda p, tk, m, k: generate_refill(
-        p, tk, m, k, row_limits_or_max(t.LIMITS, t.ROWS, t.NEW), mesh=mesh, decode_slots=4,
-        **t._settings(cfg, temperature=0.8, top_k=6, top_p=0.9)))(
+        p, tk, m, k, row_limits_or_max(t.LIMITS, t.ROWS, t.NEW), sampling=sampling))(
             params, prompts, mask, jax.random.key(7))
   with open(path, "w") as f:
     json.dump(dict(devices=len(jax.devices()),

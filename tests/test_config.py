@@ -125,10 +125,30 @@ def test_an_moe_model_refuses_what_cannot_record_its_routing():
   config = grpo_tiny.get_config()
   config.model.update(dict(family="qwen3_moe", num_experts=4, experts_per_token=2,
                            moe_intermediate_size=16))
-  config.rollout.decode_slots = 4
+  config.rollout.decode_slots = 4  # both engines record the routing
+  validate(config)
+  config.rl.pack_tokens = 4
   with pytest.raises(ConfigError, match=r"an MoE model \(model.num_experts=4\) records its "
                                         r"routing on the per-row passes; set rl.pack_tokens=0"):
     validate(config)
+
+
+def test_the_engine_table_refuses_what_an_episode_engine_cannot_record():
+  """rollout/engine.py's ENGINES: the turn players (and the continuation engines under them)
+  keep no truncation record; a quantised rollout runs under every engine."""
+  from configs import grpo_calculator_tiny  # noqa: PLC0415
+  from grpo_jax.rollout.engine import refuse  # noqa: PLC0415
+  config = grpo_calculator_tiny.get_config()
+  config.rollout.update(top_p=0.9, weight_dtype="int8")
+  config.env.kv_continuation = True
+  validate(config)
+  config.rl.keep_sampling_mask = True
+  with pytest.raises(ConfigError, match=r"rl.keep_sampling_mask=True asks the 'episodes' engine "
+                                        r"for what it cannot give: an episode's rows are "
+                                        r"stitched"):
+    validate(config)
+  with pytest.raises(ConfigError, match="the 'continuation' engine"):
+    refuse(["continuation"], ["keep_mask"])
 
 
 # Round 5's environment fields that ran on nothing (E08, E14) or ended in a traceback that

@@ -11,7 +11,7 @@ import pytest
 from grpo_jax.envs import StepResult
 from grpo_jax.rollout.episodes.host import _left_pad, sample_episodes
 from grpo_jax.models.decoder import init_params
-from grpo_jax.rollout.continuation import ContinuedTurns
+from grpo_jax.rollout.slot_continuation import SlotTurns
 from grpo_jax.rollout.sampler import Sampling
 from tests.fixtures import tiny_model_config
 from tests.hf_fixtures import save_tiny_tokenizer
@@ -79,16 +79,19 @@ def test_sampled_continued_episodes_are_the_reprefilled_ones_at_the_same_keys(se
   _assert_same_episodes(_play(setup, sampled, True), _play(setup, sampled, False))
 
 
-def test_an_extension_over_several_passes_gives_the_samplers_first_turn(setup):
+@pytest.mark.parametrize("weight_dtype", ["", "int8"])  # (rollout.weight_dtype: both read it)
+def test_an_extension_over_several_passes_gives_the_samplers_first_turn(setup, weight_dtype):
   """Prompts of different lengths written 4 ids per pass (several passes, a different count
   in each row's last one): the first turn is the sampler's on the left-padded prompts."""
   tok, params, sampling = setup
+  sampling = sampling.quantized(weight_dtype)
   prompts = [tok.encode(r) for r in ROWS]
-  turns = ContinuedTurns(sampling, params, len(ROWS), 32, 20, chunk=4)
+  rows = len(ROWS)
+  turns = SlotTurns(sampling, params, rows, rows, 32, 20, chunk=4)
   key = jax.random.key(5)
-  tokens, mask, logprobs = turns(prompts, key, np.full(len(ROWS), 6), np.ones(len(ROWS), bool))
+  tokens, mask, logprobs = turns(list(range(rows)), prompts, key, [0] * rows, [6] * rows)
   padded = _left_pad(prompts, 32, tok.pad_token_id)
-  want = sampling.with_stats(params, *padded, key)[0]
+  want = sampling.with_stats(params, *padded, jax.random.fold_in(key, 0))[0]  # turn 0
   np.testing.assert_array_equal(mask, want.completion_mask)
   np.testing.assert_array_equal(tokens, want.completion_tokens)
   np.testing.assert_allclose(logprobs, want.logprobs, atol=1e-5)

@@ -142,7 +142,7 @@ def test_remat_and_logits_chunk_keep_logprobs_and_gradients(models):
 
   import jax
   import jax.numpy as jnp
-  from grpo_jax.rollout.vlm_sampler import vlm_completion_logprobs
+  from tests.test_qwen2_5_vl_sampler import vlm_completion_logprobs
   _, cfg, params = models
   ids, mask, pixel_values, grid_thw = batch()
   rng = np.random.RandomState(2)

@@ -5,6 +5,7 @@ draws that do not depend on the batch. (Greedy cached decoding against transform
 tests/test_qwen2_5_vl_model.py.)"""
 
 import functools
+import types
 
 import jax
 import jax.numpy as jnp
@@ -15,8 +16,8 @@ from grpo_jax.errors import ConfigError
 from grpo_jax.models.vision.placeholders import expand_image_placeholders
 from grpo_jax.models.vision.qwen2_5_vl_model import init_vlm_params
 from grpo_jax.models.vision.qwen2_5_vl_model_hf import vlm_config_from_hf
-from grpo_jax.models.scoring import token_logprobs_and_entropy
-from grpo_jax.rollout.vlm_sampler import vlm_completion_logprobs, vlm_sample
+from grpo_jax.models.scoring import completion_scores, token_logprobs_and_entropy
+from grpo_jax.rollout.vlm_sampler import host_prompt_inputs, vlm_sample
 from grpo_jax.rollout.sampling import choose_tokens
 
 IMAGE, START, END, EOS = 290, 292, 293, 2
@@ -29,6 +30,18 @@ VISION = dict(depth=2, hidden_size=32, intermediate_size=40, num_heads=2, patch_
               temporal_patch_size=2, spatial_merge_size=2, window_size=16, out_hidden_size=64,
               fullatt_block_indexes=[1])
 GRIDS = {"small": (1, 4, 4), "wide": (1, 4, 6)}  # 16 / 24 patches, 4 / 6 image tokens
+
+
+def vlm_completion_logprobs(params, ids, mask, pixels, grid, tokens, live, cfg, *,
+                            temperature=1.0, group_size=1):
+  """The update's log-probs of the sampled tokens: models/scoring.completion_scores with the
+  prompts' inputs (rollout/vlm_sampler.host_prompt_inputs), 0 where live is False."""
+  ids, mask, inputs = host_prompt_inputs(params, ids, mask, pixels, grid, cfg, group_size)
+  seqs = types.SimpleNamespace(prompt_tokens=jnp.asarray(ids), prompt_mask=jnp.asarray(mask),
+                               completion_tokens=jnp.asarray(tokens, jnp.int32),
+                               completion_mask=jnp.asarray(live, bool))
+  logp = completion_scores(params["text"], cfg.text, seqs, temperature, inputs=inputs)[0]
+  return jnp.where(seqs.completion_mask, logp, 0.0)
 NEW = 8  # completion tokens; the tests share shapes, so that they share compiled programs
 
 

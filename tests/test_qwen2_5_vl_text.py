@@ -134,8 +134,9 @@ def test_mrope_rotation_equals_hf_within_1e6():
   for positions, use_hf_frequencies in ((image_positions, False), (random_positions, True)):
     want, hf_inv_freq = _hf_rotate(q, k, positions, theta, section)
     inv_freq = hf_inv_freq if use_hf_frequencies else ours_inv_freq
-    ours = jax.jit(mrope.apply_multimodal_rotary_pos_emb, static_argnums=(3, 4, 5))(
-        q, k, positions, tuple(inv_freq.tolist()), tuple(section), factor)
+    rotate = jax.jit(mrope.apply_mrope, static_argnums=(2, 3, 4))
+    ours = [rotate(x, positions, tuple(inv_freq.tolist()), tuple(section), factor)
+            for x in (q, k)]
     for got, expected in zip(ours, want):
       np.testing.assert_allclose(np.asarray(got), expected, atol=1e-6, rtol=0)
 

@@ -21,7 +21,7 @@ import pytest
 
 from grpo_jax.parallel.choices import choose
 from grpo_jax.rollout.refill import generate_refill, shrink_phases
-from grpo_jax.rollout.sampler import sample
+from grpo_jax.rollout.sampler import Sampling, sample
 from grpo_jax.rollout.types import row_limits_or_max
 from tests.fixtures import perturbed_params, xla_env
 from tests.test_sampler_prefix import _assert_same  # tokens, masks exact; log-probs 1e-5
@@ -58,9 +58,8 @@ def _refill(cfg, params, slots, limits=None, **policy):
 
 @functools.lru_cache(maxsize=None)
 def _refill_fn(cfg, slots, policy):
-  return jax.jit(lambda p, t, m, k, lim: generate_refill(
-      p, t, m, k, lim, mesh=None, decode_slots=slots,
-      **{"top_k": 0, "top_p": 1.0, **_settings(cfg, **dict(policy))}))
+  sampling = Sampling(**_settings(cfg, decode_slots=slots, **dict(policy)))
+  return jax.jit(lambda p, t, m, k, lim: generate_refill(p, t, m, k, lim, sampling=sampling))
 
 
 def simulated_slot_steps(lengths, slots: int) -> int:

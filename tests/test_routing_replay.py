@@ -8,6 +8,7 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from grpo_jax.models.moe import load_balancing_loss, route, routes_differ
 from grpo_jax.models.scoring import completion_logits
@@ -22,10 +23,11 @@ def moe_config(**overrides):
                                      norm_topk_prob=True), **overrides})
 
 
-def rollout_of(cfg, params, group=2, new_tokens=10):
+def rollout_of(cfg, params, group=2, new_tokens=10, decode_slots=0):
   prompts = jax.random.randint(jax.random.key(1), (3, 6), 2, cfg.vocab_size)
   mask = jnp.ones((3, 6), bool).at[0, :3].set(False)  # one left-padded prompt
-  sampling = Sampling(cfg, new_tokens, eos_id=1, pad_id=0).grouped(group, record_routes=True)
+  sampling = Sampling(cfg, new_tokens, eos_id=1, pad_id=0, decode_slots=decode_slots).grouped(
+      group, record_routes=True)
   return sampling(params, prompts, mask, jax.random.key(2))
 
 
@@ -48,12 +50,14 @@ def test_route_replays_the_given_experts_weighted_by_this_router():
   assert np.asarray(routes_differ(given, given.at[0, 1].set(2)))[0]
 
 
-def test_the_sampler_records_the_routing_a_teacher_forced_pass_recomputes():
+@pytest.mark.parametrize("decode_slots", [0, 4])  # the static engine, the slot-refill engine
+def test_the_sampler_records_the_routing_a_teacher_forced_pass_recomputes(decode_slots):
   """Every prompt and completion token the sampler ran (the prefill, then each decode step)
-  was routed as the full forward routes it: zero mismatch on a float32 model."""
+  was routed as the full forward routes it, by either engine: zero mismatch on a float32
+  model."""
   cfg = moe_config()
   params = perturbed_params(cfg)
-  rollout = rollout_of(cfg, params)
+  rollout = rollout_of(cfg, params, decode_slots=decode_slots)
   rows, prompt_len = rollout.prompt_tokens.shape
   new = rollout.completion_tokens.shape[1]
   assert rollout.routes.shape == (rows, prompt_len + new, cfg.num_layers, 2)

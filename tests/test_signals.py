@@ -18,7 +18,8 @@ from tests.tiny_runs import N, ROOT, command, records, run, start_and_signal, st
 def test_sigint_or_sighup_saves_the_step_and_the_resume_equals_the_uninterrupted_run(
     reference, tmp_path, env, sig):
   """Ctrl-C, or SIGHUP (the terminal or ssh session that started the run closed), saves like
-  SIGTERM; the resume prints nothing on stderr (no orbax warning lines)."""
+  SIGTERM; the resume prints nothing on stderr (no orbax warning lines). Both signals reach
+  the one handler (train/run/faults.py), so SIGHUP's resume is SIGINT's: it is run once."""
   _, ref_records = reference
   workdir = tmp_path / "run"
   code, stderr, _ = start_and_signal(workdir, env, sig, 2, 0.0,
@@ -29,6 +30,8 @@ def test_sigint_or_sighup_saves_the_step_and_the_resume_equals_the_uninterrupted
   assert stderr.strip().splitlines() == [
       f"{signal.Signals(sig).name}: saved checkpoint {workdir}/checkpoints/{stopped}; run the "
       f"same command again to resume from it."]
+  if sig == signal.SIGHUP:
+    return
   out = subprocess.run(command(workdir, "--config.train.checkpoint_every=100"), cwd=ROOT,
                        capture_output=True, text=True, timeout=600, env=env)
   assert out.returncode == 0 and out.stderr == "", out.stderr[-2000:]

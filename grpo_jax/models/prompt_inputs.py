@@ -34,14 +34,6 @@ class PromptInputs(NamedTuple):
   positions: jax.Array  # (B, P) or (3, B, P) int32 rotary ids (the family's rotary reads them)
   next_position: jax.Array  # (B,) int32: the rotary id of completion token 0 (on every axis)
 
-  def repeated(self, group_size: int) -> "PromptInputs":
-    """Each prompt's inputs repeated for its group_size rows (groups contiguous)."""
-    if group_size == 1:
-      return self
-    rows = lambda x, axis=0: None if x is None else jnp.repeat(x, group_size, axis)  # noqa
-    return PromptInputs(rows(self.embeddings), rows(self.positions, self.positions.ndim - 2),
-                        rows(self.next_position))
-
   def with_completion(self, num_new: int) -> jax.Array:
     """The rotary ids of the prompt followed by N = num_new completion tokens, token k at
     next_position + k: (B, P + N), or (3, B, P + N) when the prompt's are 3-D."""

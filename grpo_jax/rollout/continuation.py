@@ -33,16 +33,12 @@ import functools
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from grpo_jax.models.decoder import decoder_apply
-from grpo_jax.models.kv_cache import init_cache
-from grpo_jax.models.layout import compute_copy, split_layers
-from grpo_jax.models.quantized import quantize_layers
 from grpo_jax.models.scoring import vocab_logits
 from grpo_jax.parallel.choices import choose as platform_choice
+from grpo_jax.rollout.engine import DecodeState, Recorded, draw, read_params
 from grpo_jax.rollout.prefill import constrain_cache
-from grpo_jax.rollout.sampling import choose_tokens, token_uniforms
 
 CHUNK = 32  # W: the extension's ids per forward pass
 
@@ -52,16 +48,6 @@ def cache_capacity(prompt_width: int, max_completion_tokens: int, max_new_tokens
   """C = prompt_width + N + max(W, max_new_tokens): the slots every write fits in (module
   docstring)."""
   return prompt_width + max_completion_tokens + max(chunk, max_new_tokens)
-
-
-def _sampler_params(params, sampling):
-  """The params as the sampler reads them (sampler._sample): quantised or cast once, layers
-  split."""
-  if sampling.weight_dtype:
-    params = quantize_layers(params, sampling.weight_dtype)
-  else:
-    params = compute_copy(params, sampling.model_cfg.dtype)
-  return split_layers(params, sampling.model_cfg.num_layers)
 
 
 def _read_limit(bound, bounded: bool):
@@ -99,39 +85,34 @@ def _extend(params, cfg, cache, pending, pending_len, start, chunk: int, mesh, b
 
 def _decode(params, sampling, cache, first_logits, end, key, limits, row_ids, live,
             bounded: bool):
-  """The turn's decode loop (module docstring, step 2): (tokens, logprobs, mask) (B, M)."""
+  """The turn's decode loop (module docstring, step 2) over rollout/engine.py's DecodeState:
+  (tokens, logprobs, mask) (B, M) and the cache."""
   s, cfg = sampling, sampling.model_cfg
   batch, new = end.shape[0], s.max_new_tokens
-  capacity = cache[0]["v"].shape[2]
-  slots = jnp.arange(capacity, dtype=jnp.int32)
-  choose = lambda logits, t: choose_tokens(  # noqa: E731
-      logits, token_uniforms(key, row_ids, t), s.temperature, s.top_k, s.top_p)[:2]
+  slots = jnp.arange(cache[0]["v"].shape[2], dtype=jnp.int32)
 
-  def record(t, token, logp, done, outs):
-    tokens, logps, mask = outs
-    keep = ~done
-    outs = (tokens.at[:, t].set(jnp.where(keep, token, s.pad_id)),
-            logps.at[:, t].set(jnp.where(keep, logp, 0.0)), mask.at[:, t].set(keep))
-    return done | (token == s.eos_id) | (t + 1 >= limits), outs
+  def record(state: DecodeState) -> DecodeState:
+    live = ~state.done
+    recorded = state.recorded.write(state.t, live, state.token, state.logp, None, s.pad_id)
+    done = state.done | (state.token == s.eos_id) | (state.t + 1 >= limits)
+    return state._replace(done=done, recorded=recorded)
 
-  def body(carry):
-    t, token, logp, cache, done, outs = carry
-    done, outs = record(t, token, logp, done, outs)
-    slot = end + t
-    logits, cache = decoder_apply(cfg, params, token[:, None], slot[:, None],
-                                  slots[None, :] <= slot[:, None], cache, slot,
+  def body(state: DecodeState) -> DecodeState:
+    state = record(state)
+    slot = end + state.t
+    logits, cache = decoder_apply(cfg, params, state.token[:, None], slot[:, None],
+                                  slots[None, :] <= slot[:, None], state.cache, slot,
                                   read_limit=_read_limit(jnp.max(slot) + 1, bounded))
-    token, logp = choose(logits[:, 0], t + 1)
-    return t + 1, token, logp, constrain_cache(cache, s.mesh), done, outs
+    token, logp, _ = draw(logits[:, 0], key, row_ids, state.t + 1, s)
+    return state._replace(t=state.t + 1, token=token, logp=logp,
+                          cache=constrain_cache(cache, s.mesh))
 
-  token, logp = choose(first_logits, 0)
-  outs = (jnp.full((batch, new), s.pad_id, jnp.int32), jnp.zeros((batch, new), jnp.float32),
-          jnp.zeros((batch, new), bool))
-  carry = jax.lax.while_loop(lambda c: (c[0] < new - 1) & ~jnp.all(c[4]), body,
-                             (jnp.int32(0), token, logp, cache, ~live, outs))
-  t, token, logp, cache, done, outs = carry
-  _, outs = record(t, token, logp, done, outs)  # the last token, or a no-op (all done)
-  return (*outs, cache)
+  token, logp, _ = draw(first_logits, key, row_ids, 0, s)
+  state = DecodeState(jnp.int32(0), token, logp, None, cache, ~live, None,
+                      Recorded.empty(batch, new, s.pad_id))
+  state = jax.lax.while_loop(lambda c: (c.t < new - 1) & ~jnp.all(c.done), body, state)
+  out = record(state).recorded  # the last token, or a no-op (all done)
+  return out.tokens, out.logprobs, out.mask, state.cache
 
 
 @functools.partial(jax.jit, static_argnames=("sampling", "chunk"), donate_argnames=("cache",))
@@ -142,14 +123,14 @@ def continue_turn(params, cache, pending, pending_len, start, key, limits, row_i
   (clipped to [1, max_new_tokens]); row_ids (B,) the r of each row's draws; live (B,) bool.
   Returns (tokens (B, M) int32, logprobs (B, M) float32, mask (B, M) bool, the cache); the
   cache argument is donated (updated in place)."""
-  return continue_turn_traced(_sampler_params(params, sampling), cache, pending, pending_len,
+  return continue_turn_traced(read_params(params, sampling), cache, pending, pending_len,
                               start, key, limits, row_ids, live, sampling=sampling, chunk=chunk)
 
 
 def continue_turn_traced(params, cache, pending, pending_len, start, key, limits, row_ids, live,
                          *, sampling, chunk: int = CHUNK):
-  """continue_turn's body, not jitted (for a caller's own trace: rollout/episodes/pure_jax.py), on the
-  params as the sampler reads them (_sampler_params(params, sampling))."""
+  """continue_turn's body, not jitted (for a caller's own trace: rollout/episodes/pure_jax.py),
+  on the params as every engine reads them (engine.read_params(params, sampling))."""
   cfg = sampling.model_cfg
   pending_len = jnp.where(live, pending_len, 0)
   bounded = platform_choice("rollout.decode_loop", sampling.decode_loop) == "bounded"
@@ -158,38 +139,3 @@ def continue_turn_traced(params, cache, pending, pending_len, start, key, limits
   limits = jnp.clip(limits, 1, sampling.max_new_tokens)
   return _decode(params, sampling, cache, first_logits, start + pending_len, key, limits,
                  row_ids, live, bounded)
-
-
-class ContinuedTurns:
-  """The host side of continuation for one batch of B episodes: the cache and each row's
-  cached count. Called once per turn with every row's ids so far (prompt + after it), it
-  returns the turn's (tokens, mask, logprobs) as numpy (B, M), like the sampler's Rollout."""
-
-  def __init__(self, sampling, params, batch: int, prompt_width: int,
-               max_completion_tokens: int, row_ids=None, chunk: int = CHUNK):
-    self.sampling, self.params, self.chunk = sampling, params, chunk
-    self.capacity = cache_capacity(prompt_width, max_completion_tokens,
-                                   sampling.max_new_tokens, chunk)
-    self.cache = init_cache(sampling.model_cfg, batch, self.capacity)
-    self.cached = np.zeros(batch, np.int32)
-    self.row_ids = np.arange(batch, dtype=np.int32) if row_ids is None else np.asarray(
-        row_ids, np.int32)
-
-  def __call__(self, sequences: list, key, limits, live):
-    """sequences: each row's ids so far; limits (B,) the turn's ids at most; live (B,) bool
-    (an ended episode samples nothing)."""
-    live = np.asarray(live, bool)
-    pending = np.zeros((len(sequences), self.capacity), np.int32)
-    pending_len = np.zeros(len(sequences), np.int32)
-    for b, seq in enumerate(sequences):
-      rest = seq[self.cached[b]:] if live[b] else []
-      pending[b, :len(rest)], pending_len[b] = rest, len(rest)
-    tokens, logprobs, mask, self.cache = continue_turn(
-        self.params, self.cache, pending, pending_len, self.cached, key,
-        np.asarray(limits, np.int32), self.row_ids, live, sampling=self.sampling,
-        chunk=self.chunk)
-    tokens, logprobs, mask = jax.device_get((tokens, logprobs, mask))
-    sampled = mask.sum(axis=1).astype(np.int32)
-    self.cached = np.where(live, self.cached + pending_len + np.maximum(sampled - 1, 0),
-                           self.cached).astype(np.int32)
-    return tokens, mask, logprobs

@@ -34,19 +34,19 @@ matmul over S rows may round its last bits differently from one over B rows).
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 
-from grpo_jax.models.config import ModelConfig
 from grpo_jax.models.decoder import decoder_apply
 from grpo_jax.models.kv_cache import init_cache, map_cache
 from grpo_jax.parallel import choices
 from grpo_jax.rollout.prefill import (constrain_cache, first_positions, prompt_positions,
                                      repeat_rows)
+from grpo_jax.rollout.engine import DecodeState, Recorded, Settings, draw, generator
+from grpo_jax.rollout.sampling import truncates
 from grpo_jax.rollout.types import DecodeStats, Rollout, finish
-from grpo_jax.rollout.sampling import choose_tokens, token_uniforms, truncates
 
 
 def _copy_prompts(slot_cache, prompt_cache, prompt_of_slot, assign):
@@ -79,123 +79,116 @@ def shrink_phases(slots: int, keep: float = 0.5, floor_ratio: int = 32) -> list:
 
 
 class _Slots(NamedTuple):
-  """The loop state of the slot-refill engine: per-slot arrays and the call's outputs."""
+  """The slot-refill engine's loop state: the decode state of S slots (rollout/engine.py; a
+  slot's `done`: it is free, its t its row's completion position) and the row queue."""
+  decode: DecodeState  # its recorded outputs are the call's B rows
   slot_steps: jax.Array  # () int32: slots x iterations so far
   next_row: jax.Array  # () int32: the first row not yet given a slot
-  row: jax.Array  # (S,) int32: the row a slot decodes, -1 = free
-  t: jax.Array  # (S,) int32: the position of its current token in the completion
-  position: jax.Array  # (S,) int32: the rotary position of completion token 0 (prompt length)
-  token: jax.Array  # (S,) int32: the current token (drawn, not yet recorded)
-  logp: jax.Array  # (S,) float32: its log-prob
-  kept: Any  # None, or its truncation's (cutoff, kept_logmass), (S,) float32 each
-  cache: Any  # the KV cache of S rows and P + N slots (models/kv_cache.init_cache)
-  kv_mask: jax.Array  # (S, P + N) bool
-  outs: tuple  # (tokens (B, N) int32, logprobs (B, N) float32, mask (B, N) bool, None or
-  # (keep_cutoff, kept_logmass) (B, N) float32)
+  row: jax.Array  # (S,) int32: the row a busy slot decodes
+  position: jax.Array  # (S,) int32: the rotary position of its completion token 0
 
 
 def _compact(state: _Slots, slots: int, mesh) -> _Slots:
   """The busy slots moved to the first of `slots` slots (all busy ones fit), the rest dropped."""
-  keep = jnp.argsort((state.row < 0).astype(jnp.int32), stable=True)[:slots]
+  keep = jnp.argsort(state.decode.done.astype(jnp.int32), stable=True)[:slots]
   take = lambda x: jnp.take(x, keep, axis=0)  # noqa: E731
-  cache = constrain_cache(jax.tree.map(take, state.cache), mesh)
-  return state._replace(row=take(state.row), t=take(state.t), position=take(state.position),
-                        token=take(state.token), logp=take(state.logp),
-                        kept=jax.tree.map(take, state.kept), cache=cache,
-                        kv_mask=take(state.kv_mask))
+  d = state.decode
+  decode = d._replace(t=take(d.t), token=take(d.token), logp=take(d.logp),
+                      kept=jax.tree.map(take, d.kept),
+                      cache=constrain_cache(jax.tree.map(take, d.cache), mesh),
+                      done=take(d.done), kv_mask=take(d.kv_mask))
+  return state._replace(decode=decode, row=take(state.row), position=take(state.position))
 
 
+@generator("refill")
 def generate_refill(params, prompt_tokens, prompt_mask, key, row_limits, *,
-                    model_cfg: ModelConfig, max_new_tokens: int, temperature: float,
-                    top_k: int, top_p: float, eos_id: int, pad_id: int, mesh, group_size: int,
-                    decode_slots: int, keep_mask: bool = False,
-                    row_ids=None, inputs=None) -> tuple[Rollout, DecodeStats]:
-  """`sampler.sample` with S = decode_slots < B slots (see the module docstring); row_ids: the
-  r of each row's draws (None: its index); inputs: the prompts' PromptInputs
-  (models/prompt_inputs.py), None for text prompts."""
+                    sampling: Settings, row_ids=None, inputs=None) -> tuple[Rollout, DecodeStats]:
+  """The slot-refill engine (rollout/engine.py's protocol; the module docstring) with
+  S = min(sampling.decode_slots, B) slots. sampling.record_routes: each
+  prompt's experts from its prefill, completion token t's from the decode step that reads it,
+  as the static engine records them."""
+  s, model_cfg, mesh = sampling, sampling.model_cfg, sampling.mesh
   num_prompts, prompt_len = prompt_tokens.shape
-  new, group = max_new_tokens, group_size
+  new, group = s.max_new_tokens, s.group_size
   rows = num_prompts * group
   prompt_mask = prompt_mask.astype(bool)
-  apply = lambda *a, **k: decoder_apply(model_cfg, params, *a, **k)  # noqa: E731
   draw_row = (lambda row: row) if row_ids is None else (lambda row: row_ids[row])  # noqa: E731
-  choose = lambda logits, row, t: choose_tokens(  # noqa: E731
-      logits, token_uniforms(key, draw_row(row), t), temperature, top_k, top_p, keep_mask)
+  choose = lambda logits, row, t: draw(logits, key, draw_row(row), t, s,  # noqa: E731
+                                       s.keep_mask)
   pick = lambda assign, new, old: jax.tree.map(  # noqa: E731  per-slot choice of a pytree
       lambda a, b: jnp.where(assign, a, b), new, old)
+  apply = lambda *a, **k: decoder_apply(model_cfg, params, *a,  # noqa: E731
+                                        record_routing=s.record_routes, **k)
+  unpack = lambda out: out if s.record_routes else (out, None)  # noqa: E731
 
   # Each prompt prefilled once (prefix sharing); rows copy its cache when they start.
-  first_logits, prompt_cache = apply(
+  (first_logits, prompt_cache), prompt_routing = unpack(apply(
       prompt_tokens, prompt_positions(prompt_mask, inputs), prompt_mask,
       init_cache(model_cfg, num_prompts, prompt_len), 0, logits_window=(prompt_len - 1, 1),
-      prefix_embeddings=None if inputs is None else inputs.embeddings)
+      prefix_embeddings=None if inputs is None else inputs.embeddings))
   first_logits, prompt_cache = first_logits[:, 0], constrain_cache(prompt_cache, mesh)
   prompt_lengths = first_positions(prompt_mask, inputs)
 
   def refill(state: _Slots) -> _Slots:
     """Every free slot takes the next pending row (in row order)."""
-    slots = state.row.shape[0]
-    free = state.row < 0
-    candidate = state.next_row + jnp.cumsum(free.astype(jnp.int32)) - 1
-    assign = free & (candidate < rows)
+    d = state.decode
+    slots = d.done.shape[0]
+    candidate = state.next_row + jnp.cumsum(d.done.astype(jnp.int32)) - 1
+    assign = d.done & (candidate < rows)
     new_row = jnp.minimum(candidate, rows - 1)
     prompt = new_row // group
-    cache = constrain_cache(_copy_prompts(state.cache, prompt_cache, prompt, assign),
-                            mesh)
+    cache = constrain_cache(_copy_prompts(d.cache, prompt_cache, prompt, assign), mesh)
     fresh_mask = jnp.concatenate([prompt_mask[prompt], jnp.zeros((slots, new), bool)], axis=1)
-    first, first_logp, first_kept = choose(first_logits[prompt], new_row, 0)
-    return state._replace(
-        next_row=state.next_row + jnp.sum(assign, dtype=jnp.int32),
-        row=jnp.where(assign, new_row, state.row), t=jnp.where(assign, 0, state.t),
-        position=jnp.where(assign, prompt_lengths[prompt], state.position),
-        token=jnp.where(assign, first, state.token), logp=jnp.where(assign, first_logp,
-                                                                    state.logp),
-        kept=pick(assign, first_kept, state.kept),
-        cache=cache, kv_mask=jnp.where(assign[:, None], fresh_mask, state.kv_mask))
+    first = choose(first_logits[prompt], new_row, 0)
+    decode = d._replace(
+        t=jnp.where(assign, 0, d.t), token=jnp.where(assign, first[0], d.token),
+        logp=jnp.where(assign, first[1], d.logp), kept=pick(assign, first[2], d.kept),
+        cache=cache, done=d.done & ~assign,
+        kv_mask=jnp.where(assign[:, None], fresh_mask, d.kv_mask))
+    return state._replace(decode=decode,
+                          next_row=state.next_row + jnp.sum(assign, dtype=jnp.int32),
+                          row=jnp.where(assign, new_row, state.row),
+                          position=jnp.where(assign, prompt_lengths[prompt], state.position))
 
   def body(state: _Slots) -> _Slots:
     """Refill, record each busy slot's token, one decode forward of every slot."""
-    state = jax.lax.cond(jnp.any(state.row < 0) & (state.next_row < rows), refill,
-                         lambda s: s, state)
-    row, t, token = state.row, state.t, state.token
+    state = jax.lax.cond(jnp.any(state.decode.done) & (state.next_row < rows), refill,
+                         lambda x: x, state)
+    d, row = state.decode, state.row
     slots = row.shape[0]
-    busy = row >= 0
+    busy = ~d.done
     at_row = jnp.where(busy, row, rows)  # rows (out of range): the scatter drops it
-    tokens_out, logp_out, mask_out, kept_out = state.outs
-    if kept_out is not None:
-      kept_out = tuple(o.at[at_row, t].set(k, mode="drop") for o, k in zip(kept_out,
-                                                                             state.kept))
-    outs = (tokens_out.at[at_row, t].set(token, mode="drop"),
-            logp_out.at[at_row, t].set(state.logp, mode="drop"),
-            mask_out.at[at_row, t].set(True, mode="drop"), kept_out)
-    kv_mask = state.kv_mask.at[jnp.arange(slots), prompt_len + t].set(busy)
-    safe_row = jnp.maximum(row, 0)
-    ended = busy & ((token == eos_id) | (t + 1 >= row_limits[safe_row]))
+    recorded = d.recorded.write(d.t, busy, d.token, d.logp, d.kept, s.pad_id, rows=at_row)
+    kv_mask = d.kv_mask.at[jnp.arange(slots), prompt_len + d.t].set(busy)
+    ended = busy & ((d.token == s.eos_id) | (d.t + 1 >= row_limits[row]))
     # Only the slots up to the furthest busy row's current one are read (in blocks).
-    read_limit = prompt_len + jnp.max(jnp.where(busy, t, 0)) + 1
-    logits, cache = apply(token[:, None], (state.position + t)[:, None], kv_mask, state.cache,
-                          prompt_len + t, read_limit=read_limit)
+    read_limit = prompt_len + jnp.max(jnp.where(busy, d.t, 0)) + 1
+    (logits, cache), routing = unpack(apply(
+        d.token[:, None], (state.position + d.t)[:, None], kv_mask, d.cache, prompt_len + d.t,
+        read_limit=read_limit))
+    if routing is not None:  # completion token t's experts
+      recorded = recorded.write_routes(d.t, routing["routes"][:, 0], rows=at_row)
     going = busy & ~ended
-    following, following_logp, following_kept = choose(logits[:, 0], safe_row, t + 1)
-    return state._replace(
-        slot_steps=state.slot_steps + slots, row=jnp.where(ended, -1, row),
-        t=jnp.where(going, t + 1, t), token=jnp.where(going, following, token),
-        logp=jnp.where(going, following_logp, state.logp),
-        kept=pick(going, following_kept, state.kept), cache=constrain_cache(cache, mesh),
-        kv_mask=kv_mask, outs=outs)
+    following = choose(logits[:, 0], row, d.t + 1)
+    decode = d._replace(
+        t=jnp.where(going, d.t + 1, d.t), token=jnp.where(going, following[0], d.token),
+        logp=jnp.where(going, following[1], d.logp), kept=pick(going, following[2], d.kept),
+        cache=constrain_cache(cache, mesh), done=d.done | ended, kv_mask=kv_mask,
+        recorded=recorded)
+    return state._replace(decode=decode, slot_steps=state.slot_steps + slots)
 
-  phases = shrink_phases(decode_slots, choices.choose("rollout.refill_shrink"))
+  phases = shrink_phases(min(s.decode_slots, rows), choices.choose("rollout.refill_shrink"))
   slots = phases[0]
-  keeps = keep_mask and truncates(temperature, top_k, top_p, model_cfg.vocab_size)
-  state = _Slots(
-      jnp.int32(0), jnp.int32(0), jnp.full((slots,), -1, jnp.int32),
-      *(jnp.zeros((slots,), jnp.int32) for _ in range(3)), jnp.zeros((slots,), jnp.float32),
-      (jnp.zeros((slots,), jnp.float32),) * 2 if keeps else None,
+  keeps = s.keep_mask and truncates(s.temperature, s.top_k, s.top_p, model_cfg.vocab_size)
+  route_shape = prompt_routing["routes"].shape[2:] if s.record_routes else None
+  decode = DecodeState(
+      jnp.zeros((slots,), jnp.int32), jnp.zeros((slots,), jnp.int32),
+      jnp.zeros((slots,), jnp.float32), (jnp.zeros((slots,), jnp.float32),) * 2 if keeps else None,
       constrain_cache(init_cache(model_cfg, slots, prompt_len + new), mesh),
-      jnp.zeros((slots, prompt_len + new), bool),
-      (jnp.full((rows, new), pad_id, jnp.int32), jnp.zeros((rows, new), jnp.float32),
-       jnp.zeros((rows, new), bool),
-       (jnp.zeros((rows, new), jnp.float32),) * 2 if keeps else None))
+      jnp.ones((slots,), bool), jnp.zeros((slots, prompt_len + new), bool),
+      Recorded.empty(rows, new, s.pad_id, keeps, route_shape))
+  state = _Slots(decode, jnp.int32(0), jnp.int32(0), jnp.zeros((slots,), jnp.int32),
+                 jnp.zeros((slots,), jnp.int32))
   for i, slots in enumerate(phases):
     if i:
       state = _compact(state, slots, mesh)
@@ -203,8 +196,13 @@ def generate_refill(params, prompt_tokens, prompt_mask, key, row_limits, *,
     # busy slots fit in the next phase's.
     fits = phases[i + 1] if i + 1 < len(phases) else 0
     state = jax.lax.while_loop(
-        lambda s, fits=fits: (s.next_row < rows) | (jnp.sum(s.row >= 0) > fits), body, state)
-  tokens_out, logp_out, mask_out, kept_out = state.outs
+        lambda x, fits=fits: (x.next_row < rows) | (jnp.sum(~x.decode.done) > fits), body,
+        state)
+  out = state.decode.recorded
+  routes = None
+  if s.record_routes:
+    routes = jnp.concatenate([repeat_rows(prompt_routing["routes"], group), out.routes], axis=1)
   prompt_tokens, prompt_mask = repeat_rows((prompt_tokens, prompt_mask), group)
-  rollout = finish(prompt_tokens, prompt_mask, tokens_out, mask_out, logp_out, eos_id, kept_out)
+  rollout = finish(prompt_tokens, prompt_mask, out.tokens, out.mask, out.logprobs, s.eos_id,
+                   out.kept, routes)
   return rollout, DecodeStats(state.slot_steps)

@@ -1,6 +1,8 @@
-"""KV-cache continuation in decode slots, for asynchronous turns (rollout/episodes/async_turns.py): the
-B episodes' caches live in one (B + 1)-row cache (row B a scratch row), and a call continues up
-to S of them, whichever are ready, each at its own turn:
+"""KV-cache continuation in decode slots, the host side of every continued episode (the
+lock-step turns of rollout/episodes/host.py with S = B, the asynchronous turns of
+rollout/episodes/async_turns.py with S <= B): the B episodes' caches live in one (B + 1)-row
+cache (row B a scratch row), and a call continues up to S of them, whichever are ready, each
+at its own turn:
 
   gather   the S chosen rows of the cache into an S-row cache (an unfilled slot takes the
            scratch row, not live)

@@ -1,4 +1,4 @@
-"""What the sampler returns, shared by its engines (rollout/static.py, rollout/refill.py) and
+"""What the sampler returns, shared by its engines (rollout/engine.py) and
 by everything that consumes rollouts: `Rollout`, `DecodeStats`, and the helpers that build
 them."""
 

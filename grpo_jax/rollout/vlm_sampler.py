@@ -12,15 +12,11 @@ depends on (key, row, position) only; its log-prob is that of pi = softmax(logit
 (T = 0: greedy). A row ends after emitting eos_id: later slots are pad_id, log-prob 0, mask
 False.
 
-`vlm_completion_logprobs`: the teacher-forced pass (scoring.completion_scores) over prompt +
-completion with the same inputs, each prompt's image features repeated for its G rows; log
-pi of the completion tokens only, 0 where the completion mask is False.
+`host_prompt_inputs` gives the same inputs, each prompt's repeated for its G rows, to the
+teacher-forced pass (models/scoring.completion_scores).
 """
 
 from __future__ import annotations
-
-import functools
-import types
 
 import jax
 import jax.numpy as jnp
@@ -28,7 +24,6 @@ import numpy as np
 
 from grpo_jax.errors import ConfigError
 from grpo_jax.models.prompt_inputs import PromptInputs
-from grpo_jax.models.scoring import completion_scores
 from grpo_jax.models.vision.mrope import mrope_position_ids
 from grpo_jax.models.vision.placeholders import check_image_features
 from grpo_jax.models.vision.qwen2_5_vl_model import VlmConfig, image_features, merged_embeddings
@@ -105,30 +100,3 @@ def repeat_image_features(features, input_ids, group_size: int, image_token_id: 
   index = np.concatenate([np.tile(np.arange(s, s + c), group_size)
                           for s, c in zip(starts, counts)])
   return jnp.take(features, jnp.asarray(index, jnp.int32), axis=0)
-
-
-def vlm_completion_logprobs(params, input_ids, attention_mask, pixel_values, image_grid_thw,
-                            completion_tokens, completion_mask, cfg: VlmConfig, *,
-                            temperature: float = 1.0, group_size: int = 1) -> jax.Array:
-  """(B, N) float32 log pi of the completion tokens under teacher forcing (module docstring),
-  0 where completion_mask is False; the prompt's positions (image or text) are never scored.
-
-  input_ids, attention_mask, pixel_values, image_grid_thw: the prompts as vlm_sample takes
-  them, (B / G, P); completion_tokens, completion_mask (B, N), groups of G contiguous rows per
-  prompt (vlm_sample's output); temperature: the sampler's (pi = softmax(logits / T))."""
-  ids, mask, inputs = host_prompt_inputs(params, input_ids, attention_mask, pixel_values,
-                                         image_grid_thw, cfg, group_size)
-  completion_mask = jnp.asarray(completion_mask, bool)
-  logp = _teacher_forced(params["text"], jnp.asarray(ids), jnp.asarray(mask),
-                         jnp.asarray(completion_tokens, jnp.int32), completion_mask, inputs,
-                         cfg=cfg, temperature=float(temperature))
-  return jnp.where(completion_mask, logp, 0.0)
-
-
-@functools.partial(jax.jit, static_argnames=("cfg", "temperature"))
-def _teacher_forced(text_params, prompt_tokens, prompt_mask, completion_tokens, completion_mask,
-                    inputs, *, cfg: VlmConfig, temperature: float):
-  seqs = types.SimpleNamespace(prompt_tokens=prompt_tokens, prompt_mask=prompt_mask,
-                               completion_tokens=completion_tokens,
-                               completion_mask=completion_mask)
-  return completion_scores(text_params, cfg.text, seqs, temperature, inputs=inputs)[0]

@@ -156,11 +156,3 @@ def apply_mrope(x: jax.Array, positions: jax.Array, inv_freq, mrope_section: Seq
   x32 = x.astype(jnp.float32)
   x1, x2 = jnp.split(x32, 2, axis=-1)
   return (x32 * cos + jnp.concatenate([-x2, x1], axis=-1) * sin).astype(x.dtype)
-
-
-def apply_multimodal_rotary_pos_emb(q: jax.Array, k: jax.Array, positions: jax.Array, inv_freq,
-                                    mrope_section: Sequence[int],
-                                    attention_factor: float = 1.0) -> tuple[jax.Array, jax.Array]:
-  """(q, k) rotated by apply_mrope; q (B, T, Hq, D), k (B, T, Hk, D); HF's name for the pair."""
-  return (apply_mrope(q, positions, inv_freq, mrope_section, attention_factor),
-          apply_mrope(k, positions, inv_freq, mrope_section, attention_factor))

@@ -33,7 +33,7 @@ from grpo_jax.rollout.episodes.async_turns import play_async
 from grpo_jax.envs.chat import render
 from grpo_jax.rollout.episodes.state import Episode, take_result, take_turn
 from grpo_jax.envs.runner import EpisodeRunner
-from grpo_jax.rollout.continuation import ContinuedTurns
+from grpo_jax.rollout.slot_continuation import SlotTurns
 from grpo_jax.rollout.types import Rollout
 
 
@@ -52,13 +52,31 @@ def _bucket(n: int, step: int) -> int:
 
 def _reprefilled_turns(sampling, params, row_ids, width_bucket: int):
   """A turn's sampler call on the episodes so far, left-padded to a multiple of width_bucket
-  and prefilled whole: (sequences, key, limits, live) -> (tokens, mask, logprobs) (B, M)."""
-  def sample(sequences, key, limits, live):
+  and prefilled whole: (sequences, key, turn, limits, live) -> (tokens, mask, logprobs)
+  (B, M), drawn with fold_in(key, turn)."""
+  def sample(sequences, key, turn, limits, live):
     del live  # (an ended episode decodes one ignored token: limit 1)
     width = _bucket(max(map(len, sequences)), width_bucket)
     tokens, mask = _left_pad(sequences, width, sampling.pad_id)
-    out = jax.device_get(sampling.with_stats(params, tokens, mask, key, limits, row_ids)[0])
+    out = jax.device_get(sampling.with_stats(params, tokens, mask, jax.random.fold_in(key, turn),
+                                             limits, row_ids)[0])
     return out.completion_tokens, out.completion_mask, out.logprobs
+  return sample
+
+
+def _continued_turns(sampling, params, rows: int, prompt_width: int, n: int, row_ids):
+  """The same call continuing the live rows' KV caches with their new ids
+  (rollout/slot_continuation.SlotTurns with a slot per row); an ended row's outputs are 0."""
+  turns = SlotTurns(sampling, params, rows, rows, prompt_width, n, row_ids)
+
+  def sample(sequences, key, turn, limits, live):
+    which = np.flatnonzero(live).tolist()
+    got = turns(which, [sequences[i] for i in which], key, [turn] * len(which),
+                np.asarray(limits)[which].tolist())
+    out = [np.zeros((rows, *g.shape[1:]), g.dtype) for g in got]
+    for o, g in zip(out, got):
+      o[which] = g
+    return out
   return sample
 
 
@@ -75,8 +93,8 @@ def sample_episodes(sampling, params, env, tokenizer, rows: list, seeds: list, k
   alone, whichever episodes share the batch and in which order. kv_continuation: each turn
   continues the rows' KV caches with their new ids (rollout/continuation.py) instead of
   prefilling the episodes so far again. async_slots: S > 0 plays asynchronous turns
-  (rollout/episodes/async_turns.py; continues the KV caches): an episode is sampled as soon as its own
-  environment step returns, up to S episodes a call."""
+  (rollout/episodes/async_turns.py; continues the KV caches): an episode is sampled as soon
+  as its own environment step returns, up to S episodes a call."""
   row_ids = None if episode_ids is None else np.asarray(episode_ids, np.int32)
   with EpisodeRunner(env) as runner:
     episodes = []
@@ -89,9 +107,9 @@ def sample_episodes(sampling, params, env, tokenizer, rows: list, seeds: list, k
       play_async(sampling, params, env, tokenizer, episodes, runner, key, max_completion_tokens,
                  max(prompt_width or 0, _bucket(longest, width_bucket)), row_ids, async_slots)
       return _finish(episodes, max_completion_tokens, sampling.pad_id, prompt_width)
-    sample_turn = (ContinuedTurns(sampling, params, len(episodes),
-                                  max(prompt_width or 0, _bucket(longest, width_bucket)),
-                                  max_completion_tokens, row_ids)
+    sample_turn = (_continued_turns(sampling, params, len(episodes),
+                                    max(prompt_width or 0, _bucket(longest, width_bucket)),
+                                    max_completion_tokens, row_ids)
                    if kv_continuation else
                    _reprefilled_turns(sampling, params, row_ids, width_bucket))
     for turn in range(env.max_turns):
@@ -100,9 +118,8 @@ def sample_episodes(sampling, params, env, tokenizer, rows: list, seeds: list, k
         break
       limits = np.array([1 if e.done else max(max_completion_tokens - len(e.ids), 1)
                          for e in episodes], np.int32)
-      tokens, mask, logprobs = sample_turn([e.prompt + e.ids for e in episodes],
-                                           jax.random.fold_in(key, turn), limits,
-                                           [not e.done for e in episodes])
+      tokens, mask, logprobs = sample_turn([e.prompt + e.ids for e in episodes], key, turn,
+                                           limits, [not e.done for e in episodes])
       texts = [take_turn(e, tokens[i], mask[i], logprobs[i], sampling.eos_id,
                          max_completion_tokens, tokenizer) for i, e in enumerate(episodes)
                if not e.done]

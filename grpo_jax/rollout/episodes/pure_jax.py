@@ -22,7 +22,7 @@ So at the same key, rows and episode ids, and with the host's sampler input widt
 episodes are the host's id for id: tests/test_env_jax.py.
 
 With kv_continuation, the sample step continues each row's KV cache instead
-(rollout/continuation.py, as the host's ContinuedTurns): the cache and `cached` (B,) ride in
+(rollout/continuation.py, as the host's SlotTurns): the cache and `cached` (B,) ride in
 the loop's carry; row b's pending ids are (prompt ++ ids)[cached[b] : L + length[b]] (the
 prompt at turn 0; then the last turn's final sampled id, the closing end-of-turn id if any,
 the environment's delta), written at cache slots cached[b], ...; after the turn
@@ -42,8 +42,8 @@ import jax.numpy as jnp
 from grpo_jax.envs import calculator_jax
 from grpo_jax.errors import ConfigError
 from grpo_jax.models.kv_cache import init_cache
-from grpo_jax.rollout.continuation import (CHUNK, _sampler_params, cache_capacity,
-                                           continue_turn_traced)
+from grpo_jax.rollout.continuation import CHUNK, cache_capacity, continue_turn_traced
+from grpo_jax.rollout.engine import read_params
 from grpo_jax.rollout.types import Rollout
 
 
@@ -104,7 +104,7 @@ def _continued(sampling, params, prompt, prompt_width: int, n: int, row_ids):
   (module docstring); the start: an empty cache of cache_capacity(prompt_width, N, M) slots."""
   rows = prompt.shape[0]
   capacity = cache_capacity(prompt_width, n, sampling.max_new_tokens, CHUNK)
-  split = _sampler_params(params, sampling)  # once, not per turn
+  split = read_params(params, sampling)  # once, not per turn
   j = jnp.arange(capacity, dtype=jnp.int32)[None, :]
 
   def sample(k, e, key, limits, carry):

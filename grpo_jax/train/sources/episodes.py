@@ -46,6 +46,7 @@ def make_episodes_source(run: Run, state, samples_out=None):
                       "rl.gfpo_keep=0 and rl.dynamic_sampling=False.")
   group = settings.group_size
   seed = run.axis.seeds[0]
+  turns = run.sampling.quantized(run.rollout.weight_dtype)  # one row per episode
 
   def next_experience(train_state, source):
     version = step_of(train_state)
@@ -56,7 +57,7 @@ def make_episodes_source(run: Run, state, samples_out=None):
     ids = [position * group + e for e in range(len(rows))]  # the stream's episode ids
     with interruptible():  # tools on the host: SIGTERM saves the last step at once
       rollout, infos = sample_episodes(
-          run.sampling, run.sync_weights(policy_params(train_state)), task.env, task.tokenizer,
+          turns, run.sync_weights(policy_params(train_state)), task.env, task.tokenizer,
           rows, ids, rollout_key(source), task.max_completion_tokens,
           prompt_width=task.prompt_len, episode_ids=ids,
           kv_continuation=getattr(task, "kv_continuation", False),

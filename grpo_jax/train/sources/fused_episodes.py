@@ -101,7 +101,8 @@ def make_episodes_iteration(run, spec):
     a, b = (jnp.repeat(jax.lax.dynamic_slice_in_dim(table[k], position, num_prompts), group)
             for k in ("a", "b"))
     ids = position * group + jnp.arange(rows, dtype=jnp.int32)
-    rollout, end = play_episodes(run.sampling, policy_params(train), spec, a, b,
+    turns = run.sampling.quantized(run.rollout.weight_dtype)  # one row per episode
+    rollout, end = play_episodes(turns, policy_params(train), spec, a, b,
                                  rollout_key(source), n, prompt_width, prompt_width + n, ids,
                                  kv_continuation=getattr(task, "kv_continuation", False))
     inputs = RewardInputs(end.reward, {}, jnp.int32(num_prompts))
