@@ -8,6 +8,8 @@ rounds alternate which goes first, and each figure is the best call of the best 
 transformers `generate` run (benchmarks/vs_hf_generate.py's) gives the text ratios.
 
     python benchmarks/generation_side_by_side.py --trees /path/to/base /path/to/new
+    python benchmarks/generation_side_by_side.py --trees A B --parts engines --rounds 3 \
+        --repeats 7    # refill / static alone, more calls
 
 JSON lines: {"tree", "batch", "ours_tok_s", "hf_tok_s", "ours_over_hf"} per batch,
 {"tree", "refill_s", "static_s", "refill_over_static"} and {"tree", "vlm_tok_s"}.
@@ -24,7 +26,7 @@ BATCHES = (1, 8, 32, 64)
 NEW = 64
 
 
-def worker(tree: str, repeats: int) -> dict:
+def worker(tree: str, repeats: int, parts: tuple = ("text", "engines", "vlm")) -> dict:
   sys.path.insert(0, tree)
   sys.path.insert(1, HERE)
   import jax
@@ -36,18 +38,19 @@ def worker(tree: str, repeats: int) -> dict:
   cfg, params = load_hf_checkpoint(common.checkpoint("qwen2-4L-256"))
   best = lambda run: min(common.time_it(run, repeats))  # noqa: E731
   out = {"text": {}}
-  for batch in BATCHES:
+  for batch in BATCHES if "text" in parts else ():
     tokens, mask = common.random_prompts(batch, 32)
     out["text"][batch] = best(lambda: jax.block_until_ready(generate(
         params, tokens, mask, jax.random.key(0), model_cfg=cfg, max_new_tokens=NEW,
         temperature=0.0, eos_id=-1, pad_id=common.PAD_ID)))
   tokens, mask = common.random_prompts(8, 32)
   limits = np.random.RandomState(0).randint(16, 129, 32)
-  for engine, slots in (("static", 0), ("refill", 8)):
+  for engine, slots in (("static", 0), ("refill", 8)) if "engines" in parts else ():
     out[engine] = best(lambda: jax.block_until_ready(generate(
         params, tokens, mask, jax.random.key(1), limits, model_cfg=cfg, max_new_tokens=128,
         temperature=1.0, eos_id=-1, pad_id=common.PAD_ID, group_size=4, decode_slots=slots)))
-  out["vlm"] = vlm_seconds(best)
+  if "vlm" in parts:
+    out["vlm"] = vlm_seconds(best)
   return out
 
 
@@ -88,19 +91,36 @@ def main():
   parser.add_argument("--trees", nargs="+", required=True)
   parser.add_argument("--rounds", type=int, default=2)
   parser.add_argument("--repeats", type=int, default=3)
+  parser.add_argument("--parts", nargs="+", default=["text", "engines", "vlm"],
+                      help="which figures: text (vs generate), engines (refill / static), vlm")
   parser.add_argument("--worker", help=argparse.SUPPRESS)
   args = parser.parse_args()
   if args.worker:
-    print("RESULT " + json.dumps(worker(args.worker, args.repeats)), flush=True)
+    print("RESULT " + json.dumps(worker(args.worker, args.repeats, tuple(args.parts))),
+          flush=True)
     return
   results = {tree: [] for tree in args.trees}
   for r in range(args.rounds):
     for tree in (args.trees if r % 2 == 0 else args.trees[::-1]):
       done = subprocess.run([sys.executable, __file__, "--trees", tree, "--worker", tree,
-                             "--repeats", str(args.repeats)], capture_output=True, text=True,
-                            cwd=tree, check=True)
+                             "--repeats", str(args.repeats), "--parts", *args.parts],
+                            capture_output=True, text=True, cwd=tree, check=True)
       line = [x for x in done.stdout.splitlines() if x.startswith("RESULT ")][-1]
       results[tree].append(json.loads(line[7:]))
+  if "text" in args.parts:
+    print_text(results)
+  for tree, runs in results.items():
+    if "engines" in args.parts:
+      refill, static = (min(run[k] for run in runs) for k in ("refill", "static"))
+      print(json.dumps(dict(tree=tree, refill_s=round(refill, 4), static_s=round(static, 4),
+                            refill_over_static=round(refill / static, 3))))
+    if "vlm" in args.parts:
+      vlm = min(run["vlm"] for run in runs)
+      print(json.dumps(dict(tree=tree, vlm_tok_s=round(16 * NEW / vlm, 1))))
+
+
+def print_text(results: dict):
+  """One transformers `generate` run, then each tree's ratios to it."""
   hf = subprocess.run([sys.executable, os.path.join(HERE, "benchmarks", "vs_hf_generate.py"),
                        "--side", "hf", "--model", "qwen2-4L-256", "--batches",
                        *map(str, BATCHES), "--new-tokens", str(NEW)],
@@ -114,11 +134,6 @@ def main():
       print(json.dumps(dict(tree=tree, batch=batch, ours_tok_s=round(batch * NEW / ours, 1),
                             hf_tok_s=round(batch * NEW / theirs, 1),
                             ours_over_hf=round(theirs / ours, 3))))
-    refill, static = (min(run[k] for run in runs) for k in ("refill", "static"))
-    print(json.dumps(dict(tree=tree, refill_s=round(refill, 4), static_s=round(static, 4),
-                          refill_over_static=round(refill / static, 3))))
-    vlm = min(run["vlm"] for run in runs)
-    print(json.dumps(dict(tree=tree, vlm_tok_s=round(16 * NEW / vlm, 1))))
 
 
 if __name__ == "__main__":

@@ -37,11 +37,17 @@ def vlm_completion_logprobs(params, ids, mask, pixels, grid, tokens, live, cfg, 
   """The update's log-probs of the sampled tokens: models/scoring.completion_scores with the
   prompts' inputs (rollout/vlm_sampler.host_prompt_inputs), 0 where live is False."""
   ids, mask, inputs = host_prompt_inputs(params, ids, mask, pixels, grid, cfg, group_size)
-  seqs = types.SimpleNamespace(prompt_tokens=jnp.asarray(ids), prompt_mask=jnp.asarray(mask),
-                               completion_tokens=jnp.asarray(tokens, jnp.int32),
-                               completion_mask=jnp.asarray(live, bool))
-  logp = completion_scores(params["text"], cfg.text, seqs, temperature, inputs=inputs)[0]
-  return jnp.where(seqs.completion_mask, logp, 0.0)
+  return _scores(params["text"], jnp.asarray(ids), jnp.asarray(mask),
+                 jnp.asarray(tokens, jnp.int32), jnp.asarray(live, bool), inputs, cfg=cfg.text,
+                 temperature=float(temperature))
+
+
+@functools.partial(jax.jit, static_argnames=("cfg", "temperature"))
+def _scores(text_params, ids, mask, tokens, live, inputs, *, cfg, temperature):
+  seqs = types.SimpleNamespace(prompt_tokens=ids, prompt_mask=mask, completion_tokens=tokens,
+                               completion_mask=live)
+  return jnp.where(live, completion_scores(text_params, cfg, seqs, temperature,
+                                           inputs=inputs)[0], 0.0)
 NEW = 8  # completion tokens; the tests share shapes, so that they share compiled programs
 
 

@@ -137,12 +137,13 @@ class Recorded(NamedTuple):
                None if route_shape is None else jnp.zeros((rows, new, *route_shape), jnp.int32))
 
   def write(self, t, live, token, logp, kept, pad_id: int, rows=None) -> "Recorded":
-    """Token t of every row (rows None: all at the one position t), or of the rows `rows` (S,)
-    at their positions t (S,), an index out of range dropped; where not live: pad_id, 0 and
-    False."""
-    at, mode = ((slice(None), t), None) if rows is None else ((rows, t), "drop")
-    put = lambda out, value, fill: out.at[at].set(jnp.where(live, value, fill),  # noqa: E731
-                                                  mode=mode)
+    """Token t of every row (rows None: all at the one position t; where not live: pad_id, 0
+    and False), or of the rows `rows` (S,) at their positions t (S,) (a slot that is not live
+    names a row out of range, and its write is dropped)."""
+    if rows is None:
+      put = lambda out, value, fill: out.at[:, t].set(jnp.where(live, value, fill))  # noqa: E731
+    else:
+      put = lambda out, value, fill: out.at[rows, t].set(value, mode="drop")  # noqa: E731
     kept_out = self.kept
     if kept is not None:
       kept_out = tuple(put(o, k, 0.0) for o, k in zip(self.kept, kept))
@@ -154,8 +155,9 @@ class Recorded(NamedTuple):
     """The experts (B or S, L, k) of the tokens forwarded at position t (rows as in `write`)."""
     if self.routes is None:
       return self
-    at, mode = ((slice(None), t), None) if rows is None else ((rows, t), "drop")
-    return self._replace(routes=self.routes.at[at].set(routes, mode=mode))
+    if rows is None:
+      return self._replace(routes=self.routes.at[:, t].set(routes))
+    return self._replace(routes=self.routes.at[rows, t].set(routes, mode="drop"))
 
 
 class DecodeState(NamedTuple):
