@@ -6,7 +6,7 @@ What it measures, for each `--what`:
            the state donated (donate_argnums=0) as the host loop does: preparation (reference
            log-probs: GRPO with KL in the loss, beta = 0.001), advantages, and the update with
            rl.num_micro_batches = --micro-batches; AdamW with the GSM8K recipe's optim section
-           (configs/grpo_gsm8k.py). rl is `rl_defaults(num_micro_batches=K, kl_coef=0.001,
+           (configs/grpo_gsm8k.py). rl is `rl_defaults(num_micro_batches=K, kl_coef=--kl-coef,
            num_minibatches=--minibatches, shared_prompt_forward=--shared-prompt-forward)`
            (one minibatch, so the old log-probs are the update's own: no extra forward pass).
            --shared-prompt-forward: each prompt runs once for its G completions in the
@@ -44,10 +44,13 @@ of model size is ever allocated, so a 7B shape "runs" on a laptop (compile time 
   --group-size   G (default min(rows, 4))
   --remat, --logits-chunk   set on the ModelConfig when this version of it has the fields;
                  otherwise a warning on stderr and ignored
-  --mesh D,F,T[,E] (data, fsdp, tensor, expert) over D*F*T*E fake CPU devices (this script sets
-                 XLA_FLAGS=--xla_force_host_platform_device_count before importing jax);
-                 inputs get the mesh rules' shardings; the memory numbers are then per device,
-                 and `state_gib_per_device` is the most loaded device's share of the state
+  --mesh D,F,T[,E[,C]] (data, fsdp, tensor, expert, context) over D*F*T*E*C fake CPU devices
+                 (this script sets XLA_FLAGS=--xla_force_host_platform_device_count before
+                 importing jax); inputs get the mesh rules' shardings and the programs are
+                 traced under `jax.set_mesh` as the training loop does (the decoder's activation
+                 constraints apply: context C splits each row's tokens); the memory numbers are
+                 then per device, and `state_gib_per_device` is the most loaded device's share
+                 of the state
 
 Output: per measurement a human-readable line, then one JSON line with what, shape, layers,
 rows, prompt, new, micro_batches, group_size, remat, logits_chunk, compile_s, temp_gib,
@@ -111,6 +114,15 @@ def parse_args(argv=None):
                       "versions that had both layouts; always on since)")
   p.add_argument("--mesh", default=None,
                  help="D,F,T[,E]: (data, fsdp, tensor, expert) fake CPU devices")
+  p.add_argument("--kl-coef", type=float, default=0.001,
+                 help="update: rl.kl_coef (0: no reference is kept or run)")
+  p.add_argument("--decode-loop", default="auto",
+                 help="sampler: rollout.decode_loop (segments | bounded; auto: this platform's)")
+  p.add_argument("--decode-slots", type=int, default=0,
+                 help="sampler: rollout.decode_slots (the slot-refill engine; 0: static)")
+  p.add_argument("--split-attention", action="store_true",
+                 help="update: the context path's attention (query blocks recomputed in the "
+                      "backward pass) without a context axis, to compare with context > 1")
   p.add_argument("--decode-block", type=int, default=128,
                  help="sampler: decode steps per segment (rollout.decode_block; 0 = one)")
   p.add_argument("--lora-rank", type=int, default=0,
@@ -139,9 +151,9 @@ def parse_args(argv=None):
   if args.mesh is not None:
     try:
       args.mesh = tuple(int(x) for x in args.mesh.split(","))
-      assert len(args.mesh) in (3, 4) and all(x > 0 for x in args.mesh)
+      assert len(args.mesh) in (3, 4, 5) and all(x > 0 for x in args.mesh)
     except (ValueError, AssertionError):
-      p.error(f"--mesh {args.mesh!r}: use three or four positive sizes D,F,T[,E]")
+      p.error(f"--mesh {args.mesh!r}: use three to five positive sizes D,F,T[,E[,C]]")
   return args
 
 
@@ -238,18 +250,12 @@ def with_shardings(abstract, shardings):
 
 
 def run(args) -> list:
+  import contextlib
+
   import jax
   import jax.numpy as jnp
 
-  from benchmarks import common
-  from grpo_jax.defaults import rl_defaults
   from grpo_jax.models.decoder import init_params
-  from grpo_jax.rollout import prefill as prefill_lib
-  from grpo_jax.rollout import sampler
-  from grpo_jax.train.learner.experience import RewardInputs
-  from grpo_jax.train.stages.rl import initial_state
-  from grpo_jax.train.learner.state import make_optimizer
-  from grpo_jax.train.learner.step import StepSpec, make_rl_step
 
   cfg = model_config(args)
   if args.lora_rank:
@@ -262,16 +268,12 @@ def run(args) -> list:
 
   mesh = None
   if args.mesh is not None:
-    from benchmarks.state_bytes import tree_shardings
-    from grpo_jax.parallel.mesh import batch_axis_size, batch_sharding, make_mesh, mesh_config
+    from grpo_jax.parallel.mesh import batch_axis_size, make_mesh, mesh_config
     mesh = make_mesh(mesh_config(*args.mesh))
     batch_rows = batch_axis_size(mesh)
     if rows % batch_rows:
       sys.exit(f"--rows {rows} does not split over data x fsdp x expert = {batch_rows} "
                f"devices")
-    replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
-    rows_sharded = lambda tree: with_shardings(tree, jax.tree.map(  # noqa: E731
-        lambda x: batch_sharding(mesh, len(x.shape)) if x.shape else replicated, tree))
 
   sds = jax.ShapeDtypeStruct
   group = 1 if args.no_prefix_sharing else args.group_size  # the sampler's rows per prompt
@@ -285,75 +287,107 @@ def run(args) -> list:
               scan_layers=getattr(cfg, "scan_layers", True),
               params_m=round(n_params / 1e6, 1), params_gib=round(tree_gib(params), 4),
               mesh=None if mesh is None else list(args.mesh), backend=jax.default_backend())
+  if args.split_attention:  # the decoder takes its context-parallel attention path
+    from grpo_jax.models import decoder
+    decoder.context_size = lambda: 2
   results = []
-  for what in args.what:
-    extra = {}
-    if what == "state":
-      results.append(measure_state(args, cfg, params, key, mesh, base))
-      continue
-    if what == "update":
-      rl = rl_defaults(num_micro_batches=args.micro_batches, kl_coef=0.001,
-                       num_minibatches=args.minibatches,
-                       shared_prompt_forward=args.shared_prompt_forward)
-      optimizer = make_optimizer(optim_section(), 100)
-      if args.lora_rank:
-        state = abstract_state(cfg, params, optimizer, key, args.lora_rank, args.base_dtype)
-      else:
-        state = jax.eval_shape(lambda p, k: initial_state(rl, cfg, p, optimizer, k),
-                               params, key)
-      rollout = sampler.Rollout(
-          prompts[0], prompts[1], sds((rows, new), jnp.int32), sds((rows, new), jnp.bool_),
-          sds((rows, new), jnp.float32), sds((rows,), jnp.bool_), sds((rows, new), jnp.bool_))
-      inputs = RewardInputs(sds((rows,), jnp.float32), {}, sds((), jnp.int32))
-      step = make_rl_step(StepSpec(cfg, rl, optimizer, args.group_size, temperature=1.0,
-                                   max_new_tokens=new))
-      extra["state_gib"] = round(tree_gib(state), 4)
-      jit_kwargs = {}
-      if mesh is not None:
-        state_shardings = tree_shardings(state, mesh)  # as the loop
-        extra["state_gib_per_device"] = round(per_device_gib(state, state_shardings), 4)
-        state = with_shardings(state, state_shardings)
-        rollout, inputs = rows_sharded(rollout), rows_sharded(inputs)
-        jit_kwargs["out_shardings"] = (state_shardings, None)  # as train/stages/rl.py
-      m = measure(step, (state, rollout, inputs), donate=0, jit_kwargs=jit_kwargs,
-                  time_calls=args.time)
-    else:
-      p_abs, (tok, msk) = params, sampler_prompts
-      if args.lora_rank:  # the sampler's policy under LoRA: base + adapters, never merged
-        from grpo_jax.train.learner.state import policy_params
-        p_abs = policy_params(abstract_state(cfg, params, make_optimizer(optim_section(), 1),
-                                             key, args.lora_rank, args.base_dtype))
-      extra.update(sampler_prompts=rows // group, sampler_group=group,
-                   decode_block=args.decode_block)
-      if mesh is not None:
-        shardings = tree_shardings(p_abs, mesh)
-        extra["params_gib_per_device"] = round(per_device_gib(p_abs, shardings), 4)
-        p_abs = with_shardings(p_abs, shardings)
-        if (rows // group) % batch_rows == 0:  # else replicated, as the loop places them
-          tok, msk = rows_sharded((tok, msk))
-      if what == "sampler":
-        k_abs = jax.eval_shape(lambda: key)
-        fn = lambda p, t, m, k: sampler.generate(  # noqa: E731
-            p, t, m, k, model_cfg=cfg, max_new_tokens=new, temperature=1.0,
-            eos_id=common.EOS_ID, pad_id=common.PAD_ID, mesh=mesh, group_size=group,
-            decode_block=args.decode_block)
-        m = measure(fn, (p_abs, tok, msk, k_abs))
-      else:
-        fn = lambda p, t, m: prefill_lib.prefill(  # noqa: E731
-            p, t, m, model_cfg=cfg, max_new_tokens=new, mesh=mesh, group_size=group)
-        m = measure(fn, (p_abs, tok, msk))
-    result = dict(what=what, **base, **m, **extra)
-    results.append(result)
-    human = (f"{what} {args.shape} L={cfg.num_layers} rows={rows} (G={args.group_size}) "
-             f"P={plen} N={new} K={args.micro_batches} remat={result['remat']} "
-             f"chunk={result['logits_chunk']}"
-             f"{'' if mesh is None else ' mesh=' + 'x'.join(map(str, args.mesh))}: "
-             f"compile {m['compile_s']:.1f} s, temp {m['temp_gib']} GiB, args "
-             f"{m['argument_gib']} GiB, out {m['output_gib']} GiB, alias {m['alias_gib']} GiB, "
-             f"{m['gflop']} GFLOP" + (f", calls {m['call_s']} s" if "call_s" in m else ""))
-    print(human, flush=True)
-    print(json.dumps(result), flush=True)
+  with jax.set_mesh(mesh) if mesh is not None else contextlib.nullcontext():
+    for what in args.what:
+      results.append(measure_one(args, what, cfg, params, key, mesh, base, prompts,
+                                 sampler_prompts, group))
   return results
+
+
+def measure_one(args, what, cfg, params, key, mesh, base, prompts, sampler_prompts, group):
+  """One --what's measurement (see the module docstring)."""
+  import jax
+  import jax.numpy as jnp
+
+  from benchmarks import common
+  from grpo_jax.defaults import rl_defaults
+  from grpo_jax.rollout import prefill as prefill_lib
+  from grpo_jax.rollout import sampler
+  from grpo_jax.train.learner.experience import RewardInputs
+  from grpo_jax.train.stages.rl import initial_state
+  from grpo_jax.train.learner.state import make_optimizer
+  from grpo_jax.train.learner.step import StepSpec, make_rl_step
+  sds = jax.ShapeDtypeStruct
+  rows, plen, new = args.rows, args.prompt, args.new
+  batch_rows = rows_sharded = None
+  if mesh is not None:
+    from benchmarks.state_bytes import tree_shardings
+    from grpo_jax.parallel.mesh import batch_axis_size, batch_sharding
+    batch_rows = batch_axis_size(mesh)
+    replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+    rows_sharded = lambda tree: with_shardings(tree, jax.tree.map(  # noqa: E731
+        lambda x: batch_sharding(mesh, len(x.shape)) if x.shape else replicated, tree))
+  extra = {}
+  if what == "state":
+    return measure_state(args, cfg, params, key, mesh, base)
+  if what == "update":
+    rl = rl_defaults(num_micro_batches=args.micro_batches, kl_coef=args.kl_coef,
+                     num_minibatches=args.minibatches,
+                     shared_prompt_forward=args.shared_prompt_forward)
+    optimizer = make_optimizer(optim_section(), 100)
+    if args.lora_rank:
+      state = abstract_state(cfg, params, optimizer, key, args.lora_rank, args.base_dtype)
+    else:
+      state = jax.eval_shape(lambda p, k: initial_state(rl, cfg, p, optimizer, k),
+                             params, key)
+    rollout = sampler.Rollout(
+        prompts[0], prompts[1], sds((rows, new), jnp.int32), sds((rows, new), jnp.bool_),
+        sds((rows, new), jnp.float32), sds((rows,), jnp.bool_), sds((rows, new), jnp.bool_))
+    inputs = RewardInputs(sds((rows,), jnp.float32), {}, sds((), jnp.int32))
+    step = make_rl_step(StepSpec(cfg, rl, optimizer, args.group_size, temperature=1.0,
+                                 max_new_tokens=new))
+    extra["state_gib"] = round(tree_gib(state), 4)
+    jit_kwargs = {}
+    if mesh is not None:
+      state_shardings = tree_shardings(state, mesh)  # as the loop
+      extra["state_gib_per_device"] = round(per_device_gib(state, state_shardings), 4)
+      state = with_shardings(state, state_shardings)
+      rollout, inputs = rows_sharded(rollout), rows_sharded(inputs)
+      jit_kwargs["out_shardings"] = (state_shardings, None)  # as train/stages/rl.py
+    m = measure(step, (state, rollout, inputs), donate=0, jit_kwargs=jit_kwargs,
+                time_calls=args.time)
+  else:
+    p_abs, (tok, msk) = params, sampler_prompts
+    if args.lora_rank:  # the sampler's policy under LoRA: base + adapters, never merged
+      from grpo_jax.train.learner.state import policy_params
+      p_abs = policy_params(abstract_state(cfg, params, make_optimizer(optim_section(), 1),
+                                           key, args.lora_rank, args.base_dtype))
+    extra.update(sampler_prompts=rows // group, sampler_group=group,
+                 decode_block=args.decode_block, decode_slots=args.decode_slots,
+                 decode_loop=args.decode_loop)
+    if mesh is not None:
+      shardings = tree_shardings(p_abs, mesh)
+      extra["params_gib_per_device"] = round(per_device_gib(p_abs, shardings), 4)
+      p_abs = with_shardings(p_abs, shardings)
+      if (rows // group) % batch_rows == 0:  # else replicated, as the loop places them
+        tok, msk = rows_sharded((tok, msk))
+    if what == "sampler":
+      k_abs = jax.eval_shape(lambda: key)
+      fn = lambda p, t, m, k: sampler.generate(  # noqa: E731
+          p, t, m, k, model_cfg=cfg, max_new_tokens=new, temperature=1.0,
+          eos_id=common.EOS_ID, pad_id=common.PAD_ID, mesh=mesh, group_size=group,
+          decode_block=args.decode_block, decode_slots=args.decode_slots,
+          decode_loop=args.decode_loop)
+      m = measure(fn, (p_abs, tok, msk, k_abs))
+    else:
+      fn = lambda p, t, m: prefill_lib.prefill(  # noqa: E731
+          p, t, m, model_cfg=cfg, max_new_tokens=new, mesh=mesh, group_size=group)
+      m = measure(fn, (p_abs, tok, msk))
+  result = dict(what=what, **base, **m, **extra)
+  human = (f"{what} {args.shape} L={cfg.num_layers} rows={rows} (G={args.group_size}) "
+           f"P={plen} N={new} K={args.micro_batches} remat={result['remat']} "
+           f"chunk={result['logits_chunk']}"
+           f"{'' if mesh is None else ' mesh=' + 'x'.join(map(str, args.mesh))}: "
+           f"compile {m['compile_s']:.1f} s, temp {m['temp_gib']} GiB, args "
+           f"{m['argument_gib']} GiB, out {m['output_gib']} GiB, alias {m['alias_gib']} GiB, "
+           f"{m['gflop']} GFLOP" + (f", calls {m['call_s']} s" if "call_s" in m else ""))
+  print(human, flush=True)
+  print(json.dumps(result), flush=True)
+  return result
 
 
 def main(argv=None):

@@ -58,8 +58,8 @@ def _validate_rewards(config) -> None:
 
 def _validate_devices(config) -> None:
   """The mesh sizes and the multi-host start-up mode."""
-  for axis in ("data", "fsdp", "tensor", "expert"):
-    size = config.mesh[axis]
+  for axis in ("data", "fsdp", "tensor", "expert", "context"):  # parallel/mesh.MESH_AXES
+    size = config.mesh.get(axis, 1)
     _require(isinstance(size, int) and (size == -1 or size >= 1),
              f"mesh.{axis}={size!r}; use a device count >= 1, or -1 for the rest of the devices.")
   split = config.mesh.get("rollout_devices", 0)

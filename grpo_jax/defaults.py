@@ -252,13 +252,15 @@ def get_defaults() -> ml_collections.ConfigDict:
       # A second run of the same program starts from it (one H200: a first step of 140 s -> 6 s).
       compilation_cache="auto"))
 
-  # Devices: (data, fsdp, tensor, expert) sizes, -1 = the rest; multi-host start-up (see
-  # docs/meshes.md). expert splits a mixture's experts (and, like data, the rows).
+  # Devices: (data, fsdp, tensor, expert, context) sizes, -1 = the rest; multi-host start-up
+  # (see docs/meshes.md). expert splits a mixture's experts (and, like data, the rows);
+  # context splits each row's tokens in the teacher-forced passes and the prefill
+  # (docs/meshes.md#context-parallelism).
   # rollout_devices (split placement, docs/meshes.md): 0 = the sampler shares the learner's
   # mesh; n > 0 = the last n devices form the sampler's mesh and the first (total - n) the
   # learner's, each laid out by the sizes above (weights synced to the sampler every step).
   c.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, tensor=1, expert=1,
-                                          rollout_devices=0))
+                                          context=1, rollout_devices=0))
   c.distributed = ml_collections.ConfigDict(dict(
       mode="none",  # "none", "auto" (jax.distributed.initialize()) or "explicit" (below)
       coordinator_address="",  # "host:port"; "" = $JAX_COORDINATOR_ADDRESS

@@ -237,7 +237,8 @@ def test_lora_run_on_a_mesh_equals_the_single_device_run(tmp_path):
   run(tmp_path / "one", 1)
   stdout = run(tmp_path / "mesh", 4, "--config.mesh.data=1", "--config.mesh.fsdp=2",
                "--config.mesh.tensor=2")
-  assert "mesh (data, fsdp, tensor, expert) = (1, 2, 2, 1)" in stdout and "frozen base" in stdout
+  assert "mesh (data, fsdp, tensor, expert, context) = (1, 2, 2, 1, 1)" in stdout
+  assert "frozen base" in stdout
   one, mesh = records(tmp_path / "one"), records(tmp_path / "mesh")
   assert [r["step"] for r in mesh] == [0, 1, 2, 3]
   for a, b in zip(one, mesh):

@@ -47,7 +47,8 @@ def test_sharded_run_equals_single_device(mesh_results, shape):
 
 @pytest.mark.parametrize("sizes,devices,message", [
     ((2, 2, 1), 8,
-     "mesh (data, fsdp, tensor, expert) = (2, 2, 1, 1) has 4 devices but 8 are present"),
+     "mesh (data, fsdp, tensor, expert, context) = (2, 2, 1, 1, 1) has 4 devices but 8 are "
+     "present"),
     ((3, -1, 1), 8, "cannot fill 8 devices: 8 is not a multiple of 3"),
     ((-1, -1, 1), 8, "at most one -1"),
 ])
@@ -58,5 +59,6 @@ def test_mesh_errors_name_the_numbers(sizes, devices, message):
 
 
 def test_mesh_shape_fills_the_rest():
-  assert resolve_mesh_shape(mesh_config(-1, 2, 2), 8) == (2, 2, 2, 1)
-  assert resolve_mesh_shape(mesh_config(1, 2, 1, -1), 8) == (1, 2, 1, 4)
+  assert resolve_mesh_shape(mesh_config(-1, 2, 2), 8) == (2, 2, 2, 1, 1)
+  assert resolve_mesh_shape(mesh_config(1, 2, 1, -1), 8) == (1, 2, 1, 4, 1)
+  assert resolve_mesh_shape(mesh_config(2, 1, 1, 1, -1), 8) == (2, 1, 1, 1, 4)

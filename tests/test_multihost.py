@@ -63,7 +63,7 @@ def _both(tmp_path, *extra, port_offset=0):
                           env=xla_env(4, JAX_PORT=env["JAX_PORT"]),
                           capture_output=True, text=True, timeout=900)
   assert single.returncode == 0, single.stderr[-3000:]
-  assert "(4, 1, 1, 1) over 4 devices, 1 process(es)" in single.stdout
+  assert "(4, 1, 1, 1, 1) over 4 devices, 1 process(es)" in single.stdout
   return env, _metrics(tmp_path / "multi"), _metrics(tmp_path / "single")
 
 

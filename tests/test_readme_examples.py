@@ -351,7 +351,8 @@ def test_the_8_device_example_runs_as_written(tmp_path):
                         "--config.train.eval_every=2"], cwd=ROOT, env=env, capture_output=True,
                        text=True, timeout=900)
   assert out.returncode == 0, out.stderr[-3000:]
-  assert "mesh (data, fsdp, tensor, expert) = (2, 2, 2, 1) over 8 devices" in out.stdout
+  assert ("mesh (data, fsdp, tensor, expert, context) = (2, 2, 2, 1, 1) over 8 devices"
+          in out.stdout)
   records = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
   assert [r["step"] for r in records] == [0, 1, 2] and "eval_accuracy" in records[-1]
 

@@ -24,6 +24,6 @@ def test_the_sampler_mesh_gets_the_learners_params():
   # mesh.rollout_devices=4 of 8: the first four the learner's, the last four the sampler's,
   # each by the same rules (data=-1: 4); the timed sync moves every byte of the params.
   assert got["carved_learner"] == [0, 1, 2, 3] and got["carved_sampler"] == [4, 5, 6, 7]
-  assert got["carved_shapes"] == [[4, 1, 1, 1], [4, 1, 1, 1]] and got["shared_alone"]
+  assert got["carved_shapes"] == [[4, 1, 1, 1, 1], [4, 1, 1, 1, 1]] and got["shared_alone"]
   assert got["sync_bytes"] == got["params_bytes"] > 0 and got["sync_s"] > 0
   assert got["shared_timing"] == {"weight_sync_bytes": 0, "weight_sync_s": 0.0}

@@ -9,6 +9,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from grpo_jax.parallel.mesh import constrain, context_size
+
 
 def rotary_embedding(x: jax.Array, positions: jax.Array, theta: float,
                      inv_freq: np.ndarray | None = None,
@@ -43,6 +45,63 @@ def soft_cap(x: jax.Array, cap: float) -> jax.Array:
 def score_divisor(dim: int, query_pre_attn_scalar: float = 0.0):
   """What the scores are divided by: sqrt(head_dim), or sqrt(query_pre_attn_scalar) (Gemma)."""
   return jnp.sqrt(jnp.float32(query_pre_attn_scalar or dim))
+
+
+# The queries of each device's share of a split row are taken in blocks of this many (each
+# block's scores recomputed in the backward pass): split_sequence_attention.
+SPLIT_QUERY_BLOCK = 128
+
+
+def split_sequence_attention(q, k, v, mask, query_pre_attn_scalar: float = 0.0,
+                             softcap: float = 0.0, block: int = SPLIT_QUERY_BLOCK):
+  """grouped_query_attention(q, k, v, mask) with the rows' tokens split over the mesh's
+  `context` axis (context parallelism; parallel/mesh.py's logical axis "length"):
+
+      out[b, i] = softmax_j(cap(q_i k_j^T / sqrt(D)) + mask bias) v_j
+
+  each device holding the queries of its own T/C tokens and every key and value: the keys and
+  values are all-gathered over `context` (their layout asks for the whole sequence); the
+  queries, scores, mask rows and outputs stay split, as (B, C, T/C, ...) with C over the
+  devices. Each device takes its queries in blocks of `block`, one block after another
+  (lax.map), each block's scores recomputed in the backward pass (jax.checkpoint): a pass
+  holds one block's (block x T) scores per head at a time, not (T/C x T). The query heads are
+  grouped by their kv head as a dimension of their own, never folded into the query axis (a
+  fold would merge the split axis and gather it). Exact: each query's softmax runs over all
+  of its keys on its own device. q (B, Tq, H, D) (Tq not a multiple of C: not split);
+  k, v (B, Hkv, Tk, D); mask (B, Tq, Tk).
+  Returns (B, Tq, H, D)."""
+  batch, tq, heads, dim = q.shape
+  kv_heads, keys = k.shape[1], k.shape[2]
+  context = context_size() if tq % context_size() == 0 else 1
+  local = tq // context
+  q = constrain(q.reshape(batch, context, local, kv_heads, heads // kv_heads, dim),
+                ("batch", "length", None, "kv_heads", None, None))
+  mask = constrain(mask.reshape(batch, context, local, keys), ("batch", "length", None, None))
+  k, v = (constrain(a, ("batch", "kv_heads", None, None)) for a in (k, v))
+  scale = score_divisor(dim, query_pre_attn_scalar)
+
+  @jax.checkpoint
+  def attend(blocks):  # (B, C, b, Hkv, G, D), (B, C, b, Tk)
+    q_block, mask_block = blocks
+    scores = jnp.einsum("bcqhgd,bhkd->bchgqk", q_block, k, preferred_element_type=jnp.float32)
+    scores = soft_cap(scores / scale, softcap)
+    scores = jnp.where(mask_block[:, :, None, None], scores, jnp.finfo(jnp.float32).min)
+    probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
+    return jnp.einsum("bchgqk,bhkd->bcqhgd", probs, v)
+
+  # One block after another (lax.map: a scan), so that a pass holds one block's scores.
+  block = min(block, local)
+  count = -(-local // block)
+  pad = [(0, 0), (0, 0), (0, count * block - local)]
+  in_blocks = lambda x: constrain(jnp.moveaxis(  # noqa: E731
+      jnp.pad(x, pad + [(0, 0)] * (x.ndim - 3)).reshape(
+          batch, context, count, block, *x.shape[3:]), 2, 0),
+      (None, "batch", "length") + (None,) * (x.ndim - 2))
+  out = jax.lax.map(attend, (in_blocks(q), in_blocks(mask)))  # (count, B, C, b, Hkv, G, D)
+  out = jnp.moveaxis(out, 0, 2).reshape(batch, context, count * block, *out.shape[4:])
+  out = out[:, :, :local]
+  out = constrain(out, ("batch", "length", None, "kv_heads", None, None))
+  return out.reshape(batch, tq, heads, dim)
 
 
 def _fold_query_heads(q: jax.Array, kv_heads: int) -> jax.Array:
@@ -155,17 +214,57 @@ def bounded_attention(q, kt, v, mask, read_limit, block: int | None = None,
 
 def library_attention(q, k, v, mask, implementation: str,
                       query_pre_attn_scalar: float = 0.0):
-  """grouped_query_attention(q, k, v, mask) by jax.nn.dot_product_attention (model.attention_impl
-  "jax": its XLA form; "cudnn": cuDNN's fused kernel, GPU only, bfloat16 or float16):
-  softmax(q k^T / sqrt(D) + mask bias) v, D = query_pre_attn_scalar or head_dim. No soft-capping
-  (the caller keeps ours for a model with one). q (B, Tq, H, D); k, v (B, Hkv, Tk, D);
-  mask (B, Tq, Tk) bool. Returns (B, Tq, H, D)."""
+  """grouped_query_attention(q, k, v, mask) by a library kernel (model.attention_impl):
+  "jax": jax.nn.dot_product_attention's XLA form; "cudnn": its cuDNN fused kernel (GPU only,
+  bfloat16 or float16); "pallas": the Pallas TPU flash attention kernel that jax ships
+  (tpu_flash_attention). softmax(q k^T / sqrt(D) + mask bias) v, D = query_pre_attn_scalar or
+  head_dim. No soft-capping (the caller keeps ours for a model with one). q (B, Tq, H, D);
+  k, v (B, Hkv, Tk, D); mask (B, Tq, Tk) bool. Returns (B, Tq, H, D)."""
+  if implementation == "pallas":
+    return tpu_flash_attention(q, k, v, mask, query_pre_attn_scalar)
   dim = q.shape[-1]
   out = jax.nn.dot_product_attention(
       q, k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3), mask=mask[:, None],
       scale=float(1.0 / np.sqrt(query_pre_attn_scalar or dim)),
       implementation="xla" if implementation == "jax" else implementation)
   return out.astype(v.dtype)
+
+
+# The Pallas TPU flash kernel's blocks: its key blocks must be multiples of 128 tokens.
+TPU_FLASH_BLOCK = 128
+
+
+def tpu_flash_attention(q, k, v, mask, query_pre_attn_scalar: float = 0.0):
+  """grouped_query_attention(q, k, v, mask) for a causal pass whose queries are its keys (a
+  teacher-forced pass, a prefill's own tokens), by jax's Pallas TPU flash attention kernel
+  (jax.experimental.pallas.ops.tpu.flash_attention; a TPU only, its own backward pass).
+
+  The kernel takes no mask, so the mask is given as its causal flag and segment ids: a key
+  is real (segment 1) or padding (segment 0), read from the mask's last query row, which sees
+  every key of the row (mask[b, T-1, j] = kv_mask[b, j]). A real query then sees key j iff
+  j <= i and j is real, which is the mask; a padding query sees other padding only (its output
+  is never read). The rows are padded to a multiple of 128 tokens (segment 0) for the kernel's
+  blocks, and the kv heads repeated for their query heads. q (B, T, H, D); k, v (B, Hkv, T, D);
+  mask (B, T, T) causal. Returns (B, T, H, D)."""
+  from jax.experimental.pallas.ops.tpu import flash_attention as tpu_flash  # noqa: PLC0415
+  batch, length, heads, dim = q.shape
+  group = heads // k.shape[1]
+  segments = mask[:, -1].astype(jnp.int32)
+  pad = -length % TPU_FLASH_BLOCK
+  grow = lambda a, axis: jnp.pad(a, [(0, pad if i == axis else 0)  # noqa: E731
+                                     for i in range(a.ndim)])
+  q, k, v = (grow(a, 2) for a in (q.transpose(0, 2, 1, 3), jnp.repeat(k, group, axis=1),
+                                   jnp.repeat(v, group, axis=1)))
+  segments = grow(segments, 1)
+  block = TPU_FLASH_BLOCK
+  sizes = tpu_flash.BlockSizes(
+      block_q=block, block_k_major=block, block_k=block, block_b=1, block_q_major_dkv=block,
+      block_k_major_dkv=block, block_k_dkv=block, block_q_dkv=block, block_k_major_dq=block,
+      block_k_dq=block, block_q_dq=block)
+  out = tpu_flash.flash_attention(
+      q, k, v, segment_ids=tpu_flash.SegmentIds(q=segments, kv=segments), causal=True,
+      sm_scale=float(1.0 / np.sqrt(query_pre_attn_scalar or dim)), block_sizes=sizes)
+  return out[:, :, :length].transpose(0, 2, 1, 3).astype(v.dtype)
 
 
 def _rows_of_prompts(x: jax.Array, group: int) -> jax.Array:

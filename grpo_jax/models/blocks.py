@@ -70,11 +70,11 @@ class MLP(nn.Module):
     hidden = self.activation(dense(cfg.intermediate_size, ("embed", "mlp"), "gate_proj", x)) * (
         dense(cfg.intermediate_size, ("embed", "mlp"), "up_proj", x))
     return dense(cfg.hidden_size, ("mlp", "embed"), "down_proj",
-                 constrain(hidden, ("batch", None, "mlp")))
+                 constrain(hidden, ("batch", "length", "mlp")))
 
 
 def residual_constrain(x):
-  return constrain(x, ("batch", None, None))
+  return constrain(x, ("batch", "length", None))
 
 
 class Blocks:

@@ -10,7 +10,7 @@ import jax.numpy as jnp
 from grpo_jax.models.rope import check_rope, rope_frequencies
 
 
-ATTENTION_IMPLS = ("xla", "jax", "cudnn")  # model.attention_impl (models/attention.py)
+ATTENTION_IMPLS = ("xla", "jax", "cudnn", "pallas")  # model.attention_impl (models/attention.py)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -44,16 +44,18 @@ import jax.numpy as jnp
 from grpo_jax.models.attention import (attention_mask, bounded_attention,
                                        causal_blocked_attention, grouped_query_attention,
                                        library_attention, rotary_embedding,
-                                       shared_prompt_attention, sliding_window_mask, soft_cap)
+                                       shared_prompt_attention, sliding_window_mask, soft_cap,
+                                       split_sequence_attention)
 from grpo_jax.models.blocks import normal_init, select_by, with_axes
 from grpo_jax.models.config import ModelConfig
+from grpo_jax.models.embeddings import embedding, lm_head, lookup, pad_tokens, with_prefix
 from grpo_jax.models.kv_cache import CACHE_SLOT_AXIS, Cache, write_cache
 from grpo_jax.models.layout import per_layer, stack_layers
 from grpo_jax.models.lora import LoraParams, adapted
 from grpo_jax.models.moe import sown_routing
 from grpo_jax.models.packing import pack_tokens, unpack_tokens
 from grpo_jax.models.quantized import dequantized
-from grpo_jax.parallel.mesh import constrain
+from grpo_jax.parallel.mesh import constrain, context_size
 
 
 # model.remat: what a layer keeps for its backward pass (MaxText's names); the rest is
@@ -91,11 +93,11 @@ class Attention(nn.Module):
         (n, cfg.head_dim), use_bias=cfg.qkv_bias, dtype=cfg.dtype, param_dtype=cfg.param_dtype,
         kernel_init=with_axes(normal_init, "embed", axis, "head_dim"),
         bias_init=with_axes(nn.initializers.zeros_init(), axis, "head_dim"), name=name)(x), x, name)
-    q = constrain(heads(cfg.num_heads, "heads", "q_proj"), ("batch", None, "heads", None))
+    q = constrain(heads(cfg.num_heads, "heads", "q_proj"), ("batch", "length", "heads", None))
     k = constrain(heads(cfg.num_kv_heads, "kv_heads", "k_proj"),
-                  ("batch", None, "kv_heads", None))
+                  ("batch", "length", "kv_heads", None))
     v = constrain(heads(cfg.num_kv_heads, "kv_heads", "v_proj"),
-                  ("batch", None, "kv_heads", None))
+                  ("batch", "length", "kv_heads", None))
     if cfg.qk_norm:
       q = cfg.blocks.norm(cfg, "q_norm")(q)
       k = cfg.blocks.norm(cfg, "k_norm")(k)
@@ -128,7 +130,14 @@ class Attention(nn.Module):
     first_slot = 0 if layer_cache is None else offset if isinstance(offset, int) else None
     scores = dict(query_pre_attn_scalar=cfg.query_pre_attn_scalar, softcap=cfg.attn_softcap)
     library = cfg.attention_impl != "xla" and not cfg.attn_softcap and not shared_prompt
-    if library and first_slot == 0 and keys_transposed and q.shape[1] > 1:  # the prefill
+    if cfg.attention_impl == "pallas":  # the TPU kernel: queries from slot 0, no window
+      library = library and first_slot == 0 and not cfg.sliding_window
+    split = context_size() > 1 and not shared_prompt and q.shape[1] > 1 and (
+        layer_cache is None or (first_slot == 0 and keys_transposed))
+    if split:  # context parallelism: the teacher-forced passes and the prefill
+      out = split_sequence_attention(*((q, k, v, mask) if layer_cache is None else
+                                       (q, *fresh)), **scores)
+    elif library and first_slot == 0 and keys_transposed and q.shape[1] > 1:  # the prefill
       out = library_attention(q, *fresh, cfg.attention_impl, cfg.query_pre_attn_scalar)
     elif library and not keys_transposed:  # the teacher-forced passes
       out = library_attention(q, k, v, mask, cfg.attention_impl, cfg.query_pre_attn_scalar)
@@ -142,7 +151,7 @@ class Attention(nn.Module):
       out = causal_blocked_attention(q, k, v, mask, first_slot, **scores)
     else:
       out = grouped_query_attention(q, k, v, mask, keys_transposed, **scores)
-    out = constrain(out, ("batch", None, "heads", None))
+    out = constrain(out, ("batch", "length", "heads", None))
     if token_index is not None:
       out = pack_tokens(out, token_index)
     o_proj = nn.DenseGeneral(cfg.hidden_size, axis=(-2, -1), use_bias=False, dtype=cfg.dtype,
@@ -200,33 +209,6 @@ class DecoderLayer(nn.Module):
     return (prompt_x, completion_x), None
 
 
-def _embedding(cfg: ModelConfig) -> nn.Embed:
-  return nn.Embed(cfg.vocab_size, cfg.hidden_size, dtype=cfg.dtype, param_dtype=cfg.param_dtype,
-                  embedding_init=with_axes(normal_init, "vocab", "embed"), name="embed_tokens")
-
-
-def _lookup(embed: nn.Embed, tokens, dtype):
-  """embed(tokens) from the whole table: on a mesh the table is gathered first (replicated),
-  so that the rows of the lookup follow the tokens' split over data x fsdp rather than the
-  table's over vocab x embed. The same values; XLA otherwise does the same gather by itself
-  and warns once per program ("[SPMD] Involuntary full rematerialization")."""
-  table = constrain(jnp.asarray(embed.embedding, dtype), (None, None))
-  return jnp.take(table, tokens, axis=0)
-
-
-def _with_prefix(x, prefix):
-  """x (B, T, E) with its first P' positions replaced by prefix (B, P', E)."""
-  prefix = constrain(prefix.astype(x.dtype), ("batch", None, None))
-  if prefix.shape[1] == x.shape[1]:
-    return prefix
-  return jnp.concatenate([prefix, x[:, prefix.shape[1]:]], axis=1)
-
-
-def _lm_head(cfg: ModelConfig) -> nn.Dense:
-  return nn.Dense(cfg.vocab_size, use_bias=False, dtype=cfg.dtype, param_dtype=cfg.param_dtype,
-                  kernel_init=with_axes(normal_init, "embed", "vocab"), name="lm_head")
-
-
 class Decoder(nn.Module):
   """Token ids -> next-token logits (float32). See the module docstring for the cache API."""
   cfg: ModelConfig
@@ -255,15 +237,16 @@ class Decoder(nn.Module):
     [0, read_limit) are read, in blocks (attention.bounded_attention; a traced scalar).
     prefix_embeddings: see the module docstring; with prompt_group, the prompts'."""
     cfg = self.cfg
-    embed = _embedding(cfg)
+    embed = embedding(cfg)
     scale = cfg.blocks.embed_scale(cfg)
     scale = None if scale is None else jnp.asarray(scale, cfg.dtype)
     # activations: rows over data x fsdp
     embedded = lambda t: constrain(  # noqa: E731
-        _lookup(embed, t, cfg.dtype) if scale is None else _lookup(embed, t, cfg.dtype) * scale,
-        ("batch", None, None))
+        lookup(embed, t, cfg.dtype) if scale is None else lookup(embed, t, cfg.dtype) * scale,
+        ("batch", "length", None))
     window = cfg.sliding_window
     window_mask = None
+    pad = 0
     if prompt_group:
       prompt_len = tokens[0].shape[1]
       x = tuple(embedded(t) for t in tokens)
@@ -280,12 +263,17 @@ class Decoder(nn.Module):
       x = embedded(tokens)
       mask = (kv_mask[0].astype(bool), attention_mask(kv_mask[1], tokens.shape[1], offset))
     else:
+      pad = -tokens.shape[1] % context_size() if cache is None and not cfg.blocks.mixture else 0
+      if pad:  # context parallelism: rows padded on the right to split evenly (keys that no
+        # real query sees: they come after every real token and are masked)
+        tokens, kv_mask, positions = (pad_tokens(a, pad) for a in (tokens, kv_mask,
+                                                                    positions))
       x = embedded(tokens)
       mask = attention_mask(kv_mask, tokens.shape[1], offset)
       if window:
         window_mask = sliding_window_mask(mask, tokens.shape[1], offset, window)
     if prefix_embeddings is not None:
-      x = (_with_prefix(x[0], prefix_embeddings), x[1]) if prompt_group else _with_prefix(
+      x = (with_prefix(x[0], prefix_embeddings), x[1]) if prompt_group else with_prefix(
           x, prefix_embeddings)
     sliding = cfg.sliding_layers()
     if cache is not None:
@@ -334,13 +322,15 @@ class Decoder(nn.Module):
       if token_index is not None:
         return (last, norm(x[1])), None
       return jnp.concatenate([last, norm(x[1])], axis=1), None
+    if pad:
+      x = x[:, :-pad]
     if logits_window is not None:
       start, length = logits_window
       x = x[:, start:start + length]
     x = cfg.blocks.norm(cfg, "norm")(x)
     if not project:
       return x, None if cache is None else new_cache
-    logits = embed.attend(x) if cfg.tie_embeddings else _lm_head(cfg)(x)
+    logits = embed.attend(x) if cfg.tie_embeddings else lm_head(cfg)(x)
     logits = soft_cap(logits.astype(jnp.float32), cfg.final_softcap)
     out_cache = None if cache is None else new_cache
     if return_hidden:
@@ -371,12 +361,12 @@ class _OneModulePerLayer(nn.Module):
   @nn.compact
   def __call__(self, tokens, positions, kv_mask):
     cfg = self.cfg
-    x = _embedding(cfg)(tokens)
+    x = embedding(cfg)(tokens)
     mask = attention_mask(kv_mask, tokens.shape[1], 0)
     for i in range(cfg.num_layers):
       x, _ = DecoderLayer(cfg, name=f"layers_{i}")(x, positions, mask, None, 0)
     x = cfg.blocks.norm(cfg, "norm")(x)
-    return x if cfg.tie_embeddings else _lm_head(cfg)(x)
+    return x if cfg.tie_embeddings else lm_head(cfg)(x)
 
 
 def _dummy_inputs():

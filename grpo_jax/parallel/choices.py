@@ -7,7 +7,7 @@ alternatives on the device, and the entry changes with its figures in benchmarks
 | setting                   | cpu            | gpu            | tpu            |
 |---------------------------|----------------|----------------|----------------|
 | model.compute_dtype       | float32        | bfloat16       | bfloat16       |
-| model.attention_impl      | xla            | xla            | xla            |
+| model.attention_impl      | xla            | xla            | pallas         |
 | rollout.decode_loop       | segments       | bounded        | bounded        |
 | rollout.refill_shrink     | 0.75           | 0.5            | 0.5            |
 | train.compilation_cache   | off            | on             | on             |
@@ -28,13 +28,22 @@ PLATFORM_TABLE = {
     },
     # Teacher-forced passes and the prefill: "xla" = models/attention.py (grouped-query
     # products, causal query blocks); "cudnn" = jax.nn.dot_product_attention's cuDNN fused
-    # kernel (GPU, bfloat16/float16); "jax" = jax.nn.dot_product_attention's XLA form.
+    # kernel (GPU, bfloat16/float16); "jax" = jax.nn.dot_product_attention's XLA form;
+    # "pallas" = jax's Pallas TPU flash attention kernel (attention.tpu_flash_attention; TPU
+    # only; a model with soft-capping or a sliding window keeps "xla"'s arithmetic). Decode
+    # keeps the XLA path on every platform: jax's ragged paged attention kernel reads a paged
+    # KV pool (pages and page tables), and the sampler's cache is one contiguous
+    # (B, kv_heads, head_dim, S) block per layer (models/kv_cache.py).
     "model.attention_impl": {
         "cpu": ("xla", "measured: the causal query blocks beat one-pass attention on the CPU "
                        "(RESULTS: 'Attention one row at a time'), and jax.nn's XLA form has "
                        "no query blocks"),
         "gpu": ("xla", "not measured yet: accelerator_check.py times 'cudnn' against it"),
-        "tpu": ("xla", "not measured: no TPU lent; the Pallas TPU kernels are not wired"),
+        "tpu": ("pallas", "not timed: no TPU lent. The flash kernel keeps a pass's memory "
+                          "linear in the row's length (its own backward recomputes the scores), "
+                          "where the XLA path holds each layer's (T x T) scores; the RL step, "
+                          "the sampler and the evaluation lower with it for TPU in CI "
+                          "(tests/test_lowering.py)"),
     },
     # The static engine's decode loop (rollout/static.py DECODE_LOOPS).
     "rollout.decode_loop": {

@@ -3,12 +3,16 @@
 Mesh axes: `data` (pure data parallelism), `fsdp` (data parallelism whose params, optimizer
 state and reference are sharded too), `tensor` (heads and MLP columns split across devices),
 `expert` (a mixture's experts split across devices, models/moe.py; like MaxText's, its devices
-also take distinct rows, so that attention and the dense parts are data-parallel over it).
+also take distinct rows, so that attention and the dense parts are data-parallel over it),
+`context` (each row's tokens split across devices in the teacher-forced passes and the
+prefill: context parallelism, parallel/context.py; decode is not split).
 Every other module names logical axes only; `LOGICAL_RULES` decides where they go.
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import math
 
 import jax
@@ -16,13 +20,15 @@ import ml_collections
 import numpy as np
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
-MESH_AXES = ("data", "fsdp", "tensor", "expert")
+MESH_AXES = ("data", "fsdp", "tensor", "expert", "context")
 
 # logical axis -> mesh axis (or axes); None = replicated.
 LOGICAL_RULES = {
     "batch": ("data", "fsdp", "expert"),  # rows of prompts / completions / KV cache
     "vocab": "tensor",
-    "embed": "fsdp",  # the model dimension of weights (FSDP shards it)
+    # the model dimension of weights: FSDP shards it, and so does context (as MaxText's rules:
+    # the devices that split a row's tokens hold a share of the weights too)
+    "embed": ("fsdp", "context"),
     "heads": "tensor",  # attention heads (a dim of their own: a head is never split)
     "kv_heads": "tensor",
     "head_dim": None,
@@ -32,22 +38,40 @@ LOGICAL_RULES = {
     "lora": None,  # the adapters' rank
     "layers": None,  # the stacked layers' leading axis (scanned over, never split)
     "expert": "expert",  # a mixture's experts (models/moe.py)
+    "length": "context",  # an activation's token axis (context parallelism)
 }
+
+
+# The sampler's programs (prefill and decode loop) do not split a row's tokens: there the
+# `context` devices take distinct rows, as `data`'s do (`sampler_rules`).
+SAMPLER_RULES = {**LOGICAL_RULES, "batch": ("data", "fsdp", "expert", "context"), "length": None}
+_RULES = contextvars.ContextVar("grpo_jax_mesh_rules", default=LOGICAL_RULES)
+
+
+@contextlib.contextmanager
+def sampler_rules():
+  """Inside: SAMPLER_RULES instead of LOGICAL_RULES (the sampler's programs trace under it)."""
+  token = _RULES.set(SAMPLER_RULES)
+  try:
+    yield
+  finally:
+    _RULES.reset(token)
 
 
 _NAMES = "(" + ", ".join(MESH_AXES) + ")"
 
 
 def mesh_config(*sizes) -> ml_collections.ConfigDict:
-  """The mesh section for (data, fsdp, tensor[, expert]) sizes (the axes not given: 1)."""
+  """The mesh section for (data, fsdp, tensor[, expert[, context]]) sizes (the axes not
+  given: 1)."""
   sizes = tuple(sizes) + (1,) * (len(MESH_AXES) - len(sizes))
   return ml_collections.ConfigDict(dict(zip(MESH_AXES, sizes)))
 
 
 def resolve_mesh_shape(mesh_cfg, num_devices: int) -> tuple[int, ...]:
-  """Sizes of (data, fsdp, tensor, expert); one of them may be -1 for "the rest of the
-  devices"."""
-  sizes = [int(mesh_cfg[axis]) for axis in MESH_AXES]
+  """Sizes of (data, fsdp, tensor, expert, context); one of them may be -1 for "the rest of
+  the devices". An axis the section does not name is 1."""
+  sizes = [int(mesh_cfg.get(axis, 1)) for axis in MESH_AXES]
   wildcards = [i for i, s in enumerate(sizes) if s == -1]
   if len(wildcards) > 1 or any(s == 0 or s < -1 for s in sizes):
     raise ValueError(f"mesh {_NAMES} = {tuple(sizes)}: use positive sizes with at "
@@ -103,12 +127,21 @@ def batch_axis_size(mesh: Mesh) -> int:
   return math.prod(mesh.shape[a] for a in LOGICAL_RULES["batch"])
 
 
+def context_size() -> int:
+  """The devices a row's tokens split over: the `context` axis of the surrounding
+  `jax.set_mesh` (1 without one, and under `sampler_rules`)."""
+  mesh = jax.sharding.get_abstract_mesh()
+  if mesh.empty or "context" not in mesh.axis_names or _RULES.get() is SAMPLER_RULES:
+    return 1
+  return mesh.shape["context"]
+
+
 def spec_for(logical: tuple, shape: tuple, mesh: Mesh) -> PartitionSpec:
   """PartitionSpec of an array whose dims carry `logical` names; a dim that does not divide
   by its mesh axes stays replicated (so every model shape runs on every mesh)."""
-  parts = []
+  parts, rules = [], _RULES.get()
   for name, dim in zip(logical, shape):
-    axes = LOGICAL_RULES.get(name) if name else None
+    axes = rules.get(name) if name else None
     if axes is not None:
       axes_t = axes if isinstance(axes, tuple) else (axes,)
       if dim % math.prod(mesh.shape[a] for a in axes_t):

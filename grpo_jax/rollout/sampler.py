@@ -32,6 +32,7 @@ import functools
 import jax
 
 from grpo_jax.models.vision.policy import vlm_prompt_inputs
+from grpo_jax.parallel.mesh import sampler_rules
 from grpo_jax.rollout import engine, refill, static  # noqa: F401 (refill, static: register)
 from grpo_jax.rollout.prefill import repeat_rows
 from grpo_jax.rollout.types import DecodeStats, Rollout, row_limits_or_max
@@ -77,21 +78,22 @@ def _sample(params, prompt_tokens, prompt_mask, key, row_limits, row_ids=None, i
   """The engines' one entry: images (a vision-language policy's, model_cfg a VlmConfig) become
   the prompts' PromptInputs here, and every engine runs its decoder on them; inputs: given
   PromptInputs (model_cfg the decoder's)."""
-  s = sampling
-  if images is not None:  # image + text prompts: the decoder's params and the prompts' inputs
-    params, inputs = vlm_prompt_inputs(params, prompt_tokens, prompt_mask.astype(bool), images,
-                                       s.model_cfg)
-    s = dataclasses.replace(s, model_cfg=s.model_cfg.text)
-  engine.refuse([s.engine], [f for f in ("keep_mask", "record_routes", "weight_dtype")
-                             if getattr(s, f)] + ["images"] * (inputs is not None))
-  params = engine.read_params(params, s)
-  rows = prompt_tokens.shape[0] * s.group_size
-  limits = row_limits_or_max(row_limits, rows, s.max_new_tokens)
-  rollout, stats = engine.GENERATE[s.engine](params, prompt_tokens, prompt_mask, key, limits,
-                                              sampling=s, row_ids=row_ids, inputs=inputs)
-  if images is not None:  # each row's image (its prompt's) reaches the update's passes
-    rollout = rollout._replace(images=repeat_rows(images, s.group_size))
-  return rollout, stats
+  with sampler_rules():  # rows over data x fsdp x expert x context; tokens never split
+    s = sampling
+    if images is not None:  # image + text prompts: the decoder's params and the prompts' inputs
+      params, inputs = vlm_prompt_inputs(params, prompt_tokens, prompt_mask.astype(bool), images,
+                                         s.model_cfg)
+      s = dataclasses.replace(s, model_cfg=s.model_cfg.text)
+    engine.refuse([s.engine], [f for f in ("keep_mask", "record_routes", "weight_dtype")
+                               if getattr(s, f)] + ["images"] * (inputs is not None))
+    params = engine.read_params(params, s)
+    rows = prompt_tokens.shape[0] * s.group_size
+    limits = row_limits_or_max(row_limits, rows, s.max_new_tokens)
+    rollout, stats = engine.GENERATE[s.engine](params, prompt_tokens, prompt_mask, key, limits,
+                                                sampling=s, row_ids=row_ids, inputs=inputs)
+    if images is not None:  # each row's image (its prompt's) reaches the update's passes
+      rollout = rollout._replace(images=repeat_rows(images, s.group_size))
+    return rollout, stats
 
 
 def sample(params, prompt_tokens, prompt_mask, key, row_limits=None,

@@ -1,0 +1,179 @@
+"""Run in a subprocess with XLA_FLAGS=--xla_force_host_platform_device_count=8 (float32): the
+loss, the gradients and the per-token log-probs of GRPO, PPO with a value head, DPO and packed
+rows on meshes with a `context` axis (each row's tokens split over it) against one device;
+prints one JSON line of the largest absolute differences (tests/test_context.py)."""
+
+import json
+import sys
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+
+from grpo_jax.defaults import rl_defaults
+from grpo_jax.models.partitioning import shardings
+from grpo_jax.models.scoring import completion_scores
+from grpo_jax.models.value_head import init_value_params
+from grpo_jax.parallel.mesh import make_mesh, mesh_config, shard_batch
+from grpo_jax.rl.aggregation import loss_normalizer
+from grpo_jax.rl.dpo import PairLogps, dpo
+from grpo_jax.rollout.sampler import generate
+from grpo_jax.train.learner.experience import RewardInputs, make_prepare_batch
+from grpo_jax.train.learner.forward import policy_and_values
+from grpo_jax.train.learner.state import create_train_state, make_optimizer
+from grpo_jax.train.learner.update import loss_and_sums
+from tests.fixtures import perturbed_params, tiny_model_config
+
+CFG = tiny_model_config(vocab_size=16)
+OPTIM = ml_collections.ConfigDict(dict(learning_rate=1e-2, warmup_steps=1, weight_decay=0.0,
+                                       b1=0.9, b2=0.99, max_grad_norm=1.0))
+# 4 prompts of 4 slots (left-padded) x G = 4, 7 new tokens: rows of 11 tokens, which the
+# decoder pads to 12 to split them over context = 2 and 4.
+PROMPTS = np.repeat(np.array([[1, 5, 6, 3], [0, 1, 9, 4], [0, 0, 1, 3], [1, 12, 11, 7]],
+                             np.int32), 4, 0)
+NEW = 7
+# (data, fsdp, tensor, expert, context)
+MESHES = {"context=4": (2, 1, 1, 1, 4), "(fsdp, tensor, context)=(2, 2, 2)": (1, 2, 2, 1, 2)}
+OBJECTIVES = {
+    "grpo": dict(rl=dict(kl_coef=0.05)),
+    "ppo_value_head": dict(rl=dict(advantage="gae", value_head="shared", kl_coef=0.05)),
+    "packed": dict(rl=dict(kl_coef=0.05, pack_tokens=64), capacity=64),
+}
+
+
+def rollout_batch():
+  r = generate(perturbed_params(CFG), PROMPTS, PROMPTS != 0, jax.random.key(3), model_cfg=CFG,
+               max_new_tokens=NEW, temperature=1.0, eos_id=2, pad_id=0)
+  rewards = (np.asarray(r.completion_tokens) == 7).sum(1).astype(np.float32)
+  return jax.device_get(r), jax.device_get(RewardInputs(jnp.asarray(rewards), {}, jnp.int32(0)))
+
+
+def prepared(name, batch_inputs):
+  """(rl, the state, the prepared Batch) of one objective, on one device."""
+  spec = OBJECTIVES[name]
+  rl = rl_defaults(**spec["rl"])
+  params = perturbed_params(CFG)
+  value_params = init_value_params(rl.value_head, CFG, params, jax.random.key(2))
+  if value_params is not None:  # a head that reads the hidden states
+    value_params = jax.tree.map(lambda x: x + 0.1, value_params)
+  state = create_train_state(params, make_optimizer(OPTIM, 10), jax.random.key(1),
+                             value_params, rl.kl_coef)
+  batch, _ = jax.jit(make_prepare_batch(CFG, rl, 4, 1.0, NEW, spec.get("capacity")))(
+      state, *batch_inputs)
+  return rl, jax.device_get(state), jax.device_get(batch)
+
+
+def rl_figures(name, mesh, job):
+  """(loss, gradients, per-token log-probs, values or None) of one objective under `mesh`,
+  in one program."""
+  rl, state, batch = job
+  capacity = OBJECTIVES[name].get("capacity")
+  with jax.set_mesh(mesh):
+    state = jax.device_put(state, shardings(state, mesh))
+    batch = shard_batch(batch, mesh)
+
+    def loss(trainable):
+      value = loss_and_sums(trainable, batch, loss_normalizer(batch.loss_mask,
+                                                              rl.loss_aggregation),
+                            state.kl_coef, model_cfg=CFG, rl=rl, temperature=1.0,
+                            token_capacity=capacity)[0]
+      logp, _, values, _ = policy_and_values(*trainable, batch, CFG, rl.value_head, 1.0, 1,
+                                             capacity)
+      return value, (logp, values)
+    (value, (logp, values)), grads = jax.jit(jax.value_and_grad(loss, has_aux=True))(
+        (state.params, state.value_params))
+    return jax.device_get((value, grads, logp, values))
+
+
+def dpo_figures(mesh, rollout):
+  """DPO's loss and gradients on pairs (row 2i chosen, 2i + 1 rejected), with the summed
+  log-probs from the teacher-forced pass, and its per-token log-probs."""
+  with jax.set_mesh(mesh):
+    params = jax.device_put(perturbed_params(CFG), shardings(perturbed_params(CFG), mesh))
+    ref = jax.tree.map(lambda x: x * 0.9, params)
+    seqs = shard_batch(rollout, mesh)
+    mask = seqs.completion_mask.astype(jnp.float32)
+
+    def sums(p):
+      logp = completion_scores(p, CFG, seqs)[0] * mask
+      return logp, logp.sum(1)
+
+    def loss(p):
+      logp, s = sums(p)
+      _, r = sums(ref)
+      tokens = mask.sum(1)
+      return dpo(PairLogps(s[0::2], s[1::2], tokens[0::2], tokens[1::2], r[0::2], r[1::2])), logp
+    (value, logp), grads = jax.jit(jax.value_and_grad(loss, has_aux=True))(params)
+    return jax.device_get((value, grads, logp, None))
+
+
+def split_memory(devices):
+  """The teacher-forced pass's temporary bytes per device at rows of 2,048 tokens: one row on
+  one device, and the same row with its tokens over context = 4 (abstract, compiled only)."""
+  cfg = tiny_model_config(vocab_size=16, hidden_size=64, num_heads=8, num_kv_heads=2,
+                          head_dim=16)
+  params = jax.eval_shape(lambda: perturbed_params(cfg))
+  tokens = jax.ShapeDtypeStruct((1, 2048), jnp.int32)
+  mask = jax.ShapeDtypeStruct((1, 2048), jnp.bool_)
+
+  def temp(mesh):
+    from grpo_jax.models.decoder import decoder_apply, positions_from_mask  # noqa: PLC0415
+    with jax.set_mesh(mesh):
+      p = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), params,
+                       shardings(params, mesh))
+      f = jax.jit(lambda p, t, m: decoder_apply(cfg, p, t, positions_from_mask(m), m)[0])
+      return f.lower(p, tokens, mask).compile().memory_analysis().temp_size_in_bytes
+  return {"one_device": temp(make_mesh(mesh_config(1, 1, 1, 1, 1), devices[:1])),
+          "context=4": temp(make_mesh(mesh_config(1, 1, 1, 1, 4), devices[:4]))}
+
+
+def sampler_figures(devices) -> dict:
+  """The sampler on (data, context) = (2, 4): its rows over data x context (its programs do
+  not split tokens), the same tokens as one device's."""
+  params = perturbed_params(CFG)
+  kw = dict(model_cfg=CFG, max_new_tokens=NEW, temperature=1.0, eos_id=2, pad_id=0,
+            group_size=2)
+  one = generate(params, PROMPTS[::2], PROMPTS[::2] != 0, jax.random.key(5), **kw)
+  mesh = make_mesh(mesh_config(2, 1, 1, 1, 4), devices)
+  with jax.set_mesh(mesh):
+    placed = jax.device_put(params, shardings(params, mesh))
+    prompts, mask = shard_batch((PROMPTS[::2], PROMPTS[::2] != 0), mesh)
+    got = generate(placed, prompts, mask, jax.random.key(5), mesh=mesh, **kw)
+  tokens = got.completion_tokens
+  return dict(tokens_equal=bool(np.array_equal(np.asarray(tokens),
+                                               np.asarray(one.completion_tokens))),
+              rows_per_device=int(tokens.sharding.shard_shape(tokens.shape)[0]),
+              rows=int(tokens.shape[0]))
+
+
+def diff(a, b) -> float:
+  leaves = [(x, y) for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b))]
+  return max((float(np.max(np.abs(np.asarray(x) - np.asarray(y)))) for x, y in leaves),
+             default=0.0)
+
+
+def main():
+  devices = jax.devices()
+  assert len(devices) == 8, devices
+  batch_inputs = rollout_batch()
+  single = make_mesh(mesh_config(1, 1, 1, 1, 1), devices[:1])
+  out = {}
+  for name in (*OBJECTIVES, "dpo"):
+    job = batch_inputs[0] if name == "dpo" else prepared(name, batch_inputs)
+    run = lambda mesh: (dpo_figures(mesh, job) if name == "dpo" else  # noqa: E731
+                        rl_figures(name, mesh, job))  # noqa: B023
+    ref = run(single)
+    out[name] = {"grad_norm": float(np.sqrt(sum(np.sum(np.square(g))
+                                                for g in jax.tree.leaves(ref[1]))))}
+    for label, shape in MESHES.items():
+      got = run(make_mesh(mesh_config(*shape), devices))
+      out[name][label] = dict(loss=diff(got[0], ref[0]), grads=diff(got[1], ref[1]),
+                              logprobs=diff(got[2], ref[2]), values=diff(got[3], ref[3]))
+  out["temp_bytes"] = split_memory(devices)
+  out["sampler"] = sampler_figures(devices)
+  print(json.dumps(out))
+
+
+if __name__ == "__main__":
+  sys.exit(main())
