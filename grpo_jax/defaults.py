@@ -47,7 +47,8 @@ def get_defaults() -> ml_collections.ConfigDict:
       # the vocabulary at a time when scoring (0 = all at once; e.g. 64 at a 150k vocabulary).
       remat="none", logits_chunk=0,
       # The teacher-forced passes' and the prefill's attention: xla (ours), jax or cudnn
-      # (jax.nn.dot_product_attention); auto = the platform table (grpo_jax/parallel/choices.py).
+      # (jax.nn.dot_product_attention), pallas (jax's Pallas TPU flash kernel; TPU only);
+      # auto = the platform table (grpo_jax/parallel/choices.py).
       attention_impl="auto",
       # A mixture of experts in every layer's MLP (family qwen3_moe, grpo_jax/models/moe.py;
       # Qwen3-MoE's fields): num_experts > 0 experts of moe_intermediate_size, experts_per_token per token

@@ -38,7 +38,8 @@ PLATFORM_TABLE = {
         "cpu": ("xla", "measured: the causal query blocks beat one-pass attention on the CPU "
                        "(RESULTS: 'Attention one row at a time'), and jax.nn's XLA form has "
                        "no query blocks"),
-        "gpu": ("xla", "not measured yet: accelerator_check.py times 'cudnn' against it"),
+        "gpu": ("xla", "not measured yet: accelerator_check.py times 'cudnn' against it (cuDNN's "
+                       "kernel does not lower on a host without cuDNN, so CI lowers this one)"),
         "tpu": ("pallas", "not timed: no TPU lent. The flash kernel keeps a pass's memory "
                           "linear in the row's length (its own backward recomputes the scores), "
                           "where the XLA path holds each layer's (T x T) scores; the RL step, "
