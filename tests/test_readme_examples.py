@@ -39,6 +39,8 @@ ABSENT_INPUTS = {
     "/tmp/kto_unpaired": "the files `python launch/kto_unpaired_data.py` writes",
     "ROOT/": "the folders of the pipeline's earlier stages",
     "my_data.jsonl": "the user's own data (tests/test_table.py runs that command end to end)",
+    "BytedTsinghua-SIA/DAPO-Math-17k": "DAPO's math data on the Hub (configs/grpo_long_cot.py; "
+                                       "its run needs a 7B checkpoint and 8 GPUs or a v5p slice)",
 }
 # Commands that are not this repository's (their lines are not checked).
 EXTERNAL_COMMANDS = {"cd", "hf", "huggingface-cli", "tensorboard", "wandb", "curl", "gcloud",

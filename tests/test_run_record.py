@@ -91,7 +91,7 @@ def test_allow_config_change_lets_a_damaged_record_through_says_so_and_keeps_it(
   assert starts[0]["config_changes"] == {"config.json": ["missing", "rewritten"],
                                          "run_info.json": ["damaged", "new record"]}
   assert starts[0]["devices"] == {"platform": "cpu", "kind": "cpu", "count": 1, "processes": 1,
-                                  "mesh": [1, 1, 1, 1]}
+                                  "mesh": [1, 1, 1, 1, 1]}
   assert starts[0]["host"]
   assert json.loads((copy / "config.json").read_text())["train"]["steps"] == 2 * N + 1
 
@@ -100,11 +100,11 @@ def test_allow_config_change_lets_a_damaged_record_through_says_so_and_keeps_it(
 def test_a_resume_on_other_devices_is_refused_naming_both(capfd, copy):
   info = json.loads((copy / "run_info.json").read_text())
   assert info["starts"][-1]["devices"]["count"] == 1  # recorded at every start
-  info["starts"][-1]["devices"].update(count=2, mesh=[2, 1, 1, 1])
+  info["starts"][-1]["devices"].update(count=2, mesh=[2, 1, 1, 1, 1])
   (copy / "run_info.json").write_text(json.dumps(info))
   _refused(capfd, copy, f"resuming {copy} on other devices than its last start (1 x cpu in 1 "
-           f"process(es), mesh (1, 1, 1, 1) now, 2 x cpu in 1 process(es), mesh (2, 1, 1, 1) "
-           f"then)", "losses would differ by rounding")
+           f"process(es), mesh (1, 1, 1, 1, 1) now, 2 x cpu in 1 process(es), mesh "
+           f"(2, 1, 1, 1, 1) then)", "losses would differ by rounding")
 
 
 @pytest.mark.slow
@@ -228,12 +228,14 @@ def test_a_compilation_lands_in_the_configured_cache(tmp_path, user_dir):
 
 
 def test_a_mesh_recorded_before_the_expert_axis_is_the_same_mesh(tmp_path):
-  """Runs started before the mesh had an expert axis recorded three sizes; resuming them on the
-  same devices (expert = 1) is no change, while another mesh still is."""
-  now = {"platform": "cpu", "kind": "cpu", "count": 2, "processes": 1, "mesh": [2, 1, 1, 1]}
-  old = {**now, "mesh": [2, 1, 1]}
-  (tmp_path / "run_info.json").write_text(json.dumps({"starts": [{"devices": old}]}))
-  assert workdir_lib.record_changes(str(tmp_path), now) == {}
-  other = {**now, "mesh": [1, 2, 1, 1]}
+  """Runs started before the mesh had an expert axis recorded three sizes, and before the
+  context axis four; resuming them on the same devices (the new axes 1) is no change, while
+  another mesh still is."""
+  now = {"platform": "cpu", "kind": "cpu", "count": 2, "processes": 1, "mesh": [2, 1, 1, 1, 1]}
+  for sizes in ([2, 1, 1], [2, 1, 1, 1]):
+    old = {**now, "mesh": sizes}
+    (tmp_path / "run_info.json").write_text(json.dumps({"starts": [{"devices": old}]}))
+    assert workdir_lib.record_changes(str(tmp_path), now) == {}
+  other = {**now, "mesh": [1, 2, 1, 1, 1]}
   assert workdir_lib.record_changes(str(tmp_path), other) == {
-      "devices": [{**old, "mesh": [2, 1, 1, 1]}, other]}
+      "devices": [{**old, "mesh": [2, 1, 1, 1, 1]}, other]}

@@ -264,7 +264,8 @@ def record_changes(workdir: str, devices: dict, allow: bool = False,
   recorded = next((s["devices"] for s in reversed(info["starts"])
                    if isinstance(s, dict) and isinstance(s.get("devices"), dict)), None)
   if recorded and all(isinstance(d.get("mesh"), list) for d in (recorded, devices)):
-    # A mesh recorded before the expert axis (2026-11-26) has three sizes: its expert was 1.
+    # A mesh recorded before the expert axis (2026-11-26) has three sizes, before the context
+    # axis (2026-12-06) four: the axes it lacks were 1.
     missing = len(devices["mesh"]) - len(recorded["mesh"])
     recorded = {**recorded, "mesh": recorded["mesh"] + [1] * max(missing, 0)}
   return {"devices": [recorded, devices]} if recorded and recorded != devices else {}
