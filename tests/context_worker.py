@@ -3,6 +3,7 @@ loss, the gradients and the per-token log-probs of GRPO, PPO with a value head, 
 rows on meshes with a `context` axis (each row's tokens split over it) against one device;
 prints one JSON line of the largest absolute differences (tests/test_context.py)."""
 
+import dataclasses
 import json
 import sys
 
@@ -39,7 +40,13 @@ OBJECTIVES = {
     "grpo": dict(rl=dict(kl_coef=0.05)),
     "ppo_value_head": dict(rl=dict(advantage="gae", value_head="shared", kl_coef=0.05)),
     "packed": dict(rl=dict(kl_coef=0.05, pack_tokens=64), capacity=64),
+    # the vocabulary reached 4 positions at a time (model.logits_chunk)
+    "chunked": dict(rl=dict(kl_coef=0.05), logits_chunk=4),
 }
+
+
+def model_of(name: str):
+  return dataclasses.replace(CFG, logits_chunk=OBJECTIVES[name].get("logits_chunk", 0))
 
 
 def rollout_batch():
@@ -59,7 +66,7 @@ def prepared(name, batch_inputs):
     value_params = jax.tree.map(lambda x: x + 0.1, value_params)
   state = create_train_state(params, make_optimizer(OPTIM, 10), jax.random.key(1),
                              value_params, rl.kl_coef)
-  batch, _ = jax.jit(make_prepare_batch(CFG, rl, 4, 1.0, NEW, spec.get("capacity")))(
+  batch, _ = jax.jit(make_prepare_batch(model_of(name), rl, 4, 1.0, NEW, spec.get("capacity")))(
       state, *batch_inputs)
   return rl, jax.device_get(state), jax.device_get(batch)
 
@@ -68,7 +75,7 @@ def rl_figures(name, mesh, job):
   """(loss, gradients, per-token log-probs, values or None) of one objective under `mesh`,
   in one program."""
   rl, state, batch = job
-  capacity = OBJECTIVES[name].get("capacity")
+  capacity, cfg = OBJECTIVES[name].get("capacity"), model_of(name)
   with jax.set_mesh(mesh):
     state = jax.device_put(state, shardings(state, mesh))
     batch = shard_batch(batch, mesh)
@@ -76,9 +83,9 @@ def rl_figures(name, mesh, job):
     def loss(trainable):
       value = loss_and_sums(trainable, batch, loss_normalizer(batch.loss_mask,
                                                               rl.loss_aggregation),
-                            state.kl_coef, model_cfg=CFG, rl=rl, temperature=1.0,
+                            state.kl_coef, model_cfg=cfg, rl=rl, temperature=1.0,
                             token_capacity=capacity)[0]
-      logp, _, values, _ = policy_and_values(*trainable, batch, CFG, rl.value_head, 1.0, 1,
+      logp, _, values, _ = policy_and_values(*trainable, batch, cfg, rl.value_head, 1.0, 1,
                                              capacity)
       return value, (logp, values)
     (value, (logp, values)), grads = jax.jit(jax.value_and_grad(loss, has_aux=True))(

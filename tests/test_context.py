@@ -1,6 +1,6 @@
 """Context parallelism (mesh.context): each row's tokens split over devices give the loss, the
-gradients and the per-token log-probs of one device, for GRPO, PPO with a value head, DPO and
-packed rows, on 8 CPU devices in float32 (tests/context_worker.py)."""
+gradients and the per-token log-probs of one device, for GRPO, PPO with a value head, DPO,
+packed rows and chunked log-probs, on 8 CPU devices in float32 (tests/context_worker.py)."""
 
 import functools
 import json
@@ -32,7 +32,7 @@ def context_results():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("objective", ["grpo", "ppo_value_head", "packed", "dpo"])
+@pytest.mark.parametrize("objective", ["grpo", "ppo_value_head", "packed", "chunked", "dpo"])
 def test_split_rows_equal_one_device(context_results, objective):
   r = context_results[objective]
   assert r["grad_norm"] > 0.5  # gradients that are not trivially zero
