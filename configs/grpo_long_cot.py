@@ -9,9 +9,10 @@ parallelism"; the memory figures and the launch commands are there).
     python -m grpo_jax.main --config=configs/grpo_long_cot.py:v5p-64 \\
         --workdir=gs://BUCKET/long_cot --config.model.path=/ckpt/qwen2.5-math-7b
 
-model.path: a local Hugging Face folder or a Hub id of a 7-8B base model, Qwen2.5-Math-7B
-(`Qwen/Qwen2.5-Math-7B`; its config.json says a 4k context, raise its max_position_embeddings
-/ rope settings for 20k rows as DAPO's users do) or Qwen3-8B-Base (`Qwen/Qwen3-8B-Base`, 32k).
+model.path: a local Hugging Face folder or a Hub id of a 7-8B base model: Qwen2.5-Math-7B
+(`Qwen/Qwen2.5-Math-7B`, the default) or Qwen3-8B-Base (`Qwen/Qwen3-8B-Base`). Check the
+checkpoint's max_position_embeddings against the 21,504-token rows; Qwen3-8B-Base's is
+32,768.
 
 DAPO's settings (Yu et al. 2025; Tunix's and verl's DAPO recipes): clip-higher (eps_low 0.2,
 eps_high 0.28), no KL term, the token-level loss (token-mean over the batch), dynamic sampling
