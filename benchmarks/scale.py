@@ -15,8 +15,7 @@ What it measures, for each `--what`:
            1, on rows / G prompts with G samples each (prefix sharing), decode segments of
            --decode-block steps.
   prefill  `grpo_jax.rollout.prefill.prefill` of rows / G prompts, each computed once and its
-           cache rows repeated G times (FLOPs scale with prompts, not rows). --no-prefix-sharing
-           feeds every prompt G times instead (rows prompts, group size 1), as before.
+           cache rows repeated G times (--no-prefix-sharing: rows prompts, group size 1).
   state    no compile: the train state's bytes (per device with --mesh) for full fine-tuning
            (params, AdamW moments, reference, all float32) and for LoRA of rank --lora-rank
            (default 16) on every projection (adapters and their moments float32, the frozen
@@ -42,8 +41,8 @@ of model size is ever allocated, so a 7B shape "runs" on a laptop (compile time 
                  costs are linear, so a few layers extrapolate)
   --rows         completion rows B = prompts x G (a multiple of G and of K)
   --group-size   G (default min(rows, 4))
-  --remat, --logits-chunk   set on the ModelConfig when this version of it has the fields;
-                 otherwise a warning on stderr and ignored
+  --remat, --logits-chunk, --context-layout   set on the ModelConfig when this version of it
+                 has the fields; otherwise a warning on stderr and ignored
   --mesh D,F,T[,E[,C]] (data, fsdp, tensor, expert, context) over D*F*T*E*C fake CPU devices
                  (this script sets XLA_FLAGS=--xla_force_host_platform_device_count before
                  importing jax); inputs get the mesh rules' shardings and the programs are
@@ -113,7 +112,9 @@ def parse_args(argv=None):
                  help="layers as one nn.scan over stacked params (model.scan_layers of "
                       "versions that had both layouts; always on since)")
   p.add_argument("--mesh", default=None,
-                 help="D,F,T[,E]: (data, fsdp, tensor, expert) fake CPU devices")
+                 help="D,F,T[,E[,C]]: (data, fsdp, tensor, expert, context) fake CPU devices")
+  p.add_argument("--context-layout", default=None, help="model.context_layout (contiguous | "
+                 "zigzag; default: this platform's)")
   p.add_argument("--kl-coef", type=float, default=0.001,
                  help="update: rl.kl_coef (0: no reference is kept or run)")
   p.add_argument("--decode-loop", default="auto",
@@ -169,6 +170,7 @@ def model_config(args):
   fields = {f.name for f in dataclasses.fields(ModelConfig)}
   for option, field, value in (("--remat", "remat", args.remat),
                                ("--logits-chunk", "logits_chunk", args.logits_chunk),
+                               ("--context-layout", "context_layout", args.context_layout),
                                ("--scan-layers", "scan_layers", args.scan_layers or None)):
     if value is None:
       continue
@@ -305,12 +307,11 @@ def measure_one(args, what, cfg, params, key, mesh, base, prompts, sampler_promp
 
   from benchmarks import common
   from grpo_jax.defaults import rl_defaults
-  from grpo_jax.rollout import prefill as prefill_lib
-  from grpo_jax.rollout import sampler
+  from grpo_jax.rollout import prefill as prefill_lib, sampler
   from grpo_jax.train.learner.experience import RewardInputs
-  from grpo_jax.train.stages.rl import initial_state
   from grpo_jax.train.learner.state import make_optimizer
   from grpo_jax.train.learner.step import StepSpec, make_rl_step
+  from grpo_jax.train.stages.rl import initial_state
   sds = jax.ShapeDtypeStruct
   rows, plen, new = args.rows, args.prompt, args.new
   batch_rows = rows_sharded = None

@@ -248,8 +248,10 @@ def validate(config) -> None:
            f"are always stacked and scanned now (one param layout); delete the field.")
   from grpo_jax.models.decoder import REMAT_POLICIES  # noqa: PLC0415
   _one_of(m.remat, tuple(REMAT_POLICIES), "model.remat")
-  from grpo_jax.models.config import ATTENTION_IMPLS, ModelConfig  # noqa: PLC0415
+  from grpo_jax.models.config import (ATTENTION_IMPLS, CONTEXT_LAYOUTS,  # noqa: PLC0415
+                                      ModelConfig)
   _one_of(m.get("attention_impl", "auto"), ("auto",) + ATTENTION_IMPLS, "model.attention_impl")
+  _one_of(m.get("context_layout", "auto"), ("auto",) + CONTEXT_LAYOUTS, "model.context_layout")
   _require(m.logits_chunk >= 0, f"model.logits_chunk={m.get('logits_chunk')}; use 0 "
            f"(the whole completion at once) or a number of positions > 0, e.g. 64.")
   _validate_devices(config)
@@ -258,7 +260,8 @@ def validate(config) -> None:
     return  # the checkpoint's config.json describes the model
   try:  # the random model's sizes, family and mixture, by ModelConfig's own checks (the
     # platform's choices left out: the backend starts after validation)
-    ModelConfig.from_config_dict({**m, "compute_dtype": "float32", "attention_impl": "xla"})
+    ModelConfig.from_config_dict({**m, "compute_dtype": "float32", "attention_impl": "xla",
+                                  "context_layout": "contiguous"})
   except ValueError as e:
     raise ConfigError(str(e)) from None
 

@@ -50,6 +50,10 @@ def get_defaults() -> ml_collections.ConfigDict:
       # (jax.nn.dot_product_attention), pallas (jax's Pallas TPU flash kernel; TPU only);
       # auto = the platform table (grpo_jax/parallel/choices.py).
       attention_impl="auto",
+      # The order of a row's tokens over the mesh's context devices (mesh.context > 1):
+      # contiguous, or zigzag (causal load balance: each device 2 of 2C chunks, first and last
+      # paired); auto = the platform table (grpo_jax/models/context.py).
+      context_layout="auto",
       # A mixture of experts in every layer's MLP (family qwen3_moe, grpo_jax/models/moe.py;
       # Qwen3-MoE's fields): num_experts > 0 experts of moe_intermediate_size, experts_per_token per token
       # (their router weights renormalised when norm_topk_prob). A checkpoint sets them itself.

@@ -5,6 +5,7 @@ prints one JSON line of the largest absolute differences (tests/test_context.py)
 
 import dataclasses
 import json
+import re
 import sys
 
 import jax
@@ -13,6 +14,9 @@ import ml_collections
 import numpy as np
 
 from grpo_jax.defaults import rl_defaults
+from grpo_jax.models.attention import attention_mask, grouped_query_attention
+from grpo_jax.models.context import (from_layout, in_layout, layout_mask, layout_order,
+                                     tpu_splash_context_attention)
 from grpo_jax.models.partitioning import shardings
 from grpo_jax.models.scoring import completion_scores
 from grpo_jax.models.value_head import init_value_params
@@ -42,11 +46,16 @@ OBJECTIVES = {
     "packed": dict(rl=dict(kl_coef=0.05, pack_tokens=64), capacity=64),
     # the vocabulary reached 4 positions at a time (model.logits_chunk)
     "chunked": dict(rl=dict(kl_coef=0.05), logits_chunk=4),
+    # the tokens in the zig-zag layout (rows padded to 16 and 12), with a value head
+    "zigzag": dict(rl=dict(advantage="gae", value_head="shared", kl_coef=0.05),
+                   context_layout="zigzag"),
 }
 
 
 def model_of(name: str):
-  return dataclasses.replace(CFG, logits_chunk=OBJECTIVES[name].get("logits_chunk", 0))
+  spec = OBJECTIVES[name]
+  return dataclasses.replace(CFG, logits_chunk=spec.get("logits_chunk", 0),
+                             context_layout=spec.get("context_layout", "contiguous"))
 
 
 def rollout_batch():
@@ -93,6 +102,63 @@ def rl_figures(name, mesh, job):
     return jax.device_get((value, grads, logp, values))
 
 
+def tpu_lowering(mesh, job) -> dict:
+  """GRPO's loss and gradients lowered for TPU on `mesh` with the TPU row of the platform
+  table (bfloat16, the Pallas kernels, the zig-zag layout): which Pallas kernels its module
+  calls (their names in the tpu_custom_calls' configs), and how many calls."""
+  rl, state, batch = job
+  cfg = dataclasses.replace(CFG, compute_dtype="bfloat16", attention_impl="pallas",
+                            context_layout="zigzag")
+  with jax.set_mesh(mesh):
+    state, batch = jax.device_put(state, shardings(state, mesh)), shard_batch(batch, mesh)
+    loss = lambda p: loss_and_sums(  # noqa: E731
+        p, batch, loss_normalizer(batch.loss_mask, rl.loss_aggregation), state.kl_coef,
+        model_cfg=cfg, rl=rl, temperature=1.0)[0]
+    text = jax.jit(jax.grad(loss)).trace((state.params, None)).lower(
+        lowering_platforms=("tpu",)).as_text()
+  names = sorted(set(re.findall(r'(splash_\w+|flash_\w+)', text)))
+  return dict(custom_calls=text.count("tpu_custom_call"), kernels=names)
+
+
+def splash_figures(mesh) -> dict:
+  """The TPU path's attention over split rows (context.tpu_splash_context_attention: jax's
+  splash kernel, here run by Pallas's interpreter) against one device's
+  grouped_query_attention, for both layouts: the largest differences of the real queries'
+  outputs and of the gradients of sum(sin(out)) over them. Rows of 512 tokens (4 devices x
+  one 128-token block), one left-padded by 37 and one right-padded by 12."""
+  batch, length, heads, kv_heads, dim = 2, 512, 4, 2, 128
+  keys = jax.random.split(jax.random.key(0), 3)
+  q = jax.random.normal(keys[0], (batch, length, heads, dim))
+  k, v = (jax.random.normal(key, (batch, kv_heads, length, dim)) for key in keys[1:])
+  slots = jnp.arange(length)[None]
+  kv_mask = (slots >= jnp.array([[0], [37]])) & (slots < jnp.array([[500], [length]]))
+  real = kv_mask[:, :, None, None].astype(jnp.float32)
+  loss = lambda f, real: lambda q, k, v: jnp.sum(jnp.sin(f(q, k, v)) * real)  # noqa: E731
+  one = lambda q, k, v: grouped_query_attention(q, k, v, attention_mask(kv_mask, length, 0))
+  want = one(q, k, v) * real, jax.grad(loss(one, real), argnums=(0, 1, 2))(q, k, v)
+  out = {}
+  for layout in ("contiguous", "zigzag"):
+    order = layout_order(length, 4, layout)
+    with jax.set_mesh(mesh):
+      mask = attention_mask(kv_mask, length, 0) if order is None else layout_mask(kv_mask,
+                                                                                   order)
+      split = lambda q, k, v: tpu_splash_context_attention(  # noqa: E731
+          q, k, v, mask, layout, interpret=True)  # noqa: B023
+      placed = [in_layout(q, order, 1), in_layout(k, order, 2), in_layout(v, order, 2)]
+      real_placed = in_layout(real, order, 1)
+
+      def both(q, k, v):
+        out = split(q, k, v)  # noqa: B023
+        return jnp.sum(jnp.sin(out) * real_placed), out  # noqa: B023
+      (_, got_out), got_grads = jax.jit(jax.value_and_grad(both, argnums=(0, 1, 2),
+                                                           has_aux=True))(*placed)
+    got = (from_layout(got_out, order, 1) * real,
+           tuple(from_layout(g, order, axis) for g, axis in zip(got_grads, (1, 2, 2))))
+    out[layout] = dict(out=diff(got[0], want[0]), grads=diff(got[1], want[1]),
+                       grads_scale=max(float(jnp.max(jnp.abs(g))) for g in want[1]))
+  return out
+
+
 def dpo_figures(mesh, rollout):
   """DPO's loss and gradients on pairs (row 2i chosen, 2i + 1 rejected), with the summed
   log-probs from the teacher-forced pass, and its per-token log-probs."""
@@ -100,18 +166,16 @@ def dpo_figures(mesh, rollout):
     params = jax.device_put(perturbed_params(CFG), shardings(perturbed_params(CFG), mesh))
     ref = jax.tree.map(lambda x: x * 0.9, params)
     seqs = shard_batch(rollout, mesh)
-    mask = seqs.completion_mask.astype(jnp.float32)
 
-    def sums(p):
-      logp = completion_scores(p, CFG, seqs)[0] * mask
+    def sums(p, seqs):
+      logp = completion_scores(p, CFG, seqs)[0] * seqs.completion_mask
       return logp, logp.sum(1)
 
-    def loss(p):
-      logp, s = sums(p)
-      _, r = sums(ref)
-      tokens = mask.sum(1)
+    def loss(p, ref, seqs):  # (ref and seqs as arguments: constants would be folded by XLA)
+      (logp, s), (_, r) = sums(p, seqs), sums(ref, seqs)
+      tokens = seqs.completion_mask.astype(jnp.float32).sum(1)
       return dpo(PairLogps(s[0::2], s[1::2], tokens[0::2], tokens[1::2], r[0::2], r[1::2])), logp
-    (value, logp), grads = jax.jit(jax.value_and_grad(loss, has_aux=True))(params)
+    (value, logp), grads = jax.jit(jax.value_and_grad(loss, has_aux=True))(params, ref, seqs)
     return jax.device_get((value, grads, logp, None))
 
 
@@ -177,6 +241,9 @@ def main():
       got = run(make_mesh(mesh_config(*shape), devices))
       out[name][label] = dict(loss=diff(got[0], ref[0]), grads=diff(got[1], ref[1]),
                               logprobs=diff(got[2], ref[2]), values=diff(got[3], ref[3]))
+  out["splash"] = splash_figures(make_mesh(mesh_config(*MESHES["context=4"]), devices))
+  out["tpu_lowering"] = tpu_lowering(make_mesh(mesh_config(*MESHES["context=4"]), devices),
+                                     prepared("grpo", batch_inputs))
   out["temp_bytes"] = split_memory(devices)
   out["sampler"] = sampler_figures(devices)
   print(json.dumps(out))

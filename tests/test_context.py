@@ -1,6 +1,8 @@
 """Context parallelism (mesh.context): each row's tokens split over devices give the loss, the
 gradients and the per-token log-probs of one device, for GRPO, PPO with a value head, DPO,
-packed rows and chunked log-probs, on 8 CPU devices in float32 (tests/context_worker.py)."""
+packed rows, chunked log-probs and the zig-zag layout, on 8 CPU devices in float32
+(tests/context_worker.py); the TPU path's splash kernel over split rows, run by Pallas's
+interpreter, gives one device's attention, and the RL step lowers for TPU with it."""
 
 import functools
 import json
@@ -13,8 +15,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from grpo_jax.models.attention import (attention_mask, grouped_query_attention,
-                                       split_sequence_attention)
+from grpo_jax.models.attention import attention_mask, grouped_query_attention
+from grpo_jax.models.context import (from_layout, in_layout, layout_mask, layout_order,
+                                     split_sequence_attention)
 
 from tests.fixtures import xla_env
 
@@ -32,13 +35,35 @@ def context_results():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("objective", ["grpo", "ppo_value_head", "packed", "chunked", "dpo"])
+@pytest.mark.parametrize("objective", ["grpo", "ppo_value_head", "packed", "chunked", "zigzag",
+                                       "dpo"])
 def test_split_rows_equal_one_device(context_results, objective):
   r = context_results[objective]
   assert r["grad_norm"] > 0.5  # gradients that are not trivially zero
   for mesh in MESHES:
     for what in ("loss", "grads", "logprobs", "values"):
       assert r[mesh][what] <= 1e-5, (mesh, what, r[mesh][what])
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "zigzag"])
+def test_splash_kernel_over_split_rows_equals_one_device(context_results, layout):
+  """jax's Pallas splash kernel (the TPU path, run by Pallas's interpreter on the CPU) on rows
+  split over 4 devices, in the layout's order: the real queries' outputs and the gradients of
+  one device's attention (measured: outputs 1.5e-6; gradients 7.6e-6 contiguous and 1.1e-5
+  zig-zag, of gradients up to 14.0)."""
+  r = context_results["splash"][layout]
+  assert r["out"] <= 1e-5
+  assert r["grads"] <= 4e-6 * r["grads_scale"]
+
+
+def test_rl_step_lowers_for_tpu_with_split_rows(context_results):
+  """GRPO's gradient on (data, context) = (2, 4), lowered for TPU with the TPU row of the
+  table (the zig-zag layout, the Pallas kernels): its attention is the splash kernel's forward
+  pass and its two backward passes (dq, dkv), one call each in the scanned layer."""
+  r = context_results["tpu_lowering"]
+  assert r["custom_calls"] == 3
+  for kernel in ("splash_mqa_fwd", "splash_mqa_dq", "splash_mqa_dkv"):
+    assert any(name.startswith(kernel) for name in r["kernels"]), r["kernels"]
 
 
 def test_split_rows_hold_less_per_device(context_results):
@@ -55,6 +80,22 @@ def test_sampler_splits_rows_over_context(context_results):
   r = context_results["sampler"]
   assert r["tokens_equal"]
   assert (r["rows"], r["rows_per_device"]) == (16, 2)
+
+
+@pytest.mark.parametrize("length, context", [(16, 2), (24, 3), (64, 4)])
+def test_zigzag_layout_is_the_order_and_its_inverse(length, context):
+  """in_layout puts a token axis in layout_order's order (device c: chunks c and 2C - 1 - c,
+  by slicing, not a gather), from_layout puts it back, and layout_mask is the slot-order mask
+  with its queries and keys both in that order."""
+  order = layout_order(length, context, "zigzag")
+  chunk = length // (2 * context)
+  assert list(order[chunk - 1:chunk + 1]) == [chunk - 1, length - chunk]
+  x = np.random.default_rng(0).normal(size=(2, 3, length, 4)).astype(np.float32)
+  np.testing.assert_array_equal(in_layout(jnp.asarray(x), order, 2), x[:, :, order])
+  np.testing.assert_array_equal(from_layout(in_layout(jnp.asarray(x), order, -2), order, 2), x)
+  kv_mask = jnp.arange(length)[None] >= jnp.array([[0], [5]])
+  want = np.asarray(attention_mask(kv_mask, length, 0))[:, order][:, :, order]
+  np.testing.assert_array_equal(layout_mask(kv_mask, order), want)
 
 
 def test_split_attention_blocks_equal_one_pass():

@@ -27,12 +27,15 @@ def test_auto_takes_the_platform_row_and_an_explicit_value_wins():
   assert choose("rollout.decode_loop", "auto", "cuda") == "bounded"  # a GPU backend's name
   assert choose("model.compute_dtype", "auto", "tpu") == "bfloat16"
   assert choose("model.attention_impl", "cudnn", "cpu") == "cudnn"
+  assert [choose("model.context_layout", "auto", p) for p in ("cpu", "gpu", "tpu")] == [
+      "contiguous", "contiguous", "zigzag"]
   for row in PLATFORM_TABLE.values():
     assert set(row) == {"cpu", "gpu", "tpu"} and all(why for _, why in row.values())
   assert len(table_lines("cpu")) == len(PLATFORM_TABLE)
 
 
 @pytest.mark.parametrize("field, value", [("model.attention_impl", "flash"),
+                                          ("model.context_layout", "striped"),
                                           ("rollout.decode_loop", "paged")])
 def test_an_unknown_choice_is_one_sentence(field, value):
   config = get_defaults()

@@ -9,7 +9,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from grpo_jax.parallel.mesh import constrain, context_size
 
 
 def rotary_embedding(x: jax.Array, positions: jax.Array, theta: float,
@@ -45,63 +44,6 @@ def soft_cap(x: jax.Array, cap: float) -> jax.Array:
 def score_divisor(dim: int, query_pre_attn_scalar: float = 0.0):
   """What the scores are divided by: sqrt(head_dim), or sqrt(query_pre_attn_scalar) (Gemma)."""
   return jnp.sqrt(jnp.float32(query_pre_attn_scalar or dim))
-
-
-# The queries of each device's share of a split row are taken in blocks of this many (each
-# block's scores recomputed in the backward pass): split_sequence_attention.
-SPLIT_QUERY_BLOCK = 128
-
-
-def split_sequence_attention(q, k, v, mask, query_pre_attn_scalar: float = 0.0,
-                             softcap: float = 0.0, block: int = SPLIT_QUERY_BLOCK):
-  """grouped_query_attention(q, k, v, mask) with the rows' tokens split over the mesh's
-  `context` axis (context parallelism; parallel/mesh.py's logical axis "length"):
-
-      out[b, i] = softmax_j(cap(q_i k_j^T / sqrt(D)) + mask bias) v_j
-
-  each device holding the queries of its own T/C tokens and every key and value: the keys and
-  values are all-gathered over `context` (their layout asks for the whole sequence); the
-  queries, scores, mask rows and outputs stay split, as (B, C, T/C, ...) with C over the
-  devices. Each device takes its queries in blocks of `block`, one block after another
-  (lax.map), each block's scores recomputed in the backward pass (jax.checkpoint): a pass
-  holds one block's (block x T) scores per head at a time, not (T/C x T). The query heads are
-  grouped by their kv head as a dimension of their own, never folded into the query axis (a
-  fold would merge the split axis and gather it). Exact: each query's softmax runs over all
-  of its keys on its own device. q (B, Tq, H, D) (Tq not a multiple of C: not split);
-  k, v (B, Hkv, Tk, D); mask (B, Tq, Tk).
-  Returns (B, Tq, H, D)."""
-  batch, tq, heads, dim = q.shape
-  kv_heads, keys = k.shape[1], k.shape[2]
-  context = context_size() if tq % context_size() == 0 else 1
-  local = tq // context
-  q = constrain(q.reshape(batch, context, local, kv_heads, heads // kv_heads, dim),
-                ("batch", "length", None, "kv_heads", None, None))
-  mask = constrain(mask.reshape(batch, context, local, keys), ("batch", "length", None, None))
-  k, v = (constrain(a, ("batch", "kv_heads", None, None)) for a in (k, v))
-  scale = score_divisor(dim, query_pre_attn_scalar)
-
-  @jax.checkpoint
-  def attend(blocks):  # (B, C, b, Hkv, G, D), (B, C, b, Tk)
-    q_block, mask_block = blocks
-    scores = jnp.einsum("bcqhgd,bhkd->bchgqk", q_block, k, preferred_element_type=jnp.float32)
-    scores = soft_cap(scores / scale, softcap)
-    scores = jnp.where(mask_block[:, :, None, None], scores, jnp.finfo(jnp.float32).min)
-    probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
-    return jnp.einsum("bchgqk,bhkd->bcqhgd", probs, v)
-
-  # One block after another (lax.map: a scan), so that a pass holds one block's scores.
-  block = min(block, local)
-  count = -(-local // block)
-  pad = [(0, 0), (0, 0), (0, count * block - local)]
-  in_blocks = lambda x: constrain(jnp.moveaxis(  # noqa: E731
-      jnp.pad(x, pad + [(0, 0)] * (x.ndim - 3)).reshape(
-          batch, context, count, block, *x.shape[3:]), 2, 0),
-      (None, "batch", "length") + (None,) * (x.ndim - 2))
-  out = jax.lax.map(attend, (in_blocks(q), in_blocks(mask)))  # (count, B, C, b, Hkv, G, D)
-  out = jnp.moveaxis(out, 0, 2).reshape(batch, context, count * block, *out.shape[4:])
-  out = out[:, :, :local]
-  out = constrain(out, ("batch", "length", None, "kv_heads", None, None))
-  return out.reshape(batch, tq, heads, dim)
 
 
 def _fold_query_heads(q: jax.Array, kv_heads: int) -> jax.Array:

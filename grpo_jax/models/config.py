@@ -11,6 +11,7 @@ from grpo_jax.models.rope import check_rope, rope_frequencies
 
 
 ATTENTION_IMPLS = ("xla", "jax", "cudnn", "pallas")  # model.attention_impl (models/attention.py)
+CONTEXT_LAYOUTS = ("contiguous", "zigzag")  # model.context_layout (models/context.py)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,6 +72,10 @@ class ModelConfig:
   # "jax" or "cudnn" (jax.nn.dot_product_attention); "auto" = the platform table's
   # (parallel/choices.py), resolved here.
   attention_impl: str = "auto"
+  # Speed, not maths: the order of a row's tokens over the mesh's `context` devices,
+  # "contiguous" or "zigzag" (the causal load balance; models/context.py); "auto" = the
+  # platform table's.
+  context_layout: str = "auto"
   # LoRA's s = alpha / r (grpo_jax/models/lora.py): the adapters' scale, used only when the
   # forward is given adapters.
   lora_scale: float = 0.0
@@ -81,6 +86,10 @@ class ModelConfig:
     # ModelConfig holds a dtype (float32 on CPU, bfloat16 on GPU and TPU) and an attention.
     object.__setattr__(self, "compute_dtype", choose("model.compute_dtype", self.compute_dtype))
     object.__setattr__(self, "attention_impl", choose("model.attention_impl", self.attention_impl))
+    object.__setattr__(self, "context_layout", choose("model.context_layout", self.context_layout))
+    if self.context_layout not in CONTEXT_LAYOUTS:
+      raise ValueError(f"model.context_layout={self.context_layout!r}; use auto, contiguous or "
+                       f"zigzag.")
     if self.attention_impl not in ATTENTION_IMPLS:
       raise ValueError(f"model.attention_impl={self.attention_impl!r}; use auto or one of "
                        f"{', '.join(ATTENTION_IMPLS)}.")

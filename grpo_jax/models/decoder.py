@@ -44,11 +44,13 @@ import jax.numpy as jnp
 from grpo_jax.models.attention import (attention_mask, bounded_attention,
                                        causal_blocked_attention, grouped_query_attention,
                                        library_attention, rotary_embedding,
-                                       shared_prompt_attention, sliding_window_mask, soft_cap,
-                                       split_sequence_attention)
+                                       shared_prompt_attention, sliding_window_mask, soft_cap)
 from grpo_jax.models.blocks import normal_init, select_by, with_axes
 from grpo_jax.models.config import ModelConfig
-from grpo_jax.models.embeddings import embedding, lm_head, lookup, pad_tokens, with_prefix
+from grpo_jax.models.context import (from_layout, in_layout, row_masks, rows_layout,
+                                     splash_fits, split_rows, split_sequence_attention,
+                                     tpu_splash_context_attention)
+from grpo_jax.models.embeddings import embedding, lm_head, lookup, with_prefix
 from grpo_jax.models.kv_cache import CACHE_SLOT_AXIS, Cache, write_cache
 from grpo_jax.models.layout import per_layer, stack_layers
 from grpo_jax.models.lora import LoraParams, adapted
@@ -132,9 +134,14 @@ class Attention(nn.Module):
     library = cfg.attention_impl != "xla" and not cfg.attn_softcap and not shared_prompt
     if cfg.attention_impl == "pallas":  # the TPU kernel: queries from slot 0, no window
       library = library and first_slot == 0 and not cfg.sliding_window
+    # Context parallelism (models/context.py): the teacher-forced passes, and a prefill with a
+    # fresh cache outside the sampler (whose programs do not split rows).
     split = context_size() > 1 and not shared_prompt and q.shape[1] > 1 and (
         layer_cache is None or (first_slot == 0 and keys_transposed))
-    if split:  # context parallelism: the teacher-forced passes and the prefill
+    if split and library and layer_cache is None and splash_fits(q.shape[1]):
+      out = tpu_splash_context_attention(q, k, v, mask, rows_layout(cfg),
+                                         cfg.query_pre_attn_scalar)
+    elif split:
       out = split_sequence_attention(*((q, k, v, mask) if layer_cache is None else
                                        (q, *fresh)), **scores)
     elif library and first_slot == 0 and keys_transposed and q.shape[1] > 1:  # the prefill
@@ -246,7 +253,7 @@ class Decoder(nn.Module):
         ("batch", "length", None))
     window = cfg.sliding_window
     window_mask = None
-    pad = 0
+    pad, order = 0, None
     if prompt_group:
       prompt_len = tokens[0].shape[1]
       x = tuple(embedded(t) for t in tokens)
@@ -263,18 +270,16 @@ class Decoder(nn.Module):
       x = embedded(tokens)
       mask = (kv_mask[0].astype(bool), attention_mask(kv_mask[1], tokens.shape[1], offset))
     else:
-      pad = -tokens.shape[1] % context_size() if cache is None and not cfg.blocks.mixture else 0
-      if pad:  # context parallelism: rows padded on the right to split evenly (keys that no
-        # real query sees: they come after every real token and are masked)
-        tokens, kv_mask, positions = (pad_tokens(a, pad) for a in (tokens, kv_mask,
-                                                                    positions))
+      if cache is None and not cfg.blocks.mixture and context_size() > 1:  # models/context.py
+        tokens, kv_mask, positions, pad, order = split_rows(cfg, tokens, kv_mask, positions)
       x = embedded(tokens)
-      mask = attention_mask(kv_mask, tokens.shape[1], offset)
-      if window:
-        window_mask = sliding_window_mask(mask, tokens.shape[1], offset, window)
+      mask, window_mask = row_masks(kv_mask, tokens.shape[1], offset, window, order)
     if prefix_embeddings is not None:
       x = (with_prefix(x[0], prefix_embeddings), x[1]) if prompt_group else with_prefix(
           x, prefix_embeddings)
+    if order is not None:
+      x = constrain(in_layout(x, order, 1), ("batch", "length", None))
+      positions = in_layout(positions, order, -1)
     sliding = cfg.sliding_layers()
     if cache is not None:
       # Forwards with a KV cache (prefill, decode) run the stacked layers one after the other,
@@ -322,6 +327,7 @@ class Decoder(nn.Module):
       if token_index is not None:
         return (last, norm(x[1])), None
       return jnp.concatenate([last, norm(x[1])], axis=1), None
+    x = from_layout(x, order, 1)
     if pad:
       x = x[:, :-pad]
     if logits_window is not None:

@@ -5,7 +5,7 @@ state and reference are sharded too), `tensor` (heads and MLP columns split acro
 `expert` (a mixture's experts split across devices, models/moe.py; like MaxText's, its devices
 also take distinct rows, so that attention and the dense parts are data-parallel over it),
 `context` (each row's tokens split across devices in the teacher-forced passes and the
-prefill: context parallelism, parallel/context.py; decode is not split).
+prefill: context parallelism, models/context.py; decode is not split).
 Every other module names logical axes only; `LOGICAL_RULES` decides where they go.
 """
 

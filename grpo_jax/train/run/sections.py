@@ -39,7 +39,9 @@ class ModelSection:
   path: str  # model.path: a Hugging Face folder, "" for a random model
   param_dtype: str
   compute_dtype: str
-  layout: tuple  # (name, value) of model.remat / logits_chunk / attention_impl, over the folder's
+  # (name, value) of model.remat / logits_chunk / attention_impl / context_layout, over the
+  # folder's
+  layout: tuple
   vocab_size: int  # model.vocab_size (a random model's; the teacher's check)
   random: Optional[ModelConfig]  # the random model's config; None under model.path
   lora: Optional[LoraSection]  # None: full fine-tuning
@@ -57,7 +59,8 @@ class ModelSection:
   @classmethod
   def of(cls, config) -> "ModelSection":
     m, t = config.model, config.get("train", {})
-    layout = tuple((k, m[k]) for k in ("remat", "logits_chunk", "attention_impl") if k in m)
+    layout = tuple((k, m[k]) for k in ("remat", "logits_chunk", "attention_impl",
+                                              "context_layout") if k in m)
     return cls(m.path or "", m.param_dtype, m.compute_dtype, layout, int(m.vocab_size),
                # (a vision-language model under a folder holding only its tokenizer is random)
                None if m.path and m.get("vision") is None else ModelConfig.from_config_dict(m),
