@@ -162,9 +162,11 @@ def splash_figures(mesh) -> dict:
 def dpo_figures(mesh, rollout):
   """DPO's loss and gradients on pairs (row 2i chosen, 2i + 1 rejected), with the summed
   log-probs from the teacher-forced pass, and its per-token log-probs."""
+  # (the params made off the mesh: eager ops under jax.set_mesh compile for it, one by one)
+  params = perturbed_params(CFG)
+  ref = jax.tree.map(lambda x: x * 0.9, params)
   with jax.set_mesh(mesh):
-    params = jax.device_put(perturbed_params(CFG), shardings(perturbed_params(CFG), mesh))
-    ref = jax.tree.map(lambda x: x * 0.9, params)
+    params, ref = (jax.device_put(p, shardings(p, mesh)) for p in (params, ref))
     seqs = shard_batch(rollout, mesh)
 
     def sums(p, seqs):

@@ -47,18 +47,19 @@ def two_updates(state, cfg, rl, optimizer, batch_inputs, mesh):
 
 def run_on(mesh, batch_inputs, micro=1, shared=False, sample=True):
   """sample=False: only the updates (the runs whose tokens and cache are not compared; CI
-  time)."""
-  with jax.set_mesh(mesh):
-    return _run_on(mesh, batch_inputs, micro, shared, sample)
-
-
-def _run_on(mesh, batch_inputs, micro, shared, sample):
-  cfg = CFG
-  params = perturbed_params(CFG)
+  time). The state is made off the mesh and placed on it: eager ops under jax.set_mesh
+  compile for the mesh one by one (seconds per run)."""
   rl = rl_defaults(num_minibatches=2, num_micro_batches=micro, kl_coef=0.05,
                    shared_prompt_forward=shared)
   optimizer = make_optimizer(OPTIM, 10)
-  state = create_train_state(params, optimizer, jax.random.key(1), None, rl.kl_coef)
+  state = create_train_state(perturbed_params(CFG), optimizer, jax.random.key(1), None,
+                             rl.kl_coef)
+  with jax.set_mesh(mesh):
+    return _run_on(mesh, batch_inputs, state, rl, optimizer, sample)
+
+
+def _run_on(mesh, batch_inputs, state, rl, optimizer, sample):
+  cfg = CFG
   state = jax.device_put(state, shardings(state, mesh))
   prompts, mask = shard_batch((PROMPTS, PROMPTS != 0), mesh)
   kw = dict(model_cfg=cfg, max_new_tokens=6, eos_id=2, pad_id=0, mesh=mesh)
@@ -128,8 +129,9 @@ def refill_main(path: str):
   from tests import test_refill as t  # noqa: PLC0415
   mesh = mesh_of((2, 2, 2), jax.devices())
   cfg = tiny_model_config()
+  params = t._params(cfg)  # off the mesh (run_on says why)
   with jax.set_mesh(mesh):
-    params = jax.device_put(t._params(cfg), shardings(t._params(cfg), mesh))
+    params = jax.device_put(params, shardings(params, mesh))
     prompts, mask = shard_batch((t.PROMPTS, t.PROMPT_MASK), mesh, replicate_indivisible=True)
     sampling = Sampling(**t._settings(cfg, temperature=0.8, top_k=6, top_p=0.9, mesh=mesh,
                                       decode_slots=4))
@@ -151,13 +153,13 @@ MOE_MESHES = [(1, 2, 1, 4), (2, 1, 2, 2)]
 def moe_run_on(mesh, batch_inputs):
   """The MoE model's greedy tokens and two updates (routing replayed, the load-balancing loss
   on) under `mesh`: (greedy tokens, params, loss, the expert kernels' shard shape)."""
+  cfg = MOE_CFG
+  rl = rl_defaults(num_minibatches=2, kl_coef=0.05, routing_replay="rollout",
+                   router_aux_coef=0.01)
+  optimizer = make_optimizer(OPTIM, 10)
+  state = create_train_state(perturbed_params(cfg), optimizer, jax.random.key(1), None,
+                             rl.kl_coef)  # off the mesh (run_on says why)
   with jax.set_mesh(mesh):
-    cfg = MOE_CFG
-    rl = rl_defaults(num_minibatches=2, kl_coef=0.05, routing_replay="rollout",
-                     router_aux_coef=0.01)
-    optimizer = make_optimizer(OPTIM, 10)
-    state = create_train_state(perturbed_params(cfg), optimizer, jax.random.key(1), None,
-                               rl.kl_coef)
     state = jax.device_put(state, shardings(state, mesh))
     prompts, mask = shard_batch((PROMPTS, PROMPTS != 0), mesh)
     greedy = generate(state.params, prompts, mask, jax.random.key(0), model_cfg=cfg,
