@@ -84,6 +84,7 @@ if ROOT not in sys.path:
   sys.path.insert(0, ROOT)
 
 from benchmarks.shapes import shape_table  # noqa: E402
+from benchmarks.abstract_values import concrete, cost_flops, with_shardings  # noqa: E402,F401
 from benchmarks.state_bytes import (GIB, abstract_state, measure_state,  # noqa: E402
                                     optim_section, per_device_gib, tree_gib)
 
@@ -182,30 +183,6 @@ def model_config(args):
   return cfg
 
 
-def cost_flops(compiled) -> float:
-  """cost_analysis()'s flops: a dict in recent jax, a list of dicts (one per module) before."""
-  cost = compiled.cost_analysis()
-  if cost is None:
-    return float("nan")
-  if isinstance(cost, dict):
-    cost = [cost]
-  return float(sum(c.get("flops", 0.0) for c in cost if c))
-
-
-def concrete(abstract):
-  """Arrays of the abstract tree's shapes (tokens 5, masks True, floats 0.01, keys of seed 0):
-  values for timing, where only the shapes matter."""
-  import jax
-  import jax.numpy as jnp
-  def fill(x):
-    if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
-      return jnp.broadcast_to(jax.random.key(0), x.shape)
-    if x.dtype == jnp.bool_:
-      return jnp.ones(x.shape, bool)
-    return jnp.full(x.shape, 5 if jnp.issubdtype(x.dtype, jnp.integer) else 0.01, x.dtype)
-  return jax.tree.map(fill, abstract)
-
-
 def measure(fn, abstract_args, donate=(), jit_kwargs=None, time_calls=0) -> dict:
   """Lowers and compiles jit(fn) on abstract inputs; compile time, memory and FLOPs. With
   time_calls > 0 it also runs the compiled call that many times on `concrete` inputs (a
@@ -243,12 +220,6 @@ def measure(fn, abstract_args, donate=(), jit_kwargs=None, time_calls=0) -> dict
   except Exception:  # noqa: BLE001  (as_text is best effort on some backends)
     out["while_loops"] = None
   return out
-
-
-def with_shardings(abstract, shardings):
-  import jax
-  return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
-                      abstract, shardings)
 
 
 def run(args) -> list:

@@ -75,7 +75,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
   sys.path.insert(0, ROOT)
 
-from benchmarks.scale import cost_flops  # noqa: E402
+from benchmarks.abstract_values import cost_flops  # noqa: E402
 from benchmarks.state_bytes import GIB, tree_gib  # noqa: E402
 
 WHATS = ("update_frozen", "update_trained", "prefill", "sampler", "rl_step", "sampler_loop")
