@@ -1,8 +1,10 @@
 """Run in a subprocess with XLA_FLAGS=--xla_force_host_platform_device_count=8 (float32): the
 loss, the gradients and the per-token log-probs of GRPO, PPO with a value head, DPO and packed
-rows on meshes with a `context` axis (each row's tokens split over it) against one device;
-prints one JSON line of the largest absolute differences (tests/test_context.py)."""
+rows on meshes with a `context` axis (each row's tokens split over it) against one device, and
+the sampler's prefill over split tokens (its tokens, memory, the TPU kernel); prints one JSON
+line of the largest absolute differences (tests/test_context.py)."""
 
+import contextlib
 import dataclasses
 import json
 import re
@@ -23,7 +25,7 @@ from grpo_jax.models.value_head import init_value_params
 from grpo_jax.parallel.mesh import make_mesh, mesh_config, shard_batch
 from grpo_jax.rl.aggregation import loss_normalizer
 from grpo_jax.rl.dpo import PairLogps, dpo
-from grpo_jax.rollout.sampler import generate
+from grpo_jax.rollout.sampler import Sampling, generate
 from grpo_jax.train.learner.experience import RewardInputs, make_prepare_batch
 from grpo_jax.train.learner.forward import policy_and_values
 from grpo_jax.train.learner.state import create_train_state, make_optimizer
@@ -117,7 +119,17 @@ def tpu_lowering(mesh, job) -> dict:
     text = jax.jit(jax.grad(loss)).trace((state.params, None)).lower(
         lowering_platforms=("tpu",)).as_text()
   names = sorted(set(re.findall(r'(splash_\w+|flash_\w+)', text)))
-  return dict(custom_calls=text.count("tpu_custom_call"), kernels=names)
+  # The sampler on the same mesh: 4 prompts of 512 tokens (4 x 128 per device), G = 2.
+  sampling = Sampling(cfg, NEW, eos_id=2, pad_id=0, temperature=1.0, mesh=mesh,
+                      decode_loop="bounded").grouped(2)
+  params = jax.eval_shape(lambda: perturbed_params(cfg))
+  prompts = jax.ShapeDtypeStruct((4, 512), jnp.int32)
+  with jax.set_mesh(mesh):
+    sampler = jax.jit(lambda p, t: sampling.with_stats(p, t, t != 0, jax.random.key(0))).trace(
+        params, prompts).lower(lowering_platforms=("tpu",)).as_text()
+  return dict(custom_calls=text.count("tpu_custom_call"), kernels=names,
+              sampler_custom_calls=sampler.count("tpu_custom_call"),
+              sampler_kernels=sorted(set(re.findall(r'(splash_\w+|flash_\w+)', sampler))))
 
 
 def splash_figures(mesh) -> dict:
@@ -159,6 +171,39 @@ def splash_figures(mesh) -> dict:
   return out
 
 
+def splash_prefill_figures(devices) -> dict:
+  """The sampler's prefill on context = 4 with the TPU path's attention (the splash kernel,
+  run by Pallas's interpreter; its tokens split by mesh.prefill_rules) against one device's
+  XLA prefill: 2 prompts of 512 tokens, one left-padded by 100, G = 2. The largest
+  differences of the last position's logits and of the cache's real slots (a padding slot's
+  keys are never read: its query sees other keys than on one device)."""
+  from grpo_jax.models import decoder  # noqa: PLC0415
+  from grpo_jax.parallel.mesh import sampler_rules  # noqa: PLC0415
+  from grpo_jax.rollout.prefill import prefill  # noqa: PLC0415
+  length = 512
+  tokens = np.random.default_rng(0).integers(3, 16, size=(2, length)).astype(np.int32)
+  tokens[0, :100] = 0
+  kv_mask = tokens != 0
+  params = perturbed_params(CFG)
+  run = lambda cfg, mesh, p: jax.device_get(jax.jit(lambda p: prefill(  # noqa: E731
+      p, tokens, kv_mask, model_cfg=cfg, max_new_tokens=4, mesh=mesh, group_size=2,
+      shared_prompt=True))(p))
+  want = run(CFG, None, params)
+  mesh = make_mesh(mesh_config(1, 1, 1, 1, 4), devices[:4])
+  kernel = decoder.tpu_splash_context_attention
+  decoder.tpu_splash_context_attention = lambda *a: kernel(*a, interpret=True)
+  try:
+    with jax.set_mesh(mesh), sampler_rules():
+      got = run(dataclasses.replace(CFG, attention_impl="pallas"), mesh,
+                jax.device_put(params, shardings(params, mesh)))
+  finally:
+    decoder.tpu_splash_context_attention = kernel
+  real = {"prompt_kt": kv_mask[:, None, None, :], "prompt_v": kv_mask[:, None, :, None]}
+  cache = max(float(np.max(np.abs(np.asarray(g[name]) - np.asarray(w[name])) * real[name]))
+              for g, w in zip(got[1], want[1]) for name in real)
+  return dict(logits=diff(got[0], want[0]), cache=cache)
+
+
 def dpo_figures(mesh, rollout):
   """DPO's loss and gradients on pairs (row 2i chosen, 2i + 1 rejected), with the summed
   log-probs from the teacher-forced pass, and its per-token log-probs."""
@@ -181,9 +226,10 @@ def dpo_figures(mesh, rollout):
     return jax.device_get((value, grads, logp, None))
 
 
-def split_memory(devices):
-  """The teacher-forced pass's temporary bytes per device at rows of 2,048 tokens: one row on
-  one device, and the same row with its tokens over context = 4 (abstract, compiled only)."""
+def _temp_bytes(devices, program, rules=None) -> dict:
+  """program(cfg, mesh)(params, tokens, mask)'s temporary bytes per device for one 2,048-token
+  row (abstract, compiled only): on one device, and on context = 4, traced under `rules` (a
+  context manager; None: the learner's)."""
   cfg = tiny_model_config(vocab_size=16, hidden_size=64, num_heads=8, num_kv_heads=2,
                           head_dim=16)
   params = jax.eval_shape(lambda: perturbed_params(cfg))
@@ -191,19 +237,35 @@ def split_memory(devices):
   mask = jax.ShapeDtypeStruct((1, 2048), jnp.bool_)
 
   def temp(mesh):
-    from grpo_jax.models.decoder import decoder_apply, positions_from_mask  # noqa: PLC0415
-    with jax.set_mesh(mesh):
+    with jax.set_mesh(mesh), rules() if rules else contextlib.nullcontext():
       p = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), params,
                        shardings(params, mesh))
-      f = jax.jit(lambda p, t, m: decoder_apply(cfg, p, t, positions_from_mask(m), m)[0])
+      f = jax.jit(program(cfg, mesh))
       return f.lower(p, tokens, mask).compile().memory_analysis().temp_size_in_bytes
   return {"one_device": temp(make_mesh(mesh_config(1, 1, 1, 1, 1), devices[:1])),
           "context=4": temp(make_mesh(mesh_config(1, 1, 1, 1, 4), devices[:4]))}
 
 
+def split_memory(devices):
+  """The teacher-forced pass of one 2,048-token row: one device against its tokens over
+  context = 4."""
+  from grpo_jax.models.decoder import decoder_apply, positions_from_mask  # noqa: PLC0415
+  return _temp_bytes(devices, lambda cfg, mesh: lambda p, t, m: decoder_apply(
+      cfg, p, t, positions_from_mask(m), m)[0])
+
+
+def prefill_memory(devices):
+  """The sampler's prefill of one 2,048-token prompt: one device against context = 4, where
+  its tokens split (one prompt cannot split over rows)."""
+  from grpo_jax.parallel.mesh import sampler_rules  # noqa: PLC0415
+  from grpo_jax.rollout.prefill import prefill  # noqa: PLC0415
+  return _temp_bytes(devices, lambda cfg, mesh: lambda p, t, m: prefill(
+      p, t, m, model_cfg=cfg, max_new_tokens=8, mesh=mesh), sampler_rules)
+
+
 def sampler_figures(devices) -> dict:
-  """The sampler on (data, context) = (2, 4): its rows over data x context (its programs do
-  not split tokens), the same tokens as one device's."""
+  """The sampler on (data, context) = (2, 4): its prefill splits each prompt's 4 tokens over
+  context, its decode loop takes rows over data x context; the same tokens as one device's."""
   params = perturbed_params(CFG)
   kw = dict(model_cfg=CFG, max_new_tokens=NEW, temperature=1.0, eos_id=2, pad_id=0,
             group_size=2)
@@ -248,6 +310,8 @@ def main():
                                      prepared("grpo", batch_inputs))
   out["temp_bytes"] = split_memory(devices)
   out["sampler"] = sampler_figures(devices)
+  out["prefill_temp_bytes"] = prefill_memory(devices)
+  out["splash_prefill"] = splash_prefill_figures(devices)
   print(json.dumps(out))
 
 

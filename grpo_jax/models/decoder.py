@@ -135,12 +135,14 @@ class Attention(nn.Module):
     if cfg.attention_impl == "pallas":  # the TPU kernel: queries from slot 0, no window
       library = library and first_slot == 0 and not cfg.sliding_window
     # Context parallelism (models/context.py): the teacher-forced passes, and a prefill with a
-    # fresh cache outside the sampler (whose programs do not split rows).
+    # fresh cache (the sampler's, under mesh.prefill_rules).
     split = context_size() > 1 and not shared_prompt and q.shape[1] > 1 and (
         layer_cache is None or (first_slot == 0 and keys_transposed))
-    if split and library and layer_cache is None and splash_fits(q.shape[1]):
-      out = tpu_splash_context_attention(q, k, v, mask, rows_layout(cfg),
-                                         cfg.query_pre_attn_scalar)
+    if split and library and splash_fits(q.shape[1]):  # (a prefill's rows: slot order)
+      out = tpu_splash_context_attention(*((q, k, v, mask) if layer_cache is None else
+                                           (q, *fresh)),
+                                         rows_layout(cfg) if layer_cache is None else
+                                         "contiguous", cfg.query_pre_attn_scalar)
     elif split:
       out = split_sequence_attention(*((q, k, v, mask) if layer_cache is None else
                                        (q, *fresh)), **scores)

@@ -31,7 +31,9 @@ PLATFORM_TABLE = {
     # products, causal query blocks); "cudnn" = jax.nn.dot_product_attention's cuDNN fused
     # kernel (GPU, bfloat16/float16); "jax" = jax.nn.dot_product_attention's XLA form;
     # "pallas" = jax's Pallas TPU flash attention kernel (attention.tpu_flash_attention; TPU
-    # only; a model with soft-capping or a sliding window keeps "xla"'s arithmetic). Decode
+    # only; a model with soft-capping or a sliding window keeps "xla"'s arithmetic), and with
+    # mesh.context > 1 its splash kernel over split rows (context.tpu_splash_context_attention,
+    # the teacher-forced passes and the prefill). Decode
     # keeps the XLA path on every platform: jax's ragged paged attention kernel reads a paged
     # KV pool (pages and page tables), and the sampler's cache is one contiguous
     # (B, kv_heads, head_dim, S) block per layer (models/kv_cache.py).

@@ -5,7 +5,7 @@ state and reference are sharded too), `tensor` (heads and MLP columns split acro
 `expert` (a mixture's experts split across devices, models/moe.py; like MaxText's, its devices
 also take distinct rows, so that attention and the dense parts are data-parallel over it),
 `context` (each row's tokens split across devices in the teacher-forced passes and the
-prefill: context parallelism, models/context.py; decode is not split).
+prefill: context parallelism, models/context.py; decode splits rows over it instead).
 Every other module names logical axes only; `LOGICAL_RULES` decides where they go.
 """
 
@@ -42,20 +42,41 @@ LOGICAL_RULES = {
 }
 
 
-# The sampler's programs (prefill and decode loop) do not split a row's tokens: there the
-# `context` devices take distinct rows, as `data`'s do (`sampler_rules`).
-SAMPLER_RULES = {**LOGICAL_RULES, "batch": ("data", "fsdp", "expert", "context"), "length": None}
+# The sampler's decode loops do not split a row's tokens: there the `context` devices take
+# distinct rows, as `data`'s do (`sampler_rules`); its prefill splits them (`prefill_rules`).
+# Its weights are gathered over data x fsdp x context once per call (rollout/engine.read_params;
+# `tensor` and `expert` keep their split): left sharded, XLA gathered each layer's weights
+# again for the prefill and for the decode loop and kept every copy (docs/meshes.md).
+SAMPLER_RULES = {**LOGICAL_RULES, "batch": ("data", "fsdp", "expert", "context"), "length": None,
+                 "embed": None}
 _RULES = contextvars.ContextVar("grpo_jax_mesh_rules", default=LOGICAL_RULES)
 
 
 @contextlib.contextmanager
-def sampler_rules():
-  """Inside: SAMPLER_RULES instead of LOGICAL_RULES (the sampler's programs trace under it)."""
-  token = _RULES.set(SAMPLER_RULES)
+def _rules(table: dict):
+  """Inside: `table` is the rules table that spec_for, constrain and context_size read."""
+  token = _RULES.set(table)
   try:
     yield
   finally:
     _RULES.reset(token)
+
+
+def sampler_rules():
+  """Inside: SAMPLER_RULES instead of LOGICAL_RULES (the sampler's programs trace under it)."""
+  return _rules(SAMPLER_RULES)
+
+
+def prefill_rules(length: int):
+  """Inside a sampler's program, the rules of its prefill over `length` prompt tokens: a row's
+  tokens split over `context` (LOGICAL_RULES) when they divide by it, as the teacher-forced
+  passes split them; else the surrounding rules. The cache the prefill writes is then laid
+  out by the sampler's rules again (rollout/prefill.constrain_cache), rows over `context`, for
+  decode: XLA moves each row's keys and values to its row's device once."""
+  mesh = jax.sharding.get_abstract_mesh()
+  context = 1 if mesh.empty or "context" not in mesh.axis_names else mesh.shape["context"]
+  split = context > 1 and length % context == 0
+  return _rules(LOGICAL_RULES) if split else contextlib.nullcontext()
 
 
 _NAMES = "(" + ", ".join(MESH_AXES) + ")"

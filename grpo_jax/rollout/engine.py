@@ -36,6 +36,7 @@ import jax.numpy as jnp
 from grpo_jax.errors import ConfigError
 from grpo_jax.models.config import ModelConfig
 from grpo_jax.models.layout import compute_copy, split_layers
+from grpo_jax.models.partitioning import shardings
 from grpo_jax.models.quantized import quantize_layers
 from grpo_jax.rollout.sampling import choose_tokens, token_uniforms
 
@@ -103,11 +104,15 @@ class Settings:
 def read_params(params, sampling: Settings):
   """The params as every engine's passes read them, prepared once per call, not per decode
   step: the layers' kernels quantised to sampling.weight_dtype (models/quantized.py), else the
-  matrices cast to the compute dtype; the stacked layers sliced (models/layout.split_layers)."""
+  matrices cast to the compute dtype; the stacked layers sliced (models/layout.split_layers).
+  With the sampler's mesh, laid out by its rules (mesh.SAMPLER_RULES): gathered over
+  data x fsdp x context once here, so the prefill and every decode step read one copy."""
   if sampling.weight_dtype:
     params = quantize_layers(params, sampling.weight_dtype)
   else:
     params = compute_copy(params, sampling.model_cfg.dtype)
+  if sampling.mesh is not None:
+    params = jax.lax.with_sharding_constraint(params, shardings(params, sampling.mesh))
   return split_layers(params, sampling.model_cfg.num_layers)
 
 

@@ -11,11 +11,12 @@ from jax.sharding import NamedSharding
 from grpo_jax.models.config import ModelConfig
 from grpo_jax.models.decoder import decoder_apply, positions_from_mask
 from grpo_jax.models.kv_cache import init_cache, share_prompt_cache
+from grpo_jax.parallel.mesh import prefill_rules
 
 
 def constrain_cache(cache, mesh):
-  """KV cache (B, kv_heads, ...): rows over the batch axes (data x fsdp) and kv heads
-  over `tensor` (each only when it divides)."""
+  """KV cache (B, kv_heads, ...): rows over the batch axes of the active rules (the sampler's:
+  data x fsdp x expert x context) and kv heads over `tensor` (each only when it divides)."""
   if mesh is None:
     return cache
   from grpo_jax.parallel.mesh import spec_for  # the one place that knows the mesh rules
@@ -68,10 +69,11 @@ def prefill(params, prompt_tokens, prompt_mask, *, model_cfg: ModelConfig,
   prompt_mask = prompt_mask.astype(bool)
   slots = cache_slots or prompt_len + max_new_tokens
   cache = init_cache(model_cfg, prompts, prompt_len if shared_prompt else slots)
-  out = decoder_apply(
-      model_cfg, params, prompt_tokens, prompt_positions(prompt_mask, inputs), prompt_mask,
-      cache, 0, logits_window=(prompt_len - 1, 1), record_routing=record_routes,
-      prefix_embeddings=None if inputs is None else inputs.embeddings)
+  with prefill_rules(prompt_len):  # a row's tokens over `context`, when they divide by it
+    out = decoder_apply(
+        model_cfg, params, prompt_tokens, prompt_positions(prompt_mask, inputs), prompt_mask,
+        cache, 0, logits_window=(prompt_len - 1, 1), record_routing=record_routes,
+        prefix_embeddings=None if inputs is None else inputs.embeddings)
   (logits, cache), routing = out if record_routes else (out, None)
   routes = () if routing is None else (repeat_rows(routing["routes"], group_size),)
   rows = prompts * group_size

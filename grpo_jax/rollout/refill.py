@@ -42,6 +42,7 @@ import jax.numpy as jnp
 from grpo_jax.models.decoder import decoder_apply
 from grpo_jax.models.kv_cache import init_cache, map_cache
 from grpo_jax.parallel import choices
+from grpo_jax.parallel.mesh import prefill_rules
 from grpo_jax.rollout.prefill import (constrain_cache, first_positions, prompt_positions,
                                      repeat_rows)
 from grpo_jax.rollout.engine import DecodeState, Recorded, Settings, draw, generator
@@ -122,10 +123,11 @@ def generate_refill(params, prompt_tokens, prompt_mask, key, row_limits, *,
   unpack = lambda out: out if s.record_routes else (out, None)  # noqa: E731
 
   # Each prompt prefilled once (prefix sharing); rows copy its cache when they start.
-  (first_logits, prompt_cache), prompt_routing = unpack(apply(
-      prompt_tokens, prompt_positions(prompt_mask, inputs), prompt_mask,
-      init_cache(model_cfg, num_prompts, prompt_len), 0, logits_window=(prompt_len - 1, 1),
-      prefix_embeddings=None if inputs is None else inputs.embeddings))
+  with prefill_rules(prompt_len):  # a row's tokens over `context`, when they divide by it
+    (first_logits, prompt_cache), prompt_routing = unpack(apply(
+        prompt_tokens, prompt_positions(prompt_mask, inputs), prompt_mask,
+        init_cache(model_cfg, num_prompts, prompt_len), 0, logits_window=(prompt_len - 1, 1),
+        prefix_embeddings=None if inputs is None else inputs.embeddings))
   first_logits, prompt_cache = first_logits[:, 0], constrain_cache(prompt_cache, mesh)
   prompt_lengths = first_positions(prompt_mask, inputs)
 

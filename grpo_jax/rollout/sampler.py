@@ -78,7 +78,7 @@ def _sample(params, prompt_tokens, prompt_mask, key, row_limits, row_ids=None, i
   """The engines' one entry: images (a vision-language policy's, model_cfg a VlmConfig) become
   the prompts' PromptInputs here, and every engine runs its decoder on them; inputs: given
   PromptInputs (model_cfg the decoder's)."""
-  with sampler_rules():  # rows over data x fsdp x expert x context; tokens never split
+  with sampler_rules():  # decode: rows over data x fsdp x expert x context (not tokens)
     s = sampling
     if images is not None:  # image + text prompts: the decoder's params and the prompts' inputs
       params, inputs = vlm_prompt_inputs(params, prompt_tokens, prompt_mask.astype(bool), images,
