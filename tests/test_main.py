@@ -52,6 +52,5 @@ def test_run_writes_outputs_and_is_deterministic(tmp_path):
   strip = lambda rs: [{k: v for k, v in r.items() if k not in TIMING_KEYS} for r in rs]  # noqa
   assert strip(first) == strip(second)
   assert first[1]["kl"] != 0.0 or first[2]["kl"] != 0.0  # the run did train
-  # A different seed gives different numbers (the comparison above can fail).
-  other, _ = _run(tmp_path / "c", "--config.seed=1")
-  assert strip(other) != strip(first)
+  # (That another seed gives other numbers, so that the comparison above can fail, is
+  # tests/test_seeds.py's: its separate runs of seeds 0 and 1 differ.)

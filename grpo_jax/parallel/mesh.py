@@ -39,6 +39,10 @@ LOGICAL_RULES = {
     "layers": None,  # the stacked layers' leading axis (scanned over, never split)
     "expert": "expert",  # a mixture's experts (models/moe.py)
     "length": "context",  # an activation's token axis (context parallelism)
+    # embeddings.lookup's layouts: the rows over the batch axes that do not split `embed`, and
+    # `embed` over its axes that do not split the rows
+    "batch_beside_embed": ("data", "expert"),
+    "embed_beside_batch": "context",
 }
 
 
@@ -48,7 +52,8 @@ LOGICAL_RULES = {
 # `tensor` and `expert` keep their split): left sharded, XLA gathered each layer's weights
 # again for the prefill and for the decode loop and kept every copy (docs/meshes.md).
 SAMPLER_RULES = {**LOGICAL_RULES, "batch": ("data", "fsdp", "expert", "context"), "length": None,
-                 "embed": None}
+                 "embed": None, "batch_beside_embed": ("data", "fsdp", "expert", "context"),
+                 "embed_beside_batch": None}
 _RULES = contextvars.ContextVar("grpo_jax_mesh_rules", default=LOGICAL_RULES)
 
 
