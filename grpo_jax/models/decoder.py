@@ -138,14 +138,13 @@ class Attention(nn.Module):
     # fresh cache (the sampler's, under mesh.prefill_rules).
     split = context_size() > 1 and not shared_prompt and q.shape[1] > 1 and (
         layer_cache is None or (first_slot == 0 and keys_transposed))
-    if split and library and splash_fits(q.shape[1]):  # (a prefill's rows: slot order)
-      out = tpu_splash_context_attention(*((q, k, v, mask) if layer_cache is None else
-                                           (q, *fresh)),
-                                         rows_layout(cfg) if layer_cache is None else
-                                         "contiguous", cfg.query_pre_attn_scalar)
-    elif split:
-      out = split_sequence_attention(*((q, k, v, mask) if layer_cache is None else
-                                       (q, *fresh)), **scores)
+    if split:
+      own = (q, k, v, mask) if layer_cache is None else (q, *fresh)  # (a prefill: its own keys)
+      if library and splash_fits(q.shape[1]):  # (a prefill's rows are in slot order)
+        layout = rows_layout(cfg) if layer_cache is None else "contiguous"
+        out = tpu_splash_context_attention(*own, layout, cfg.query_pre_attn_scalar)
+      else:
+        out = split_sequence_attention(*own, **scores)
     elif library and first_slot == 0 and keys_transposed and q.shape[1] > 1:  # the prefill
       out = library_attention(q, *fresh, cfg.attention_impl, cfg.query_pre_attn_scalar)
     elif library and not keys_transposed:  # the teacher-forced passes

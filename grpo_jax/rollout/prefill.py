@@ -11,7 +11,7 @@ from jax.sharding import NamedSharding
 from grpo_jax.models.config import ModelConfig
 from grpo_jax.models.decoder import decoder_apply, positions_from_mask
 from grpo_jax.models.kv_cache import init_cache, share_prompt_cache
-from grpo_jax.parallel.mesh import prefill_rules
+from grpo_jax.parallel.mesh import prefill_rules, spec_for
 
 
 def constrain_cache(cache, mesh):
@@ -19,7 +19,6 @@ def constrain_cache(cache, mesh):
   data x fsdp x expert x context) and kv heads over `tensor` (each only when it divides)."""
   if mesh is None:
     return cache
-  from grpo_jax.parallel.mesh import spec_for  # the one place that knows the mesh rules
   def place(x):
     axes = ("batch", "kv_heads", None, None)
     spec = spec_for(axes, x.shape, mesh)
