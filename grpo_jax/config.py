@@ -273,7 +273,7 @@ def _validate_capabilities(config, task) -> None:
   if w.steps > 0 and w.data_path:
     task.require("supervised", f"warmup.steps={w.steps} with warmup.data_path={w.data_path!r}",
                  "set warmup.steps=0")
-  elif w.steps > 0:  # (round 5's VR5: the data_path fix offered where it cannot work)
+  elif w.steps > 0:  # a data_path cannot fix this task: no fix that cannot work is offered
     fix = "set warmup.steps=0 (a real checkpoint needs none)"
     if "supervised" in task.capabilities:
       fix += ", or give warmup.data_path, a jsonl file of {prompt, response}"

@@ -173,7 +173,7 @@ def main(argv):
     from grpo_jax.config_docs import describe  # noqa: PLC0415
     config = _loaded_config()
     print(describe(config))
-    if _STAGE.value == "rl":  # round 5's X02: a value the run refuses was printed without a word
+    if _STAGE.value == "rl":  # a value the run would refuse is named here, not only printed
       from grpo_jax.config import validate  # noqa: PLC0415
       try:
         validate(config)

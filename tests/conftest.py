@@ -49,6 +49,9 @@ def pytest_configure(config):
                                       *_SESSION_XLA_FLAGS])
   if not os.environ["XLA_FLAGS"]:
     del os.environ["XLA_FLAGS"]
+  else:  # checked once for the session (a child process, about a second), not by every run
+    from grpo_jax.parallel.platform import check_xla_flags  # noqa: PLC0415
+    check_xla_flags()  # sets $GRPO_JAX_XLA_FLAGS_CHECKED, which the workers and runs inherit
   if not os.environ.get("JAX_COMPILATION_CACHE_DIR"):
     folder = tempfile.mkdtemp(prefix="grpo_jax_tests_xla_")
     config.add_cleanup(lambda: shutil.rmtree(folder, ignore_errors=True))

@@ -68,34 +68,25 @@ def _assert_equal_runs(tmp_path, separate, stacked, seeds, steps):
 
 @pytest.mark.slow
 @pytest.mark.xla_defaults
-def test_seeds_in_one_program_equal_separate_runs_bit_for_bit(tmp_path):
-  """seed_axis="map": every record of every seed, and the final params, are identical. Two
-  seeds hold the claim (a seed's slice is its own run); the dynamic-sampling test below runs
-  three."""
-  seeds = SEEDS[:2]
-  separate, stacked = _separate_and_stacked(_small_config(), tmp_path, seeds)
-  _assert_equal_runs(tmp_path, separate, stacked, seeds, 3)
-  # The seeds did differ (the comparison above could fail).
-  assert _records(tmp_path / "run0" / "metrics.jsonl") != _records(
-      tmp_path / "run1" / "metrics.jsonl")
-
-
-@pytest.mark.slow
-@pytest.mark.xla_defaults
-def test_dynamic_sampling_works_for_three_seeds(tmp_path, first_token_parity_reward):
-  """A feature of the step works for S seeds: DAPO's dynamic sampling, whose resampling rounds
-  differ between seeds, gives each seed exactly its separate run (seed_axis="map"). The
-  parity reward (conftest) leaves a random policy's groups without a spread one time in 8."""
+def test_seeds_in_one_program_equal_separate_runs_bit_for_bit(tmp_path,
+                                                             first_token_parity_reward):
+  """seed_axis="map": every record of every seed (their pass@k evaluations with per-seed keys
+  among them), and the final params, are identical to S separate runs. A feature of the step
+  works for S seeds too: DAPO's dynamic sampling, whose resampling rounds differ between
+  seeds. The parity reward (conftest) leaves a random policy's groups without a spread one
+  time in 8."""
   config = _small_config(steps=4)
-  config.train.eval_pass_k = 0
   config.reward.name = first_token_parity_reward
-  config.rl.update(dynamic_sampling=True, max_extra_rollouts=3, kl_coef=0.0)
+  config.rl.update(dynamic_sampling=True, max_extra_rollouts=3)
   separate, stacked = _separate_and_stacked(config, tmp_path)
   _assert_equal_runs(tmp_path, separate, stacked, SEEDS, 4)
   rounds = [[r["sampling_rounds"] for r in _records(tmp_path / "seeds" / f"seed_{s}" /
                                                     "metrics.jsonl")[1:]] for s in SEEDS]
   assert len({tuple(r) for r in rounds}) > 1, rounds  # the seeds resampled differently
   assert max(max(r) for r in rounds) > 1, rounds
+  # The seeds did differ (the comparison above could fail).
+  assert _records(tmp_path / "run0" / "metrics.jsonl") != _records(
+      tmp_path / "run1" / "metrics.jsonl")
 
 
 def _one_step_pieces(config):

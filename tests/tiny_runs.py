@@ -19,7 +19,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 N = 3  # checkpoint every N steps; runs are 2N steps
 # Every piece of the state moves: a separate critic, an adaptive KL coefficient, a refreshed
 # reference, shuffled minibatches.
-SMALL = ["--config.warmup.steps=30", f"--config.train.steps={2 * N}", "--config.train.eval_every=3",
+SMALL = ["--config.warmup.steps=10", f"--config.train.steps={2 * N}", "--config.train.eval_every=3",
          "--config.train.eval_size=40", "--config.train.eval_batch_size=20",
          "--config.rollout.num_prompts=4", "--config.rollout.group_size=4",
          "--config.rl.num_minibatches=2", "--config.rl.value_head=separate",

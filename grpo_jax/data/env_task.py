@@ -76,10 +76,10 @@ class EnvTask(ChatTextTask):
     env = config.env
     for name in ("max_turns", "max_concurrency", "max_completion_tokens"):
       value = env.get(name, 1)
-      if not isinstance(value, int) or value < 1:  # round 5's E08, E15: 0 ran on nothing
+      if not isinstance(value, int) or value < 1:  # 0 would run on nothing
         raise ConfigError(f"env.{name}={value!r}; use a whole number >= 1 (0 would play "
                           f"episodes of no turn, with no thread, or of no token).")
-    if source == "fused_episodes":  # round 5's E10: said only after the warm-up
+    if source == "fused_episodes":  # checked before the warm-up
       from grpo_jax.envs import jax_form, jax_form_names  # noqa: PLC0415
       if jax_form(env.name) is None:
         raise ConfigError(f"train.experience_source='fused_episodes' has no JAX form of the "
@@ -173,7 +173,7 @@ class EnvTask(ChatTextTask):
         losses.append(self._assistant_tokens(first, demo, head, targets[-1]))
     pt, pm = pad_rows(prompts, self.prompt_len, self.pad_id, left=True)
     longest = max(len(t) for t in targets)
-    if longest > self.max_completion_tokens:  # round 5's E13: pad_rows' traceback named no field
+    if longest > self.max_completion_tokens:  # named here, before pad_rows
       raise ConfigError(f"a demonstration episode of the warm-up takes {longest} tokens after "
                         f"its prompt, more than env.max_completion_tokens="
                         f"{self.max_completion_tokens}; raise it (an episode's every turn and "

@@ -55,9 +55,9 @@ def write_png(path: str, image: np.ndarray) -> None:
 def to_rgb(image) -> np.ndarray:
   """(H, W, 3) uint8 RGB of a PIL image, as transformers' `convert_to_rgb` (the Qwen2-VL image
   processor's first step) makes it: an image with an alpha channel composited onto white (a
-  transparent pixel is white, not its hidden colour; round 5's V11), every other mode converted.
+  transparent pixel is white, not its hidden colour), every other mode converted.
   One deliberate difference: 16-bit greyscale is scaled to 8 bits (v / 257), where Pillow's
-  convert, and so transformers, clips every value above 255 to white (round 5's V10)."""
+  convert, and so transformers, clips every value above 255 to white."""
   from PIL import Image  # noqa: PLC0415
   if image.mode.startswith("I;16") or image.mode == "I":
     grey = np.asarray(image).astype(np.float64)
@@ -111,7 +111,7 @@ def load_image(value, base_dir: str) -> np.ndarray:
     return decode_image(_b64(body, what), what)
   if isinstance(value, str):
     path = value if os.path.isabs(value) else os.path.join(base_dir, value)
-    if os.path.isdir(path):  # (round 5's V04 was told it did not exist)
+    if os.path.isdir(path):  # a folder is named as a folder, not as missing
       raise ImageLoadError(f"image file {path} is a folder, not an image file")
     if not os.path.isfile(path):
       raise ImageLoadError(f"image file {path} does not exist")

@@ -41,10 +41,10 @@ class CalculatorEnv:
                tools: bool = True, max_concurrency: int = 16,
                question: str = ("What is {a} * {b}? Use the calculator if you need it, then "
                                 "reply 'Answer: <number>'.")):
-    if not isinstance(digits, int) or not 1 <= digits <= 18:  # round 5's E14: 0 gave 0*0
+    if not isinstance(digits, int) or not 1 <= digits <= 18:  # 0 digits would ask 0 * 0
       raise ConfigError(f"env.digits={digits!r}; use a whole number from 1 to 18 (the digits "
                         f"of each factor).")
-    try:  # round 5's E16: an unknown {c} was a KeyError traceback at the first episode
+    try:  # an unknown {field}: one sentence now, not a KeyError mid-run
       question.format(a=1, b=2)
     except (KeyError, IndexError, ValueError) as e:
       raise ConfigError(f"env.question={question!r} cannot be filled ({type(e).__name__}: "

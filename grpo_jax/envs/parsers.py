@@ -25,8 +25,8 @@ from grpo_jax.registry import Registry
 
 TOOL_CALL_PARSERS = Registry("env.tool_parser")
 TOOL_CALL_WRITERS = Registry("env.tool_parser")
-# A degenerate policy repeats calls until max_new_tokens: 1,000 calls in a turn took 7.9 s to
-# parse before parsing was made linear (round 5's P07), and each would have run.
+# A degenerate policy repeats calls until max_new_tokens: a turn runs this many, the rest are one
+# ParseFailure.
 MAX_CALLS_PER_TURN = 32
 _TOO_DEEP = (RecursionError, MemoryError)  # what deep nesting raises in json and ast
 
@@ -80,7 +80,7 @@ def parse_hermes(text: str) -> list:
       calls.append(ParseFailure(body, f"the tool call is not valid JSON ({e.msg} at character "
                                       f"{e.pos}); write {{\"name\": ..., \"arguments\": {{...}}}}."))
       continue
-    except _TOO_DEEP:  # round 5's P03: "<tool_call>" + 1,000 "[" raised RecursionError
+    except _TOO_DEEP:  # deep nesting ("[" x 1,000) is a parse failure, not a RecursionError
       calls.append(_too_deep(body))
       continue
     calls.append(_checked(call, body))
@@ -108,7 +108,7 @@ _PYTHONIC = re.compile(r"\[\s*[A-Za-z_][\w.]*\s*\(.*\)\s*\]", re.DOTALL)
 
 def _segments(body: str):
   """node -> its source text, in time linear in `body` altogether (ast.get_source_segment splits
-  the whole text at every call: 1,000 calls took 7.9 s, round 5's P07). ast's columns count
+  the whole text at every call, quadratic in the calls). ast's columns count
   UTF-8 bytes."""
   data = body.encode("utf-8")
   starts = [0]
@@ -133,7 +133,7 @@ def parse_pythonic(text: str) -> list:
   except SyntaxError as e:
     return [ParseFailure(body, f"the tool calls are not a Python list of calls ({e.msg}); "
                                f"write [name(arg=value, ...)].")]
-  except (*_TOO_DEEP, ValueError):  # round 5's P04: 200,000 "-" raised MemoryError
+  except (*_TOO_DEEP, ValueError):  # a huge expression: a parse failure
     return [ParseFailure(body[:200], "the tool calls are nested too deeply to read; write "
                                      "[name(arg=value, ...)] with plain values.")]
   segment = _segments(body)

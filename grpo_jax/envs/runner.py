@@ -11,8 +11,7 @@ from grpo_jax.errors import RunStopped
 
 def step_result(future, env, fn):
   """The call's result; a sys.exit() or KeyboardInterrupt inside the environment's own code
-  becomes one sentence that stops the run (exit 1) instead of ending it as a success (exit 0
-  and no word, round 5's E01)."""
+  becomes one sentence that stops the run (exit 1), never a silent success (exit 0)."""
   try:
     return future.result()
   except BaseException as e:  # noqa: BLE001

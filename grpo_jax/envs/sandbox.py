@@ -24,7 +24,7 @@ kept, the rest is discarded as it arrives, so a program that floods its output c
 trainer's memory. Inside, `python -I -S` runs it (the standard library only) after an audit
 hook (PEP 578) that turns the common accidents (a fork, a socket, a write outside the folder)
 into a clear one-line refusal for the model; the hook is a courtesy, the namespaces are the
-enforcement (the hook alone was escaped six ways in round 5, docs/security.md).
+enforcement (docs/security.md lists the ways past the hook alone).
 
 sandbox="unisolated" runs the same interpreter, hook and limits without the namespaces: only
 for programs you trust, on a machine without user namespaces or bubblewrap. A machine that

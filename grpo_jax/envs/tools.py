@@ -72,8 +72,7 @@ def _argument_problem(tool: Tool, arguments: dict) -> str:
 class ToolPool(concurrent.futures.Executor):
   """Runs each tool call on a daemon thread of its own, at most `max_workers` at once. A call
   abandoned after its timeout never keeps the process alive: ThreadPoolExecutor's workers are
-  joined when the interpreter exits, so one hung tool held a finished run forever (round 5,
-  E02)."""
+  joined when the interpreter exits, so one hung tool would hold a finished run forever."""
 
   def __init__(self, max_workers: int):
     self._slots = threading.BoundedSemaphore(max(int(max_workers), 1))

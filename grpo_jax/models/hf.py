@@ -54,7 +54,7 @@ def model_config_from_hf(hf_config: dict, param_dtype: str = "float32",
   model_type = hf_config.get("model_type")
   family = find_model_family(model_type)
   if family is None:
-    if model_type is None and "train" in hf_config and "rl" in hf_config:  # round 5's X09
+    if model_type is None and "train" in hf_config and "rl" in hf_config:  # a run's workdir
       raise ValueError("config.json is a grpo_jax run's config, not a model's: this folder is "
                        "a training run's workdir; give its hf_export folder (written with "
                        "--config.train.export=True) as the model.")

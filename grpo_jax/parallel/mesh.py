@@ -78,8 +78,7 @@ def prefill_rules(length: int):
   passes split them; else the surrounding rules. The cache the prefill writes is then laid
   out by the sampler's rules again (rollout/prefill.constrain_cache), rows over `context`, for
   decode: XLA moves each row's keys and values to its row's device once."""
-  mesh = jax.sharding.get_abstract_mesh()
-  context = 1 if mesh.empty or "context" not in mesh.axis_names else mesh.shape["context"]
+  context = _mesh_context()
   split = context > 1 and length % context == 0
   return _rules(LOGICAL_RULES) if split else contextlib.nullcontext()
 
@@ -132,7 +131,7 @@ def role_meshes(mesh_cfg, rollout_devices: int = 0, devices=None) -> tuple[Mesh,
   n, total = int(rollout_devices), len(devices)
   if n == 0:
     return make_mesh(mesh_cfg, devices), None
-  if not 0 < n < total:  # (round 5's A07 offered "1 to 0" on one device)
+  if not 0 < n < total:  # one device has no range to offer
     share = (f"or 1 to {total - 1} (the sampler's share)" if total > 1 else
              "(split placement needs at least 2 devices: one for the learner, one for the "
              "sampler)")
@@ -153,13 +152,16 @@ def batch_axis_size(mesh: Mesh) -> int:
   return math.prod(mesh.shape[a] for a in LOGICAL_RULES["batch"])
 
 
+def _mesh_context() -> int:
+  """The size of the surrounding `jax.set_mesh`'s `context` axis (1 without one)."""
+  mesh = jax.sharding.get_abstract_mesh()
+  return 1 if mesh.empty or "context" not in mesh.axis_names else mesh.shape["context"]
+
+
 def context_size() -> int:
   """The devices a row's tokens split over: the `context` axis of the surrounding
   `jax.set_mesh` (1 without one, and under `sampler_rules`)."""
-  mesh = jax.sharding.get_abstract_mesh()
-  if mesh.empty or "context" not in mesh.axis_names or _RULES.get() is SAMPLER_RULES:
-    return 1
-  return mesh.shape["context"]
+  return 1 if _RULES.get() is SAMPLER_RULES else _mesh_context()
 
 
 def spec_for(logical: tuple, shape: tuple, mesh: Mesh) -> PartitionSpec:

@@ -96,12 +96,18 @@ def use_compilation_cache(setting: str) -> None:
     jax.config.update("jax_compilation_cache_dir", path)
 
 
+# The XLA_FLAGS that check_xla_flags found good, in this process or a parent (inherited).
+XLA_FLAGS_CHECKED = "GRPO_JAX_XLA_FLAGS_CHECKED"
+
+
 def check_xla_flags() -> None:
   """XLA aborts the process (a C++ fatal error, before Python can catch anything) on a flag in
   XLA_FLAGS it does not know. When XLA_FLAGS is set, a child process starts XLA's CPU client
-  under it first (about a second) and a flag it rejects becomes one ConfigError sentence."""
+  under it first (about a second) and a flag it rejects becomes one ConfigError sentence.
+  Flags found good are written to $GRPO_JAX_XLA_FLAGS_CHECKED, so the same flags are not
+  checked again by this process or by the runs it starts (a sweep's jobs, a test session)."""
   flags = os.environ.get("XLA_FLAGS", "").strip()
-  if not flags:
+  if not flags or os.environ.get(XLA_FLAGS_CHECKED) == flags:
     return
   env = {**os.environ, "JAX_PLATFORMS": "cpu"}
   try:
@@ -110,6 +116,7 @@ def check_xla_flags() -> None:
   except (OSError, subprocess.TimeoutExpired):
     return  # the run itself will say what is wrong
   if out.returncode == 0:
+    os.environ[XLA_FLAGS_CHECKED] = flags
     return
   found = re.search(r"Unknown flags? in XLA_FLAGS: (.*)", out.stderr)
   detail = (f"it does not know {found.group(1).strip()}" if found else

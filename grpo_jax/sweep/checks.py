@@ -93,7 +93,7 @@ def check_job(job: Job, config_file: str, cwd: str) -> None:
     found = importlib.util.find_spec(arm.program) is not None
   except (ImportError, ValueError):
     found = False
-  if not found:  # round 5's W05: caught only when its job ran
+  if not found:  # checked before any job runs
     raise SweepError(f"arm {arm.name!r}: its program {arm.program!r} is not a module Python "
                      f"can run (python -m {arm.program}); fix the recipe's program, e.g. "
                      f"'grpo_jax.main' or 'grpo_jax.train_dpo'.")

@@ -74,7 +74,7 @@ def run_jobs(job_list: list[Job], sweep_dir: str, cwd: str, parallel: int = 1,
   """Runs the jobs, at most `parallel` at a time, each writing its output to
   <workdir>/sweep_job.log; returns the jobs that failed (the others are marked done). SIGTERM or
   SIGINT to the launcher is passed to its running jobs, which save their step and exit; it
-  waits for them, then raises SweepStopped (round 5's W08: the jobs ran on, orphaned)."""
+  waits for them, then raises SweepStopped (no job is left running, orphaned)."""
   waiting, running, failed = list(job_list), [], []
 
   def stop(signum, frame):

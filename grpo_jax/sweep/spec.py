@@ -199,7 +199,7 @@ def load_sweep(path: str) -> Sweep:
     arms.append(Arm(name, values, overrides, recipe.get("config", ""), program,
                     folder_name(name)))
   unused = [p for p in extras if not any(p in arm.name for arm in arms)]
-  if unused:  # round 5's W03: a typo's override was dropped without a word
+  if unused:  # a typo's override is refused, never dropped
     raise SweepError(f"{path}: arm_overrides key {unused[0]!r} is in no arm's name, so its "
                      f"overrides would never apply; the arms are "
                      f"{', '.join(a.name for a in arms)} (a key applies to every arm whose name "

@@ -283,7 +283,7 @@ def check_resume_config(changes: dict, workdir: str, allow: bool, log=print,
   workdir is rewritten."""
   from grpo_jax.errors import ConfigError  # noqa: PLC0415
   for key in NEVER_CHANGED:
-    if key in changes:  # (round 5's A14: a cut-off orbax dump that blamed the model)
+    if key in changes:  # one sentence naming the key, not orbax's dump
       a, b = changes[key]
       raise ConfigError(f"resuming {workdir}: {key} {json.dumps(a)} -> {json.dumps(b)} changes "
                         f"what its checkpoints hold ({NEVER_CHANGED[key]}), so they cannot be "

@@ -74,7 +74,7 @@ def check_pipeline(rl, settings_name: str, pipelines: bool, dynamic_sampling: bo
                       f"synchronous); set e.g. rl.max_staleness=1.")
   if not k:
     return
-  if k > MAX_STALENESS:  # round 5's A03: 1,000,000 traced a million copies, then segfaulted
+  if k > MAX_STALENESS:  # each step of staleness is one traced copy of the params
     raise ConfigError(f"rl.max_staleness={k} keeps {k} copies of the policy's parameters in "
                       f"memory (one per update a batch may lag); use at most {MAX_STALENESS} "
                       f"(docs/async.md's runs use 1).")
