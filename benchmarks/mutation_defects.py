@@ -51,8 +51,9 @@ DEFECTS = (
         "off by one in the sampler's completion mask: a row's EOS token is left out, so the "
         "loss never trains the model to stop (and every row reads as truncated)",
         "grpo_jax/rollout/static.py",
-        "mask_out.at[:, step].set(live),",
-        "mask_out.at[:, step].set(live & (token != eos_id)),",
+        "state.kept, s.pad_id)\n    done =",
+        "state.kept, s.pad_id)\n    recorded = recorded._replace(mask=recorded.mask.at[\n"
+        "        :, state.t].set(live & (token != s.eos_id)))\n    done =",
         ("tests/test_sampler.py::test_eos_ends_each_row_and_masks_follow",
          "tests/test_sampler.py::test_greedy_equals_stepwise_argmax_of_full_forward")),
     Defect(
