@@ -51,9 +51,9 @@ LOGICAL_RULES = {
 # Its weights are gathered over data x fsdp x context once per call (rollout/engine.read_params;
 # `tensor` and `expert` keep their split): left sharded, XLA gathered each layer's weights
 # again for the prefill and for the decode loop and kept every copy (docs/meshes.md).
-SAMPLER_RULES = {**LOGICAL_RULES, "batch": ("data", "fsdp", "expert", "context"), "length": None,
-                 "embed": None, "batch_beside_embed": ("data", "fsdp", "expert", "context"),
-                 "embed_beside_batch": None}
+_SAMPLER_ROWS = ("data", "fsdp", "expert", "context")
+SAMPLER_RULES = {**LOGICAL_RULES, "batch": _SAMPLER_ROWS, "length": None, "embed": None,
+                 "batch_beside_embed": _SAMPLER_ROWS, "embed_beside_batch": None}
 _RULES = contextvars.ContextVar("grpo_jax_mesh_rules", default=LOGICAL_RULES)
 
 
