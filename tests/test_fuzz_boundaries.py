@@ -30,7 +30,7 @@ import types
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from grpo_jax.data import table_files
@@ -188,6 +188,8 @@ def test_remote_reward_answers_are_rewards_or_a_fault(body, rows):
     JSON_VALUE, st.lists(st.one_of(st.floats(allow_nan=True), st.integers(), TEXT, st.none()),
                          max_size=4)), max_size=3)})),
     st.lists(st.lists(st.integers(0, 50), max_size=4), min_size=1, max_size=3))
+@example({"logprobs": [[-10 ** 400, 10 ** 400]]}, [[1, 2]])  # ints beyond float's range
+@example({"logprobs": [[-10 ** 400]]}, [[1]])
 def test_remote_teacher_answers_are_logprobs_or_a_fault(payload, completion_ids):
   from grpo_jax.rewards.remote_teacher import RemoteFault, read_logprobs  # noqa: PLC0415
   try:

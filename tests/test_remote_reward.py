@@ -221,6 +221,16 @@ def test_a_non_finite_value_fails_only_its_row(serve):
       "returned a reward 1e+300 beyond float32's range for row 4"]
 
 
+def test_an_integer_beyond_floats_range_keeps_its_sign(serve):
+  huge = b"1" + b"0" * 400  # a JSON int that float() overflows on
+  result = score_remote(_cfg(serve(lambda body, n: (200, b'{"rewards": [-' + huge + b", "
+                                                    + huge + b"]}")).url, batch_size=2),
+                        *_rows(2))
+  assert [e.split(": ", 1)[1] for e in result.errors] == [
+      "returned a non-finite reward -inf for row 0",
+      "returned a non-finite reward inf for row 1"]
+
+
 def test_only_the_failing_chunks_rows_fail(serve):
   def respond(body, n):
     return (400, b"bad query") if "BAD" in body["queries"] else _good(body, n)

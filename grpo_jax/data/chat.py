@@ -4,6 +4,8 @@ their gold answers and user text, decoding, and a training stream reshuffled eve
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 
 from grpo_jax.data.tokenizer import pad_rows
@@ -20,9 +22,18 @@ def epoch_stream(num: int, position: int, count: int, seed: int) -> list[int]:
   return out
 
 
+@dataclasses.dataclass
+class ChatPrompts:
+  prompt_tokens: np.ndarray  # (B, P) int32, left-padded
+  prompt_mask: np.ndarray  # (B, P) bool
+  gold: list  # the gold answers, as text ("" without one)
+  user_text: list  # the user's (last) message: what rewards reading text receive as the prompt
+
+
 class ChatTextTask:
-  """A mixin: needs `tokenizer`, `use_chat_template`, `prompt_len` and `batch_class` (a
-  dataclass of prompt_tokens, prompt_mask, gold, user_text)."""
+  """A mixin: needs `tokenizer`, `use_chat_template` and `prompt_len`; its batches are
+  `batch_class`, ChatPrompts or a dataclass that extends it."""
+  batch_class = ChatPrompts
 
   def chat_prompt(self, user: str) -> str:
     """The chat template around one user message (or "Question: ...\\nAnswer:" without one)."""
@@ -40,11 +51,12 @@ class ChatTextTask:
     pad = self.tokenizer.pad_token_id
     return self.eos_id if pad is None else pad
 
-  def _batch(self, items):
-    """items (prompt ids, gold, user text) -> a batch, left-padded to prompt_len."""
+  def _batch(self, items, *extra):
+    """items (prompt ids, gold, user text, ...) -> a batch, left-padded to prompt_len; `extra`:
+    the values of batch_class's further fields."""
     tokens, mask = pad_rows([item[0] for item in items], self.prompt_len, self.pad_id, left=True)
     return self.batch_class(tokens, mask, [item[1] for item in items],
-                            [item[2] for item in items])
+                            [item[2] for item in items], *extra)
 
   def prompt_texts(self, batch) -> list[str]:
     """The user's messages (without the policy's chat markup), for rewards reading text."""

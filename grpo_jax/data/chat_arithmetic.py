@@ -19,14 +19,13 @@ strict accuracy (both) are reported beside it.
 
 from __future__ import annotations
 
-import dataclasses
 import operator
 import os
 
 import numpy as np
 
 from grpo_jax.errors import require as _require
-from grpo_jax.data.chat import ChatTextTask, epoch_stream
+from grpo_jax.data.chat import ChatPrompts, ChatTextTask, epoch_stream
 from grpo_jax.data.task import register_task, reward_name
 from grpo_jax.errors import ConfigError
 from grpo_jax.rewards.number_answer import answer_scores
@@ -35,14 +34,6 @@ from grpo_jax.rewards.registry import get_reward
 _SPLIT_SEED = 4321  # fixed: the held-out split must not move with the experiment's seed
 OPERATIONS = {"+": operator.add, "-": operator.sub, "*": operator.mul}
 DEFAULT_REWARD = "number_shaped"
-
-
-@dataclasses.dataclass
-class ChatArithmeticPrompts:
-  prompt_tokens: np.ndarray  # (B, P) int32, left-padded
-  prompt_mask: np.ndarray  # (B, P) bool
-  gold: list  # the answers, as decimal strings
-  user_text: list  # the user's message (question and instruction), for rewards reading text
 
 
 def all_problems(max_operand: int, operations: str) -> list[tuple[int, str, int]]:
@@ -88,8 +79,6 @@ class ChatArithmeticTask(ChatTextTask):
                config.rollout.max_new_tokens, reward_name(config, DEFAULT_REWARD),
                config.reward.format_score)
 
-  batch_class = ChatArithmeticPrompts
-
   def __init__(self, tokenizer, max_operand: int, operations: str, test_size: int,
                instruction: str, use_chat_template: bool, max_prompt_tokens: int,
                max_new_tokens: int, reward: str = DEFAULT_REWARD, format_score: float = 0.0):
@@ -118,18 +107,18 @@ class ChatArithmeticTask(ChatTextTask):
     ids = self.tokenizer(self.chat_prompt(user), add_special_tokens=False)["input_ids"]
     return ids, str(OPERATIONS[op](a, b)), user
 
-  def train_batch(self, position: int, count: int, seed: int) -> ChatArithmeticPrompts:
+  def train_batch(self, position: int, count: int, seed: int) -> ChatPrompts:
     return self._batch([self._encode(self.train[i])
                         for i in epoch_stream(len(self.train), position, count, seed)])
 
-  def test_batch(self, size: int) -> ChatArithmeticPrompts:
+  def test_batch(self, size: int) -> ChatPrompts:
     if size > len(self.test):
       raise ConfigError(f"train.eval_size={size} exceeds the {len(self.test)} held-out "
                         f"problems (task.test_size); lower train.eval_size or raise "
                         f"task.test_size.")
     return self._batch(self.test[:size])
 
-  def score(self, batch: ChatArithmeticPrompts, completion_tokens, completion_mask,
+  def score(self, batch: ChatPrompts, completion_tokens, completion_mask,
             group_size: int) -> np.ndarray:
     """(B * G,) float32 rewards of the configured text reward."""
     texts = self.decode(completion_tokens, completion_mask)
@@ -137,7 +126,7 @@ class ChatArithmeticTask(ChatTextTask):
     return np.array([self.reward_fn(t, g, self.format_score) for t, g in zip(texts, golds)],
                     np.float32)
 
-  def eval_scores(self, batch: ChatArithmeticPrompts, completion_tokens, completion_mask) -> dict:
+  def eval_scores(self, batch: ChatPrompts, completion_tokens, completion_mask) -> dict:
     """Per prompt (answer_scores): eval_accuracy, the answer (the completion's last integer)
     matches the gold exactly; eval_format, the completion is the bare number asked for;
     eval_strict, both."""

@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 
 SOURCE, CONFIG = "openai/gsm8k", "main"
 
@@ -46,8 +45,7 @@ def main(argv=None) -> None:
   parser.add_argument("--out", default="data/gsm8k", help="folder to write train/test.jsonl")
   args = parser.parse_args(argv)
   counts = fetch(args.out)
-  print(f"wrote {counts['train']} train and {counts['test']} test problems to {args.out}",
-        file=sys.stdout)
+  print(f"wrote {counts['train']} train and {counts['test']} test problems to {args.out}")
 
 
 if __name__ == "__main__":

@@ -215,7 +215,7 @@ def tokenize_preference_file(f: PreferenceFile, task, limits: Limits,
     longest = max(longest, (len(prompt_ids), -number))
     rows.append(row)
   if f.unpaired:
-    data = LabelledData.tokenized(rows, [r["label"] for r in f.records], n, task.pad_id)
+    data = LabelledData(rows, [r["label"] for r in f.records], n, task.pad_id)
   else:
     data = PairData.tokenized(_degenerate(f, rows, same, n, on_degenerate, log), n, task.pad_id)
   return TokenizedFile(data, -longest[1], longest[0])

@@ -182,24 +182,14 @@ class PairData:
 
 
 class LabelledData:
-  """{prompt, completion, label} records tokenised by `task`, as LabelledBatch rows."""
+  """{prompt, completion, label} records tokenised (grpo_jax/data/preference_files.py), as
+  LabelledBatch rows."""
 
-  def __init__(self, task, records: list[dict], max_new_tokens: int):
-    self.rows = [task.supervised_example(r["prompt"], r["completion"]) for r in records]
-    self.labels = np.array([r["label"] for r in records], bool)
-    self.prompt_len = max(len(p) for p, _ in self.rows)
-    self.max_new_tokens = max_new_tokens
-    self.pad_id = task.pad_id
-
-  @classmethod
-  def tokenized(cls, rows: list, labels: list, max_new_tokens: int,
-                pad_id: int) -> "LabelledData":
+  def __init__(self, rows: list, labels: list, max_new_tokens: int, pad_id: int):
     """From rows already tokenised: (prompt ids, completion ids), and their labels."""
-    data = cls.__new__(cls)
-    data.rows, data.labels = list(rows), np.array(labels, bool)
-    data.max_new_tokens, data.pad_id = max_new_tokens, pad_id
-    data.prompt_len = max(len(p) for p, _ in data.rows)
-    return data
+    self.rows, self.labels = list(rows), np.array(labels, bool)
+    self.max_new_tokens, self.pad_id = max_new_tokens, pad_id
+    self.prompt_len = max(len(p) for p, _ in self.rows)
 
   def __len__(self) -> int:
     return len(self.rows)

@@ -42,10 +42,9 @@ import dataclasses
 import numpy as np
 
 from grpo_jax.errors import one_of as _one_of, require as _require
-from grpo_jax.data.chat import ChatTextTask, epoch_stream
+from grpo_jax.data.chat import ChatPrompts, ChatTextTask, epoch_stream
 from grpo_jax.data.images import ImageLoadError, image_dir, load_row_images
 from grpo_jax.data.task import register_task
-from grpo_jax.data.tokenizer import pad_rows
 from grpo_jax.data.table_files import (EXTENSIONS, BadRow, LongPrompt, _file_rows,  # noqa: F401
                                        jsonl_rows, read_splits)
 from grpo_jax.data.table_images import image_prompt_ids, table_vision
@@ -59,11 +58,7 @@ IMAGES_COLUMN = "images"
 
 
 @dataclasses.dataclass
-class TablePrompts:
-  prompt_tokens: np.ndarray  # (B, P) int32, left-padded
-  prompt_mask: np.ndarray  # (B, P) bool
-  gold: list  # the answer column, as text ("" without one)
-  user_text: list  # the last user message: what reward functions receive as the prompt
+class TablePrompts(ChatPrompts):  # gold: the answer column; user_text: the last user message
   columns: list  # each row's other columns, {name: value}
   # each row's [(H, W, 3) uint8] ([] none; under model.vision its one image, resized)
   images: list = dataclasses.field(default_factory=list)
@@ -238,12 +233,10 @@ class TableTask(ChatTextTask):
     return out
 
   def _batch(self, items) -> TablePrompts:
-    tokens, mask = pad_rows([item[0] for item in items], self.prompt_len, self.pad_id, left=True)
     images = [item[4] if len(item) > 4 else [] for item in items]
     pixel_values = (None if self.vision is None else
                     self.vision.pixel_values([row[0] for row in images]))
-    return TablePrompts(tokens, mask, [item[1] for item in items], [item[2] for item in items],
-                        [item[3] for item in items], images, pixel_values)
+    return super()._batch(items, [item[3] for item in items], images, pixel_values)
 
   def train_batch(self, position: int, count: int, seed: int) -> TablePrompts:
     return self._batch([self.train[i]
@@ -268,24 +261,24 @@ class TableTask(ChatTextTask):
             for k in self.column_names}
 
   def _scores(self, batch: TablePrompts, completion_tokens, completion_mask, group_size: int):
+    """((B * G,) float32 weighted sum of reward.fns, [(function, its values)])."""
     completions = self.decode(completion_tokens, completion_mask)
     prompts = [p for p in batch.user_text for _ in range(group_size)]
     columns = self._columns(batch, group_size)
-    return [(r, call_reward(r, prompts, completions, columns)) for r in self.rewards]
+    scores = [(r, call_reward(r, prompts, completions, columns)) for r in self.rewards]
+    return sum(r.weight * values for r, values in scores).astype(np.float32), scores
 
   def score(self, batch: TablePrompts, completion_tokens, completion_mask,
             group_size: int) -> np.ndarray:
     """(B * G,) float32: the weighted sum of reward.fns."""
-    scores = self._scores(batch, completion_tokens, completion_mask, group_size)
-    return sum(r.weight * values for r, values in scores).astype(np.float32)
+    return self._scores(batch, completion_tokens, completion_mask, group_size)[0]
 
   def eval_scores(self, batch: TablePrompts, completion_tokens, completion_mask) -> dict:
     """Of one greedy completion per held-out prompt: eval_reward, the weighted reward; with
     several functions also eval_<function> for each; eval_accuracy, whether it gives the
     row's answer (rewards.functions.answer_match, against data.answer_field) — where the rows
     have no answer column, the weighted reward again (said once when the task is built)."""
-    scores = self._scores(batch, completion_tokens, completion_mask, 1)
-    reward = sum(r.weight * v for r, v in scores).astype(np.float32)
+    reward, scores = self._scores(batch, completion_tokens, completion_mask, 1)
     out = {"eval_accuracy": reward, "eval_reward": reward}
     answers = [row.get(self.data.answer_field) for row in batch.columns]
     if self.data.answer_field in self.column_names:

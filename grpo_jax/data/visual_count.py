@@ -96,8 +96,7 @@ def count_row(rng) -> VisualRow:
   asked, answer = colours[0], int(rng.integers(1, 5))
   others = [str(rng.choice(colours[1:])) for _ in range(int(rng.integers(0, 3)))]
   shapes = _place(rng, [asked] * answer + others)
-  image = np.empty((SIZE, SIZE, 3), np.uint8)
-  image[:] = BACKGROUND
+  image = np.full((SIZE, SIZE, 3), BACKGROUND, np.uint8)
   for shape in shapes:
     image[shape_mask(shape)] = COLOURS[shape.colour]
   return VisualRow(image, f"How many {asked} shapes are in the image?", str(answer),
@@ -112,8 +111,7 @@ def bars_row(rng) -> VisualRow:
     if abs(int(heights[0]) - int(heights[1])) >= 4:
       break
   names = list(COLOURS)
-  image = np.empty((SIZE, SIZE, 3), np.uint8)
-  image[:] = BACKGROUND
+  image = np.full((SIZE, SIZE, 3), BACKGROUND, np.uint8)
   for left, height in zip((12, 40), heights):
     image[SIZE - 4 - int(height):SIZE - 4, left:left + 12] = COLOURS[str(rng.choice(names))]
   answer = "left" if heights[0] > heights[1] else "right"

@@ -60,30 +60,31 @@ CALCULATOR = Tool(
         "type": "string", "description": "e.g. 1234 * 5678"}}, "required": ["expression"]},
     calculate, timeout_s=2.0)
 
-def python_tool(sandbox: str = "bubblewrap", timeout_s: float = 5.0) -> Tool:
-  """The "python" tool: runs the policy's program isolated by the OS (envs/sandbox.py) and
-  returns what it prints. Refuses in one sentence (ConfigError) to be made where `sandbox`
-  cannot isolate: an environment offering it takes env.sandbox and builds it in its
-  __init__, before any compute."""
-  check_sandbox(sandbox)
+
+def _python(function, timeout_s: float) -> Tool:
+  """The "python" tool calling `function`, a program's run of at most timeout_s seconds (the
+  tool's own limit 5 s longer, so that the sandbox stops the program first)."""
   return Tool(
       "python", f"Runs a Python program (standard library only, no network, {timeout_s:g} s) "
       f"and returns what it prints.",
       {"type": "object", "properties": {"code": {"type": "string",
                                                  "description": "the program"}},
        "required": ["code"]},
-      functools.partial(run_python, timeout_s=timeout_s, sandbox=sandbox),
-      timeout_s=timeout_s + 5.0)
+      function, timeout_s=timeout_s + 5.0)
+
+
+def python_tool(sandbox: str = "bubblewrap", timeout_s: float = 5.0) -> Tool:
+  """The "python" tool: runs the policy's program isolated by the OS (envs/sandbox.py) and
+  returns what it prints. Refuses in one sentence (ConfigError) to be made where `sandbox`
+  cannot isolate: an environment offering it takes env.sandbox and builds it in its
+  __init__, before any compute."""
+  check_sandbox(sandbox)
+  return _python(functools.partial(run_python, timeout_s=timeout_s, sandbox=sandbox), timeout_s)
 
 
 # The same, checked at its first call rather than at import (a ConfigError then stops the run:
 # envs/tools.call_tools passes it on).
-PYTHON = Tool(
-    "python", "Runs a Python program (standard library only, no network, 5 s) and returns what "
-    "it prints.",
-    {"type": "object", "properties": {"code": {"type": "string", "description": "the program"}},
-     "required": ["code"]},
-    run_python, timeout_s=10.0)
+PYTHON = _python(run_python, 5.0)
 
 _WORD = re.compile(r"\w+")
 

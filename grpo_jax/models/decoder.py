@@ -91,15 +91,14 @@ class Attention(nn.Module):
     lora = lambda y, x_, name: adapted(y, x_, adapters, name, cfg.lora_scale, cfg.dtype)  # noqa
     # Kernels keep the heads as a dimension, (embed, heads, head_dim) and o_proj's (heads,
     # head_dim, embed): the mesh rules (parallel/mesh.py) shard whole heads or none.
-    heads = lambda n, axis, name: lora(nn.DenseGeneral(  # noqa: E731
+    heads = lambda n, axis, name: constrain(lora(nn.DenseGeneral(  # noqa: E731
         (n, cfg.head_dim), use_bias=cfg.qkv_bias, dtype=cfg.dtype, param_dtype=cfg.param_dtype,
         kernel_init=with_axes(normal_init, "embed", axis, "head_dim"),
-        bias_init=with_axes(nn.initializers.zeros_init(), axis, "head_dim"), name=name)(x), x, name)
-    q = constrain(heads(cfg.num_heads, "heads", "q_proj"), ("batch", "length", "heads", None))
-    k = constrain(heads(cfg.num_kv_heads, "kv_heads", "k_proj"),
-                  ("batch", "length", "kv_heads", None))
-    v = constrain(heads(cfg.num_kv_heads, "kv_heads", "v_proj"),
-                  ("batch", "length", "kv_heads", None))
+        bias_init=with_axes(nn.initializers.zeros_init(), axis, "head_dim"),
+        name=name)(x), x, name), ("batch", "length", axis, None))
+    q = heads(cfg.num_heads, "heads", "q_proj")
+    k = heads(cfg.num_kv_heads, "kv_heads", "k_proj")
+    v = heads(cfg.num_kv_heads, "kv_heads", "v_proj")
     if cfg.qk_norm:
       q = cfg.blocks.norm(cfg, "q_norm")(q)
       k = cfg.blocks.norm(cfg, "k_norm")(k)
@@ -335,11 +334,11 @@ class Decoder(nn.Module):
       start, length = logits_window
       x = x[:, start:start + length]
     x = cfg.blocks.norm(cfg, "norm")(x)
+    out_cache = None if cache is None else new_cache
     if not project:
-      return x, None if cache is None else new_cache
+      return x, out_cache
     logits = embed.attend(x) if cfg.tie_embeddings else lm_head(cfg)(x)
     logits = soft_cap(logits.astype(jnp.float32), cfg.final_softcap)
-    out_cache = None if cache is None else new_cache
     if return_hidden:
       return logits, out_cache, x
     return logits, out_cache

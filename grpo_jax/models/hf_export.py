@@ -37,19 +37,11 @@ def export_hf_checkpoint(params, model_cfg: ModelConfig, out_dir, source_dir=Non
   that size (a larger tensor alone in its file) with model.safetensors.index.json, as
   transformers' save_pretrained(max_shard_size=...) does. Returns out_dir.
   """
-  if dtype not in EXPORT_DTYPES:
-    raise ValueError(f"dtype={dtype!r} is not supported for export; pass one of "
-                     f"{', '.join(EXPORT_DTYPES)}.")
+  np_dtype = export_dtype(dtype)
   hf_config = (hf_config_from_model_config(model_cfg, model_type, dtype) if source_dir is None
                else _source_config(pathlib.Path(source_dir), model_cfg, dtype))
-  tensors = _hf_tensors(params, model_cfg, np.dtype(jnp.dtype(dtype)))
-  out_dir = pathlib.Path(out_dir)
-  out_dir.mkdir(parents=True, exist_ok=True)
-  _save_shards(tensors, out_dir, max_shard_bytes)
-  (out_dir / "config.json").write_text(json.dumps(hf_config, indent=2) + "\n")
-  if source_dir is not None:
-    _copy_tokenizer_files(pathlib.Path(source_dir), out_dir)
-  return out_dir
+  tensors = _hf_tensors(params, model_cfg, np_dtype)
+  return write_folder(tensors, hf_config, out_dir, max_shard_bytes, source_dir)
 
 
 def export_vlm_checkpoint(params, cfg, out_dir, source_dir=None, dtype: str = "float32",
@@ -62,23 +54,35 @@ def export_vlm_checkpoint(params, cfg, out_dir, source_dir=None, dtype: str = "f
   from grpo_jax.models.vision.qwen2_5_vl_hf import vision_params_to_hf  # noqa: PLC0415
   from grpo_jax.models.vision.qwen2_5_vl_model_hf import (text_name_to_hf,  # noqa: PLC0415
                                                           vlm_config_to_hf)
-  if dtype not in EXPORT_DTYPES:
-    raise ValueError(f"dtype={dtype!r} is not supported for export; pass one of "
-                     f"{', '.join(EXPORT_DTYPES)}.")
-  np_dtype = np.dtype(jnp.dtype(dtype))
+  np_dtype = export_dtype(dtype)
   text_cfg = dataclasses.replace(cfg.text, family="llama", mrope_section=())  # Qwen2's tensors
   tensors = {text_name_to_hf(name): array
              for name, array in _hf_tensors(params["text"], text_cfg, np_dtype).items()}
   tensors.update({name: np.ascontiguousarray(np.asarray(array).astype(np_dtype)) for name, array
                   in vision_params_to_hf(jax.device_get(params["vision"]), cfg.vision).items()})
+  hf_config = vlm_config_to_hf(cfg, hf_config_from_model_config(text_cfg, "qwen2", dtype), dtype)
+  return write_folder(tensors, hf_config, out_dir, max_shard_bytes, source_dir,
+                      ("preprocessor_config.json", "chat_template.json"))
+
+
+def export_dtype(dtype: str) -> np.dtype:
+  """The NumPy dtype of an export's `dtype`, one of EXPORT_DTYPES (else one sentence)."""
+  if dtype not in EXPORT_DTYPES:
+    raise ValueError(f"dtype={dtype!r} is not supported for export; pass one of "
+                     f"{', '.join(EXPORT_DTYPES)}.")
+  return np.dtype(jnp.dtype(dtype))
+
+
+def write_folder(tensors: dict, hf_config: dict, out_dir, max_shard_bytes: int = 0,
+                 source_dir=None, extra=()) -> pathlib.Path:
+  """Writes out_dir: the tensors (_save_shards), config.json, and whichever tokenizer files
+  (and `extra` files) source_dir has, when given. Returns out_dir."""
   out_dir = pathlib.Path(out_dir)
   out_dir.mkdir(parents=True, exist_ok=True)
   _save_shards(tensors, out_dir, max_shard_bytes)
-  hf_config = vlm_config_to_hf(cfg, hf_config_from_model_config(text_cfg, "qwen2", dtype), dtype)
   (out_dir / "config.json").write_text(json.dumps(hf_config, indent=2) + "\n")
   if source_dir is not None:
-    _copy_tokenizer_files(pathlib.Path(source_dir), out_dir,
-                          ("preprocessor_config.json", "chat_template.json"))
+    _copy_tokenizer_files(pathlib.Path(source_dir), out_dir, extra)
   return out_dir
 
 

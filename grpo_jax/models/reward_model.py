@@ -19,20 +19,19 @@ training from an SFT policy (OpenRLHF, TRL).
 from __future__ import annotations
 
 import dataclasses
-import json
 import pathlib
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-from safetensors.numpy import save_file
 
 from grpo_jax.models.config import ModelConfig
 from grpo_jax.models.decoder import decoder_apply, init_params, positions_from_mask
-from grpo_jax.models.hf import (EXPORT_DTYPES, _open_safetensors, _read_tensors, _weight_map,
-                                hf_arrays, hf_config_from_model_config, loading_errors,
+from grpo_jax.models.hf import (_open_safetensors, _read_tensors, _weight_map, hf_arrays,
+                                hf_config_from_model_config, loading_errors,
                                 model_config_from_hf, param_layout, params_from_hf, read_config,
                                 to_hf)
+from grpo_jax.models.hf_export import export_dtype, write_folder
 
 
 # The score head's logical axes (grpo_jax/models/partitioning.py), as a value head's.
@@ -116,11 +115,8 @@ def export_reward_model(params, model_cfg: ModelConfig, out_dir, model_type: str
                         tokenizer_dir=None) -> pathlib.Path:
   """Writes a `*ForSequenceClassification` folder that transformers loads with
   AutoModelForSequenceClassification (and load_reward_model reads back)."""
-  if dtype not in EXPORT_DTYPES:
-    raise ValueError(f"dtype={dtype!r} is not supported for export; pass one of "
-                     f"{', '.join(EXPORT_DTYPES)}.")
+  np_dtype = export_dtype(dtype)
   layout, _ = param_layout(backbone_config(model_cfg))
-  np_dtype = np.dtype(jnp.dtype(dtype))
   tensors = {t.name: np.ascontiguousarray(to_hf(np.asarray(array, np.float32), t.path)).astype(
       np_dtype) for t, array in hf_arrays(layout, params["backbone"])}
   kernel = np.asarray(params["score"]["kernel"], np.float32)
@@ -131,11 +127,4 @@ def export_reward_model(params, model_cfg: ModelConfig, out_dir, model_type: str
   hf_config.update(architectures=[arch], num_labels=len(labels),
                    id2label={str(i): f"LABEL_{i}" for i in labels},
                    label2id={f"LABEL_{i}": i for i in labels}, pad_token_id=int(pad_token_id))
-  out_dir = pathlib.Path(out_dir)
-  out_dir.mkdir(parents=True, exist_ok=True)
-  save_file(tensors, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
-  (out_dir / "config.json").write_text(json.dumps(hf_config, indent=2) + "\n")
-  if tokenizer_dir is not None:
-    from grpo_jax.models.hf_export import _copy_tokenizer_files  # noqa: PLC0415
-    _copy_tokenizer_files(pathlib.Path(tokenizer_dir), out_dir)
-  return out_dir
+  return write_folder(tensors, hf_config, out_dir, source_dir=tokenizer_dir)

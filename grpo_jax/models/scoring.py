@@ -43,10 +43,11 @@ def completion_logits(params, model_cfg: ModelConfig, prompt_tokens, prompt_mask
 
 
 def _prompts_once(prompt_mask, group: int, inputs):
-  """(positions, prefix embeddings or None) of the distinct prompts (every group-th row)."""
+  """(mask, positions, prefix embeddings or None) of the distinct prompts: every G-th row."""
+  firsts = prompt_mask[::group].astype(bool)
   if inputs is None:
-    return positions_from_mask(prompt_mask[::group].astype(bool)), None
-  return inputs.positions[..., ::group, :], inputs.embeddings[::group]
+    return firsts, positions_from_mask(firsts), None
+  return firsts, inputs.positions[..., ::group, :], inputs.embeddings[::group]
 
 
 def _completion_positions(kv_mask, prompt_len: int, inputs):
@@ -72,8 +73,7 @@ def shared_prompt_hidden(params, model_cfg: ModelConfig, prompt_tokens, prompt_m
   divided by G. inputs: the rows' PromptInputs (completion_logits), the same for a group."""
   prompt_len = prompt_tokens.shape[1]
   num_new = completion_tokens.shape[1]
-  firsts = prompt_mask[::group].astype(bool)
-  first_positions, prefix = _prompts_once(prompt_mask, group, inputs)
+  firsts, first_positions, prefix = _prompts_once(prompt_mask, group, inputs)
   if num_new == 1:  # the prompt's last position predicts the only token
     last, _ = decoder_apply(model_cfg, params, prompt_tokens[::group], first_positions, firsts,
                             logits_window=(prompt_len - 1, 1), project=False,
@@ -141,8 +141,7 @@ def packed_completion_scores(params, model_cfg: ModelConfig, seqs, temperature: 
   positions = _completion_positions(kv_mask, prompt_len, inputs)
   packed_positions = (pack_tokens(positions, index) if positions.ndim == 2 else
                       jax.vmap(lambda p: pack_tokens(p, index))(positions))
-  firsts = seqs.prompt_mask[::group].astype(bool)
-  first_positions, prefix = _prompts_once(seqs.prompt_mask, group, inputs)
+  firsts, first_positions, prefix = _prompts_once(seqs.prompt_mask, group, inputs)
   (last, packed), _ = decoder_apply(
       model_cfg, params, (seqs.prompt_tokens[::group],
                           pack_tokens(seqs.completion_tokens[:, :num_new - 1], index)),

@@ -49,12 +49,7 @@ class RewardFunction:
 
 def _number(text) -> float | None:
   found = re.findall(r"-?\d[\d,]*\.?\d*", str(text))
-  if not found:
-    return None
-  try:
-    return float(found[-1].replace(",", "").rstrip("."))
-  except ValueError:
-    return None
+  return float(found[-1].replace(",", "").rstrip(".")) if found else None
 
 
 def answer_number(prompts, completions, *, answers, **_):

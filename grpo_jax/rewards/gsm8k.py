@@ -93,8 +93,7 @@ def flexible_reward(completion: str, gold: str, format_score: float = 0.0) -> fl
 
 
 def _lenient(answer: str | None, gold: str, format_score: float) -> float:
-  answer = normalize_number(answer)
-  return 0.0 if answer is None else _score(answer, normalize_number(gold), format_score)
+  return _score(normalize_number(answer), normalize_number(gold), format_score)
 
 
 def strict_lenient_reward(completion: str, gold: str, format_score: float = 0.0) -> float:

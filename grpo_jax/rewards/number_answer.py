@@ -37,13 +37,11 @@ class AnswerScores(NamedTuple):
 def last_integer(text: str) -> str | None:
   """The last integer of text, thousands separators removed ("1,234." -> "1234"); None if none."""
   matches = _INTEGER.findall(text)
-  if not matches:
-    return None
-  return matches[-1].replace(",", "").rstrip(",")
+  return matches[-1].replace(",", "") if matches else None
 
 
 def _same_number(answer: str | None, gold: str) -> bool:
-  if answer is None or answer in ("", "-"):
+  if answer is None:
     return False
   try:
     return int(answer) == int(gold)

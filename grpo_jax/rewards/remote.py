@@ -203,14 +203,15 @@ def _post(cfg: RemoteRewardConfig, body: bytes | None, abandon: Abandon | None) 
                  retry=True) from None
 
 
-def _as_float(value) -> float | None:
-  """A JSON number as a float (inf beyond float's range); None if value is not a number."""
+def json_float(value) -> float | None:
+  """A JSON number as a float (an int beyond float's range: inf of its sign); None if value is
+  not a number."""
   if isinstance(value, bool) or not isinstance(value, (int, float)):
     return None
   try:
     return float(value)
   except OverflowError:
-    return math.inf
+    return math.inf if value > 0 else -math.inf
 
 
 def _decode(data: bytes):
@@ -233,7 +234,7 @@ def _rewards_field(payload, rows: int, first: int) -> list:
     raise _Fault(f'returned {got} instead of {{"rewards": [...]}} or a list of numbers')
   if len(rewards) != rows:
     raise _Fault(f"returned {len(rewards)} rewards for {rows} rows")
-  values = [_as_float(r) for r in rewards]
+  values = [json_float(r) for r in rewards]
   if None in values:
     i = values.index(None)
     raise _Fault(f"returned a non-numeric reward {_excerpt(rewards[i], 50)} for row {first + i}")
@@ -249,7 +250,7 @@ def _steps_field(payload, rows: int, first: int) -> list | None:
     raise _Fault(f"returned step_rewards that are not a list of {rows} lists (one per row)")
   out = []
   for i, row in enumerate(steps):
-    values = [_as_float(v) for v in row] if isinstance(row, list) else [None]
+    values = [json_float(v) for v in row] if isinstance(row, list) else [None]
     if row is not None and None in values:
       raise _Fault(f"returned step_rewards for row {first + i} that are not a list of numbers: "
                    f"{_excerpt(row, 50)}")

@@ -28,7 +28,6 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import math
 import os
 
 import numpy as np
@@ -36,7 +35,8 @@ import numpy as np
 from grpo_jax.errors import ConfigError, RemoteOutage, RewardError
 from grpo_jax.rewards.http_deadline import map_abandoning, url_problem
 from grpo_jax.rewards.remote import (RemoteFault, RemoteRewardConfig, config_problems,
-                                     outage_fix, post_with_retries)
+                                     json_float, outage_fix, post_with_retries)
+from grpo_jax.rewards.sources import row_prompts
 
 # A log-prob may exceed 0 by this much (the rounding of log_softmax for a token of probability
 # ~1 with large logits, e.g. fp32 logits near 1000); past it the answer is refused.
@@ -74,25 +74,19 @@ def settings_problem(url, timeout_s, max_retries, backoff_s) -> str | None:
   return next((f"rl.distill_teacher_{p}" for p in config_problems(cfg)), None)
 
 
-def _rows(prompt_tokens, prompt_mask, tokens, mask) -> tuple[list, list]:
-  """The rows' prompt ids and completion ids as lists, padding dropped."""
-  prompts = [t[m.astype(bool)].tolist() for t, m in zip(np.asarray(prompt_tokens),
-                                                        np.asarray(prompt_mask))]
-  completions = [t[m.astype(bool)].tolist() for t, m in zip(np.asarray(tokens), np.asarray(mask))]
-  return prompts, completions
+def _ids(tokens, mask) -> list:
+  """Each row's token ids as a list, padding dropped."""
+  return [t[m].tolist() for t, m in zip(np.asarray(tokens), np.asarray(mask).astype(bool))]
 
 
 def _logprob(value, row: int, token: int) -> float:
   """A JSON number the answer gave as a log-prob, as a float; RemoteFault if it is not a
   number or lies above 0 (NaN passes: the row check after this fails its row)."""
-  if isinstance(value, bool) or not isinstance(value, (int, float)):
+  number = json_float(value)
+  if number is None:
     shown = json.dumps(value)[:40]
     raise RemoteFault(f"answered a log-prob that is not a number, {shown}, for row {row} token "
                       f"{token}")
-  try:
-    number = float(value)
-  except OverflowError:  # an int beyond float's range
-    number = math.copysign(math.inf, value)
   if number > LOGPROB_ROUNDING:
     raise RemoteFault(f"answered the log-prob {number!r} for row {row} token {token}, above 0 "
                       f"(a log-probability is at most 0: logits or probabilities were sent)")
@@ -164,9 +158,7 @@ class RemoteTeacher:
   def logprobs(self, prompts, tokens, mask, group_size: int) -> np.ndarray:
     """(B, N) the teacher's log-probs of each row's completion tokens, 0 outside them."""
     tokens, mask = np.asarray(tokens), np.asarray(mask).astype(bool)
-    prompt_ids, completion_ids = _rows(np.repeat(np.asarray(prompts.prompt_tokens), group_size, 0),
-                                       np.repeat(np.asarray(prompts.prompt_mask), group_size, 0),
-                                       tokens, mask)
+    prompt_ids, completion_ids = _ids(*row_prompts(prompts, group_size)), _ids(tokens, mask)
     size = self.cfg.batch_size
     starts = range(0, len(prompt_ids), size)  # the first chunk to fail for good abandons the rest
     chunks = map_abandoning(lambda s, abandon: self._chunk(prompt_ids[s:s + size],

@@ -42,9 +42,8 @@ class RewardModelSource:
   max_tokens: int = 1024  # re-tokenised rows are cut to this many tokens (from the left)
 
   def score(self, task, prompts, tokens, mask, group_size: int) -> np.ndarray:
-    prompt_tokens = np.repeat(np.asarray(prompts.prompt_tokens), group_size, 0)
-    prompt_mask = np.repeat(np.asarray(prompts.prompt_mask), group_size, 0)
     if self.tokenizer is None:
+      prompt_tokens, prompt_mask = row_prompts(prompts, group_size)
       return np.asarray(self.score_tokens(self.params, prompt_tokens, prompt_mask, tokens, mask))
     prompt_texts, completions, _ = row_texts(task, prompts, tokens, mask, group_size)
     ids, ids_mask = retokenise(self.tokenizer, prompt_texts, completions, self.max_tokens)
@@ -60,10 +59,8 @@ class ProcessModelSource:
   step_fn: Callable  # jitted (params, prompt_tokens, prompt_mask, tokens, mask) -> 3 arrays
 
   def step_rewards(self, prompts, tokens, mask, group_size: int):
-    prompt_tokens = np.repeat(np.asarray(prompts.prompt_tokens), group_size, 0)
-    prompt_mask = np.repeat(np.asarray(prompts.prompt_mask), group_size, 0)
-    return tuple(np.asarray(x) for x in self.step_fn(self.params, prompt_tokens, prompt_mask,
-                                                     tokens, mask))
+    steps = self.step_fn(self.params, *row_prompts(prompts, group_size), tokens, mask)
+    return tuple(np.asarray(x) for x in steps)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,8 +71,7 @@ class TeacherSource:
   logprob_fn: Callable  # jitted (params, prompt_tokens, prompt_mask, tokens, mask) -> (B, N)
 
   def logprobs(self, prompts, tokens, mask, group_size: int) -> np.ndarray:
-    prompt_tokens = np.repeat(np.asarray(prompts.prompt_tokens), group_size, 0)
-    prompt_mask = np.repeat(np.asarray(prompts.prompt_mask), group_size, 0)
+    prompt_tokens, prompt_mask = row_prompts(prompts, group_size)
     return np.asarray(self.logprob_fn(self.params, prompt_tokens, prompt_mask, tokens, mask))
 
 
@@ -148,7 +144,14 @@ class RewardSources:
                                                     for i, n in enumerate(components)}
 
 
-# ----------------------------------------------------------------------------- texts
+# ----------------------------------------------------------------------------- rows
+
+
+def row_prompts(prompts, group_size: int) -> tuple[np.ndarray, np.ndarray]:
+  """Per completion row: (prompt_tokens, prompt_mask) of its prompt, each prompt's row repeated
+  group_size times (groups contiguous)."""
+  return (np.repeat(np.asarray(prompts.prompt_tokens), group_size, 0),
+          np.repeat(np.asarray(prompts.prompt_mask), group_size, 0))
 
 
 def row_texts(task, prompts, tokens, mask, group_size: int):

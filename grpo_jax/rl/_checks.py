@@ -22,10 +22,11 @@ def as_token_mask(mask: jax.Array, like: jax.Array, name: str = "mask") -> jax.A
   return jnp.asarray(mask).astype(bool)
 
 
-def require_groups(rewards: jax.Array, group_size: int, min_size: int = 1) -> None:
+def require_groups(rewards: jax.Array, group_size: int, min_size: int = 1,
+                   name: str = "rewards") -> None:
   """Raises unless rewards is (num_prompts * group_size,) with group_size >= min_size."""
   if group_size < 1 or jnp.ndim(rewards) != 1 or jnp.shape(rewards)[0] % group_size:
-    raise ValueError(f"rewards of shape {tuple(jnp.shape(rewards))} cannot be split into "
+    raise ValueError(f"{name} of shape {tuple(jnp.shape(rewards))} cannot be split into "
                      f"groups of {group_size}; expected (num_prompts * group_size,).")
   if group_size < min_size:
     raise ValueError(f"group_size={group_size} is too small here; use group_size >= "

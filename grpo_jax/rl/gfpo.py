@@ -17,16 +17,14 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from grpo_jax.rl._checks import require_shape, safe_sqrt
+from grpo_jax.rl._checks import require_groups, require_shape, safe_sqrt
 
 GFPO_METRICS = ("length", "token_efficiency")
 
 
 def _check_groups(name: str, values: jax.Array, group_size: int, keep: int | None = None) -> None:
   """Raises unless values is (num_prompts * group_size,) and, if given, 1 <= keep <= group_size."""
-  if group_size < 1 or jnp.ndim(values) != 1 or jnp.shape(values)[0] % group_size:
-    raise ValueError(f"{name} of shape {tuple(jnp.shape(values))} cannot be split into groups "
-                     f"of {group_size}; expected (num_prompts * group_size,).")
+  require_groups(values, group_size, name=name)
   if keep is not None and not 1 <= keep <= group_size:
     raise ValueError(f"keep={keep} must be between 1 and group_size={group_size}; GFPO keeps k "
                      f"of the G' completions of each prompt.")

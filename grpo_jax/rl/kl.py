@@ -40,8 +40,7 @@ def kl_k1(logprobs: jax.Array, ref_logprobs: jax.Array, mask: jax.Array | None =
 
 def kl_k2(logprobs: jax.Array, ref_logprobs: jax.Array, mask: jax.Array | None = None) -> jax.Array:
   """k2 = d^2 / 2 with d = logp - ref_logp, per token (0 where ~mask)."""
-  d = _log_ratio(logprobs, ref_logprobs, mask)
-  return 0.5 * d * d
+  return _k2(_log_ratio(logprobs, ref_logprobs, mask), None)
 
 
 def kl_k3(logprobs: jax.Array, ref_logprobs: jax.Array, mask: jax.Array | None = None) -> jax.Array:
@@ -52,8 +51,7 @@ def kl_k3(logprobs: jax.Array, ref_logprobs: jax.Array, mask: jax.Array | None =
   Inputs are log-probs of the same sampled tokens, any matching shape. Where `mask` is False
   the result is exactly 0 and no gradient flows (masked inputs are replaced before use).
   """
-  log_ratio = -_log_ratio(logprobs, ref_logprobs, mask)
-  return jnp.exp(log_ratio) - log_ratio - 1.0
+  return _k3(_log_ratio(logprobs, ref_logprobs, mask), None)
 
 
 def kl_penalty(logprobs: jax.Array, ref_logprobs: jax.Array, mask: jax.Array | None = None,

@@ -50,12 +50,6 @@ def cache_capacity(prompt_width: int, max_completion_tokens: int, max_new_tokens
   return prompt_width + max_completion_tokens + max(chunk, max_new_tokens)
 
 
-def _read_limit(bound, bounded: bool):
-  """The passes' read_limit: `bound` where reads are bounded (the platform table's
-  rollout.decode_loop "bounded", attention.bounded_attention), else None (the whole cache)."""
-  return bound if bounded else None
-
-
 def _extend(params, cfg, cache, pending, pending_len, start, chunk: int, mesh, bounded: bool):
   """Writes row b's pending[b, :pending_len[b]] at cache slots start[b], start[b] + 1, ...
   in ceil(max pending_len / W) passes of W ids; returns (cache, the logits (B, V) at each row's
@@ -73,7 +67,7 @@ def _extend(params, cfg, cache, pending, pending_len, start, chunk: int, mesh, b
     kv_mask = slots[None, :] < (offset + count)[:, None]
     hidden, cache = decoder_apply(cfg, params, ids, positions, kv_mask, cache, offset,
                                   project=False,
-                                  read_limit=_read_limit(jnp.max(offset) + chunk, bounded))
+                                  read_limit=jnp.max(offset) + chunk if bounded else None)
     at = jnp.maximum(count - 1, 0)[:, None, None]
     logits = vocab_logits(params, cfg, jnp.take_along_axis(hidden, at, axis=1)[:, 0])
     ends_here = (count > 0) & (pending_len - c * chunk <= chunk)
@@ -102,7 +96,7 @@ def _decode(params, sampling, cache, first_logits, end, key, limits, row_ids, li
     slot = end + state.t
     logits, cache = decoder_apply(cfg, params, state.token[:, None], slot[:, None],
                                   slots[None, :] <= slot[:, None], state.cache, slot,
-                                  read_limit=_read_limit(jnp.max(slot) + 1, bounded))
+                                  read_limit=jnp.max(slot) + 1 if bounded else None)
     token, logp, _ = draw(logits[:, 0], key, row_ids, state.t + 1, s)
     return state._replace(t=state.t + 1, token=token, logp=logp,
                           cache=constrain_cache(cache, s.mesh))
@@ -133,6 +127,8 @@ def continue_turn_traced(params, cache, pending, pending_len, start, key, limits
   on the params as every engine reads them (engine.read_params(params, sampling))."""
   cfg = sampling.model_cfg
   pending_len = jnp.where(live, pending_len, 0)
+  # The passes' reads: bounded to the filled slots (attention.bounded_attention) under the
+  # platform table's rollout.decode_loop "bounded", else the whole cache (read_limit None).
   bounded = platform_choice("rollout.decode_loop", sampling.decode_loop) == "bounded"
   cache, first_logits = _extend(params, cfg, constrain_cache(cache, sampling.mesh), pending,
                                 pending_len, start, chunk, sampling.mesh, bounded)

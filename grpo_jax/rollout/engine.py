@@ -198,15 +198,10 @@ def generator(name: str):
 _STITCHED = ("an episode's rows are stitched together from its turns on the host "
              "(rollout/episodes/), which carry tokens, log-probs and masks only")
 _TEXT_EPISODES = "an episode's observations are text: the environments hand back no image"
-ENGINES = {
-    "static": {},
-    "refill": {},
-    "continuation": {"keep_mask": _STITCHED, "record_routes": _STITCHED,
-                     "images": _TEXT_EPISODES},
-    "slot_continuation": {"keep_mask": _STITCHED, "record_routes": _STITCHED,
-                          "images": _TEXT_EPISODES},
-    "episodes": {"keep_mask": _STITCHED, "record_routes": _STITCHED, "images": _TEXT_EPISODES},
-}
+# The turn players and the continuation engines they run: every episode stitched from turns.
+_TURNS = {"keep_mask": _STITCHED, "record_routes": _STITCHED, "images": _TEXT_EPISODES}
+ENGINES = {"static": {}, "refill": {}, "continuation": _TURNS, "slot_continuation": _TURNS,
+           "episodes": _TURNS}
 _ASKED_BY = {"keep_mask": "rl.keep_sampling_mask=True",
              "record_routes": "rl.routing_replay='rollout'",
              "weight_dtype": "rollout.weight_dtype", "images": "model.vision"}

@@ -76,12 +76,11 @@ def prefill(params, prompt_tokens, prompt_mask, *, model_cfg: ModelConfig,
   (logits, cache), routing = out if record_routes else (out, None)
   routes = () if routing is None else (repeat_rows(routing["routes"], group_size),)
   rows = prompts * group_size
+  unfilled = jnp.zeros((rows, max_new_tokens), bool)  # the completions' N slots
   if shared_prompt:
     cache = share_prompt_cache(cache, init_cache(model_cfg, rows, slots - prompt_len))
-    kv_mask = (prompt_mask, jnp.zeros((rows, max_new_tokens), bool))
-    return (repeat_rows(logits[:, 0], group_size), constrain_cache(cache, mesh), kv_mask,
-            *routes)
-  cache = constrain_cache(repeat_rows(cache, group_size), mesh)
-  kv_mask = jnp.concatenate([repeat_rows(prompt_mask, group_size),
-                             jnp.zeros((rows, max_new_tokens), bool)], axis=1)
-  return (repeat_rows(logits[:, 0], group_size), cache, kv_mask, *routes)
+    kv_mask = (prompt_mask, unfilled)
+  else:
+    cache = repeat_rows(cache, group_size)
+    kv_mask = jnp.concatenate([repeat_rows(prompt_mask, group_size), unfilled], axis=1)
+  return (repeat_rows(logits[:, 0], group_size), constrain_cache(cache, mesh), kv_mask, *routes)

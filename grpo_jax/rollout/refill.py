@@ -42,9 +42,7 @@ import jax.numpy as jnp
 from grpo_jax.models.decoder import decoder_apply
 from grpo_jax.models.kv_cache import init_cache, map_cache
 from grpo_jax.parallel import choices
-from grpo_jax.parallel.mesh import prefill_rules
-from grpo_jax.rollout.prefill import (constrain_cache, first_positions, prompt_positions,
-                                     repeat_rows)
+from grpo_jax.rollout.prefill import constrain_cache, first_positions, prefill, repeat_rows
 from grpo_jax.rollout.engine import DecodeState, Recorded, Settings, draw, generator
 from grpo_jax.rollout.sampling import truncates
 from grpo_jax.rollout.types import DecodeStats, Rollout, finish
@@ -122,13 +120,11 @@ def generate_refill(params, prompt_tokens, prompt_mask, key, row_limits, *,
                                         record_routing=s.record_routes, **k)
   unpack = lambda out: out if s.record_routes else (out, None)  # noqa: E731
 
-  # Each prompt prefilled once (prefix sharing); rows copy its cache when they start.
-  with prefill_rules(prompt_len):  # a row's tokens over `context`, when they divide by it
-    (first_logits, prompt_cache), prompt_routing = unpack(apply(
-        prompt_tokens, prompt_positions(prompt_mask, inputs), prompt_mask,
-        init_cache(model_cfg, num_prompts, prompt_len), 0, logits_window=(prompt_len - 1, 1),
-        prefix_embeddings=None if inputs is None else inputs.embeddings))
-  first_logits, prompt_cache = first_logits[:, 0], constrain_cache(prompt_cache, mesh)
+  # Each prompt prefilled once (prefix sharing), into a cache of its P slots; rows copy its
+  # cache when they start.
+  first_logits, prompt_cache, _, *prompt_routes = prefill(
+      params, prompt_tokens, prompt_mask, model_cfg=model_cfg, max_new_tokens=new, mesh=mesh,
+      cache_slots=prompt_len, record_routes=s.record_routes, inputs=inputs)
   prompt_lengths = first_positions(prompt_mask, inputs)
 
   def refill(state: _Slots) -> _Slots:
@@ -182,7 +178,7 @@ def generate_refill(params, prompt_tokens, prompt_mask, key, row_limits, *,
   phases = shrink_phases(min(s.decode_slots, rows), choices.choose("rollout.refill_shrink"))
   slots = phases[0]
   keeps = s.keep_mask and truncates(s.temperature, s.top_k, s.top_p, model_cfg.vocab_size)
-  route_shape = prompt_routing["routes"].shape[2:] if s.record_routes else None
+  route_shape = prompt_routes[0].shape[2:] if s.record_routes else None
   decode = DecodeState(
       jnp.zeros((slots,), jnp.int32), jnp.zeros((slots,), jnp.int32),
       jnp.zeros((slots,), jnp.float32), (jnp.zeros((slots,), jnp.float32),) * 2 if keeps else None,
@@ -203,7 +199,7 @@ def generate_refill(params, prompt_tokens, prompt_mask, key, row_limits, *,
   out = state.decode.recorded
   routes = None
   if s.record_routes:
-    routes = jnp.concatenate([repeat_rows(prompt_routing["routes"], group), out.routes], axis=1)
+    routes = jnp.concatenate([repeat_rows(prompt_routes[0], group), out.routes], axis=1)
   prompt_tokens, prompt_mask = repeat_rows((prompt_tokens, prompt_mask), group)
   rollout = finish(prompt_tokens, prompt_mask, out.tokens, out.mask, out.logprobs, s.eos_id,
                    out.kept, routes)

@@ -21,7 +21,7 @@ import os
 
 import numpy as np
 
-from grpo_jax.sweep.runner import DONE_FILE
+from grpo_jax.sweep.runner import DONE_FILE, is_done
 from grpo_jax.sweep.spec import Sweep, run_dir
 
 FIGURES = ("final_reward", "eval_accuracy", "kl", "wall_s", "eval_length")
@@ -62,9 +62,9 @@ def collect_results(sweep: Sweep, sweep_dir: str) -> tuple[list[dict], list[dict
   for arm in sweep.arms:
     rows = []
     for seed in sweep.seeds:
-      directory = run_dir(sweep_dir, arm, seed)
-      if os.path.exists(os.path.join(directory, DONE_FILE)):
-        rows.append({"arm": arm.name, **arm.values, "seed": seed, **run_figures(directory)})
+      if is_done(sweep_dir, arm, seed):
+        rows.append({"arm": arm.name, **arm.values, "seed": seed,
+                     **run_figures(run_dir(sweep_dir, arm, seed))})
     runs.extend(rows)
     if not rows:
       continue
@@ -137,10 +137,9 @@ def plot_curves(sweep: Sweep, sweep_dir: str, key: str, path: str, smooth: int =
   for arm in sweep.arms:
     curves = []
     for seed in sweep.seeds:
-      directory = run_dir(sweep_dir, arm, seed)
-      if not os.path.exists(os.path.join(directory, DONE_FILE)):
+      if not is_done(sweep_dir, arm, seed):
         continue
-      drawn_points = points(read_metrics(directory), key, against)
+      drawn_points = points(read_metrics(run_dir(sweep_dir, arm, seed)), key, against)
       if drawn_points:
         curves.append(np.asarray(drawn_points, np.float64))
     if not curves:

@@ -61,6 +61,7 @@ import numpy as np
 
 from grpo_jax.errors import ConfigError
 from grpo_jax.models.blocks import RMSNorm, normal_init, with_axes
+from grpo_jax.models.vision.mrope import apply_rotation
 from grpo_jax.models.vision.qwen2_5_vl_layout import patch_layout, segment_blocks
 
 # config.json's hidden_act -> the function (transformers' ACT2FN names).
@@ -159,14 +160,6 @@ def rotary_cos_sin(positions: jax.Array, cfg: VisionConfig):
   return jnp.cos(angles), jnp.sin(angles)
 
 
-def apply_rotary(x, cos, sin):
-  """x * cos + rotate_half(x) * sin over (N, heads, head_dim), in float32."""
-  x32 = x.astype(jnp.float32)
-  a, b = jnp.split(x32, 2, axis=-1)
-  rotated = jnp.concatenate([-b, a], axis=-1)
-  return (x32 * cos[:, None] + rotated * sin[:, None]).astype(x.dtype)
-
-
 def vision_norm(cfg: VisionConfig, name: str) -> RMSNorm:
   """The encoder's RMSNorm (models/blocks.py's, eps 1e-6, weight axes ("norm",))."""
   return RMSNorm(cfg.rms_norm_eps, jnp.dtype(cfg.param_dtype), name=name)
@@ -231,7 +224,7 @@ class VisionAttention(nn.Module):
     qkv = Linear((dim,), (3, heads, d), ("embed",), (None, "heads", "head_dim"), cfg,
                  name="qkv")(x)
     q, k, v = (qkv[:, i] for i in range(3))
-    q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+    q, k = (apply_rotation(a, cos[:, None], sin[:, None]) for a in (q, k))  # over the heads
     attended = frame_or_window_attention(is_full, q, k, v, frame_blocks, window_blocks)
     return Linear((heads, d), (dim,), ("heads", "head_dim"), ("embed",), cfg,
                   name="proj")(attended)

@@ -32,11 +32,11 @@ _IN_DIMS = {("attn", "proj", "kernel"): 2}  # a kernel's leading input dims (els
 _HF_PIECES = {"kernel": "weight", "mlp_0": "mlp.0", "mlp_2": "mlp.2"}
 
 
-def _param_shapes(cfg: VisionConfig) -> dict:
-  """{param path: shape} of the encoder's params."""
+def _param_shapes(cfg: VisionConfig) -> tuple:
+  """({param path: shape} of the encoder's params, in tree order; the params' treedef)."""
   shapes = jax.eval_shape(lambda k: init_vision_params(cfg, k), jax.random.key(0))
-  flat, _ = jax.tree_util.tree_flatten_with_path(shapes)
-  return {tuple(k.key for k in path): leaf.shape for path, leaf in flat}
+  flat, treedef = jax.tree_util.tree_flatten_with_path(shapes)
+  return {tuple(k.key for k in path): leaf.shape for path, leaf in flat}, treedef
 
 
 def _hf_name(path: tuple, layer) -> str:
@@ -78,8 +78,9 @@ def vision_params_from_hf(tensors: Mapping, cfg: VisionConfig, dtype=np.float32)
   {HF name: array-like}, at whichever prefix it uses; a missing or misshapen tensor is one
   sentence naming it."""
   prefix = tensor_prefix(tensors.keys(), PREFIXES, "patch_embed.proj.weight", VISION_MISSING)
-  params = {}
-  for path, shape in _param_shapes(cfg).items():
+  shapes, treedef = _param_shapes(cfg)
+  leaves = []
+  for path, shape in shapes.items():
     stacked = path[0] == "blocks"
     layers = range(cfg.depth) if stacked else [None]
     one_shape = shape[1:] if stacked else shape
@@ -97,12 +98,8 @@ def vision_params_from_hf(tensors: Mapping, cfg: VisionConfig, dtype=np.float32)
       if path[-1] == "kernel":
         array = array.reshape(array.shape[0], -1).T
       arrays.append(array.reshape(one_shape))
-    leaf = np.stack(arrays) if stacked else arrays[0]
-    node = params
-    for key in path[:-1]:
-      node = node.setdefault(key, {})
-    node[path[-1]] = leaf
-  return params
+    leaves.append(np.stack(arrays) if stacked else arrays[0])
+  return jax.tree.unflatten(treedef, leaves)
 
 
 def vision_params_to_hf(params, cfg: VisionConfig, prefix: str = "model.visual.") -> dict:

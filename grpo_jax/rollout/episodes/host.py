@@ -103,12 +103,12 @@ def sample_episodes(sampling, params, env, tokenizer, rows: list, seeds: list, k
                                        add_generation_prompt=True), add_special_tokens=False)
       episodes.append(Episode(state, list(messages), prompt))
     longest = max(len(e.prompt) for e in episodes)
+    cache_width = max(prompt_width or 0, _bucket(longest, width_bucket))  # a KV cache's prompt
     if async_slots:
       play_async(sampling, params, env, tokenizer, episodes, runner, key, max_completion_tokens,
-                 max(prompt_width or 0, _bucket(longest, width_bucket)), row_ids, async_slots)
+                 cache_width, row_ids, async_slots)
       return _finish(episodes, max_completion_tokens, sampling.pad_id, prompt_width)
-    sample_turn = (_continued_turns(sampling, params, len(episodes),
-                                    max(prompt_width or 0, _bucket(longest, width_bucket)),
+    sample_turn = (_continued_turns(sampling, params, len(episodes), cache_width,
                                     max_completion_tokens, row_ids)
                    if kv_continuation else
                    _reprefilled_turns(sampling, params, row_ids, width_bucket))

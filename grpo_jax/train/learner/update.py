@@ -135,7 +135,6 @@ def make_update(model_cfg: ModelConfig, rl, optimizer, temperature: float,
   completion tokens packed into that many slots (rl.pack_tokens, models/packing.py)."""
   mu, num_mb, num_micro = rl.num_iterations, rl.num_minibatches, rl.num_micro_batches
   group = prompt_group(rl, group_size)
-  grad_fn = jax.value_and_grad(loss_and_sums, has_aux=True)
   skip_without_signal = rl.skip_without_signal
   # Known before the backward pass: a micro-batch whose advantages are all 0 has a zero
   # gradient when nothing else in the loss carries one (rl/objective.py
@@ -159,9 +158,7 @@ def make_update(model_cfg: ModelConfig, rl, optimizer, temperature: float,
                              temperature=temperature, base=base, group=group,
                              objective=objective, token_capacity=token_capacity)
       if not backward_needs_advantages:
-        return grad_fn(trainable, part, normalizer, kl_coef, model_cfg=model_cfg, rl=rl,
-                       temperature=temperature, base=base, group=group, objective=objective,
-                       token_capacity=token_capacity)
+        return jax.value_and_grad(loss_of, has_aux=True)(trainable)
       # The forward once; its backward only where some advantage is not 0.
       loss, backward, sums = jax.vjp(loss_of, trainable, has_aux=True)
       grads = jax.lax.cond(jnp.any(part.advantages != 0),

@@ -12,20 +12,11 @@ from what each start recorded in run_info.json:
 
 from __future__ import annotations
 
-import hashlib
 import json
 
 from grpo_jax.errors import ConfigError
+from grpo_jax.fetch_model import sha256_of  # a file's sha256, read in 1 MiB blocks
 from grpo_jax.train.run import files
-
-
-def sha256_of(path: str) -> str:
-  """The sha256 of a file's bytes, read in 1 MiB blocks."""
-  digest = hashlib.sha256()
-  with open(path, "rb") as f:
-    for block in iter(lambda: f.read(1 << 20), b""):
-      digest.update(block)
-  return digest.hexdigest()
 
 
 def file_fingerprints(paths: dict) -> dict:

@@ -37,7 +37,6 @@ grpo_jax/train/stages/preference_step.py.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 
 import jax
@@ -53,16 +52,14 @@ from grpo_jax.errors import ConfigError
 from grpo_jax.models.lora import merge
 from grpo_jax.parallel.platform import start_backend
 from grpo_jax.rl.dpo import PREFERENCE_LOSSES
-from grpo_jax.train.run.evaluation import make_evaluator
 from grpo_jax.train.run.runner import Schedule
 from grpo_jax.train.run.seed_axis import SeedAxis
 from grpo_jax.train.run.export import export_policy
-from grpo_jax.train.run.sections import EvalSection, ModelSection
-from grpo_jax.train.run.setup import (build_model, build_task, check_task_fits_model,
-                                      initial_adapters)
+from grpo_jax.train.run.setup import build_task, initial_adapters
 from grpo_jax.train.stages.preference_step import (cache_reference, evaluate_pairs,
                                                    make_dpo_step, make_pair_logps)
-from grpo_jax.train.stages.supervised import check_pair_sources, preference_pairs, run_stage
+from grpo_jax.train.stages.supervised import (check_pair_sources, preference_pairs, run_stage,
+                                              stage_model)
 from grpo_jax.train.learner.state import (create_train_state, make_optimizer, policy_params,
                                   reference_params)
 from grpo_jax.train.stages.warmup import run_warmup
@@ -133,11 +130,7 @@ def train_dpo(config, workdir: str, log=print):
   n = config.rollout.max_new_tokens
   tokenized = tokenize_preference_files(files, task, Limits(config.data.max_prompt_tokens, n),
                                         d.on_degenerate_pair, log)  # before model and warm-up
-  key = jax.random.key(config.seed)
-  model = ModelSection.of(config)
-  evaluation = dataclasses.replace(EvalSection.of(config), prompt_bucket=0)  # full width
-  model_cfg, params = build_model(model, jax.random.fold_in(key, 0))
-  check_task_fits_model(model_cfg, task, evaluation.eval_size, evaluation.rollout.max_new_tokens)
+  key, model, model_cfg, params, evaluate_policy = stage_model(config, task)
   for split, t in tokenized.items():
     check_fits_positions(files[split], t, n, model_cfg.max_position_embeddings)
   seed, axis = int(config.seed), SeedAxis((int(config.seed),))
@@ -180,8 +173,6 @@ def train_dpo(config, workdir: str, log=print):
 
   step_fn = jax.jit(make_dpo_step(model_cfg, optimizer, d), donate_argnums=0)
   pair_logps = jax.jit(pair_logps)
-  evaluate_policy = make_evaluator(task, model_cfg, evaluation, [jax.random.fold_in(key, 3)],
-                                   axis)
   data = {}  # the pairs (and cached reference sums), made from the start on first use
   sample = None
   if rounds > 0:

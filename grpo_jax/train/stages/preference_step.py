@@ -17,6 +17,7 @@ from grpo_jax.models.lora import LoraParams
 from grpo_jax.models.scoring import completion_logprobs
 from grpo_jax.rl.dpo import PREFERENCE_LOSSES, PairLogps, implicit_rewards, kto_reference_point
 from grpo_jax.train.learner.state import guarded_update, policy_params, reference_params
+from grpo_jax.train.stages.supervised import padded_batches
 
 
 def pair_sums(params, model_cfg, prompt_tokens, prompt_mask, tokens, mask):
@@ -121,9 +122,7 @@ def cache_reference(model_cfg, ref_params, data, batch_size: int):
   row order."""
   run = jax.jit(functools.partial(sequence_sums, model_cfg=model_cfg))
   out = None
-  for start in range(0, len(data), batch_size):
-    rows = np.arange(start, min(start + batch_size, len(data)))
-    padded = np.concatenate([rows, np.zeros(batch_size - len(rows), int)])  # one shape
+  for rows, padded in padded_batches(len(data), batch_size):
     sums = run(ref_params, b=data.batch(padded))
     out = out or tuple(np.zeros(len(data), np.float32) for _ in sums)
     for o, x in zip(out, sums):
@@ -135,9 +134,7 @@ def evaluate_pairs(pair_logps, reference_free, beta, state, data,
                    batch_size: int) -> dict:
   """The reward metrics (eval_ prefixed) over every held-out pair once."""
   parts = []
-  for start in range(0, len(data), batch_size):
-    rows = np.arange(start, min(start + batch_size, len(data)))
-    padded = np.concatenate([rows, np.zeros(batch_size - len(rows), int)])
+  for rows, padded in padded_batches(len(data), batch_size):
     p = pair_logps(policy_params(state), reference_params(state), data.batch(padded))
     parts.append(jax.tree.map(lambda x: np.asarray(x)[:len(rows)] if np.ndim(x) else x, p))
   joined = PairLogps(*[None if parts[0][i] is None or not np.ndim(parts[0][i])

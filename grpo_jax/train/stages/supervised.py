@@ -110,6 +110,20 @@ def run_stage(name: str, config, workdir: str, fresh, advance, evaluate, report,
   return state
 
 
+def stage_model(config, task):
+  """(key, model section, model_cfg, params, evaluate_policy) of a stage that measures held-out
+  accuracy (SFT, DPO): config.seed's key, the model built from it and checked against the task,
+  and its evaluator (make_evaluator) over the prompts' full width."""
+  key = jax.random.key(config.seed)
+  model = ModelSection.of(config)
+  evaluation = dataclasses.replace(EvalSection.of(config), prompt_bucket=0)  # full width
+  model_cfg, params = build_model(model, jax.random.fold_in(key, 0))
+  check_task_fits_model(model_cfg, task, evaluation.eval_size, evaluation.rollout.max_new_tokens)
+  evaluate_policy = make_evaluator(task, model_cfg, evaluation, [jax.random.fold_in(key, 3)],
+                                   SeedAxis((int(config.seed),)))
+  return key, model, model_cfg, params, evaluate_policy
+
+
 # ----------------------------------------------------------------------------- SFT
 
 
@@ -128,11 +142,7 @@ def train_sft(config, workdir: str, log=print):
   data_path = config.warmup.data_path  # read and checked before the task and the model
   records = data_path and read_jsonl(data_path, ("prompt", "response"), "warmup.data_path")
   task = build_task(config, log)
-  key = jax.random.key(config.seed)
-  model = ModelSection.of(config)
-  evaluation = dataclasses.replace(EvalSection.of(config), prompt_bucket=0)  # full width
-  model_cfg, params = build_model(model, jax.random.fold_in(key, 0))
-  check_task_fits_model(model_cfg, task, evaluation.eval_size, evaluation.rollout.max_new_tokens)
+  key, model, model_cfg, params, evaluate_policy = stage_model(config, task)
   source = task if not data_path else SupervisedData(task, records,
                                                      config.rollout.max_new_tokens)
   optimizer, sft_step = make_warmup_step(model_cfg, config.warmup)
@@ -160,9 +170,6 @@ def train_sft(config, workdir: str, log=print):
     batch = source.warmup_batch(int(state.step), warm.batch_size, seed, warm.carry_drop_fraction)
     state, loss = step_fn(state, tuple(getattr(batch, f) for f in fields))
     return state, [[{"sft_loss": float(loss)}]], None
-
-  evaluate_policy = make_evaluator(task, model_cfg, evaluation, [jax.random.fold_in(key, 3)],
-                                   SeedAxis((seed,)))
 
   def report(first, record, clock):
     if clock is not None and (warmup_log_due(first - 1, steps) or "eval_accuracy" in record):
@@ -273,16 +280,21 @@ def make_rm_step(model_cfg, optimizer, margin: float):
   return step, jax.jit(rewards)
 
 
+def padded_batches(count: int, batch_size: int):
+  """(rows, padded) of each batch of the rows [0, count), in order: `padded` is `rows` filled
+  up with row 0 to batch_size rows, so that every batch has one shape."""
+  for start in range(0, count, batch_size):
+    rows = np.arange(start, min(start + batch_size, count))
+    yield rows, np.concatenate([rows, np.zeros(batch_size - len(rows), int)])
+
+
 def evaluate_pairs(rewards, params, data: PairData, batch_size: int) -> dict:
   """Held-out pair accuracy and mean margin of `data` (every pair once)."""
   chosen, rejected = [], []
-  for start in range(0, len(data), batch_size):
-    rows = np.arange(start, min(start + batch_size, len(data)))
-    rows = np.concatenate([rows, np.zeros(batch_size - len(rows), int)])  # one shape
-    c, r = rewards(params, data.batch(rows))
-    keep = min(batch_size, len(data) - start)
-    chosen.append(np.asarray(c)[:keep])
-    rejected.append(np.asarray(r)[:keep])
+  for rows, padded in padded_batches(len(data), batch_size):
+    c, r = rewards(params, data.batch(padded))
+    chosen.append(np.asarray(c)[:len(rows)])
+    rejected.append(np.asarray(r)[:len(rows)])
   chosen, rejected = np.concatenate(chosen), np.concatenate(rejected)
   return dict(pair_accuracy=float(np.mean(chosen > rejected)),
               eval_reward_margin=float(np.mean(chosen - rejected)))
