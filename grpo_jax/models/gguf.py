@@ -223,37 +223,14 @@ def hf_tensors(reader, config: dict, gguf_path):
 
 
 def write_safetensors(named_arrays, out_dir: pathlib.Path, dtype: str) -> None:
-  """model.safetensors, or model-0000i-of-0000n.safetensors + index past SHARD_BYTES; holds
-  one shard in memory at a time."""
+  """model.safetensors, or model-0000i-of-0000n.safetensors + index past SHARD_BYTES
+  (hf_export.save_shards); holds one shard in memory at a time."""
   import ml_dtypes  # noqa: PLC0415
-  from safetensors.numpy import save_file  # noqa: PLC0415
+  from grpo_jax.models.hf_export import save_shards  # noqa: PLC0415
   np_dtype = {"float32": np.float32, "float16": np.float16,
               "bfloat16": ml_dtypes.bfloat16}[dtype]
-  shards, current, size, total = [], {}, 0, 0  # shards: [(temporary file, tensor names)]
-
-  def flush():
-    file = out_dir / f".import-shard-{len(shards)}.safetensors"
-    save_file(current, str(file), metadata={"format": "pt"})
-    shards.append((file, list(current)))
-
-  for name, array in named_arrays:
-    array = np.ascontiguousarray(array.astype(np_dtype))
-    if current and size + array.nbytes > SHARD_BYTES:
-      flush()
-      current, size = {}, 0
-    current[name] = array
-    size, total = size + array.nbytes, total + array.nbytes
-  flush()
-  if len(shards) == 1:
-    shards[0][0].replace(out_dir / "model.safetensors")
-    return
-  weight_map = {}
-  for i, (file, names) in enumerate(shards):
-    final = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
-    file.replace(out_dir / final)
-    weight_map.update(dict.fromkeys(names, final))
-  index = {"metadata": {"total_size": total}, "weight_map": weight_map}
-  (out_dir / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
+  save_shards(((name, np.ascontiguousarray(array.astype(np_dtype)))
+               for name, array in named_arrays), out_dir, SHARD_BYTES)
 
 
 # ----------------------------------------------------------------------------- tokenizer

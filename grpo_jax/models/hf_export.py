@@ -75,36 +75,45 @@ def export_dtype(dtype: str) -> np.dtype:
 
 def write_folder(tensors: dict, hf_config: dict, out_dir, max_shard_bytes: int = 0,
                  source_dir=None, extra=()) -> pathlib.Path:
-  """Writes out_dir: the tensors (_save_shards), config.json, and whichever tokenizer files
+  """Writes out_dir: the tensors (save_shards), config.json, and whichever tokenizer files
   (and `extra` files) source_dir has, when given. Returns out_dir."""
   out_dir = pathlib.Path(out_dir)
   out_dir.mkdir(parents=True, exist_ok=True)
-  _save_shards(tensors, out_dir, max_shard_bytes)
+  save_shards(tensors.items(), out_dir, max_shard_bytes)
   (out_dir / "config.json").write_text(json.dumps(hf_config, indent=2) + "\n")
   if source_dir is not None:
     _copy_tokenizer_files(pathlib.Path(source_dir), out_dir, extra)
   return out_dir
 
 
-def _save_shards(tensors: dict, out_dir: pathlib.Path, max_shard_bytes: int) -> None:
-  """tensors in one model.safetensors, or in shards of at most max_shard_bytes with an index."""
-  shards, size = [{}], 0
-  for name, array in tensors.items():
-    if max_shard_bytes > 0 and shards[-1] and size + array.nbytes > max_shard_bytes:
-      shards.append({})
-      size = 0
-    shards[-1][name] = array
-    size += array.nbytes
+def save_shards(named_arrays, out_dir: pathlib.Path, max_shard_bytes: int) -> None:
+  """(name, array) pairs in one model.safetensors, or, past max_shard_bytes (> 0), in
+  model-0000i-of-0000n.safetensors shards of at most that size (a larger tensor alone in its
+  own) with model.safetensors.index.json. Holds one shard in memory at a time: each is written
+  under a temporary name until the count is known."""
+  shards, current, size, total = [], {}, 0, 0  # shards: [(temporary file, tensor names)]
+
+  def flush():
+    file = out_dir / f".shard-{len(shards)}.safetensors"
+    save_file(current, str(file), metadata={"format": "pt"})
+    shards.append((file, list(current)))
+
+  for name, array in named_arrays:
+    if max_shard_bytes > 0 and current and size + array.nbytes > max_shard_bytes:
+      flush()
+      current, size = {}, 0
+    current[name] = array
+    size, total = size + array.nbytes, total + array.nbytes
+  flush()
   if len(shards) == 1:
-    save_file(tensors, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
+    shards[0][0].replace(out_dir / "model.safetensors")
     return
   weight_map = {}
-  for i, shard in enumerate(shards, 1):
-    file = f"model-{i:05d}-of-{len(shards):05d}.safetensors"
-    save_file(shard, str(out_dir / file), metadata={"format": "pt"})
-    weight_map.update({name: file for name in shard})
-  index = {"metadata": {"total_size": sum(a.nbytes for a in tensors.values())},
-           "weight_map": weight_map}
+  for i, (file, names) in enumerate(shards):
+    final = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
+    file.replace(out_dir / final)
+    weight_map.update(dict.fromkeys(names, final))
+  index = {"metadata": {"total_size": total}, "weight_map": weight_map}
   (out_dir / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
 
 

@@ -81,5 +81,5 @@ def shardings(tree, mesh):
 
 
 def place(tree, mesh):
-  """A params-like pytree put on the mesh by the rules."""
-  return mesh_lib.place_tree(tree, mesh, axes_of)
+  """A params-like pytree put on the mesh by the rules (the tree itself when mesh is None)."""
+  return tree if mesh is None else mesh_lib.place_tree(tree, mesh, axes_of)

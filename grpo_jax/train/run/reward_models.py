@@ -33,8 +33,7 @@ def build_reward_sources(rewards: RewardSection, model: ModelSection, task,
   for i, m in enumerate(rewards.entries("models")):
     path = pathlib.Path(m["path"])
     cfg, params, _ = load_reward_model(path, model.param_dtype, model.compute_dtype)
-    if mesh is not None:
-      params = place(params, mesh)
+    params = place(params, mesh)
     mode = m.get("tokenizer", "auto")
     own = mode == "own" or (mode == "auto" and not same_vocabulary(path, task.tokenizer))
     tokenizer = None
@@ -78,8 +77,7 @@ def _teacher(rewards: RewardSection, model: ModelSection, task, mesh) -> Teacher
     raise ConfigError(f"rl.distill_teacher={str(path)!r} has vocab_size={cfg.vocab_size}, the "
                       f"policy {model.vocab_size}; the teacher must share the policy's "
                       f"tokenizer.")
-  if mesh is not None:
-    params = place(params, mesh)
+  params = place(params, mesh)
 
   def logprobs(p, pt, pm, t, tm):
     return completion_logprobs(p, cfg, pt, pm, t, tm)[0]
@@ -91,8 +89,7 @@ def _process_model(pm: dict | None, model: ModelSection, mesh):
   if pm is None:
     return None
   cfg, params = load_hf_checkpoint(pm["path"], model.param_dtype, model.compute_dtype)
-  if mesh is not None:
-    params = place(params, mesh)
+  params = place(params, mesh)
   ids = dict(separator_id=int(pm["separator_id"]), good_id=int(pm["good_id"]),
              bad_id=int(pm["bad_id"]))
   score_last, max_steps = bool(pm["score_last"]), int(pm["max_steps"])
