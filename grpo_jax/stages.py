@@ -19,8 +19,6 @@ stage is one file that registers itself, named in config.imports:
 
 from __future__ import annotations
 
-import importlib
-
 from grpo_jax.registry import Registry
 
 STAGES = Registry("--stage")
@@ -32,17 +30,25 @@ def run_rl(config, workdir, seeds=None, seed_axis="vmap"):
   return train(config, workdir, seeds=seeds, seed_axis=seed_axis)
 
 
-def _lazy_stage(target: str):
-  """run(config, workdir) calling `target`, "module:function", imported when called."""
-  module, name = target.split(":")
-
-  def run(config, workdir):
-    return getattr(importlib.import_module(module), name)(config, workdir)
-  return run
+@STAGES.register("sft")
+def run_sft(config, workdir):
+  from grpo_jax.train.stages.supervised import train_sft  # noqa: PLC0415
+  return train_sft(config, workdir)
 
 
-for _stage, _target in (("sft", "grpo_jax.train.stages.supervised:train_sft"),
-                        ("rm", "grpo_jax.train.stages.supervised:train_reward_model"),
-                        ("dpo", "grpo_jax.train.stages.preference:train_dpo"),
-                        ("training_free", "grpo_jax.training_free.loop:train_training_free")):
-  STAGES.register(_stage, _lazy_stage(_target))
+@STAGES.register("rm")
+def run_rm(config, workdir):
+  from grpo_jax.train.stages.supervised import train_reward_model  # noqa: PLC0415
+  return train_reward_model(config, workdir)
+
+
+@STAGES.register("dpo")
+def run_dpo(config, workdir):
+  from grpo_jax.train.stages.preference import train_dpo  # noqa: PLC0415
+  return train_dpo(config, workdir)
+
+
+@STAGES.register("training_free")
+def run_training_free(config, workdir):
+  from grpo_jax.training_free.loop import train_training_free  # noqa: PLC0415
+  return train_training_free(config, workdir)
