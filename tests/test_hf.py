@@ -309,3 +309,28 @@ def test_bfloat16_sharded_export_loads_in_transformers(tmp_path):
   for name, tensor in reloaded.state_dict().items():
     torch.testing.assert_close(tensor, expected[name], rtol=0, atol=0, msg=name)
   assert gap <= 1e-2 * np.abs(want).max()
+
+
+def test_export_replaces_an_earlier_exports_weights_and_cleans_up_when_stopped(tmp_path):
+  """A second export into the same folder leaves only its own weight files (a stale
+  model.safetensors beside a new index would be loaded instead of it); an export stopped part
+  way leaves no temporary shard and the earlier weights as they were."""
+  from safetensors.numpy import load_file  # noqa: PLC0415
+  arrays = [(f"w{i}", np.full((64,), i, np.float32)) for i in range(4)]  # 256 bytes each
+  names = lambda: sorted(f.name for f in tmp_path.iterdir())  # noqa: E731
+  hf_export.save_shards(iter(arrays), tmp_path, max_shard_bytes=512)
+  assert names() == [f"model-0000{i}-of-00002.safetensors" for i in (1, 2)] + [
+      "model.safetensors.index.json"]
+  hf_export.save_shards(iter(arrays), tmp_path, max_shard_bytes=0)
+  assert names() == ["model.safetensors"]
+
+  def stopped():
+    yield from arrays[:3]
+    raise KeyboardInterrupt
+  with pytest.raises(KeyboardInterrupt):
+    hf_export.save_shards(stopped(), tmp_path, max_shard_bytes=256)
+  assert names() == ["model.safetensors"]
+  assert sorted(load_file(str(tmp_path / "model.safetensors"))) == ["w0", "w1", "w2", "w3"]
+  hf_export.save_shards(iter(arrays[:2]), tmp_path, max_shard_bytes=256)
+  assert names() == [f"model-0000{i}-of-00002.safetensors" for i in (1, 2)] + [
+      "model.safetensors.index.json"]

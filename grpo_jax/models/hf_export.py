@@ -25,6 +25,9 @@ from grpo_jax.models.hf import (ARCHITECTURE_FIELDS, EXPORT_DTYPES, TOKENIZER_FI
                                 param_layout, read_config, to_hf)
 from grpo_jax.models.lora import input_dims
 
+# The weight files of a full checkpoint: one model.safetensors, or shards and their index.
+WEIGHT_FILE = re.compile(r"model(-\d{5}-of-\d{5})?\.safetensors(\.index\.json)?")
+
 
 def export_hf_checkpoint(params, model_cfg: ModelConfig, out_dir, source_dir=None,
                          model_type: str = "qwen2", dtype: str = "float32",
@@ -90,21 +93,31 @@ def save_shards(named_arrays, out_dir: pathlib.Path, max_shard_bytes: int) -> No
   """(name, array) pairs in one model.safetensors, or, past max_shard_bytes (> 0), in
   model-0000i-of-0000n.safetensors shards of at most that size (a larger tensor alone in its
   own) with model.safetensors.index.json. Holds one shard in memory at a time: each is written
-  under a temporary name until the count is known."""
+  under a temporary name until the count is known; then the weight files of an earlier export
+  in out_dir are removed (a stale model.safetensors would be loaded before a new index) and the
+  shards take their names. Stopped part way (an error, an interrupt), it removes its temporary
+  files and leaves out_dir's weights as they were."""
   shards, current, size, total = [], {}, 0, 0  # shards: [(temporary file, tensor names)]
 
   def flush():
-    file = out_dir / f".shard-{len(shards)}.safetensors"
-    save_file(current, str(file), metadata={"format": "pt"})
-    shards.append((file, list(current)))
+    shards.append((out_dir / f".shard-{len(shards)}.safetensors", list(current)))
+    save_file(current, str(shards[-1][0]), metadata={"format": "pt"})
 
-  for name, array in named_arrays:
-    if max_shard_bytes > 0 and current and size + array.nbytes > max_shard_bytes:
-      flush()
-      current, size = {}, 0
-    current[name] = array
-    size, total = size + array.nbytes, total + array.nbytes
-  flush()
+  try:
+    for name, array in named_arrays:
+      if max_shard_bytes > 0 and current and size + array.nbytes > max_shard_bytes:
+        flush()
+        current, size = {}, 0
+      current[name] = array
+      size, total = size + array.nbytes, total + array.nbytes
+    flush()
+  except BaseException:
+    for file, _ in shards:
+      file.unlink(missing_ok=True)
+    raise
+  for file in out_dir.iterdir():
+    if WEIGHT_FILE.fullmatch(file.name):
+      file.unlink()
   if len(shards) == 1:
     shards[0][0].replace(out_dir / "model.safetensors")
     return
