@@ -95,3 +95,18 @@ def test_folders_written_locally_are_uploaded(bucket):
   assert files.read_text("gs://bucket/run/log.jsonl") == "a\nb\n"
   with files.local_folder("/tmp/some/where") as folder:
     assert folder == "/tmp/some/where"
+
+
+def test_an_upload_replaces_the_folders_earlier_files(bucket):
+  """A second export to the same gs:// folder leaves only its own files: an earlier export's
+  model.safetensors beside a new sharded index would be what transformers loads."""
+  out = "gs://bucket/run/hf_export"
+  for names in (["model.safetensors", "a.json"], ["model-00001-of-00001.safetensors",
+                                                  "model.safetensors.index.json"]):
+    with files.local_folder(out) as folder:
+      for name in names:
+        os.makedirs(os.path.dirname(os.path.join(folder, name)), exist_ok=True)
+        with open(os.path.join(folder, name), "wb") as f:
+          f.write(name.encode())
+  assert sorted(p.rpartition("hf_export/")[2] for p in bucket.store) == sorted(names)
+  assert files.read_text(f"{out}/model.safetensors.index.json") == "model.safetensors.index.json"

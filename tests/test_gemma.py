@@ -4,6 +4,8 @@ logits on a left-padded batch longer than the window, greedy tokens against gene
 window (the sampler's KV cache), the shared-prompt and chunked teacher-forced passes against
 the plain one, and the export's round trip."""
 
+import json
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -156,3 +158,29 @@ def test_gemma_scoring_paths_equal_the_plain_forward(tmp_path):
   m = np.asarray(seqs.completion_mask)
   assert np.abs(grouped - plain)[m].max() <= 1e-5
   assert np.abs(chunked - plain)[m].max() <= 1e-5
+
+
+@pytest.mark.parametrize("family", ["gemma2", "gemma3_text"])
+def test_a_config_without_tie_word_embeddings_ties_as_transformers_does(family, tmp_path):
+  """Released Gemma configs (e.g. google/gemma-2-2b's) leave tie_word_embeddings out and their
+  weights have no lm_head: the family's default (transformers' config class's, True) ties them,
+  and the logits equal transformers' on the same folder."""
+  model = FAMILIES[family](tmp_path)
+  config_file = tmp_path / "config.json"
+  config = json.loads(config_file.read_text())
+  del config["tie_word_embeddings"]
+  config_file.write_text(json.dumps(config))
+  model_cfg, params = hf.load_hf_checkpoint(tmp_path)
+  assert model_cfg.tie_embeddings
+  tokens, mask = batch()
+  theirs = transformers_logits(transformers.AutoModelForCausalLM.from_pretrained(tmp_path).eval(),
+                               tokens, mask)
+  assert np.abs(decoder_logits(model_cfg, params, tokens, mask) - theirs)[mask].max() < 1e-4
+  del model
+
+
+def test_each_familys_tie_default_is_transformers():
+  from grpo_jax.models.families.registry import MODEL_FAMILIES  # noqa: PLC0415
+  for model_type, family in MODEL_FAMILIES.items():
+    default = transformers.AutoConfig.for_model(model_type).tie_word_embeddings
+    assert family.tie_default == default, model_type

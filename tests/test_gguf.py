@@ -205,7 +205,8 @@ def test_rope_freqs_of_no_llama3_scaling_is_one_sentence(tmp_path):
     ("add_embedding_length", 128,
      "llama.embedding_length=128 but its token_embd.weight is 64 wide"),
     ("add_feed_forward_length", 96, "llama.feed_forward_length=96 but its blk.0.ffn_up.weight has "
-                                    "128 rows")])
+                                    "128 rows"),
+    ("add_pad_token_id", 100_000, "tokenizer.ggml.padding_token_id=100000 but only 3")])
 def test_metadata_that_disagrees_with_the_tensors_is_one_sentence(method, value, words, tmp_path,
                                                                   monkeypatch):
   """A header edited or damaged: the key, both sizes and the fix, before

@@ -334,3 +334,32 @@ def test_export_replaces_an_earlier_exports_weights_and_cleans_up_when_stopped(t
   hf_export.save_shards(iter(arrays[:2]), tmp_path, max_shard_bytes=256)
   assert names() == [f"model-0000{i}-of-00002.safetensors" for i in (1, 2)] + [
       "model.safetensors.index.json"]
+
+
+def test_an_exports_tokenizer_files_are_its_sources_even_into_the_source_folder(tmp_path):
+  """An earlier export's chat template does not outlive a re-export from a source without one;
+  exporting into the folder the model came from keeps its tokenizer files."""
+  model_cfg, params = hf.load_hf_checkpoint(save(tiny_hf_model("qwen2"), tmp_path / "src"))
+  (tmp_path / "src" / "tokenizer_config.json").write_text('{"model_max_length": 8}')
+  (tmp_path / "out").mkdir()
+  (tmp_path / "out" / "chat_template.jinja").write_text("an earlier export's template")
+  out = hf_export.export_hf_checkpoint(params, model_cfg, tmp_path / "out",
+                                       source_dir=tmp_path / "src")
+  assert not (out / "chat_template.jinja").exists()
+  assert (out / "tokenizer_config.json").read_text() == '{"model_max_length": 8}'
+  hf_export.export_hf_checkpoint(params, model_cfg, tmp_path / "src", source_dir=tmp_path / "src")
+  assert (tmp_path / "src" / "tokenizer_config.json").read_text() == '{"model_max_length": 8}'
+  assert_logits_close(decoder_logits(*hf.load_hf_checkpoint(tmp_path / "src"), TOKENS, MASK),
+                      decoder_logits(model_cfg, params, TOKENS, MASK))
+
+
+@pytest.mark.parametrize("index", ['{"weight_map": {"a": "b.safetensors"', '{"metadata": {}}',
+                                   "[]", '{"weight_map": ["model.safetensors"]}'])
+def test_a_damaged_shard_index_is_one_sentence(index, tmp_path):
+  save(tiny_hf_model("qwen2"), tmp_path, sharded=True)
+  (tmp_path / "model.safetensors.index.json").write_text(index)
+  with pytest.raises(InputError) as err:
+    hf.load_hf_checkpoint(tmp_path)
+  assert _message(err).startswith(f"{tmp_path / 'model.safetensors.index.json'} is not a "
+                                  f"safetensors index")
+  assert _message(err).endswith("download or export the checkpoint again.")

@@ -236,11 +236,24 @@ def write_safetensors(named_arrays, out_dir: pathlib.Path, dtype: str) -> None:
 # ----------------------------------------------------------------------------- tokenizer
 
 
+# tokenizer_config's special tokens and the tokenizer.ggml.* keys of their ids
+SPECIAL_TOKENS = (("bos_token", "bos_token_id"), ("eos_token", "eos_token_id"),
+                  ("unk_token", "unknown_token_id"), ("pad_token", "padding_token_id"))
+
+
 def gguf_tokenizer(metadata: dict, gguf_path: pathlib.Path):
   """The file's tokenizer with its chat template (transformers' conversion), or None when the
   file has no tokenizer metadata."""
   if "tokenizer.ggml.model" not in metadata:
     return None
+  count = len(metadata.get("tokenizer.ggml.tokens", ()))
+  for _, key in SPECIAL_TOKENS:
+    token_id = metadata.get(f"tokenizer.ggml.{key}")
+    if token_id is not None and not 0 <= int(token_id) < count:
+      raise InputError(f"{gguf_path} has tokenizer.ggml.{key}={token_id} but only {count} "
+                       f"tokens; its metadata disagrees with its token list: set the key to a "
+                       f"token id (gguf-set-metadata {gguf_path} tokenizer.ggml.{key} ID) or "
+                       f"convert the model again with llama.cpp's convert_hf_to_gguf.py.")
   import transformers  # noqa: PLC0415
   try:
     try:
@@ -267,8 +280,7 @@ def _tokenizer(metadata: dict, mapping: dict, convert):
   if tokenizer_dict.get("tokenizer_type") == "llama":  # sentencepiece files add BOS by default
     tokenizer_config.setdefault("add_bos_token", True)
   tokens = tokenizer_dict["tokens"]
-  for name, key in (("bos_token", "bos_token_id"), ("eos_token", "eos_token_id"),
-                    ("unk_token", "unknown_token_id"), ("pad_token", "padding_token_id")):
+  for name, key in SPECIAL_TOKENS:
     token_id = metadata.get(f"tokenizer.ggml.{key}")
     tokenizer_config[name] = tokens[int(token_id)] if token_id is not None else None
   backend, extra = convert(metadata["general.architecture"], tokenizer_dict)
@@ -326,9 +338,6 @@ def import_gguf(gguf_path, out_dir, dtype: str = "float32") -> pathlib.Path:
     dequantized_first_row(tensor, gguf_path)
   tokenizer = gguf_tokenizer(metadata, gguf_path)
   out_dir.mkdir(parents=True, exist_ok=True)
-  for stale in [*out_dir.glob("model*.safetensors"), *out_dir.glob(".import-shard-*"),
-                out_dir / "model.safetensors.index.json"]:
-    stale.unlink(missing_ok=True)  # a previous import's weights would shadow these
   write_safetensors(hf_tensors(reader, config, gguf_path), out_dir, dtype)
   (out_dir / "config.json").write_text(json.dumps(config, indent=2) + "\n")
   generation = {**special_token_ids(metadata), "_from_model_config": True}

@@ -82,7 +82,7 @@ def model_config_from_hf(hf_config: dict, param_dtype: str = "float32",
                 hf_config["hidden_size"] // heads),
       **rope_fields(family.rope_config(hf_config) if family.rope_config else hf_config),
       rms_norm_eps=float(hf_config.get("rms_norm_eps", 1e-6)),
-      tie_embeddings=bool(hf_config.get("tie_word_embeddings", False)),
+      tie_embeddings=bool(hf_config.get("tie_word_embeddings", family.tie_default)),
       family=family.blocks,
       qkv_bias=family.qkv_bias,
       qk_norm=family.qk_norm,
@@ -263,8 +263,13 @@ def _weight_map(path: pathlib.Path) -> dict:
   """{tensor name: safetensors file} from model.safetensors or its sharded index."""
   index = path / "model.safetensors.index.json"
   if index.is_file():
-    weight_map = json.loads(index.read_text())["weight_map"]
-    return {name: path / file for name, file in weight_map.items()}
+    try:
+      weight_map = json.loads(index.read_text())["weight_map"]
+      return {name: path / file for name, file in weight_map.items()}
+    except (ValueError, KeyError, TypeError, AttributeError) as e:
+      raise InputError(f"{index} is not a safetensors index (a JSON object whose weight_map maps "
+                       f"tensor names to files; {type(e).__name__}: {first_line(e)}): download "
+                       f"or export the checkpoint again.") from None
   single = path / "model.safetensors"
   if single.is_file():
     with _open_safetensors(single) as f:

@@ -98,6 +98,8 @@ def save_shards(named_arrays, out_dir: pathlib.Path, max_shard_bytes: int) -> No
   shards take their names. Stopped part way (an error, an interrupt), it removes its temporary
   files and leaves out_dir's weights as they were."""
   shards, current, size, total = [], {}, 0, 0  # shards: [(temporary file, tensor names)]
+  for file in out_dir.glob(".shard-*.safetensors"):  # a killed export's
+    file.unlink()
 
   def flush():
     shards.append((out_dir / f".shard-{len(shards)}.safetensors", list(current)))
@@ -161,10 +163,16 @@ def _hf_tensors(params, model_cfg: ModelConfig, dtype: np.dtype) -> dict:
 
 
 def _copy_tokenizer_files(source_dir: pathlib.Path, out_dir: pathlib.Path, extra=()) -> None:
-  """Copies whichever tokenizer / generation files (and `extra` files) source_dir has."""
+  """out_dir's tokenizer / generation files (and `extra` files) are source_dir's: those it has
+  copied, those it lacks removed (an earlier export's chat template would be read instead of the
+  source's own). Nothing to do when out_dir is source_dir."""
+  if out_dir.resolve() == source_dir.resolve():
+    return
   for name in TOKENIZER_FILES + tuple(extra):
     if (source_dir / name).is_file():
       shutil.copyfile(source_dir / name, out_dir / name)
+    else:
+      (out_dir / name).unlink(missing_ok=True)
 
 
 def _target_modules(targets: list, layers_prefix: str):

@@ -157,9 +157,9 @@ class GemmaBlocks(Blocks):
 
 register_blocks(GemmaBlocks())
 register_model_family(ModelFamily(
-    "gemma2", "Gemma2ForCausalLM", default_head_dim=256, read_extras=gemma2_fields,
-    write_extras=_export, blocks="gemma"))
+    "gemma2", "Gemma2ForCausalLM", default_head_dim=256, tie_default=True,
+    read_extras=gemma2_fields, write_extras=_export, blocks="gemma"))
 register_model_family(ModelFamily(
-    "gemma3_text", "Gemma3ForCausalLM", qk_norm=True, default_head_dim=256,
+    "gemma3_text", "Gemma3ForCausalLM", qk_norm=True, default_head_dim=256, tie_default=True,
     read_extras=gemma3_fields, rope_config=gemma3_rope_config, write_extras=gemma3_export,
     blocks="gemma"))

@@ -24,6 +24,9 @@ class ModelFamily:
   qkv_bias: bool = False  # Biases on q/k/v (Qwen2).
   qk_norm: bool = False  # RMS norm of q and k per head (Qwen3).
   default_head_dim: Optional[int] = None  # When config.json has none; None: hidden / heads.
+  # tie_word_embeddings when config.json leaves it out: its transformers config class's
+  # default (Gemma's released configs omit it, and their weights have no lm_head).
+  tie_default: bool = False
   # False: config.json's attention_bias is ignored (Qwen2's q/k/v biases are always there).
   reads_attention_bias: bool = True
   # config.json -> its sliding-window size, or None for full attention; and ModelConfig -> the

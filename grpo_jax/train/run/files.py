@@ -69,7 +69,7 @@ def append(p, text: str) -> None:
 @contextlib.contextmanager
 def local_folder(out: str):
   """A local folder to write the folder `out` into: `out` itself, or (a URI) a temporary folder
-  uploaded to it afterwards, for writers of local files only (safetensors)."""
+  uploaded to it afterwards (upload_folder), for writers of local files only (safetensors)."""
   if not is_uri(out):
     yield out
     return
@@ -79,12 +79,19 @@ def local_folder(out: str):
 
 
 def upload_folder(local: str, target) -> None:
-  """Copies the files of a local folder to `target`, a URI folder."""
+  """Makes `target`, a URI folder, hold the files of a local folder: each copied, and the files
+  directly in target that the local folder lacks removed (an earlier export's weight shards
+  would otherwise stand beside the new ones)."""
   target = epath.Path(target)
+  written = set()
   for root, _, names in os.walk(local):
     for name in names:
       src = os.path.join(root, name)
+      written.add(os.path.relpath(src, local))
       dst = target / os.path.relpath(src, local)
       dst.parent.mkdir(parents=True, exist_ok=True)
       with open(src, "rb") as f:
         dst.write_bytes(f.read())
+  for old in target.iterdir():
+    if old.name not in written and old.is_file():
+      old.unlink()
