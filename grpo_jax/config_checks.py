@@ -123,10 +123,11 @@ def _validate_fused(config, task) -> None:
                  "set train.fused_steps=0")
   reward = config.get("reward")
   _require(not (reward and (reward.get("models") or reward.get("remote")
-                            or reward.rule_weight != 1.0)) and
+                            or reward.rule_weight != 1.0 or reward.combine != "sum")) and
            not config.rl.gfpo_keep,
            f"train.fused_steps={k} needs the task's own reward alone (reward models, remote "
-           f"rewards, weights and GFPO run on the host); set train.fused_steps=0.")
+           f"rewards, weights, reward.combine and GFPO run on the host); set "
+           f"train.fused_steps=0.")
   _require(not config.rl.dynamic_sampling,
            f"train.fused_steps={k} cannot resample (rl.dynamic_sampling draws a data-dependent "
            f"number of rounds); set rl.dynamic_sampling=False or train.fused_steps=0.")

@@ -27,6 +27,9 @@ CASES = [
     ("", "98", False, False, False),
     ("To add them, we need", "98", False, False, False),
     ("098", "98", True, True, True),
+    ("47 + 51 = 98.0", "98", False, True, False),  # a whole number with a decimal point
+    ("The answer is 3.98", "98", False, False, False),  # not 98: its last number is 3.98
+    ("1,234.50", "1234", False, False, False),
 ]
 
 
@@ -38,10 +41,10 @@ def test_answer_scores_by_hand(completion, gold, exact, correct, fmt):
 def _reference_shaped(completion, gold, format_score):
   """An independent reading of number_shaped's rule (module docstring)."""
   bare = re.fullmatch(r"\s*(-?\d+)\.?\s*", completion)
-  numbers = re.findall(r"-?\d+", completion.replace(",", ""))
+  numbers = re.findall(r"-?\d+(?:\.\d+)?", completion.replace(",", ""))
   if bare and int(bare.group(1)) == int(gold):
     return 1.0
-  if numbers and int(numbers[-1]) == int(gold):
+  if numbers and float(numbers[-1]) == int(gold):
     return 0.5
   return format_score if bare else 0.0
 
@@ -100,6 +103,28 @@ def test_eval_scores_and_score(task):
   np.testing.assert_array_equal(scores["eval_format"], [1, 0, 1])
   np.testing.assert_array_equal(scores["eval_strict"], [1, 0, 0])
   np.testing.assert_array_equal(task.score(batch, tokens, mask, 1), [1.0, 0.5, 0.0])
+
+
+class _Characters:
+  """A tokenizer of one id per character, without a chat template."""
+  chat_template, eos_token_id, pad_token_id = None, 0, 0
+
+  def __call__(self, text, add_special_tokens=False):
+    return {"input_ids": [ord(c) for c in text]}
+
+
+def test_a_training_prompt_over_max_prompt_tokens_is_refused_when_the_task_is_built():
+  """The one held-out problem is shorter than the longest training one ("99 + 99"): the check
+  measures every prompt, not the held-out ones alone (a run used to stop in pad_rows)."""
+  from grpo_jax.errors import ConfigError  # noqa: PLC0415
+  held_out = ChatArithmeticTask(_Characters(), 100, "+", 1, "", False, 1000, 8).test
+  longest = len("Question: What is 99 + 99?\nAnswer:")
+  assert len(held_out[0][0]) < longest
+  with pytest.raises(ConfigError, match=f"takes {longest} tokens, more than "
+                     f"data.max_prompt_tokens={longest - 1}; raise it"):
+    ChatArithmeticTask(_Characters(), 100, "+", 1, "", False, longest - 1, 8)
+  task = ChatArithmeticTask(_Characters(), 100, "+", 1, "", False, longest, 8)
+  assert task.train_batch(0, len(task.train), seed=0).prompt_tokens.shape[1] == longest
 
 
 @pytest.mark.parametrize("lengths,width,bucket,want", [

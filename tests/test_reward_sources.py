@@ -6,6 +6,7 @@ and the config errors."""
 
 import json
 import os
+import types
 
 import jax
 import numpy as np
@@ -147,6 +148,29 @@ def test_remote_faults_are_counted_and_nothing_else_is_lost(tmp_path):
     box.close()
 
 
+def test_the_rule_reward_alone_is_normalised_under_normalise_then_sum():
+  """Weight 1.0 and 1.0001 give the same normalised rewards (the unweighted rule alone is
+  summed as it is only under reward.combine='sum')."""
+  from grpo_jax.rewards.sources import RewardSources  # noqa: PLC0415
+
+  class Task:
+    tokenizer = None
+
+    def score(self, prompts, tokens, mask, group_size):
+      return mask.sum(1).astype(np.float32)
+
+  prompts = types.SimpleNamespace(prompt_tokens=np.zeros((2, 2), np.int32),
+                                  prompt_mask=np.ones((2, 2), bool))
+  mask = np.arange(4)[None] < np.array([4, 2, 1, 3, 1, 1, 2, 4])[:, None]
+  tokens = np.zeros((8, 4), np.int32)
+  got = {w: RewardSources(rule_weight=w, combine="normalise_then_sum").score(
+      Task(), prompts, tokens, mask, 4, "raise")[0] for w in (1.0, 1.0001)}
+  np.testing.assert_allclose(got[1.0], got[1.0001] / 1.0001, rtol=1e-5)
+  np.testing.assert_allclose(got[1.0].reshape(2, 4).mean(1), 0.0, atol=1e-6)
+  raw = RewardSources(combine="sum").score(Task(), prompts, tokens, mask, 4, "raise")[0]
+  np.testing.assert_array_equal(raw, [4, 2, 1, 3, 1, 1, 2, 4])
+
+
 def test_gfpo_keeps_the_shortest_rows_of_each_group():
   from grpo_jax.train.sources.collect import gfpo_rows
   config = _config(**{"rollout.group_size": 6, "rl.gfpo_keep": 2})
@@ -178,6 +202,12 @@ def test_gfpo_run_updates_on_the_kept_rows(tmp_path):
     ({"rl.critic_init": "reward_model"}, [dict(path="x")], "set rl.value_head='separate'"),
     ({"rl.gfpo_keep": 9}, None, "rl.gfpo_keep=9"),
     ({"rl.gfpo_keep": 2, "rl.gfpo_metric": "speed"}, None, "rl.gfpo_metric='speed'"),
+    ({"rl.advantage": "remax", "reward.combine": "normalise_then_sum"}, None,  # greedy: G = 1
+     "rl.advantage='remax' needs greedy_rewards, which reward.combine='normalise_then_sum'"),
+    ({"train.fused_steps": 1, "reward.combine": "normalise_then_sum"}, None,
+     "reward.combine and GFPO run on the host"),
+    ({"reward.combine": "normalise_then_sum", "rollout.group_size": 1, "rl.advantage": "gae",
+      "rl.value_head": "shared"}, None, "rollout.group_size=1 has no group standard deviation"),
 ])
 def test_config_errors(fields, models, message):
   config = _config(**fields)

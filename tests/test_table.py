@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import time
+import types
 
 import numpy as np
 import pytest
@@ -251,6 +252,46 @@ def test_built_in_rewards():
   assert math_verify(None, completions, answers=answers) == [1.0, 1.0, 1.0, 0.0, 1.0]
   assert answer_number(None, completions, answers=answers) == [0.0, 1.0, 0.0, 0.0, 1.0]
   assert format_regex(None, completions, pattern=r"#### -?\d+") == [0.0] * 4 + [1.0]
+
+
+def test_numbers_without_a_leading_digit_read_as_their_value():
+  from grpo_jax.rewards.functions import answer_match, answer_number  # noqa: PLC0415
+  completions = ["0.5", "5", "-0.5", "-5", "3.98", "1234.5", "it is 5."]
+  answers = [".5", ".5", "-.5", "-.5", "3.98", "1,234.5", "5"]
+  assert answer_number(None, completions, answers=answers) == [1.0, 0.0, 1.0, 0.0, 1.0, 1.0, 1.0]
+  assert [answer_match(c, a) for c, a in zip(completions, answers)] == [1.0, 0.0, 1.0, 0.0, 1.0,
+                                                                         1.0, 1.0]
+
+
+def test_a_file_saved_with_a_utf8_bom_reads_as_the_same_rows(tmp_path):
+  """Excel's "CSV UTF-8" (and some editors) start the file with a byte-order mark."""
+  from grpo_jax.data.table_files import read_splits  # noqa: PLC0415
+  row = {"prompt": "What is 2+2?", "answer": "4"}
+  texts = {".csv": "prompt,answer\nWhat is 2+2?,4\n", ".jsonl": json.dumps(row) + "\n",
+           ".json": json.dumps([row])}
+  for ext, text in texts.items():
+    path = tmp_path / f"rows{ext}"
+    path.write_text(text, encoding="utf-8-sig")
+    assert [r for _, r in read_splits(str(path), "train", "test")[0]] == [row], ext
+
+
+@pytest.mark.parametrize("fns,clash", [("mine:accuracy,answer_number", "eval_accuracy"),
+                                       ("mine:reward,answer_number", "eval_reward"),
+                                       ("mine:score,other.py:score", "eval_score")])
+def test_reward_functions_whose_metrics_collide_are_one_sentence(fns, clash):
+  from grpo_jax.defaults import get_defaults  # noqa: PLC0415
+  from grpo_jax.errors import ConfigError  # noqa: PLC0415
+  from grpo_jax.rewards import functions  # noqa: PLC0415
+  config = get_defaults()
+  config.reward.fns = fns
+  found = lambda *_: types.SimpleNamespace(accuracy=len, reward=len, score=len)  # noqa: E731
+  with pytest.MonkeyPatch.context() as patch:
+    patch.setattr(functions, "_import_module", found)
+    with pytest.raises(ConfigError, match=f"would log the held-out metric.s. {clash} twice") as e:
+      functions.load_reward_functions(config)
+    assert "rename the function" in str(e.value) and "\n" not in str(e.value)
+    config.reward.fns = "mine:score,answer_number,answer_number"  # a spec twice: accepted
+    assert len(functions.load_reward_functions(config)) == 3
 
 
 def test_reward_fns_with_another_task_is_one_sentence():

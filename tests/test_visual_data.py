@@ -207,6 +207,27 @@ def test_an_image_that_cannot_be_read_is_one_sentence_naming_file_and_row(tmp_pa
   assert len(task.train) + len(task.test) == 8
 
 
+def test_an_interrupted_rewrite_leaves_the_previous_table_whole(tmp_path, monkeypatch):
+  folder = str(tmp_path / "vc")
+  visual_count.write_table(folder, train=3, test=2, variant="count")
+  before = {name: (tmp_path / "vc" / name).read_bytes() for name in
+            ["train.jsonl", "test.jsonl"] + [f"images/{n}" for n in os.listdir(f"{folder}/images")]}
+  calls = []
+
+  def interrupted(path, image):  # Ctrl-C at the third image
+    calls.append(path)
+    if len(calls) == 3:
+      raise KeyboardInterrupt
+    write_png(path, image)
+  monkeypatch.setattr(visual_count, "write_png", interrupted)
+  with pytest.raises(KeyboardInterrupt):
+    visual_count.write_table(folder, train=3, test=2, variant="bars")
+  after = {name: (tmp_path / "vc" / name).read_bytes() for name in before}
+  assert after == before
+  assert sorted(os.listdir(folder)) == ["images", "test.jsonl", "train.jsonl"]
+  assert len(os.listdir(f"{folder}/images")) == 5  # no temporary file left
+
+
 def test_an_entry_of_another_kind_is_refused_in_one_sentence():
   with pytest.raises(ImageLoadError, match="is not a path, a data:image"):
     load_image(42, "")

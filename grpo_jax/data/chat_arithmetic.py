@@ -93,7 +93,9 @@ class ChatArithmeticTask(ChatTextTask):
     order = np.random.default_rng(_SPLIT_SEED).permutation(len(problems))
     self.test = [self._encode(problems[i]) for i in order[:test_size]]
     self.train = [problems[i] for i in order[test_size:]]  # encoded when drawn
-    longest = max(len(item[0]) for item in self.test)
+    # every prompt the task can put, training ones included (a longer one would fail mid-run)
+    longest = max([len(item[0]) for item in self.test]
+                  + [len(self._encode(problem)[0]) for problem in self.train])
     if longest > self.prompt_len:
       raise ConfigError(f"a chat_arithmetic prompt takes {longest} tokens, more than "
                         f"data.max_prompt_tokens={self.prompt_len}; raise it.")

@@ -29,13 +29,13 @@ class LongPrompt(BadRow):
 
 
 def jsonl_rows(path: str):
-  """(where "file:line", row dict or BadRow) of a .jsonl file, blank lines skipped, each row's
-  text checked (`_checked`)."""
+  """(where "file:line", row dict or BadRow) of a .jsonl file (a UTF-8 BOM at its start
+  allowed), blank lines skipped, each row's text checked (`_checked`)."""
   with open(path, "rb") as f:
     for number, raw in enumerate(f, 1):
       where = f"{path}:{number}"
       try:
-        line = raw.decode("utf-8")
+        line = raw.decode("utf-8-sig" if number == 1 else "utf-8")
       except UnicodeDecodeError as e:
         yield where, BadRow(f"is not UTF-8 text (byte {raw[e.start:e.start + 1]!r} at column "
                             f"{e.start + 1}); save the file as UTF-8")
@@ -73,11 +73,12 @@ def _file_rows(path: str):
 
 
 def _other_file_rows(path: str):
-  """(where, row dict or BadRow) of a .json, .csv or .parquet file."""
+  """(where, row dict or BadRow) of a .json, .csv or .parquet file (a text file may start with a
+  UTF-8 BOM, as Excel's "CSV UTF-8" does)."""
   ext = os.path.splitext(path)[1]
   try:
     if ext == ".json":
-      with open(path, encoding="utf-8") as f:
+      with open(path, encoding="utf-8-sig") as f:
         rows = json.load(f)
       if not isinstance(rows, list):
         raise InputError(f"{path} holds a JSON {type(rows).__name__}; a .json data file must be "
@@ -85,7 +86,7 @@ def _other_file_rows(path: str):
       for i, row in enumerate(rows):
         yield f"{path} item {i}", row if isinstance(row, dict) else BadRow("is not an object")
     elif ext == ".csv":
-      with open(path, encoding="utf-8", newline="") as f:
+      with open(path, encoding="utf-8-sig", newline="") as f:
         reader = csv.DictReader(f, restval=_MISSING, restkey=_EXTRA)
         for row in reader:
           where = f"{path}:{reader.line_num}"

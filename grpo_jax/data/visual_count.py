@@ -144,18 +144,29 @@ def split_indices(split: str, count: int) -> range:
 def write_table(folder: str, seed: int = 0, train: int = 1000, test: int = 200,
                 variant: str = "count", blank: bool = False) -> dict:
   """{split: jsonl path}: folder/{train,test}.jsonl, one {"prompt", "answer", "images":
-  ["images/<split>_<index>.png"]} line per row, with the PNGs under folder/images/."""
+  ["images/<split>_<index>.png"]} line per row, with the PNGs under folder/images/. Every file
+  is written under a temporary name and renamed over the old one (the PNGs first) once all
+  are written: an interrupted rewrite leaves the folder's previous table whole."""
   os.makedirs(os.path.join(folder, "images"), exist_ok=True)
-  paths = {}
-  for split, count in (("train", train), ("test", test)):
-    paths[split] = os.path.join(folder, f"{split}.jsonl")
-    with open(paths[split], "w") as f:
-      for index in split_indices(split, count):
-        row = make_row(seed, index, variant, blank)
-        name = f"images/{split}_{index:07d}.png"
-        write_png(os.path.join(folder, name), row.image)
-        f.write(json.dumps({"prompt": row.question, "answer": row.answer,
-                            "images": [name]}) + "\n")
+  paths, images = {}, []
+  try:
+    for split, count in (("train", train), ("test", test)):
+      paths[split] = os.path.join(folder, f"{split}.jsonl")
+      with open(paths[split] + ".tmp", "w") as f:
+        for index in split_indices(split, count):
+          row = make_row(seed, index, variant, blank)
+          name = f"images/{split}_{index:07d}.png"
+          images.append(os.path.join(folder, name))
+          write_png(images[-1] + ".tmp", row.image)
+          f.write(json.dumps({"prompt": row.question, "answer": row.answer,
+                              "images": [name]}) + "\n")
+  except BaseException:
+    for path in images + list(paths.values()):
+      if os.path.exists(path + ".tmp"):
+        os.remove(path + ".tmp")
+    raise
+  for path in images + list(paths.values()):
+    os.replace(path + ".tmp", path)
   return paths
 
 

@@ -145,7 +145,18 @@ def _device_greedy_rewards(r: DeviceRound):
   return jnp.repeat(rewards, r.group_size, axis=0)
 
 
-@register_input("greedy_rewards", uses_greedy=True, device=_device_greedy_rewards)
+def _no_greedy_normalisation(config, task) -> Optional[str]:
+  del task
+  reward = config.get("reward")
+  if reward is None or reward.get("combine", "sum") != "normalise_then_sum":
+    return None
+  return ("which reward.combine='normalise_then_sum' cannot score: each prompt's greedy "
+          "completion is a group of one, with no group standard deviation to normalise its "
+          "rewards by; set reward.combine='sum'.")
+
+
+@register_input("greedy_rewards", uses_greedy=True, device=_device_greedy_rewards,
+                unavailable=_no_greedy_normalisation)
 def greedy_rewards(r: HostRound) -> Provided:
   """(B,) the reward of the greedy completion of each row's prompt (ReMax's baseline)."""
   rewards, bad, _ = r.sources.score(r.task, r.prompts, r.greedy.completion_tokens,

@@ -48,7 +48,7 @@ class RewardFunction:
 
 
 def _number(text) -> float | None:
-  found = re.findall(r"-?\d[\d,]*\.?\d*", str(text))
+  found = re.findall(r"-?(?:\d[\d,]*\.?\d*|\.\d+)", str(text))  # ".5" is 0.5
   return float(found[-1].replace(",", "").rstrip(".")) if found else None
 
 
@@ -176,6 +176,17 @@ def load_reward_functions(config) -> tuple[RewardFunction, ...]:
       if not callable(fn):
         raise ConfigError(f"reward.fns[{index}]={spec!r}: {module} has no function {attr!r}.")
     out.append(RewardFunction(spec, fn, weight, timeout_s))
+  # Several functions are each logged as eval_<function name> (data/table.py eval_scores), beside
+  # the task's own eval_accuracy and eval_reward: a name shared by two different functions, or
+  # one of those two, would overwrite another metric (the same spec twice gives the same values).
+  names = [spec.rpartition(":")[2] for spec in dict.fromkeys(specs)]  # of the distinct specs
+  clashes = sorted({n for n in names if names.count(n) > 1 or n in ("accuracy", "reward")})
+  if len(specs) > 1 and clashes:
+    raise ConfigError(f"reward.fns={config.reward.fns!r} would log the held-out metric(s) "
+                      f"{', '.join(f'eval_{n}' for n in clashes)} twice (each function's is "
+                      f"eval_<its name>, beside eval_accuracy and eval_reward); rename the "
+                      f"function(s) {', '.join(repr(n) for n in clashes)} so that every name "
+                      f"differs and none is accuracy or reward.")
   return tuple(out)
 
 

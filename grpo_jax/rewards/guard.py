@@ -86,6 +86,8 @@ def guarded_score(task, prompts, tokens, mask, group_size: int, on_error: str):
   A completion whose reward raises or is not finite stops the run with a RewardError showing
   its prompt and completion (on_error="raise"), or is scored 0 and marked failed
   (on_error="zero"; the caller counts them and zeroes what else it scores for those rows).
+  Where the batch call returned, the completions at fault are its non-finite values and every
+  other row keeps the batch's value; only a batch call that raised scores the rows one by one.
   """
   tokens, mask = np.asarray(tokens), np.asarray(mask)
   try:
@@ -100,11 +102,16 @@ def guarded_score(task, prompts, tokens, mask, group_size: int, on_error: str):
     ok, first_error = np.isfinite(np.asarray(rewards, np.float64)), None
   if ok is not None and ok.all():
     return np.asarray(rewards, np.float32), np.zeros(tokens.shape[0], bool)
-  rewards, failures = _score_rows(task, prompts, tokens, mask, group_size)
-  if not failures:  # the batch failed but every completion scores alone: a batch-level bug
-    what = repr(first_error) if first_error is not None else "non-finite values"
-    raise RewardError(f"the reward function failed on the whole batch ({what}) but on no "
-                      f"completion alone; fix its batch handling.") from first_error
+  if ok is not None:  # a reward may depend on the batch: the good rows keep the batch's values
+    values = np.asarray(rewards, np.float64)
+    failures = {int(row): (f"the reward function returned {float(values[row])}", None)
+                for row in np.flatnonzero(~ok)}
+    rewards = np.where(ok, values, 0.0).astype(np.float32)
+  else:
+    rewards, failures = _score_rows(task, prompts, tokens, mask, group_size)
+    if not failures:  # the batch raised but every completion scores alone: a batch-level bug
+      raise RewardError(f"the reward function failed on the whole batch ({first_error!r}) but "
+                        f"on no completion alone; fix its batch handling.") from first_error
   if on_error == "raise":
     row, (what, error) = min(failures.items())
     one = take_rows(prompts, np.array([row // group_size]))

@@ -3,9 +3,10 @@
 Three readings of one completion, against the gold answer (an integer as a string):
   format   the completion is a bare number: optional spaces, an optional sign, digits, an
            optional final "." ("108", " 108.", "-7"); anything else around it fails;
-  correct  the completion's last integer equals the gold answer exactly ("47 + 51 = 98" is
-           correct for 98; thousands separators "1,234" read as 1234): the task's held-out
-           accuracy (exact match of the answer, eval_accuracy);
+  correct  the completion's last number is whole and equals the gold answer exactly
+           ("47 + 51 = 98" and "98.0" are correct for 98, "3.98" is not; thousands separators
+           "1,234" read as 1234): the task's held-out accuracy (exact match of the answer,
+           eval_accuracy);
   exact    both: the bare number is the gold answer (eval_strict).
 
 Text rewards (grpo_jax.rewards.registry, fn(completion, gold, format_score) -> float):
@@ -25,7 +26,7 @@ from typing import NamedTuple
 from grpo_jax.rewards.registry import register_reward
 
 _BARE = re.compile(r"\s*(-?\d+)\.?\s*")
-_INTEGER = re.compile(r"-?\d[\d,]*")
+_NUMBER = re.compile(r"(-?\d[\d,]*)(?:\.(\d+))?")
 
 
 class AnswerScores(NamedTuple):
@@ -35,9 +36,13 @@ class AnswerScores(NamedTuple):
 
 
 def last_integer(text: str) -> str | None:
-  """The last integer of text, thousands separators removed ("1,234." -> "1234"); None if none."""
-  matches = _INTEGER.findall(text)
-  return matches[-1].replace(",", "") if matches else None
+  """The last number of text as an integer, thousands separators removed ("1,234." -> "1234",
+  "98.0" -> "98"); None if there is none or it is not whole ("3.98" is not 98)."""
+  matches = _NUMBER.findall(text)
+  if not matches:
+    return None
+  whole, fraction = matches[-1]
+  return whole.replace(",", "") if not fraction.strip("0") else None
 
 
 def _same_number(answer: str | None, gold: str) -> bool:

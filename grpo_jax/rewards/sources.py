@@ -95,8 +95,10 @@ class RewardSources:
 
   @property
   def only_rule(self) -> bool:
-    """The task's rule reward alone, unweighted: scored exactly as without this module."""
-    return not self.models and not self.remote and self.rule_weight == 1.0
+    """The task's rule reward alone, unweighted and summed (reward.combine="normalise_then_sum"
+    normalises it within each group): scored exactly as without this module."""
+    return (not self.models and not self.remote and self.rule_weight == 1.0
+            and self.combine == "sum")
 
   @property
   def names(self) -> tuple:
@@ -202,6 +204,11 @@ def check_reward_config(config) -> None:
   combine = reward.combine
   if combine not in COMBINE_MODES:
     raise ConfigError(f"reward.combine={combine!r} is unknown; valid: {', '.join(COMBINE_MODES)}.")
+  group_size = config.rollout.group_size if config.get("rollout") is not None else 2
+  if combine == "normalise_then_sum" and group_size < 2:
+    raise ConfigError(f"reward.combine='normalise_then_sum' normalises each reward within a "
+                      f"prompt's group, but rollout.group_size={group_size} has no group standard "
+                      f"deviation; use rollout.group_size >= 2 or reward.combine='sum'.")
   rule_weight = float(reward.rule_weight)
   models, remote = config_entries(reward, "models"), config_entries(reward, "remote")
   if rule_weight == 0 and not models and not remote:
