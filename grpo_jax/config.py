@@ -24,6 +24,16 @@ def update_group_size(config) -> int:
   return config.rl.gfpo_keep or config.rollout.group_size
 
 
+def completion_cap(config) -> tuple[str, int]:
+  """(field, value) of the longest completion the update sees, to which DAPO's overlong
+  penalty counts: an episode source's env.max_completion_tokens (every id after the prompt,
+  the policy's and the environment's; rollout.max_new_tokens caps one turn), else
+  rollout.max_new_tokens."""
+  if config.train.get("experience_source", "") in ("episodes", "fused_episodes"):
+    return "env.max_completion_tokens", int(config.env.max_completion_tokens)
+  return "rollout.max_new_tokens", int(config.rollout.max_new_tokens)
+
+
 INT32_MAX = 2**31 - 1
 
 
@@ -76,7 +86,14 @@ def validate(config) -> None:
   ESTIMATORS.bind(rl.advantage, rl, estimator.fn)  # the entries' own checks
   POLICY_LOSSES.bind(rl.loss, rl)
   from grpo_jax.rl.objective import OBJECTIVES, make_objective  # noqa: PLC0415
-  make_objective(rl, r.group_size)  # the objective's own checks
+  g = update_group_size(config)  # the update's groups: GFPO's kept rl.gfpo_keep when set
+  compares = (f"rl.objective={rl.objective!r}" if OBJECTIVES.get(rl.objective).whole_groups
+              else f"rl.advantage={rl.advantage!r}" if estimator.groups else "")
+  _require(not (rl.gfpo_keep and compares) or g >= 2,
+           f"rl.gfpo_keep={rl.gfpo_keep} keeps {g} of a prompt's completions for the update, but "
+           f"{compares} compares the completions of a prompt; keep 2 to rollout.group_size="
+           f"{r.group_size}, or set rl.gfpo_keep=0.")
+  make_objective(rl, g)  # the objective's own checks
   KL_ESTIMATORS.get(rl.kl_estimator)
   _one_of(rl.loss_aggregation, LOSS_AGGREGATIONS, "rl.loss_aggregation")
   _one_of(rl.kl_in, KL_PLACEMENTS, "rl.kl_in")
@@ -96,7 +113,7 @@ def validate(config) -> None:
   _one_of(config.model.compute_dtype, MODEL_DTYPES + ("auto",), "model.compute_dtype")
   _require(r.group_size >= 1, f"rollout.group_size={r.group_size}; use at least 1.")
   if estimator.groups:
-    _require(r.group_size >= 2,
+    _require(g >= 2,
              f"rollout.group_size={r.group_size} with rl.advantage={rl.advantage!r} leaves "
              f"groups of one, with no group mean or standard deviation to compare against; "
              f"use group_size >= 2 (or rl.advantage='gae' with a value head).")
@@ -170,6 +187,15 @@ def validate(config) -> None:
   _one_of(r.get("decode_loop", "auto"), ("auto",) + DECODE_LOOPS, "rollout.decode_loop")
   _validate_engines(config)
   _require(rl.kl_coef >= 0, f"rl.kl_coef={rl.kl_coef}; use a value >= 0 (0 turns KL off).")
+  _require(rl.kl_clamp >= 0, f"rl.kl_clamp={rl.kl_clamp}; use 0 (off) or a bound > 0 on "
+           f"|log pi - log pi_ref| (verl: 20).")
+  eps, lam = rl.get("advantage_eps", 0.0), rl.get("lam", 1.0)
+  _require(eps >= 0, f"rl.advantage_eps={eps}; use a value >= 0 added to the standard "
+           f"deviation that divides the advantages (verl: 1e-6).")
+  _require(0 <= lam <= 1, f"rl.lam={lam}; use a GAE lambda in [0, 1] (verl: 1.0).")
+  _require(rl.value_head == "none" or rl.value_clip_eps >= 0,
+           f"rl.value_clip_eps={rl.value_clip_eps}; use a value >= 0, the most the critic's "
+           f"values may move from the old ones (verl: 0.5).")
   _require(not rl.adaptive_kl or (rl.kl_target > 0 and rl.kl_horizon > 0 and rl.kl_coef > 0),
            f"rl.adaptive_kl needs rl.kl_coef > 0, rl.kl_target > 0 and rl.kl_horizon > 0 "
            f"(got {rl.kl_coef}, {rl.kl_target}, {rl.kl_horizon}).")
@@ -187,9 +213,9 @@ def validate(config) -> None:
            f"rl.unbiased_kl=False.")
   _require(rl.opsm_delta >= 0, f"rl.opsm_delta={rl.opsm_delta}; use 0 (off) or a KL threshold "
            f"> 0 (slime's default 1e-4).")
-  _require(0 <= rl.overlong_buffer < r.max_new_tokens,
-           f"rl.overlong_buffer={rl.overlong_buffer} must be in [0, rollout.max_new_tokens="
-           f"{r.max_new_tokens}).")
+  cap_field, cap = completion_cap(config)
+  _require(0 <= rl.overlong_buffer < cap,
+           f"rl.overlong_buffer={rl.overlong_buffer} must be in [0, {cap_field}={cap}).")
   _require(tr.steps >= 1, f"train.steps={tr.steps}; use at least 1.")
   _require(tr.eval_every >= 1, f"train.eval_every={tr.eval_every}; use at least 1.")
   _require(tr.eval_batch_size >= 1 and tr.eval_size >= 1,

@@ -184,3 +184,48 @@ def test_round_5s_unclear_sentences_now_say_the_cause():
   with pytest.raises(ValueError, match=r"^config.json is a grpo_jax run's config, not a "
                      r"model's: this folder is a training run's workdir; give its hf_export"):
     model_config_from_hf({"train": {}, "rl": {}, "model": {}})
+
+
+@pytest.mark.parametrize("fields,expected", [
+    # rl.gfpo_keep=1 left the update groups of one (grpo failed at step time, dr_grpo's
+    # advantages were all 0, online_dpo's sentence named rollout.group_size)
+    (dict(gfpo_keep=1), "rl.gfpo_keep=1 keeps 1 of a prompt's completions for the update, but "
+                        "rl.advantage='grpo' compares the completions of a prompt; keep 2 to "
+                        "rollout.group_size=8, or set rl.gfpo_keep=0."),
+    (dict(gfpo_keep=1, advantage="dr_grpo"), "but rl.advantage='dr_grpo' compares"),
+    (dict(gfpo_keep=1, objective="online_dpo", kl_coef=0.1), "but rl.objective='online_dpo' "),
+    # values that crossed a clip's bounds or left their range and gave wrong numbers
+    (dict(kl_clamp=-5.0), "rl.kl_clamp=-5.0; use 0 (off) or a bound > 0"),
+    (dict(advantage_eps=-1e-6), "rl.advantage_eps=-1e-06; use a value >= 0"),
+    (dict(lam=2.0), "rl.lam=2.0; use a GAE lambda in [0, 1]"),
+    (dict(advantage="gae", value_head="shared", value_clip_eps=-0.5),
+     "rl.value_clip_eps=-0.5; use a value >= 0"),
+])
+def test_rl_values_that_gave_wrong_numbers_are_one_sentence(fields, expected):
+  config = grpo_tiny.get_config()
+  config.rl.update(fields)
+  with pytest.raises(ConfigError) as err:
+    validate(config)
+  assert expected in str(err.value) and str(err.value).count(". ") == 0
+  config = grpo_tiny.get_config()  # the edges are valid
+  config.rl.update(gfpo_keep=2, kl_clamp=0.0, advantage_eps=0.0, lam=0.0, value_clip_eps=-1.0)
+  validate(config)  # (value_clip_eps unread without a critic)
+
+
+def test_the_overlong_buffer_of_an_episode_counts_to_the_episodes_cap():
+  """An episode's completion (every id after its prompt) runs to env.max_completion_tokens,
+  not to one turn's rollout.max_new_tokens: rl.overlong_buffer is checked against that cap,
+  and the update's overlong penalty counts to it (config.completion_cap, stages/rl.py)."""
+  from configs import grpo_calculator_tiny  # noqa: PLC0415
+  from grpo_jax.config import completion_cap  # noqa: PLC0415
+  config = grpo_calculator_tiny.get_config()
+  config.rollout.max_new_tokens, config.env.max_completion_tokens = 32, 256
+  config.rl.overlong_buffer = 64  # more than a turn, less than an episode: refused before
+  validate(config)
+  assert completion_cap(config) == ("env.max_completion_tokens", 256)
+  config.rl.overlong_buffer = 256
+  with pytest.raises(ConfigError, match=r"^rl.overlong_buffer=256 must be in \[0, "
+                                        r"env.max_completion_tokens=256\).$"):
+    validate(config)
+  assert completion_cap(grpo_tiny.get_config()) == (
+      "rollout.max_new_tokens", grpo_tiny.get_config().rollout.max_new_tokens)

@@ -256,3 +256,11 @@ def test_cispo_matches_verls_compute_policy_loss_cispo(verl):
   assert abs(float(f(f32(logp))) - want.item()) <= 1e-6
   grad = np.asarray(jax.grad(f)(f32(logp)))
   assert np.max(np.abs(grad - log_prob.grad.numpy())) <= 1e-6
+
+
+def test_cispo_refuses_a_negative_log_ratio_clamp():
+  """A negative rl.log_ratio_clamp crossed the clip's bounds (CISPO's weights e^-c where the
+  policies agree); 0 (off) is kept."""
+  with pytest.raises(ConfigError, match=r"^rl.log_ratio_clamp=-1.0; use 0 \(off\)"):
+    make_objective(rl_defaults(loss="cispo", log_ratio_clamp=-1.0))
+  make_objective(rl_defaults(loss="cispo", log_ratio_clamp=0.0))

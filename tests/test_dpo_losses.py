@@ -239,3 +239,24 @@ def test_bad_hyperparameters_are_one_sentence():
     _bound("cdpo", beta=0.1, label_smoothing=0.5)
   with pytest.raises(ConfigError, match="dpo.beta=0"):
     _bound("dpo", beta=0.0)
+
+
+def test_orpo_at_a_chosen_log_prob_of_zero_has_the_limits_gradient():
+  """float32's log-softmax rounds a confident token's log-prob to exactly 0, where the odds are
+  infinite (the gradient was NaN, and the guarded update skipped the batch): ORPO's gradient
+  there is the limit's, -1/|y_c| - β odds_r / |y_c|; below -1e-6 loss and gradient are the
+  plain formula's, bit for bit."""
+  def loss(chosen, formula=False):
+    p = PairLogps(chosen, jnp.array([-5.0]), jnp.array([2.0]), jnp.array([3.0]))
+    if not formula:
+      return dpo_lib.orpo(p, beta=0.1)
+    a_c, a_r = chosen / 2.0, jnp.array([-5.0]) / 3.0
+    log_odds = (a_c - a_r) - (dpo_lib.log1mexp(a_c) - dpo_lib.log1mexp(a_r))
+    return dpo_lib.chosen_nll(p) - 0.1 * jnp.mean(jax.nn.log_sigmoid(log_odds))
+  odds_r = np.exp(-5 / 3) / (1 - np.exp(-5 / 3))
+  grad = jax.grad(loss)(jnp.array([0.0]))
+  np.testing.assert_allclose(grad, [-0.5 - 0.1 * odds_r / 2], rtol=1e-5)
+  assert abs(float(loss(jnp.array([0.0])))) < 1e-8
+  for chosen in (-2.01e-6, -2e-3, -3.0):
+    c = jnp.array([chosen])
+    assert loss(c) == loss(c, True) and jax.grad(loss)(c) == jax.grad(loss)(c, True), chosen

@@ -119,3 +119,14 @@ def test_a_new_loss_is_one_file():
     np.testing.assert_allclose(np.asarray(grad), want, rtol=1e-6, atol=1e-7)
   finally:
     POLICY_LOSSES.unregister("reinforce")
+
+
+@pytest.mark.parametrize("loss", ["ppo_clip", "gspo"])
+def test_a_negative_log_ratio_clamp_is_one_sentence(loss):
+  """rl.log_ratio_clamp < 0 crossed the clip's bounds (a ratio of e^-1 where it is 1): the
+  losses that read it refuse it; 0 (off) is kept."""
+  from grpo_jax.errors import ConfigError  # noqa: PLC0415
+  with pytest.raises(ConfigError, match=r"^rl.log_ratio_clamp=-1.0; use 0 \(off\) or a bound "
+                                        r"> 0 on \|log pi - log pi_old\| before exp"):
+    make_objective(rl_defaults(loss=loss, log_ratio_clamp=-1.0))
+  make_objective(rl_defaults(loss=loss, log_ratio_clamp=0.0))

@@ -83,6 +83,13 @@ def test_recipes_pick_each_arms_config_and_program(tmp_path):
     (dict(base_config="c.py", seeds=[1, 1]), "distinct whole numbers"),
     (dict(base_config="c.py", seed_axis="pmap"), "seed_axis='pmap' is unknown"),
     (dict(base_config="c.py", grid={"rl.advantage": []}), "non-empty list"),
+    # a "seed" outside seeds=[...] came after each run's --config.seed and won (one run, std 0)
+    (dict(base_config="c.py", overrides={"seed": 7}, seeds=[0, 1]),
+     r"my_sweep.py: overrides sets 'seed', which would make every seed of the sweep the same run; "
+     r"give the seeds as seeds=\[...\] alone."),
+    (dict(base_config="c.py", grid={"seed": [1, 2]}), r"grid sets 'seed'"),
+    (dict(base_config="c.py", grid={"rl.advantage": ["grpo", "rloo"]},
+          arm_overrides={"rloo": {"seed": 3}}), r"arm_overrides\['rloo'\] sets 'seed'"),
 ])
 def test_bad_sweep_files_are_named(tmp_path, fields, message):
   with pytest.raises(SweepError, match=message):

@@ -1,6 +1,8 @@
 """The assembled update: micro-batching is exact, critics, KL controller, reference refresh,
 and the non-finite guard."""
 
+import logging
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -238,3 +240,19 @@ def test_lr_schedules_warm_up_then_hold_or_decay_to_the_final_fraction(name):
   want = np.where(t < warm, peak * t / warm, after)
   got = np.array([float(LR_SCHEDULES[name](peak, warm, total, final)(i)) for i in t])
   np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-10)
+
+
+def test_no_warm_up_gives_the_peak_rate_from_the_first_update(caplog):
+  """optim.warmup_steps 0: every schedule starts at the peak (without optax's note on a warm-up
+  of no steps), and the first AdamW update moves each parameter by the full rate (it was 0)."""
+  from grpo_jax.rl.lr_schedules import LR_SCHEDULES  # noqa: PLC0415
+  with caplog.at_level(logging.DEBUG):
+    for name, make in LR_SCHEDULES.items():
+      assert float(make(1e-3, 0, 10, 1e-4)(0)) == pytest.approx(1e-3, rel=1e-6), name
+  assert "non-positive" not in caplog.text
+  for name in LR_SCHEDULES:
+    optimizer = make_optimizer(ml_collections.ConfigDict(dict(
+        OPTIM, warmup_steps=0, schedule=name, final_lr_fraction=0.1)), 10)
+    params = {"w": jnp.ones(3)}
+    updates, _ = optimizer.update({"w": jnp.ones(3)}, optimizer.init(params), params)
+    np.testing.assert_allclose(updates["w"], -OPTIM.learning_rate, rtol=1e-5)

@@ -52,7 +52,7 @@ import jax.numpy as jnp
 from grpo_jax.errors import ConfigError
 from grpo_jax.registry import hyperparameters
 from grpo_jax.rl._checks import as_token_mask, require_shape
-from grpo_jax.rl.losses import POLICY_LOSSES
+from grpo_jax.rl.losses import POLICY_LOSSES, check_log_ratio_clamp
 
 from grpo_jax.rl import rejection  # noqa: F401  registers the "rs_*" entries
 from grpo_jax.rl.correction_registry import IS_CORRECTIONS, SAFETY_BOUND  # noqa: F401
@@ -305,11 +305,11 @@ def cispo_loss(logprobs, old_logprobs, advantages, mask, eps_low: float, eps_hig
   return loss, metrics
 
 
-def _check_cispo(cispo_eps_low=10.0, cispo_eps_high=0.2, **_):
+def _check_cispo(cispo_eps_low=10.0, cispo_eps_high=0.2, log_ratio_clamp=20.0, **_):
   if not (cispo_eps_low > 0 and cispo_eps_high > 0):
     return (f"rl.cispo_eps_low={cispo_eps_low}, rl.cispo_eps_high={cispo_eps_high}; use "
             f"positive values (verl's CISPO recipe: 10, no lower bound in effect, and 0.2).")
-  return None
+  return check_log_ratio_clamp(log_ratio_clamp)
 
 
 @POLICY_LOSSES.register("cispo", check=_check_cispo)

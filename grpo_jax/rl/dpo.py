@@ -172,12 +172,23 @@ def simpo(p: PairLogps, *, beta=0.1, simpo_gamma=0.5, label_smoothing=0.0):
 simpo.reference_free = True
 
 
+ODDS_CEILING = -1e-7  # the highest per-token mean log-prob ORPO's odds take (below)
+
+
+def _below_ceiling(a):
+  """a, or ODDS_CEILING where a is above it, with the gradient passed straight through: float32's
+  log-softmax rounds a confident token's log-prob to 0, where log(1 - e^a) is -inf and its
+  gradient NaN; at the ceiling the odds term's gradient is its limit at 0 to 1e-6."""
+  return jnp.where(a > ODDS_CEILING, a + jax.lax.stop_gradient(ODDS_CEILING - a), a)
+
+
 @PREFERENCE_LOSSES.register("orpo", check=check_beta)
 def orpo(p: PairLogps, *, beta=0.1):
-  """NLL - β mean log σ(log odds of the chosen over the rejected completion)."""
+  """NLL - β mean log σ(log odds of the chosen over the rejected completion), the odds of a
+  per-token mean log-prob above ODDS_CEILING (1e-7 from certainty) taken at the ceiling."""
   a_c = _per_token(p.chosen, p.chosen_tokens)
   a_r = _per_token(p.rejected, p.rejected_tokens)
-  log_odds = (a_c - a_r) - (log1mexp(a_c) - log1mexp(a_r))
+  log_odds = (a_c - a_r) - (log1mexp(_below_ceiling(a_c)) - log1mexp(_below_ceiling(a_r)))
   return chosen_nll(p) - beta * jnp.mean(jax.nn.log_sigmoid(log_odds))
 
 

@@ -156,13 +156,22 @@ def entropy_bonus(entropy: jax.Array, mask: jax.Array, coef: float) -> jax.Array
 POLICY_LOSSES = Registry("rl.loss")
 
 
-def check_clip(clip_eps_low, clip_eps_high, dual_clip_c=0.0, **_):
+def check_log_ratio_clamp(log_ratio_clamp) -> str | None:
+  """The sentence refusing a negative rl.log_ratio_clamp (the clip's bounds would cross), or
+  None."""
+  if not log_ratio_clamp >= 0:
+    return (f"rl.log_ratio_clamp={log_ratio_clamp}; use 0 (off) or a bound > 0 on |log pi - "
+            f"log pi_old| before exp (20 is usual).")
+  return None
+
+
+def check_clip(clip_eps_low, clip_eps_high, dual_clip_c=0.0, log_ratio_clamp=20.0, **_):
   if not (clip_eps_low > 0 and clip_eps_high > 0):
     return (f"rl.clip_eps_low={clip_eps_low}, rl.clip_eps_high={clip_eps_high}; use positive "
             f"values such as 0.2 and 0.28.")
   if not (dual_clip_c == 0 or dual_clip_c > 1):
     return f"rl.dual_clip_c={dual_clip_c}; use 0 (off) or a constant > 1 such as 3.0."
-  return None
+  return check_log_ratio_clamp(log_ratio_clamp)
 
 
 @POLICY_LOSSES.register("ppo_clip", check=check_clip)

@@ -176,6 +176,11 @@ def load_sweep(path: str) -> Sweep:
       raise SweepError(f"{path}: grid[{key!r}]={values!r}; give a non-empty list of values.")
   common = dict(raw.get("overrides", {}))
   extras = dict(raw.get("arm_overrides", {}))
+  seeded = [where for where, fields in [("overrides", common), ("grid", grid)] + [
+      (f"arm_overrides[{k!r}]", v) for k, v in extras.items()] if "seed" in fields]
+  if seeded:  # it would come after each run's --config.seed and win: every seed one run
+    raise SweepError(f"{path}: {seeded[0]} sets 'seed', which would make every seed of the "
+                     f"sweep the same run; give the seeds as seeds=[...] alone.")
   recipes = dict(raw.get("recipes", {}))
   for recipe in grid.get("recipe", ()):
     if not isinstance(recipes.get(recipe) if isinstance(recipe, str) else None, dict) or (

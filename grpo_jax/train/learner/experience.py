@@ -149,7 +149,8 @@ def prepare_from_logprobs(rl, group_size: int, max_new_tokens: int, rollout,
   pure function that peers' code can be checked against with log-probs, values and rewards
   made up. Returns (Batch, metrics).
 
-    r_i        = outcome reward (+ overlong penalty when rl.overlong_buffer > 0)
+    r_i        = outcome reward (+ overlong penalty when rl.overlong_buffer > 0, counted to
+                 `max_new_tokens`, the longest completion: config.completion_cap)
     r_{i,t}    = r_i on the last completion token, 0 elsewhere
                  (- kl_coef * KL_t(old || ref) when rl.kl_in == "reward")
     A, R       = rl.advantage's estimator of r_{i,t} (with old values for GAE)

@@ -59,11 +59,12 @@ def reference_params(state: TrainState):
 
 def make_optimizer(optim_cfg, total_updates: int) -> optax.GradientTransformation:
   """AdamW after global-norm clipping, its rate from LR_SCHEDULES[optim.schedule]: a linear
-  warm-up to the peak, then constant or decaying over `total_updates` (the count advances only
-  at an applied update: a step without signal leaves it, learner/skips.py)."""
+  warm-up to the peak (none for optim.warmup_steps 0: the peak at the first update), then
+  constant or decaying over `total_updates` (the count advances only at an applied update: a
+  step without signal leaves it, learner/skips.py)."""
   make = LR_SCHEDULES[getattr(optim_cfg, "schedule", "constant")]
   peak = optim_cfg.learning_rate
-  schedule = make(peak, max(optim_cfg.warmup_steps, 1), total_updates,
+  schedule = make(peak, optim_cfg.warmup_steps, total_updates,
                   peak * getattr(optim_cfg, "final_lr_fraction", 0.0))
   return optax.chain(
       optax.clip_by_global_norm(optim_cfg.max_grad_norm),
