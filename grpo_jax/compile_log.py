@@ -27,9 +27,12 @@ _PENDING: dict = collections.defaultdict(float)  # fun_name -> trace + lower not
 
 def _listener(event: str, duration: float, **kwargs) -> None:
   phase = _EVENTS.get(event)
-  name = kwargs.get("fun_name")
-  if phase is None or name is None:
+  shown = kwargs.get("fun_name")
+  if phase is None or shown is None:
     return
+  # jax (0.10) names the trace after the function, its lowering and compile "jit(<name>)": one
+  # row for the three, said as the compile names it
+  name = shown[4:-1] if shown.startswith("jit(") and shown.endswith(")") else shown
   with _LOCK:
     row = _TABLE[name]
     row[phase] += duration
@@ -40,7 +43,7 @@ def _listener(event: str, duration: float, **kwargs) -> None:
     before = _PENDING.pop(name, 0.0)
     say, count = _STATE["say"], sum(r["programs"] for r in _TABLE.values())
   if say is not None and duration >= _STATE["min_s"]:
-    say(f"compiled {name} in {duration:.1f} s (+{before:.1f} s tracing and lowering; "
+    say(f"compiled {shown} in {duration:.1f} s (+{before:.1f} s tracing and lowering; "
         f"{count} programs compiled so far)")
 
 

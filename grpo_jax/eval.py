@@ -3,7 +3,8 @@
 
 Evaluates the policy at config.model.path (for example a run's `hf_export/`) on the task's
 held-out split, prints its progress and the figures, and writes DIR/eval.json and
-DIR/samples.jsonl (the first train.num_samples prompts' greedy completions, scored).
+DIR/samples.jsonl (the first train.num_samples prompts' greedy completions, scored; none
+with 0).
 """
 
 from __future__ import annotations
@@ -57,9 +58,11 @@ def main(argv):
   from grpo_jax.train.run import files  # noqa: PLC0415
   files.makedirs(_WORKDIR.value)
   files.write_atomic(files.path(_WORKDIR.value, "eval.json"), json.dumps(metrics, indent=2))
-  files.write_atomic(files.path(_WORKDIR.value, "samples.jsonl"),
-                     "".join(json.dumps(dict(s, step=0)) + "\n" for s in samples[0]))
-  for line in format_samples(samples[0], limit=len(samples[0])):
+  shown = samples[0] if samples else []  # none with train.num_samples=0
+  if shown:
+    files.write_atomic(files.path(_WORKDIR.value, "samples.jsonl"),
+                       "".join(json.dumps(dict(s, step=0)) + "\n" for s in shown))
+  for line in format_samples(shown, limit=len(shown)):
     print(line)
   for name, value in metrics.items():
     print(f"{name}: {value:.4f}")

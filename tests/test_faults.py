@@ -2,6 +2,7 @@
 wrong shape or too many failed rewards, an update whose result is not finite, a second run on
 a locked workdir."""
 
+import dataclasses
 import os
 import subprocess
 import sys
@@ -154,6 +155,29 @@ def test_a_reward_function_of_the_wrong_count_for_a_batch_is_bad_input(scoring):
   assert isinstance(err.value, faults.RewardError)
 
 
+def test_a_non_finite_row_leaves_the_batchs_other_values_as_they_were():
+  """on_reward_error='zero': a reward that depends on the batch (here the length less the
+  batch's mean) keeps its batch values for the good rows; only the NaN row is 0 and failed."""
+  class Relative:
+    tokenizer = None
+
+    def score(self, prompts, tokens, mask, group_size):
+      n = np.asarray(mask).sum(1).astype(float)
+      return np.where(n == 0, np.nan, n - n.mean())
+
+  @dataclasses.dataclass
+  class Prompts:
+    prompt_tokens: np.ndarray
+    prompt_mask: np.ndarray
+
+  prompts = Prompts(np.zeros((1, 2), np.int32), np.ones((1, 2), bool))
+  mask = np.arange(4)[None] < np.array([4, 2, 1, 0])[:, None]
+  rewards, failed = guard.guarded_score(Relative(), prompts, np.zeros((4, 4), np.int32), mask, 4,
+                                        "zero")
+  np.testing.assert_array_equal(rewards, [2.25, 0.25, -0.75, 0.0])
+  np.testing.assert_array_equal(failed, [False, False, False, True])
+
+
 def test_too_many_failed_rewards_stop_the_step():
   faults.check_reward_error_fraction(3, 6, 0.5, 4)  # half: goes on
   with pytest.raises(faults.RunStopped) as err:
@@ -266,3 +290,37 @@ def test_an_unreadable_newest_checkpoint_stops_the_run_and_stays_in_place(refere
   stdout = run(workdir, env, f"--config.train.steps={2 * N}")
   assert f"resumed from checkpoint {workdir}/checkpoints/{2 * N}" in stdout
   assert strip(records(workdir)) == strip(ref_records)
+
+
+_FAILED_RESTORE = """
+import sys, jax, jax.numpy as jnp
+from grpo_jax import errors
+from grpo_jax.train.learner.state import TrainState
+from grpo_jax.train.run.checkpoint import Checkpoints
+from grpo_jax.train.run.faults import RunStopped
+def state(rows, step=0):
+  i = jnp.zeros((), jnp.int32)
+  return TrainState(step + i, {f"w{k}": jnp.ones((rows, 128, 4)) for k in range(40)}, None,
+                    None, None, jnp.zeros(()), jax.random.key(0), i, i, i)
+ckpts = Checkpoints(sys.argv[1], 3, log=print)
+for step in range(3):
+  ckpts.save(state(2, step))
+errors.mute_after_a_failed_save()  # as the command line does
+try:
+  ckpts.restore_latest(jax.eval_shape(lambda: state(3)))
+except RunStopped as e:
+  print(f"error: {str(e).split(' can be restored')[0]}", file=errors.last_word_stream())
+"""
+
+
+def test_a_restore_that_fails_for_every_checkpoint_ends_in_one_sentence(tmp_path):
+  """A model changed under train.allow_config_change: no checkpoint restores, and orbax's
+  abandoned reads used to print some 400 lines of tracebacks ("Event loop is closed", "Task
+  exception was never retrieved") around the run's one sentence, as a failed save did."""
+  out = subprocess.run([sys.executable, "-c", _FAILED_RESTORE, str(tmp_path / "ckpts")],
+                       cwd=ROOT, capture_output=True, text=True, timeout=120,
+                       env={**os.environ, "JAX_PLATFORMS": "cpu"})
+  assert out.returncode == 0, out.stderr[-2000:]
+  assert out.stderr.splitlines() == [
+      f"error: no checkpoint in {tmp_path / 'ckpts'} (steps [0, 1, 2])"]
+  assert out.stdout.count("cannot be restored") == 3

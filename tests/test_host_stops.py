@@ -146,6 +146,25 @@ def test_the_closing_line_and_the_curves(tmp_path):
   assert not write_curves(str(tmp_path / "empty"), [])
 
 
+def test_curves_that_cannot_be_written_leave_no_figure_and_no_partial_file(tmp_path, monkeypatch,
+                                                                           capsys):
+  """A full disk at curves.png: the figure stayed open in pyplot and curves.png.partial on disk,
+  once more at every evaluation (write_curves keeps the run going)."""
+  import matplotlib.pyplot as plt  # noqa: PLC0415
+  from matplotlib.figure import Figure  # noqa: PLC0415
+
+  def full_disk(self, f, **kwargs):
+    f.write(b"\x89PNG")
+    raise OSError(28, "No space left on device")
+
+  monkeypatch.setattr(Figure, "savefig", full_disk)
+  before = len(plt.get_fignums())
+  for _ in range(3):
+    assert not write_curves(str(tmp_path), [{"step": 0, "reward_mean": 0.5}])
+  assert len(plt.get_fignums()) == before and list(tmp_path.iterdir()) == []
+  assert capsys.readouterr().err.count("warning: curves.png was not drawn (OSError: ") == 3
+
+
 def test_the_where_line_names_each_stacked_seeds_folder():
   assert where_line("/r", tensorboard=False) == (
       "workdir /r: metrics.jsonl, curves.png and checkpoints/ go there (the same command "
@@ -161,6 +180,21 @@ def test_eval_refuses_a_training_runs_workdir(tmp_path):
   with pytest.raises(InputError, match=r"holds a training run \(metrics.jsonl\); give the "
                      r"evaluation its own folder"):
     check_not_a_run(str(tmp_path))
+
+
+def test_eval_without_samples_writes_the_figures_and_no_samples_file(tmp_path, capfd):
+  """`python -m grpo_jax.eval ... --config.train.num_samples=0` raised IndexError after
+  eval.json was written; without samples it writes no samples.jsonl and prints none."""
+  from grpo_jax import eval as evaluation  # noqa: PLC0415
+  from grpo_jax.main import cli  # noqa: PLC0415
+  from tests.tiny_runs import ROOT  # noqa: PLC0415
+  code = cli([f"--workdir={tmp_path}", f"--config={ROOT}/configs/grpo_tiny.py",
+              "--config.train.num_samples=0", "--config.train.eval_size=4",
+              "--config.train.eval_batch_size=4"], evaluation.main)
+  out, err = capfd.readouterr()
+  assert code == 0, err
+  assert sorted(os.listdir(tmp_path)) == ["eval.json"] and "eval_accuracy: " in out
+  assert "[eval]" not in out
 
 
 def test_an_imports_file_that_exits_is_one_sentence(tmp_path):

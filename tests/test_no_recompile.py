@@ -68,3 +68,29 @@ def test_no_compilation_after_the_first_step(tmp_path, monkeypatch, rl):
   assert list(steps) == [0, 1, 2, 3]
   assert steps[1], "the first step should compile the rollout, preparation and update"
   assert steps[2] == [] and steps[3] == [], {s: steps[s] for s in (2, 3)}
+
+
+def test_the_compile_log_counts_a_programs_trace_with_its_compile():
+  """jax reports the trace under the function's name and the lowering and compile under
+  "jit(<name>)": the trace's time was never in the said "+X s tracing and lowering", and
+  table() had a second row with no program. One row now, said as the compile names it."""
+  import time  # noqa: PLC0415
+  from grpo_jax import compile_log  # noqa: PLC0415
+  said, unique = [], float(time.time_ns() % 100_000)  # (no persistent-cache hit)
+
+  def slow_to_trace(x):
+    time.sleep(0.3)
+    return x * 2 + unique
+
+  compile_log.install(said.append, min_s=0.0)
+  try:
+    compile_log.reset()
+    jax.jit(slow_to_trace)(jax.numpy.ones(3))
+    rows = {k: v for k, v in compile_log.table().items() if "slow_to_trace" in k}
+  finally:
+    compile_log.install(None)
+  assert list(rows) == ["slow_to_trace"] and rows["slow_to_trace"]["programs"] == 1
+  assert rows["slow_to_trace"]["trace_s"] >= 0.3
+  line = next(s for s in said if "slow_to_trace" in s)
+  assert line.startswith("compiled jit(slow_to_trace) in ")
+  assert float(line.split("(+")[1].split(" s tracing")[0]) >= 0.3, line

@@ -45,3 +45,38 @@ def test_a_staleness_change_on_resume_is_refused_even_when_changes_are_allowed()
                      r"lag\), so they cannot be restored, not even with "
                      r"train.allow_config_change; run with rl.max_staleness=2"):
     check_resume_config({"rl.max_staleness": [2, 4], "train.steps": [4, 8]}, "W", allow=True)
+
+
+DEVICES = {"platform": "cpu", "kind": "cpu", "count": 1, "processes": 1, "mesh": None}
+
+
+def _stacked_run(workdir, seeds, steps_done, records):
+  """What a run of stacked seeds leaves: checkpoints_seeds_<seeds>/<step> and each seed's
+  records (steps 0..records-1) in seed_<s>/; returns (its workdirs, its checkpoint folder)."""
+  import json  # noqa: PLC0415
+  folder = workdir / ("checkpoints_seeds_" + "_".join(map(str, seeds)))
+  for step in steps_done:
+    (folder / str(step)).mkdir(parents=True)
+  workdirs = [workdir / f"seed_{s}" for s in seeds]
+  for wd in workdirs:
+    wd.mkdir(parents=True, exist_ok=True)
+    (wd / "metrics.jsonl").write_text("".join(json.dumps({"step": s}) + "\n"
+                                              for s in range(records)))
+  return [str(wd) for wd in workdirs], str(folder)
+
+
+def _configs(seeds):
+  from grpo_jax.defaults import get_defaults  # noqa: PLC0415
+  return [get_defaults().copy_and_resolve_references() for _ in seeds]
+
+
+def test_stacked_seeds_records_are_checked_against_their_own_checkpoints(tmp_path):
+  """The records of stacked seeds (seed_<s>/metrics.jsonl) were compared with a
+  seed_<s>/checkpoints folder that never exists, so their lost tail went unnoticed; they are
+  compared with the run's checkpoints_seeds_<seeds> folder (train/stages/rl.py passes it)."""
+  from grpo_jax.train.run.workdir import open_records  # noqa: PLC0415
+  workdirs, folder = _stacked_run(tmp_path, (0, 1), (2, 6), records=3)
+  with pytest.raises(ConfigError, match=rf"^resuming {workdirs[0]}: metrics.jsonl ends at step "
+                     rf"2 .* newest checkpoint is step 6, .* moving the newer ones out of "
+                     rf"{folder} \(mv {folder}/6 <elsewhere>/\)\.$"):
+    open_records(_configs((0, 1)), workdirs, True, DEVICES, stage="rl", checkpoints=folder)

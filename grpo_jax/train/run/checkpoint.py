@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import gc
 import json
 import logging
 import os
@@ -136,11 +137,12 @@ def verify_checksums(step_dir: str) -> None:
 
 
 @contextlib.contextmanager
-def _stderr_held():
-  """Holds what is written to file descriptor 2 in memory while orbax saves, and writes it out
-  afterwards only if the save succeeded. A failed save (a full disk above all) makes orbax's
-  threads print hundreds of tracebacks; the run's own one-sentence error replaces them (and on
-  the command line, whatever they print later: grpo_jax.errors.silence_stderr_for_good)."""
+def _stderr_held(keep=lambda: True):
+  """Holds what is written to file descriptor 2 in memory while orbax saves or restores, and
+  writes it out afterwards only if that succeeded (and `keep()` says so). A failed save (a full
+  disk above all) or restore makes orbax's threads print hundreds of tracebacks; the run's own
+  one-sentence error replaces them (and on the command line, whatever they print later:
+  grpo_jax.errors.silence_stderr_for_good)."""
   sys.stderr.flush()
   saved = os.dup(2)
   held = (os.memfd_create("grpo_jax_save_stderr") if hasattr(os, "memfd_create") else
@@ -157,7 +159,7 @@ def _stderr_held():
     if not (failed and silence_stderr_for_good(saved)):  # else fd 2 stays silent, saved kept
       os.dup2(saved, 2)
       os.close(saved)
-      if not failed:
+      if not failed and keep():
         os.lseek(held, 0, os.SEEK_SET)
         while chunk := os.read(held, 1 << 16):
           try:
@@ -346,13 +348,21 @@ class Checkpoints:
     """The newest checkpoint that restores; a damaged one is reported in one line and the one
     before it tried. Damaged ones newer than the one restored are moved aside to
     `<step>.unreadable` (the resumed run saves those steps again). None if there is no
-    checkpoint; RunStopped if none restores (nothing is moved then)."""
+    checkpoint; RunStopped if none restores (nothing is moved then). What orbax's failed reads
+    print is dropped, as for a failed save (`_stderr_held`)."""
     steps = self.steps()
-    error, damaged = None, []
+    damaged = []
+    with _stderr_held(keep=lambda: not damaged):
+      return self._restore_newest(steps, template, damaged)
+
+  def _restore_newest(self, steps: list, template: TrainState, damaged: list):
+    """restore_latest's work, each step that does not restore appended to `damaged`."""
+    error = None
     for step in reversed(steps):
       try:
         state = self.restore(step, template)
       except Exception as e:  # noqa: BLE001  orbax / tensorstore raise many types
+        gc.collect()  # its abandoned read tasks, which warn when deleted
         if _permission_denied(e):  # intact but not readable by this user: move nothing
           raise RunStopped(f"checkpoint {self.directory}/{step} cannot be read by this user "
                            f"({_short(e)}); fix its permissions (e.g. chmod -R u+rwX "
@@ -368,6 +378,8 @@ class Checkpoints:
         self.manager.reload()
       return state
     if steps:
+      # orbax's failed read tasks, collected later, log "Task exception was never retrieved"
+      logging.getLogger("asyncio").setLevel(logging.CRITICAL)
       raise RunStopped(
           f"no checkpoint in {self.directory} (steps {steps}) can be restored, the last error "
           f"being {_short(error)}; if the model changed since they were written run with its "

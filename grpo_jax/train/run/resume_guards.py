@@ -92,15 +92,22 @@ def _record_steps(text: str) -> list:
   return steps
 
 
-def check_records_reach_checkpoint(workdir: str) -> None:
-  """ConfigError when metrics.jsonl stops short of the newest checkpoint: the loop writes a
-  step's record before it saves the step (train/run/runner.py), so a file whose last intact
-  record is older lost its tail (a full disk, a copy cut short, an edit), and a resume from the
-  checkpoint would leave those steps out of the curves with no trace. Refused before anything
-  is written, naming the two steps and the fixes (nothing is moved or deleted for the user)."""
-  folder = files.path(workdir, "checkpoints")
-  saved = sorted(int(p.name) for p in folder.iterdir() if p.name.isdigit()) \
-      if files.exists(folder) else []
+def _saved_steps(folder) -> list:
+  """The step folders' steps in a checkpoint folder, oldest first ([] when it is missing)."""
+  return sorted(int(p.name) for p in folder.iterdir() if p.name.isdigit()) \
+      if folder.is_dir() else []
+
+
+def check_records_reach_checkpoint(workdir: str, checkpoints: str | None = None) -> None:
+  """ConfigError when metrics.jsonl stops short of the newest checkpoint (in `checkpoints`,
+  default workdir/checkpoints; stacked seeds keep theirs beside their seed_<s> folders): the
+  loop writes a step's record before it saves the step (train/run/runner.py), so a file whose
+  last intact record is older lost its tail (a full disk, a copy cut short, an edit), and a
+  resume from the checkpoint would leave those steps out of the curves with no trace. Refused
+  before anything is written, naming the two steps and the fixes (nothing is moved or deleted
+  for the user)."""
+  folder = files.path(checkpoints) if checkpoints else files.path(workdir, "checkpoints")
+  saved = _saved_steps(folder)
   if not saved:
     return
   last = max(_record_steps(files.read_text(files.path(workdir, "metrics.jsonl")) or ""),

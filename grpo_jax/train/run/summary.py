@@ -5,6 +5,7 @@ run's record, so a resumed run reports its whole history."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 
@@ -63,20 +64,27 @@ def _draw(workdir: str, records: list[dict] | None) -> bool:
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt  # noqa: PLC0415
   fig, ax = plt.subplots(figsize=(6.4, 3.8))
-  for _, label, points in series:
-    steps, values = zip(*points)
-    ax.plot(steps, values, marker="o" if len(points) < 30 else None, markersize=3, label=label)
-  ax.set_xlabel("step")
-  ax.set_ylim(bottom=min(0.0, *(v for _, _, p in series for _, v in p)))
-  ax.grid(alpha=0.3)
-  ax.legend(fontsize=8)
-  ax.set_title(workdir, fontsize=8)
-  fig.tight_layout()
   partial = files.path(workdir, CURVES_FILE + ".partial")
-  with partial.open("wb") as f:
-    fig.savefig(f, format="png", dpi=100)
-  plt.close(fig)
-  partial.replace(files.path(workdir, CURVES_FILE))
+  try:  # a failed write (a full disk) leaves neither the figure open nor the partial file
+    for _, label, points in series:
+      steps, values = zip(*points)
+      ax.plot(steps, values, marker="o" if len(points) < 30 else None, markersize=3,
+              label=label)
+    ax.set_xlabel("step")
+    ax.set_ylim(bottom=min(0.0, *(v for _, _, p in series for _, v in p)))
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    ax.set_title(workdir, fontsize=8)
+    fig.tight_layout()
+    with partial.open("wb") as f:
+      fig.savefig(f, format="png", dpi=100)
+    partial.replace(files.path(workdir, CURVES_FILE))
+  except BaseException:
+    with contextlib.suppress(OSError):
+      partial.unlink(missing_ok=True)
+    raise
+  finally:
+    plt.close(fig)
   return True
 
 

@@ -349,37 +349,46 @@ def record_start(workdir: str, resumed_from_step: int | None,
 
 def open_records(configs, workdirs, resuming: bool, devices: dict, log=print, free: tuple = (),
                  missing_ok: bool = False, stage: str | None = None,
-                 data: dict | None = None) -> list[dict]:
+                 data: dict | None = None, checkpoints: str | None = None,
+                 write: bool = True) -> list[dict]:
   """The first half of every stage's start (RL, SFT, RM, DPO, Training-Free GRPO), inside its
   workdir lock: when `resuming` (the workdir holds checkpoints), the config and devices are
   checked against the workdir's record (`check_resume_config`, before anything is rewritten);
-  then each config is written. Returns each workdir's changes for `resume_records`. `stage`
-  and `data` (its data files' fingerprints): another stage's checkpoints and a rewritten data
-  file are refused too (resume_guards.py)."""
+  then, with `write`, each config is written (a stage that restores a checkpoint next passes
+  write=False and its configs to `resume_records`, so that a restore that fails leaves
+  config.json as it was). Returns each workdir's changes for `resume_records`. `stage` and
+  `data` (its data files' fingerprints): another stage's checkpoints and a rewritten data file
+  are refused too; `checkpoints` (the stage's checkpoint folder, default workdir/checkpoints):
+  records that stop short of its newest step (resume_guards.py)."""
   from grpo_jax.train.run import resume_guards  # noqa: PLC0415
   allow = bool(configs[0].train.allow_config_change)
   changes = [{} for _ in workdirs]
   if resuming:
     for wd in workdirs:
       resume_guards.check_stage(wd, stage)
-      resume_guards.check_records_reach_checkpoint(wd)
+      resume_guards.check_records_reach_checkpoint(wd, checkpoints)
     changes = [{**config_changes(c, wd, allow), **record_changes(wd, devices, allow, missing_ok),
                 **resume_guards.data_changes(wd, data, allow)}
                for c, wd in zip(configs, workdirs)]
     for wd, changed in zip(workdirs, changes):
       check_resume_config(changed, wd, allow, log, free)
-  for c, wd in zip(configs, workdirs):
-    write_config(c, wd)
+  if write:
+    for c, wd in zip(configs, workdirs):
+      write_config(c, wd)
   return changes
 
 
 def resume_records(workdirs, step: int | None, changes: list, devices: dict,
-                   stage: str | None = None, data: dict | None = None) -> list[int]:
+                   stage: str | None = None, data: dict | None = None,
+                   configs=None) -> list[int]:
   """The second half, once the newest checkpoint is restored (step) or none is (None): the
-  start recorded in run_info.json and the records trimmed to the step (metrics.jsonl and
-  samples.jsonl: a run killed after its last checkpoint wrote records the resumed run writes
-  again). Returns the metrics lines dropped per workdir."""
+  `configs` written (those open_records(write=False) left), the start recorded in
+  run_info.json and the records trimmed to the step (metrics.jsonl and samples.jsonl: a run
+  killed after its last checkpoint wrote records the resumed run writes again). Returns the
+  metrics lines dropped per workdir."""
   dropped = []
+  for c, wd in zip(configs or (), workdirs):
+    write_config(c, wd)
   for wd, changed in zip(workdirs, changes):
     record_start(wd, step, changed, devices, stage, data)
     dropped.append(keep_records_until(files.path(wd, "metrics.jsonl"),

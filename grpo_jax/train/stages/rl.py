@@ -132,8 +132,10 @@ def train(config, workdir: str, log=print, seeds=None, seed_axis: str = "vmap") 
                              rl.num_minibatches)
   if getattr(model_cfg, "vision", None) is not None and not model_cfg.train_tower:
     optimizer = frozen_tower(optimizer)  # model.vision.train_tower=False
+  # (the longest completion, to which the overlong penalty counts: an episode's
+  # env.max_completion_tokens, not one turn's rollout.max_new_tokens)
   spec = StepSpec(model_cfg, rl, optimizer, settings.update_group_size,
-                  rollout.temperature, rollout.max_new_tokens)
+                  rollout.temperature, config_lib.completion_cap(config)[1])
   run = Run.of(config, axis, task, spec, base_keys, workdirs, mesh, log, sources,
                rollout_mesh=rollout_mesh)
   if rollout_mesh is not None:
@@ -160,7 +162,8 @@ def _train(run: Run, sections: Sections, workdir: str, configs, warm, params,
   changes, refusal = [{} for _ in workdirs], None
   if main_process:
     try:
-      changes = open_records(configs, workdirs, bool(ckpts.steps()), devices, log, stage="rl")
+      changes = open_records(configs, workdirs, bool(ckpts.steps()), devices, log, stage="rl",
+                             checkpoints=ckpts.directory, write=False)
     except config_lib.ConfigError as e:
       refusal = e
   _all_processes_stop_with(refusal)
@@ -184,7 +187,7 @@ def _train(run: Run, sections: Sections, workdir: str, configs, warm, params,
       resumed = state is not None
       if main_process:
         dropped = resume_records(workdirs, step_of(state) if resumed else None, changes,
-                                 devices, stage="rl")[-1]
+                                 devices, stage="rl", configs=configs)[-1]
       if resumed:
         if lora is not None:  # the frozen base is not in the checkpoint
           origin = "model.path" if sections.model.uses_checkpoint else "the seed"

@@ -81,12 +81,13 @@ def run_stage(name: str, config, workdir: str, fresh, advance, evaluate, report,
     # Resumed like the RL run: under its recorded config, on its devices, its record intact.
     devices = devices_record()
     changes = open_records([config], [workdir], bool(ckpts.steps()), devices, log, free,
-                           missing_ok=True, stage=name, data=data)
+                           missing_ok=True, stage=name, data=data,
+                           checkpoints=ckpts.directory, write=False)
     try:
       state = ckpts.restore_latest(jax.eval_shape(fresh_shape or fresh))
       resumed = state is not None
       resume_records([workdir], step_of(state) if resumed else None, changes, devices, name,
-                     data)
+                     data, configs=[config])
       writer = MetricsWriter(workdir, schedule.steps, stream=None)
       finished = resumed and step_of(state) >= schedule.steps
       if finished:
