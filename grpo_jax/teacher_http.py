@@ -71,6 +71,7 @@ class Handler(BaseHTTPRequestHandler):
     """One request per connection, read within the server's read_deadline_s in all: a client
     trickling its headers or body a byte at a time is cut off then, not kept forever."""
     super().setup()
+    self._unread = True  # the request's body (if any) not read yet
     self._deadline = threading.Timer(self.server.read_deadline_s, self._cut)
     self._deadline.daemon = True
     self._deadline.start()
@@ -83,6 +84,7 @@ class Handler(BaseHTTPRequestHandler):
 
   def _read_done(self) -> None:
     self._deadline.cancel()
+    self._unread = False
     self.close_connection = True
 
   def finish(self) -> None:
@@ -100,8 +102,19 @@ class Handler(BaseHTTPRequestHandler):
     self.wfile.write(body)
 
   def _refuse(self, status: int, error: str) -> None:
-    self.close_connection = True  # the body, if any, is not read: nothing more on this socket
+    """The refusal, and nothing more on this socket. A body still unread (a POST refused on its
+    headers) is read and dropped after the answer, within the read deadline: closing on it would
+    reset the connection while the client still sends, and it would never read the answer."""
+    self.close_connection = True
     self._send(status, {"error": error})
+    if self._unread:
+      try:
+        self.wfile.flush()
+        self.connection.shutdown(socket.SHUT_WR)
+        while self.rfile.read1(1 << 16):
+          pass
+      except OSError:
+        pass
 
   def _authorized(self) -> bool:
     if authorized(self.headers.get("Authorization"), self.server.token):

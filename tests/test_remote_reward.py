@@ -267,6 +267,8 @@ def test_raise_first_raises_one_line(serve):
     ({"batch_size": 2.5}, "batch_size="), ({"max_concurrency": 0}, "max_concurrency="),
     ({"max_retries": -1}, "max_retries="), ({"backoff_s": -0.1}, "backoff_s="),
     ({"headers": (("Authorization",),)}, "headers has entry 0"),
+    ({"url": "http://127.0.0.1:99999/score"}, "url="), ({"url": "http://host:8o00/s"}, "url="),
+    ({"timeout_s": 1e10}, "timeout_s="),  # past the timers' range (OverflowError)
 ])
 def test_bad_configs_name_the_field(overrides, field):
   cfg = RemoteRewardConfig(**{"url": "http://127.0.0.1:1/score", **overrides})
@@ -283,6 +285,12 @@ def test_header_values_stay_out_of_messages():
   with pytest.raises(ConfigError, match="headers has entry 0") as info:
     cfg.check()
   assert "secret" not in str(info.value)
+  # a value http.client would refuse at every request (reported as an outage, the value shown)
+  for value in ("Bearer secret\n", "Bearer se\u2019cret"):
+    cfg = RemoteRewardConfig(url="http://127.0.0.1:1/score", headers=(("Authorization", value),))
+    with pytest.raises(ConfigError, match="headers has entry 0 with a line break") as info:
+      cfg.check()
+    assert "secret" not in str(info.value)
   cfg = RemoteRewardConfig(url="http://user:secret@127.0.0.1:1/score")
   with pytest.raises(ConfigError, match="^RemoteRewardConfig.url='http://127.0.0.1:1/score' has"):
     cfg.check()

@@ -85,6 +85,20 @@ def test_requests_over_the_limits_or_malformed_are_refused(server, prompts, comp
   assert got == status and words in answer["error"], answer
 
 
+def test_a_large_body_refused_unread_still_reaches_the_client_as_its_status(server):
+  """A body past --max_body_bytes, larger than the sockets' buffers: the client sending it reads
+  the 413 sentence (the server reads and drops the rest), not a broken pipe reported as an
+  outage; an unauthorised one reads its 401 likewise."""
+  from grpo_jax.rewards.http_deadline import HttpStatus, fetch  # noqa: PLC0415
+  url = f"http://127.0.0.1:{server.server_address[1]}/logprobs"
+  body = b"[" + b"1," * (16 << 20) + b"1]"  # 32 MiB: past the sockets' buffers
+  for token, status, words in ((TOKEN, 413, b"--max_body_bytes=1048576"),
+                               ("wrong", 401, b"Authorization: Bearer TOKEN")):
+    with pytest.raises(HttpStatus) as err:
+      fetch("POST", url, body, (("Authorization", f"Bearer {token}"),), 30)
+    assert err.value.status == status and words in err.value.body
+
+
 def test_the_body_is_refused_before_it_is_read(server):
   """A declared 50 GB body: 413 at once, nothing allocated; no Content-Length: 411; a body
   nested 100,000 lists deep: 400, and the server still answers."""

@@ -33,6 +33,7 @@ def test_render_and_problem_prompt():
     ('[{"option": "add"}]', [{"option": "add"}]),  # no fence: the whole text
     ('```json\n{"option": "add"}\n```', None),  # not a list
     ('```json\n[{"option": "add",]\n```', None),  # does not parse
+    ("```json\n" + "[" * 5000, None),  # nested past the parser's depth (RecursionError)
     ("", None),
 ])
 def test_last_json_list(text, expected):
@@ -47,18 +48,20 @@ def test_collect_revise_renumber_by_hand():
          {"option": "add", "experience": "new b"},
          {"option": "delete", "experience": "?"},  # unknown option
          "not a dict",
-         {"option": "add"}]  # no experience
+         {"option": "add"},  # no experience
+         {"option": "modify", "experience": "y", "modified_from": ["G0"]}]  # not an id
   candidates, waiting, next_id, counts = lib.collect_candidates(library, ops)
   assert candidates == {"G0": "zero", "G1": "one", "C0": "new a", "C1": "new b"}
   assert waiting == [ops[1]] and next_id == 2
-  assert counts == lib.OperationCounts(added=2, skipped=4)
+  assert counts == lib.OperationCounts(added=2, skipped=5)
   plan = [{"option": "modify", "experience": "one'", "modified_from": "G1"},
           {"option": "merge", "experience": "a+b", "merged_from": ["C0", "C1", "C7"]},
           {"option": "modify", "experience": "x", "modified_from": "C5"},  # unknown: skipped
-          {"option": "merge", "experience": "y", "merged_from": "C0"}]  # not a list
+          {"option": "merge", "experience": "y", "merged_from": "C0"},  # not a list
+          {"option": "modify", "experience": "z", "modified_from": {"id": "G0"}}]  # not an id
   revised, more = lib.apply_revision(candidates, plan, next_id)
   assert revised == {"G0": "zero", "G1": "one'", "C2": "a+b"}
-  assert more == lib.OperationCounts(modified=1, merged=1, skipped=2)
+  assert more == lib.OperationCounts(modified=1, merged=1, skipped=3)
   assert lib.renumber(revised) == {"G0": "zero", "G1": "one'", "G2": "a+b"}
   assert lib.kept_groups([[1, 0, 1], [0, 0, 0], [1, 1, 1], [0, 1, 0]]) == [
       True, False, False, True]

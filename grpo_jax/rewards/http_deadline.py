@@ -67,9 +67,11 @@ def public_url(url: str) -> str:
 
 
 def _url_parts(url):
-  """urlsplit(url) if url is an http:// or https:// URL with a host, else None."""
+  """urlsplit(url) if url is an http:// or https:// URL with a host (and a port, if any, in
+  0-65535), else None."""
   try:
     parts = urllib.parse.urlsplit(url)
+    parts.port  # noqa: B018  raises ValueError on a port out of range or not a number
     return parts if parts.scheme in ("http", "https") and parts.hostname else None
   except (TypeError, ValueError, AttributeError):
     return None

@@ -96,15 +96,31 @@ def _is_number(value) -> bool:
           and math.isfinite(value))
 
 
+MAX_TIMEOUT_S = 1e6  # seconds: a longer deadline overflows the platform's timers
+
+
 def _headers_problem(headers) -> str | None:
-  """Why `headers` is not a tuple of (str, str) pairs, without showing a value (a secret)."""
+  """Why `headers` is not a tuple of (str, str) pairs that http.client can send, without
+  showing a value (a secret)."""
   if not isinstance(headers, (tuple, list)):
     return f"is a {type(headers).__name__}"
   for i, pair in enumerate(headers):
     if not (isinstance(pair, (tuple, list)) and len(pair) == 2
             and all(isinstance(part, str) for part in pair)):
       return f"has entry {i} that is not a (name, value) pair of strings"
+    if any(c in part for part in pair for c in "\r\n") or not all(
+        part.isascii() if j == 0 else _latin1(part) for j, part in enumerate(pair)):
+      return (f"has entry {i} with a line break, or a character HTTP headers cannot carry "
+              f"(the name ASCII, the value Latin-1; a token read from a file keeps its newline)")
   return None
+
+
+def _latin1(text: str) -> bool:
+  try:
+    text.encode("latin-1")
+    return True
+  except UnicodeEncodeError:
+    return False
 
 
 def config_problems(cfg: RemoteRewardConfig) -> list:
@@ -115,9 +131,9 @@ def config_problems(cfg: RemoteRewardConfig) -> list:
   if not (isinstance(cfg.name, str) and cfg.name):
     problems.append(f"name={cfg.name!r} must be a non-empty string; it names the reward in "
                     f"messages, e.g. 'remote'.")
-  if not (_is_number(cfg.timeout_s) and cfg.timeout_s > 0):
-    problems.append(f"timeout_s={cfg.timeout_s!r} must be a positive number of seconds; set it "
-                    f"above 0, e.g. 30.")
+  if not (_is_number(cfg.timeout_s) and 0 < cfg.timeout_s <= MAX_TIMEOUT_S):
+    problems.append(f"timeout_s={cfg.timeout_s!r} must be a positive number of seconds, at most "
+                    f"{MAX_TIMEOUT_S:g} (the timers' range); set it e.g. to 30.")
   for field, what in (("batch_size", "rows per request"), ("max_concurrency",
                                                            "requests in flight")):
     value = getattr(cfg, field)

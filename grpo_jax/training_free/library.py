@@ -55,7 +55,7 @@ def last_json_list(text: str) -> Optional[list]:
   body = text.split("```json")[-1].split("```")[0]
   try:
     value = json.loads(body)
-  except ValueError:
+  except (ValueError, RecursionError):  # RecursionError: lists nested past the parser's depth
     return None
   return value if isinstance(value, list) else None
 
@@ -66,6 +66,12 @@ def _text(op: Any, option: str, *fields: str) -> bool:
           and isinstance(op.get("experience"), str) and all(f in op for f in fields))
 
 
+def _modifies(op: Any, entries: dict) -> bool:
+  """op is a modify of one of `entries` (its modified_from a string naming one of them)."""
+  return (_text(op, "modify", "modified_from") and isinstance(op["modified_from"], str)
+          and op["modified_from"] in entries)
+
+
 def collect_candidates(library: dict, operations: list) -> tuple[dict, list, int, OperationCounts]:
   """Step 2: (candidates, modifies waiting for the revision, the next C number, counts)."""
   candidates, waiting, next_id, skipped = dict(library), [], 0, 0
@@ -73,7 +79,7 @@ def collect_candidates(library: dict, operations: list) -> tuple[dict, list, int
     if _text(op, "add"):
       candidates[f"C{next_id}"] = op["experience"]
       next_id += 1
-    elif _text(op, "modify", "modified_from") and op["modified_from"] in candidates:
+    elif _modifies(op, candidates):
       waiting.append(op)
     else:
       skipped += 1
@@ -84,7 +90,7 @@ def apply_revision(candidates: dict, plan: list, next_id: int) -> tuple[dict, Op
   """Step 3: the candidates after the revision plan's modifies and merges."""
   library, modified, merged, skipped = dict(candidates), 0, 0, 0
   for op in plan:
-    if _text(op, "modify", "modified_from") and op["modified_from"] in library:
+    if _modifies(op, library):
       library[op["modified_from"]] = op["experience"]
       modified += 1
     elif _text(op, "merge", "merged_from") and isinstance(op["merged_from"], list):
