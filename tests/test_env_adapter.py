@@ -3,7 +3,9 @@ package, one ConfigError sentence with the pip command; with it, the wrapped gue
 messages, rewards and ends on a fixed transcript, an invalid action, an episode cut at
 max_turns, and one sample_episodes call with a tiny random model and the char tokenizer."""
 
+import importlib
 import sys
+import types
 
 import jax
 import pytest
@@ -42,7 +44,7 @@ def _transcript(env, row, turns):
 
 
 def test_a_fixed_transcript_of_the_guessing_game(server):
-  env = adapter.OpenEnvAdapter(environment=GUESS, system_prompt="Play.")
+  env = adapter.OpenEnvAdapter(environment=GUESS, system_prompt="Play.", max_turns=4)
   assert env.rows("train", 2) == [{"seed": 0}, {"seed": 1}]
   assert env.rows("test", 1) == [{"seed": adapter.TEST_SEED_BASE}]
   first, out = _transcript(env, {"seed": 0}, ["hi", "3", "9", "6"])  # seed 0's secret is 6
@@ -104,6 +106,59 @@ def test_invalid_actions_per_step_rewards_and_the_max_turns_cut(server, monkeypa
   assert [(r, d) for _, r, d in out] == [(0.0, False), (2.0, False), (5.0, False)]  # the return
   _, out = _transcript(env, {"seed": 0}, ["4", "6"])
   assert out[-1] == ([], 10.0, True)
+
+
+def _server_or_stand_in(monkeypatch):
+  """openenv-core's env_server, or without the package a stand-in of what the adapter uses."""
+  try:
+    return importlib.import_module("openenv.core.env_server")
+  except ModuleNotFoundError:
+    import pydantic  # noqa: PLC0415
+    server = types.ModuleType("openenv.core.env_server")
+    server.Action, server.State = type("Action", (pydantic.BaseModel,), {}), object
+    server.Observation = type("Observation", (pydantic.BaseModel,), {"__annotations__": {
+        "done": bool, "reward": float | None}, "done": False, "reward": None})
+    server.Environment = type("Environment", (), {"close": lambda self: None})
+    monkeypatch.setitem(sys.modules, "openenv.core.env_server", server)
+    return server
+
+
+def test_an_episode_cut_at_max_turns_closes_its_environment(monkeypatch):
+  """Not only when its observation is done: also after the last turn the episode gets."""
+  server, open_now = _server_or_stand_in(monkeypatch), []
+
+  class Say(server.Action):
+    message: str
+
+  class Heard(server.Observation):
+    text: str = ""
+
+  class Leaky(server.Environment):  # (e.g. a subprocess, a browser); never done by itself
+    def __init__(self):
+      super().__init__()
+      open_now.append(self)
+
+    def reset(self, seed=None):
+      return Heard(text="go")
+
+    def step(self, action: Say, timeout_s=None, **kwargs):
+      return Heard(text="again")
+
+    def close(self):
+      open_now.remove(self)
+
+    @property
+    def state(self):
+      return server.State()
+
+  monkeypatch.setattr(sys.modules[__name__], "Leaky", Leaky, raising=False)
+  env = adapter.OpenEnvAdapter(environment=f"{__name__}:Leaky", max_turns=2)
+  state, _ = env.reset({"seed": 0}, seed=0)
+  state = env.step(state, "a").state
+  assert len(open_now) == 1  # still playing
+  result = env.step(state, "b")
+  assert not result.done and result.messages == [{"role": "user", "content": "again"}]
+  assert open_now == []  # (sample_episodes steps it no more)
 
 
 def test_sample_episodes_plays_the_wrapped_game_with_a_tiny_random_model(server):

@@ -35,7 +35,9 @@ AGREE = ["Answer: 56088", "Answer: 56,088", "Answer:00056088", "Answer: -56088",
          CALL.format(a=A, b=B), '[calculator(expression="123*456")]',
          "Let me [calculator(expression='7*0')] ok", "[calculator(expression='999999*999999')]",
          "[calculator(expression='1*2')] and Answer: 56088",
-         "<|im_start|>Answer: 56088", "[calculator(expression='3*4')]<|im_start|>"]
+         "<|im_start|>Answer: 56088", "[calculator(expression='3*4')]<|im_start|>",
+         "Answer: 56088.", "Answer: 56088.5", "Answer: 56,088e3", "Answer: 56088.E1 ok",
+         "x Answer: 56088.5 Answer: 56088", "Answer: 56088.5 [calculator(expression='3*4')]"]
 # Calls whose host message depends on free text: the JAX env answers ERROR_CONTENT.
 DIFFER = ["[calculator(expression='12 * 34')]", "[python(code='1')]",
           "[calculator(expression='012*3')]", "[calculator(expression='1234567*2')]",

@@ -7,6 +7,7 @@ import os
 import random
 import subprocess
 import sys
+import threading
 import time
 
 import numpy as np
@@ -152,6 +153,43 @@ def test_a_hung_tool_does_not_keep_a_finished_process_alive():
   assert (out.returncode, out.stdout) == (0, "timeout\n"), out.stderr[-2000:]
 
 
+def test_a_list_of_types_takes_a_value_of_any_of_them():
+  """transformers writes Union[int, str] as "type": ["integer", "string"]; "null" is None; a
+  type the check does not know is not checked."""
+  schema = {"type": "object", "properties": {"days": {"type": ["integer", "string"]},
+                                             "note": {"type": ["string", "null"]},
+                                             "odd": {"type": [{"not": "a name"}]}}}
+  tools = {"lookup": Tool("lookup", "", schema, lambda **kwargs: "ok")}
+  calls = [ToolCall("lookup", a) for a in ({"days": 3}, {"days": "3"}, {"note": None},
+                                          {"odd": 1.5}, {"days": 1.5}, {"days": True})]
+  outcomes = call_tools(calls, tools, ToolPool(2))
+  assert [o.error for o in outcomes] == ["", "", "", "", "bad_arguments", "bad_arguments"]
+  assert outcomes[4].message["content"].endswith("days must be a integer or string, not float.")
+
+
+def test_a_calls_time_starts_at_its_pool_slot_and_a_call_given_up_never_runs():
+  """One slot: four 0.25 s calls of a 0.6 s tool all answer (waiting for the slot is not their
+  time); a call still waiting behind a hung one when its time is up is cancelled, never run."""
+  ran, release = [], threading.Event()
+
+  def work(x: str) -> str:
+    ran.append(x)
+    release.wait(5) if x == "hang" else time.sleep(0.25)
+    return x
+  tool = Tool("work", "", {"type": "object", "properties": {"x": {"type": "string"}}}, work,
+              timeout_s=0.6)
+  outcomes = call_tools([ToolCall("work", {"x": str(i)}) for i in range(4)], {"work": tool},
+                        ToolPool(1))
+  assert [o.message["content"] for o in outcomes] == ["0", "1", "2", "3"]
+  outcomes = call_tools([ToolCall("work", {"x": "hang"}), ToolCall("work", {"x": "queued"})],
+                        {"work": dataclasses.replace(tool, timeout_s=0.2)}, ToolPool(1))
+  assert [o.message["content"] for o in outcomes] == [
+      "Error: work took longer than 0.2 s and was stopped."] * 2
+  release.set()
+  time.sleep(0.3)
+  assert ran == ["0", "1", "2", "3", "hang"]
+
+
 @pytest.fixture
 def thread_pool():
   import concurrent.futures  # noqa: PLC0415
@@ -172,6 +210,8 @@ def test_calculator_equals_python_arithmetic_and_refuses_the_rest():
   for bad, why in [("__import__('os').system('ls')", "is not a number"),
                    ("(1).__class__", "is not a number"), ("9 ** 9999", "exponents above 64"),
                    ("1 / 0", "division by zero"), ("x + 1", "is not a number"),
+                   ("1e200 ** 2", "the result is too large"), ("1e308 * 10", "too large"),
+                   ("(-8) ** 0.5 // 1", "is not a real number"),
                    ("1 +", "is not an arithmetic expression")]:
     with pytest.raises(ValueError, match=why):
       calculate(bad)
@@ -236,6 +276,9 @@ def test_calculator_episodes():
   assert trace[1] == ([], 0.0, True)
   for garbled in ("Answer: ,", "Answer: -", "Answer: ,,7"):  # (a sampled turn can be anything)
     assert _episode(env, row, [garbled])[0][1] == ([], 0.0, True), garbled
+  for decimal in ("Answer: 7006652.5", "Answer: 7,006,652.0", "Answer: 7006652e0"):  # not N
+    assert _episode(env, row, [decimal])[0][1] == ([], 0.0, True), decimal
+  assert _episode(env, row, ["Answer: 7006652."])[0][1] == ([], 1.0, True)  # a full stop
   trace, state = _episode(env, row, [call] * 5)  # never answers: max_turns ends it
   assert len(trace) == 4 and trace[-1][1:] == (0.0, True) and state["turn"] == 3
   no_tools = CalculatorEnv(tools=False)

@@ -12,6 +12,7 @@ import pytest
 
 from grpo_jax.envs import StepResult
 from grpo_jax.envs.chat import render
+from grpo_jax.errors import ConfigError
 from grpo_jax.rollout.episodes.host import sample_episodes
 from grpo_jax.models.decoder import init_params
 from grpo_jax.models.scoring import completion_logprobs
@@ -138,3 +139,11 @@ def test_a_spent_budget_truncates_the_episode(setup):
   rollout, info = _play(setup, Chatter(max_turns=10), n=20)
   assert all(e["truncated"] for e in info) and rollout.truncated.all()
   assert rollout.completion_mask.sum(1).tolist() == [20] * len(ROWS)
+
+
+def test_a_prompt_wider_than_the_prompt_width_is_one_sentence_before_any_turn(setup):
+  tok, _, params, sampling = setup
+  with pytest.raises(ConfigError, match=r"^an episode's first messages take \d+ tokens, more "
+                     r"than task\.prompt_width=8; raise it\.$"):
+    sample_episodes(sampling, params, Chatter(), tok, ROWS, [0] * 4, jax.random.key(7), 40,
+                    prompt_width=8)

@@ -1,11 +1,13 @@
 """The python tool's sandbox against round 5's escapes (../shared/reliability/round5.md S03-S11):
 each program first disables the audit hook the way the report did (it reset the write mask,
 emptied the deny-lists through gc), so what refuses it is the operating system: bubblewrap's
-namespaces, its read-only filesystem and the seccomp filter (grpo_jax/envs/sandbox.py)."""
+namespaces, its read-only filesystem and the seccomp filter (grpo_jax/envs/sandbox.py). And
+what a stopped or long program's output says, in each sandbox this machine has."""
 
 import os
 import subprocess
 import sys
+import threading
 
 import pytest
 
@@ -13,8 +15,9 @@ from grpo_jax.envs.sandbox import check_sandbox, isolation_problem, run_python
 from grpo_jax.errors import ConfigError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-pytestmark = pytest.mark.skipif(bool(isolation_problem()),
-                                reason=f"no OS sandbox here: {isolation_problem()}")
+needs_bwrap = pytest.mark.skipif(bool(isolation_problem()),
+                                 reason=f"no OS sandbox here: {isolation_problem()}")
+SANDBOXES = ("unisolated",) + (() if isolation_problem() else ("bubblewrap",))
 
 # Round 5's S06 and S07 undo the hook: the write mask reset, the deny-lists emptied.
 NO_HOOK = ("import gc, sys\nsys.modules['__main__']._flags = 0\n"
@@ -29,6 +32,7 @@ def outside(tmp_path):
   return tmp_path
 
 
+@needs_bwrap
 @pytest.mark.parametrize("case,program", [
     ("S03_dirfd_write", "d = os.open(OUT, os.O_RDONLY)\n"
                         "f = os.open('dirfd.txt', os.O_WRONLY | os.O_CREAT, 0o644, dir_fd=d)\n"
@@ -50,6 +54,7 @@ def test_a_write_outside_its_folder_is_refused_by_the_os(outside, case, program)
   assert (outside / "victim_file").read_text() == "keep me"
 
 
+@needs_bwrap
 def test_no_network_no_other_processes_no_secrets():
   """S07 (the hook emptied, then fork and socket): a fork stays in the program's own PID
   namespace, which holds nothing else; every socket, loopback and Unix included, is refused;
@@ -77,6 +82,7 @@ def test_no_network_no_other_processes_no_secrets():
   # (LC_CTYPE is Python's own: PEP 538's locale coercion in the program's interpreter)
 
 
+@needs_bwrap
 def test_a_flood_of_output_is_read_bounded():
   """S10: a program writing 1 MiB blocks for its whole time limit. The trainer keeps at most
   max_output_chars of it (its peak memory grew to 11.6 GB before), and stops it on time."""
@@ -98,3 +104,27 @@ def test_an_unknown_sandbox_is_one_sentence():
   with pytest.raises(ConfigError, match=r"^sandbox='docker' is unknown; valid: bubblewrap, "
                      r"unisolated\.$"):
     check_sandbox("docker")
+
+
+@pytest.mark.parametrize("sandbox", SANDBOXES)
+@pytest.mark.parametrize("signal", ["SIGXCPU", "SIGKILL"])  # RLIMIT_CPU's soft, then hard
+def test_a_program_killed_by_its_cpu_limit_says_so(sandbox, signal):
+  """(bwrap exits 128 + the program's signal, where Python sees the program's -signal.)"""
+  out = run_python(f"import signal\nsignal.raise_signal(signal.{signal})", sandbox=sandbox)
+  assert out == "Stopped: the program used more than its 5 s of CPU time."
+
+
+@pytest.mark.parametrize("sandbox", SANDBOXES)
+def test_a_program_that_closes_its_output_is_still_stopped_on_time(sandbox):
+  said = []
+  program = "import os, time\nos.close(1)\nos.close(2)\ntime.sleep(10)"
+  thread = threading.Thread(target=lambda: said.append(run_python(program, timeout_s=1.0,
+                                                                  sandbox=sandbox)), daemon=True)
+  thread.start()
+  thread.join(5)
+  assert said == ["Stopped: the program ran past its 1 s limit."]
+
+
+def test_the_truncation_note_counts_the_characters_left_out():
+  out = run_python("print('é' * 10000)", max_output_chars=2000, sandbox="unisolated")
+  assert out == "é" * 2000 + "\n... [8001 more chars]"  # 10,000 and a newline, 2,000 shown

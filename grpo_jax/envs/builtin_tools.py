@@ -22,7 +22,8 @@ MAX_EXPRESSION_CHARS, MAX_EXPONENT, MAX_DIGITS = 200, 64, 200
 
 def calculate(expression: str) -> str:
   """The value of an arithmetic expression: numbers, + - * / // % **, parentheses. Parsed by
-  Python's ast and evaluated node by node (no eval); anything else raises ValueError."""
+  Python's ast and evaluated node by node (no eval); anything else, and a result that is not
+  a finite real number (too large, or complex: "(-8) ** 0.5"), raises ValueError."""
   if len(expression) > MAX_EXPRESSION_CHARS:
     raise ValueError(f"the expression is longer than {MAX_EXPRESSION_CHARS} characters")
   try:
@@ -40,6 +41,8 @@ def calculate(expression: str) -> str:
       if isinstance(node.op, ast.Pow) and abs(right) > MAX_EXPONENT:
         raise ValueError(f"exponents above {MAX_EXPONENT} are not computed")
       out = _BINARY[type(node.op)](left, right)
+      if isinstance(out, complex):
+        raise ValueError(f"{ast.unparse(node)!r} is not a real number")
       if isinstance(out, int) and abs(out) >= 10 ** MAX_DIGITS:
         raise ValueError(f"the result has more than {MAX_DIGITS} digits")
       return out
@@ -49,9 +52,13 @@ def calculate(expression: str) -> str:
     out = value(tree)
   except ZeroDivisionError:
     raise ValueError("division by zero") from None
+  except OverflowError:
+    raise ValueError("the result is too large") from None
+  if isinstance(out, float) and not math.isfinite(out):  # (inf, or nan from inf's arithmetic)
+    raise ValueError("the result is too large")
   if isinstance(out, float) and out.is_integer() and abs(out) < 2**53:
     return str(int(out))
-  return repr(out) if isinstance(out, float) and math.isfinite(out) else str(out)
+  return repr(out) if isinstance(out, float) else str(out)
 
 
 CALCULATOR = Tool(

@@ -3,9 +3,10 @@ digits, which a small model cannot do in its head, with the calculator tool.
 
 The user asks env.question ("What is A * B? ..."). Each assistant turn either calls tools
 (parsed by env.tool_parser; the results come back as "tool" messages and the episode goes on)
-or answers "Answer: N", which ends the episode with reward 1 if N = A * B, else 0. An episode
-without an answer after env.max_turns turns ends with reward 0. env.tools=False offers no tool
-(the control: the same task without the calculator).
+or answers "Answer: N" (a whole number: "Answer: 408.75" is not 408), which ends the episode
+with reward 1 if N = A * B, else 0. An episode without an answer after env.max_turns turns
+ends with reward 0. env.tools=False offers no tool (the control: the same task without the
+calculator).
 
 `rows(split, count)` are the problems of a split ("train" from seed 0, "test" from seed 1);
 `demonstration(row, use_tool)` a solved episode's messages, for a supervised warm-up.
@@ -25,7 +26,10 @@ from grpo_jax.envs.builtin_tools import CALCULATOR
 from grpo_jax.envs.parsers import TOOL_CALL_PARSERS, TOOL_CALL_WRITERS
 from grpo_jax.envs.tools import ERROR_KINDS, ToolPool, call_tools
 
-_ANSWER = re.compile(r"Answer:\s*(-?[\d,]+)")
+# The number must end there, not go on as a decimal or an exponent ("Answer: 408.75" and
+# "Answer: 408e3" are not 408), though a sentence's full stop may follow ("Answer: 408.");
+# [\d,] in the lookahead keeps the regex from backtracking to a shorter number.
+_ANSWER = re.compile(r"Answer:\s*(-?[\d,]+)(?![\d,eE]|\.[\deE])")
 
 
 def calculator_rows(count: int, digits: int, seed: int) -> list:

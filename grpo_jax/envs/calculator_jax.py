@@ -12,8 +12,9 @@ know decode to nothing on the host; here they are dropped before reading the tur
 
 A step reads the turn as the host env does:
 
-* "Answer: N": the leftmost match of the host's regex Answer:\\s*(-?[\\d,]+) ends the episode,
-  reward 1 iff N (commas dropped, leading zeros ignored, no minus sign) equals a * b.
+* "Answer: N": the leftmost match of the host's regex Answer:\\s*(-?[\\d,]+) not followed by
+  e, E, or "." then a digit, e or E (the host's lookahead), ends the episode, reward 1 iff N
+  (commas dropped, leading zeros ignored, no minus sign) equals a * b.
 * Otherwise, with env.tools, the pythonic tool call: the host's regex
   \\[\\s*[A-Za-z_][\\w.]*\\s*\\(.*\\)\\s*\\] (leftmost start, last closing ")]") locates the
   call's text. If that text is exactly [calculator(expression='X*Y')] (or with double quotes),
@@ -216,14 +217,21 @@ def _compact(ids, mask, vocab: int):
 
 
 def read_answer(spec: CalculatorJax, ids: jax.Array, product: jax.Array):
-  """(found, right) of the leftmost Answer:\\s*(-?[\\d,]+) in ids (compacted): right iff the
-  number's digits without commas and leading zeros are the product's and it has no sign."""
+  """(found, right) of the leftmost Answer:\\s*(-?[\\d,]+)(?![\\d,eE]|\\.[\\deE]) in ids
+  (compacted): right iff the number's digits without commas and leading zeros are the
+  product's and it has no sign."""
   pos = jnp.arange(ids.shape[1], dtype=jnp.int32)[None, :]
-  space, numeric = _is(ids, spec.space_ids), _is(ids, spec.digit_ids + (spec.chars[","],))
+  c = spec.chars
+  space, numeric = _is(ids, spec.space_ids), _is(ids, spec.digit_ids + (c[","],))
   after_space = _at(_next_outside(space), pos + len(spec.answer_ids))
-  minus = _at(ids, after_space) == spec.chars["-"]
+  minus = _at(ids, after_space) == c["-"]
   start = after_space + minus
-  hit = _matches(ids, spec.answer_ids) & (_at(numeric.astype(jnp.int32), start) == 1)
+  end = _at(_next_outside(numeric), start)  # (a digit or comma never follows the number)
+  after, then = _at(ids, end), _at(ids, end + 1)
+  goes_on = _is(after, (c["e"], c["E"])) | ((after == c["."])
+                                            & _is(then, spec.digit_ids + (c["e"], c["E"])))
+  hit = (_matches(ids, spec.answer_ids) & (_at(numeric.astype(jnp.int32), start) == 1)
+         & ~goes_on)
   found, at = _first(hit)
   s = jnp.take_along_axis(start, at[:, None], axis=1)
   e = _at(_next_outside(numeric), s)

@@ -91,6 +91,7 @@ _SECCOMP_ABI = {
     "aarch64": (0xC00000B7, (198, 425, 426, 427, 217, 218, 219)),
 }
 _RET_ALLOW, _RET_KILL, _RET_EACCES = 0x7FFF0000, 0x80000000, 0x00050000 | 13
+_CONTINUATION_BYTES = bytes(range(0x80, 0xC0))  # UTF-8 bytes inside a character, not its first
 
 
 def _seccomp_program() -> bytes:
@@ -158,11 +159,12 @@ def _limits(memory_bytes: int, cpu_s: int, file_bytes: int):
   return apply
 
 
-def _read_bounded(proc, code: bytes, limit: int, timeout_s: float):
-  """(stdout, stderr, bytes discarded, timed out): the program's output, at most `limit`
-  bytes of each stream kept, the rest read and dropped as it arrives."""
+def _read_bounded(proc, code: bytes, limit: int, deadline: float):
+  """(stdout, stderr, characters discarded, timed out): the program's output until
+  `deadline` (time.monotonic()), at most `limit` bytes of each stream kept, the rest read and
+  dropped as it arrives (counted as UTF-8 characters: the bytes that start one)."""
   kept = {proc.stdout: bytearray(), proc.stderr: bytearray()}
-  dropped, deadline = 0, time.monotonic() + timeout_s
+  dropped = 0
   try:
     proc.stdin.write(code)
     proc.stdin.close()
@@ -184,7 +186,7 @@ def _read_bounded(proc, code: bytes, limit: int, timeout_s: float):
         buffer = kept[key.fileobj]
         room = max(limit - len(buffer), 0)
         buffer += chunk[:room]
-        dropped += len(chunk) - min(room, len(chunk))
+        dropped += len(chunk[room:].translate(None, _CONTINUATION_BYTES))
   return bytes(kept[proc.stdout]), bytes(kept[proc.stderr]), dropped, False
 
 
@@ -215,8 +217,14 @@ def run_python(code: str, timeout_s: float = 5.0, memory_mb: int = 512,
     finally:
       if filter_file is not None:
         filter_file.close()
+    deadline = time.monotonic() + timeout_s
     out, err, dropped, timed_out = _read_bounded(proc, code.encode("utf-8", "replace"),
-                                                 4 * max_output_chars, timeout_s)
+                                                 4 * max_output_chars, deadline)
+    if not timed_out:  # (its output closed: it may still run, e.g. asleep without stdout)
+      try:
+        proc.wait(timeout=max(deadline - time.monotonic(), 0))
+      except subprocess.TimeoutExpired:
+        timed_out = True
     if timed_out:
       os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
@@ -225,7 +233,10 @@ def run_python(code: str, timeout_s: float = 5.0, memory_mb: int = 512,
   if timed_out:
     return f"Stopped: the program ran past its {timeout_s:g} s limit."
   text = (out + err).decode(errors="replace")
-  if proc.returncode == -signal.SIGXCPU or proc.returncode == -signal.SIGKILL:
+  killed = {-signal.SIGXCPU, -signal.SIGKILL}
+  if sandbox == "bubblewrap":  # bwrap exits 128 + the signal that killed the program
+    killed |= {128 + signal.SIGXCPU, 128 + signal.SIGKILL}
+  if proc.returncode in killed:
     return f"Stopped: the program used more than its {timeout_s:g} s of CPU time."
   last = err.decode(errors="replace").strip().splitlines()[-1:]
   if last and last[0].startswith("MemoryError"):

@@ -10,7 +10,9 @@ and never raises:
     unknown_tool   no tool of that name
     bad_arguments  missing, unexpected or mistyped arguments
     exception      the tool raised
-    timeout        the tool ran past its time limit (it is abandoned, not awaited)
+    timeout        the tool ran past its time limit, counted from when it got a slot of the
+                   pool (it is abandoned, not awaited), or waited that long for one
+                   (it is cancelled: it never runs)
 """
 
 from __future__ import annotations
@@ -62,11 +64,47 @@ def _argument_problem(tool: Tool, arguments: dict) -> str:
             + (f"; missing {', '.join(missing)}" if missing else "")
             + (f"; unexpected {', '.join(unexpected)}" if unexpected else "") + ".")
   for k, v in arguments.items():
-    want = _JSON_TYPES.get(props[k].get("type"))
-    if want is not None and (not isinstance(v, want) or (isinstance(v, bool) and
-                                                         props[k]["type"] != "boolean")):
-      return f"{tool.name}'s {k} must be a {props[k]['type']}, not {type(v).__name__}."
+    declared = props[k].get("type") if isinstance(props[k], dict) else None
+    names = declared if isinstance(declared, list) else [declared]
+    if not names or not all(isinstance(n, str) and (n in _JSON_TYPES or n == "null")
+                            for n in names):
+      continue  # no type, or one this check does not know: the tool reads the value itself
+    if not any(_is_type(v, n) for n in names):
+      return f"{tool.name}'s {k} must be a {' or '.join(names)}, not {type(v).__name__}."
   return ""
+
+
+def _is_type(value, name: str) -> bool:
+  """Whether `value` is of the JSON Schema type `name` ("null" is None; a bool is a boolean
+  only, not an integer or a number)."""
+  if name == "null":
+    return value is None
+  if isinstance(value, bool):
+    return name == "boolean"
+  return isinstance(value, _JSON_TYPES[name])
+
+
+def _timed(clock: list, function, /, **arguments):
+  """function(**arguments), its start time written to clock[0]: run on the pool, so a call's
+  clock starts when it gets its slot, not while it waits for one."""
+  clock[0] = time.perf_counter()
+  return function(**arguments)
+
+
+def _wait(future, clock: list, timeout_s: float):
+  """The call's result, waited for at most timeout_s from when it got its slot (clock[0]). A
+  call still waiting for a slot timeout_s after this wait began is cancelled (it never runs).
+  TimeoutError when either time is up."""
+  began = time.perf_counter()
+  while True:
+    started = clock[0]
+    deadline = (began if started is None else started) + timeout_s
+    try:
+      return future.result(timeout=max(deadline - time.perf_counter(), 0))
+    except concurrent.futures.TimeoutError:
+      if started is not None or future.cancel():
+        raise
+      # (it got its slot meanwhile: it runs on its own clock from there)
 
 
 class ToolPool(concurrent.futures.Executor):
@@ -120,13 +158,14 @@ def call_tools(calls: list, tools: dict, pool: concurrent.futures.Executor) -> l
       outcomes.append(CallOutcome(_message(call.name, f"Error: {problem}"), "bad_arguments"))
       continue
     outcomes.append(None)
-    pending.append((len(outcomes) - 1, tool, call, time.perf_counter(),
-                    pool.submit(tool.function, **call.arguments)))
-  for index, tool, call, started, future in pending:
+    clock = [None]
+    pending.append((len(outcomes) - 1, tool, call, clock,
+                    pool.submit(_timed, clock, tool.function, **call.arguments)))
+  for index, tool, call, clock, future in pending:
     try:
-      result = future.result(timeout=max(tool.timeout_s - (time.perf_counter() - started), 0))
+      result = _wait(future, clock, tool.timeout_s)
       outcomes[index] = CallOutcome(_message(call.name, str(result)), "",
-                                    time.perf_counter() - started)
+                                    time.perf_counter() - clock[0])
     except concurrent.futures.TimeoutError:
       outcomes[index] = CallOutcome(_message(call.name, f"Error: {call.name} took longer than "
                                              f"{tool.timeout_s:g} s and was stopped."), "timeout",
@@ -139,5 +178,5 @@ def call_tools(calls: list, tools: dict, pool: concurrent.futures.Executor) -> l
       # (a tool's sys.exit() or KeyboardInterrupt is its failure too: it must not end the run)
       outcomes[index] = CallOutcome(_message(call.name, f"Error: {call.name} failed: "
                                              f"{type(e).__name__}: {e}"), "exception",
-                                    time.perf_counter() - started)
+                                    time.perf_counter() - clock[0] if clock[0] else 0.0)
   return outcomes

@@ -21,6 +21,8 @@ Conversion, per episode:
   done, reward, metadata) as "name: value" lines (one field: its value alone).
 * Reward: R = the sum of the observations' rewards so far (None counts 0), the episode's
   return, reported at every step so that an episode cut at env.max_turns keeps what it earned.
+* The episode's environment is closed (`close()`) when its observation is done or at turn
+  env.max_turns, the last the episode gets.
 
 Without the package, building the environment raises one ConfigError sentence with the pip
 command.
@@ -142,7 +144,15 @@ class OpenEnvAdapter:
                             "content": observation_text(observation, self.observation_field)}]
 
   def step(self, state: dict, assistant_turn: str) -> StepResult:
+    """The turn as the episode's action; its OpenEnv environment is closed when the episode
+    ends: its observation is done, or this is turn env.max_turns (the last the episode gets)."""
     state = dict(state, turn=state["turn"] + 1)
+    result = self._step(state, assistant_turn)
+    if result.done or state["turn"] >= self.max_turns:
+      state["environment"].close()
+    return result
+
+  def _step(self, state: dict, assistant_turn: str) -> StepResult:
     try:
       action = self.action_cls(**{self.action_field: assistant_turn})
     except self._invalid as e:
@@ -152,7 +162,6 @@ class OpenEnvAdapter:
     observation = state["environment"].step(action)
     state["reward"] += float(observation.reward or 0.0)
     if observation.done:
-      state["environment"].close()
       return StepResult(state, [], state["reward"], True)
     return StepResult(state, [{"role": "user", "content": observation_text(
         observation, self.observation_field)}], state["reward"], False)

@@ -31,6 +31,7 @@ import numpy as np
 
 from grpo_jax.rollout.episodes.async_turns import play_async
 from grpo_jax.envs.chat import render
+from grpo_jax.errors import ConfigError
 from grpo_jax.rollout.episodes.state import Episode, take_result, take_turn
 from grpo_jax.envs.runner import EpisodeRunner
 from grpo_jax.rollout.slot_continuation import SlotTurns
@@ -88,13 +89,14 @@ def sample_episodes(sampling, params, env, tokenizer, rows: list, seeds: list, k
   state)]). sampling: the turn's `Sampling` (group_size 1; its max_new_tokens caps one turn);
   max_completion_tokens: N, every id after the prompt (the sampler's and the environment's);
   prompt_width: the Rollout's prompt width (None: the longest prompt's), fixed by a training
-  source so that every step's update has one shape. episode_ids: each episode's id r in its
-  draws (None: its row); with ids, token t of turn k of episode r is drawn from (key, k, r, t)
-  alone, whichever episodes share the batch and in which order. kv_continuation: each turn
-  continues the rows' KV caches with their new ids (rollout/continuation.py) instead of
-  prefilling the episodes so far again. async_slots: S > 0 plays asynchronous turns
-  (rollout/episodes/async_turns.py; continues the KV caches): an episode is sampled as soon
-  as its own environment step returns, up to S episodes a call."""
+  source so that every step's update has one shape (a longer prompt: ConfigError, before any
+  turn is sampled). episode_ids: each episode's id r in its draws (None: its row); with ids,
+  token t of turn k of episode r is drawn from (key, k, r, t) alone, whichever episodes share
+  the batch and in which order. kv_continuation: each turn continues the rows' KV caches with
+  their new ids (rollout/continuation.py) instead of prefilling the episodes so far again.
+  async_slots: S > 0 plays asynchronous turns (rollout/episodes/async_turns.py; continues the
+  KV caches): an episode is sampled as soon as its own environment step returns, up to S
+  episodes a call."""
   row_ids = None if episode_ids is None else np.asarray(episode_ids, np.int32)
   with EpisodeRunner(env) as runner:
     episodes = []
@@ -103,6 +105,9 @@ def sample_episodes(sampling, params, env, tokenizer, rows: list, seeds: list, k
                                        add_generation_prompt=True), add_special_tokens=False)
       episodes.append(Episode(state, list(messages), prompt))
     longest = max(len(e.prompt) for e in episodes)
+    if prompt_width and longest > prompt_width:
+      raise ConfigError(f"an episode's first messages take {longest} tokens, more than "
+                        f"task.prompt_width={prompt_width}; raise it.")
     cache_width = max(prompt_width or 0, _bucket(longest, width_bucket))  # a KV cache's prompt
     if async_slots:
       play_async(sampling, params, env, tokenizer, episodes, runner, key, max_completion_tokens,
