@@ -81,8 +81,9 @@ def first_line(error: BaseException, limit: int = 300) -> str:
 # awaited" warnings) before and after it, until the process exits. The command line turns
 # muting on (mute_after_a_failed_save); the save's failure then points file descriptor 2 and
 # sys.stderr at /dev/null and keeps the real stderr for that sentence (last_word_stream).
-# In-process use (a library call, a test) leaves it off: stderr is restored as usual.
-_AFTER_FAILED_SAVE = {"mute": False, "stream": None}
+# In-process use (a library call, a test) leaves it off: stderr is restored as usual; the
+# command line run in-process (main.cli, for tests) turns it off again when it returns.
+_AFTER_FAILED_SAVE = {"mute": False, "stream": None, "sys_stderr": None}
 
 
 def mute_after_a_failed_save() -> None:
@@ -98,11 +99,25 @@ def silence_stderr_for_good(real_stderr_fd: int) -> bool:
   if not _AFTER_FAILED_SAVE["mute"]:
     return False
   _AFTER_FAILED_SAVE["stream"] = os.fdopen(real_stderr_fd, "w")
+  _AFTER_FAILED_SAVE["sys_stderr"] = sys.stderr
   null = os.open(os.devnull, os.O_WRONLY)
   os.dup2(null, 2)
   os.close(null)
   sys.stderr = open(os.devnull, "w")  # noqa: SIM115  (for the rest of the process)
   return True
+
+
+def command_line_returned() -> None:
+  """The end of a command line run in this process (main.cli): muting off again, and fd 2 and
+  sys.stderr back where they were if a failed save or restore pointed them at /dev/null (the
+  calling process goes on; a test's later output must reach its capture)."""
+  stream = _AFTER_FAILED_SAVE["stream"]
+  if stream is not None:
+    sys.stderr.close()
+    os.dup2(stream.fileno(), 2)
+    stream.close()
+    sys.stderr = _AFTER_FAILED_SAVE["sys_stderr"]
+  _AFTER_FAILED_SAVE.update(mute=False, stream=None, sys_stderr=None)
 
 
 def last_word_stream():

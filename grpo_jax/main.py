@@ -11,7 +11,8 @@ import sys
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from grpo_jax.errors import first_line, last_word_stream, mute_after_a_failed_save
+from grpo_jax.errors import (command_line_returned, first_line, last_word_stream,
+                             mute_after_a_failed_save)
 from grpo_jax.interrupts import HostInterrupted
 
 
@@ -156,6 +157,7 @@ def cli(argv: list[str], entry=None) -> int:
   except SystemExit as e:
     return int(e.code or 0)
   finally:
+    command_line_returned()
     sys.argv = saved
     if malloc is None:
       os.environ.pop(OPT_OUT_ENV, None)

@@ -324,3 +324,22 @@ def test_a_restore_that_fails_for_every_checkpoint_ends_in_one_sentence(tmp_path
   assert out.stderr.splitlines() == [
       f"error: no checkpoint in {tmp_path / 'ckpts'} (steps [0, 1, 2])"]
   assert out.stdout.count("cannot be restored") == 3
+
+
+def test_a_command_line_run_in_process_gives_stderr_back(capfd):
+  """A failed save or restore on the command line points fd 2 and sys.stderr at /dev/null for
+  the rest of the process (orbax's threads print on); run in-process (main.cli, as tests do),
+  the command line's return gives them back, so the caller's later errors are seen (a test
+  after it in the same pytest worker captured nothing)."""
+  from grpo_jax import errors  # noqa: PLC0415
+  from grpo_jax.main import cli  # noqa: PLC0415
+
+  def entry(argv):
+    del argv
+    errors.mute_after_a_failed_save()
+    assert errors.silence_stderr_for_good(os.dup(2))  # what a failed save or restore does
+    print("orbax's tracebacks", file=sys.stderr, flush=True)
+  assert cli(["--config=configs/grpo_tiny.py", "--workdir=/nonexistent"], entry=entry) == 0
+  print("seen", file=sys.stderr, flush=True)
+  os.write(2, b"and fd 2\n")
+  assert capfd.readouterr().err == "seen\nand fd 2\n"
