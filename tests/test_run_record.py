@@ -244,8 +244,8 @@ def test_a_mesh_recorded_before_the_expert_axis_is_the_same_mesh(tmp_path):
 def test_a_resume_whose_restore_fails_leaves_config_json_as_it_was(tmp_path):
   """Resuming with another model under train.allow_config_change: no checkpoint restores and
   the run stops, but config.json already held the rejected config, so the original command
-  was then refused against it. The stages check first (open_records(write=False)) and write
-  the config once a checkpoint restored or none was there (resume_records)."""
+  was then refused against it. The stages check first (open_records, which writes nothing) and
+  write the config once a checkpoint restored or none was there (resume_records)."""
   from grpo_jax.defaults import get_defaults  # noqa: PLC0415
   now = {"platform": "cpu", "kind": "cpu", "count": 1, "processes": 1, "mesh": None}
   workdir, config = str(tmp_path), get_defaults()
@@ -255,10 +255,10 @@ def test_a_resume_whose_restore_fails_leaves_config_json_as_it_was(tmp_path):
   changed = get_defaults()
   changed.model.num_layers, changed.train.allow_config_change = 3, True
   changes = workdir_lib.open_records([changed], [workdir], True, now, log=lambda *a: None,
-                                     stage="rl", write=False)
+                                     stage="rl")
   assert changes[0]["model.num_layers"] == [config.model.num_layers, 3]
   assert (tmp_path / "config.json").read_text() == before  # (the restore fails here)
-  assert workdir_lib.open_records([config], [workdir], True, now, stage="rl",
-                                  write=False) == [{}]  # the original command goes on
-  workdir_lib.resume_records([workdir], 2, changes, now, stage="rl", configs=[changed])
+  assert workdir_lib.open_records([config], [workdir], True, now,
+                                  stage="rl") == [{}]  # the original command goes on
+  workdir_lib.resume_records([workdir], [changed], 2, changes, now, stage="rl")
   assert json.loads((tmp_path / "config.json").read_text())["model"]["num_layers"] == 3

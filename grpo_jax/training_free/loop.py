@@ -202,7 +202,8 @@ def train_training_free(config, workdir: str, chat: Chat | None = None, log=prin
     changes = open_records([config], [workdir], state is not None, devices, log,
                            free=("tfgrpo.steps",), missing_ok=True, stage="training_free")
     library_files.set_aside(damaged, state.step if state else 0, log)
-    resume_records([workdir], state.step if state else None, changes, devices, "training_free")
+    resume_records([workdir], [config], state.step if state else None, changes, devices,
+                   "training_free")
     writer = MetricsWriter(workdir, t.steps, stream=None)
     if state is not None:
       log(f"tfgrpo: resumed from {library_files.directory}/step_{state.step}.json")

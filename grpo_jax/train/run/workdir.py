@@ -349,13 +349,11 @@ def record_start(workdir: str, resumed_from_step: int | None,
 
 def open_records(configs, workdirs, resuming: bool, devices: dict, log=print, free: tuple = (),
                  missing_ok: bool = False, stage: str | None = None,
-                 data: dict | None = None, checkpoints: str | None = None,
-                 write: bool = True) -> list[dict]:
+                 data: dict | None = None, checkpoints: str | None = None) -> list[dict]:
   """The first half of every stage's start (RL, SFT, RM, DPO, Training-Free GRPO), inside its
   workdir lock: when `resuming` (the workdir holds checkpoints), the config and devices are
-  checked against the workdir's record (`check_resume_config`, before anything is rewritten);
-  then, with `write`, each config is written (a stage that restores a checkpoint next passes
-  write=False and its configs to `resume_records`, so that a restore that fails leaves
+  checked against the workdir's record (`check_resume_config`); nothing is written (the configs
+  are, by `resume_records`, once a checkpoint restored: a restore that fails leaves
   config.json as it was). Returns each workdir's changes for `resume_records`. `stage` and
   `data` (its data files' fingerprints): another stage's checkpoints and a rewritten data file
   are refused too; `checkpoints` (the stage's checkpoint folder, default workdir/checkpoints):
@@ -372,22 +370,17 @@ def open_records(configs, workdirs, resuming: bool, devices: dict, log=print, fr
                for c, wd in zip(configs, workdirs)]
     for wd, changed in zip(workdirs, changes):
       check_resume_config(changed, wd, allow, log, free)
-  if write:
-    for c, wd in zip(configs, workdirs):
-      write_config(c, wd)
   return changes
 
 
-def resume_records(workdirs, step: int | None, changes: list, devices: dict,
-                   stage: str | None = None, data: dict | None = None,
-                   configs=None) -> list[int]:
-  """The second half, once the newest checkpoint is restored (step) or none is (None): the
-  `configs` written (those open_records(write=False) left), the start recorded in
-  run_info.json and the records trimmed to the step (metrics.jsonl and samples.jsonl: a run
-  killed after its last checkpoint wrote records the resumed run writes again). Returns the
-  metrics lines dropped per workdir."""
+def resume_records(workdirs, configs, step: int | None, changes: list, devices: dict,
+                   stage: str | None = None, data: dict | None = None) -> list[int]:
+  """The second half, once the newest checkpoint is restored (step) or none is (None): each
+  workdir's config written, the start recorded in run_info.json and the records trimmed to
+  the step (metrics.jsonl and samples.jsonl: a run killed after its last checkpoint wrote
+  records the resumed run writes again). Returns the metrics lines dropped per workdir."""
   dropped = []
-  for c, wd in zip(configs or (), workdirs):
+  for c, wd in zip(configs, workdirs):
     write_config(c, wd)
   for wd, changed in zip(workdirs, changes):
     record_start(wd, step, changed, devices, stage, data)

@@ -163,7 +163,7 @@ def _train(run: Run, sections: Sections, workdir: str, configs, warm, params,
   if main_process:
     try:
       changes = open_records(configs, workdirs, bool(ckpts.steps()), devices, log, stage="rl",
-                             checkpoints=ckpts.directory, write=False)
+                             checkpoints=ckpts.directory)
     except config_lib.ConfigError as e:
       refusal = e
   _all_processes_stop_with(refusal)
@@ -186,8 +186,8 @@ def _train(run: Run, sections: Sections, workdir: str, configs, warm, params,
       state = ckpts.restore_latest(jax.eval_shape(states, params))
       resumed = state is not None
       if main_process:
-        dropped = resume_records(workdirs, step_of(state) if resumed else None, changes,
-                                 devices, stage="rl", configs=configs)[-1]
+        dropped = resume_records(workdirs, configs, step_of(state) if resumed else None,
+                                 changes, devices, stage="rl")[-1]
       if resumed:
         if lora is not None:  # the frozen base is not in the checkpoint
           origin = "model.path" if sections.model.uses_checkpoint else "the seed"

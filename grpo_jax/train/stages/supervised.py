@@ -82,12 +82,12 @@ def run_stage(name: str, config, workdir: str, fresh, advance, evaluate, report,
     devices = devices_record()
     changes = open_records([config], [workdir], bool(ckpts.steps()), devices, log, free,
                            missing_ok=True, stage=name, data=data,
-                           checkpoints=ckpts.directory, write=False)
+                           checkpoints=ckpts.directory)
     try:
       state = ckpts.restore_latest(jax.eval_shape(fresh_shape or fresh))
       resumed = state is not None
-      resume_records([workdir], step_of(state) if resumed else None, changes, devices, name,
-                     data, configs=[config])
+      resume_records([workdir], [config], step_of(state) if resumed else None, changes, devices,
+                     name, data)
       writer = MetricsWriter(workdir, schedule.steps, stream=None)
       finished = resumed and step_of(state) >= schedule.steps
       if finished:
