@@ -54,10 +54,9 @@ def _add_wall(job: Job, wall_s: float) -> float:
 
 
 def _mark_done(job: Job, sweep_dir: str, wall_s: float) -> None:
-  for directory in job.seed_dirs(sweep_dir):
-    record = {"wall_s": wall_s, "seeds_in_process": len(job.seeds),
-              "command": command_line(job)}
-    with open(os.path.join(directory, DONE_FILE), "w") as f:
+  record = {"wall_s": wall_s, "seeds_in_process": len(job.seeds), "command": command_line(job)}
+  for seed in job.seeds:
+    with open(os.path.join(run_dir(sweep_dir, job.arm, seed), DONE_FILE), "w") as f:
       json.dump(record, f, indent=2)
 
 

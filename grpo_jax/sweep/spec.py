@@ -117,10 +117,9 @@ def _read_sweep_file(path: str) -> dict:
     if not isinstance(raw.get(field, {}), dict):
       raise SweepError(f"{path}: {field}={raw[field]!r}; give a dict (see "
                        f"grpo_jax/sweep/spec.py).")
-    keys = list(raw.get(field, {}))
-    if not all(isinstance(k, str) and k for k in keys):
-      bad = next(k for k in keys if not isinstance(k, str) or not k)
-      raise SweepError(f"{path}: {field} has the key {bad!r}; its keys must be non-empty "
+    bad = [k for k in raw.get(field, {}) if not isinstance(k, str) or not k]
+    if bad:
+      raise SweepError(f"{path}: {field} has the key {bad[0]!r}; its keys must be non-empty "
                        f"strings (config fields; arm names for arm_overrides).")
   found = lone_surrogate(raw)  # (unchecked: a UnicodeEncodeError naming no field)
   if found is not None:
@@ -221,9 +220,6 @@ class Job:
   seeds: tuple
   workdir: str  # the --workdir of the process
   command: tuple  # starts with "python" (the runner uses its own interpreter)
-
-  def seed_dirs(self, sweep_dir: str) -> list[str]:
-    return [run_dir(sweep_dir, self.arm, s) for s in self.seeds]
 
 
 def run_dir(sweep_dir: str, arm: Arm, seed: int) -> str:
