@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import difflib
-import importlib
+import importlib.util
 import os
 import sys
 
@@ -34,24 +34,17 @@ def _config_check(program: str):
 
 
 @contextlib.contextmanager
-def _in_folder(folder: str):
-  """The jobs' working folder, for relative paths (contextlib.chdir is Python 3.11+)."""
-  saved = os.getcwd()
+def _in_folder(folder: str, argv: list | None = None):
+  """The jobs' working folder, for relative paths (contextlib.chdir is Python 3.11+), and with
+  `argv` their sys.argv, from which config_flags reads a config file's overrides as it parses."""
+  saved_cwd, saved_argv = os.getcwd(), sys.argv
   os.chdir(folder)
+  sys.argv = saved_argv if argv is None else argv
   try:
     yield
   finally:
-    os.chdir(saved)
-
-
-@contextlib.contextmanager
-def _argv(argv: list):
-  """config_flags reads a config file's overrides from sys.argv while it parses."""
-  saved, sys.argv = sys.argv, argv
-  try:
-    yield
-  finally:
-    sys.argv = saved
+    os.chdir(saved_cwd)
+    sys.argv = saved_argv
 
 
 def parse_config(argv: list, cwd: str):
@@ -62,7 +55,7 @@ def parse_config(argv: list, cwd: str):
   values = flags.FlagValues()
   config_flags.DEFINE_config_file("config", None, "the arm's config", flag_values=values,
                                   lock_config=True)
-  with _in_folder(cwd), _argv(["sweep", *argv]):
+  with _in_folder(cwd, ["sweep", *argv]):
     values(["sweep", *argv])
     return values["config"].value
 
@@ -88,7 +81,6 @@ def _where(arm, key: str) -> str:
 def check_job(job: Job, config_file: str, cwd: str) -> None:
   """SweepError naming the job's arm and the first thing its process would refuse."""
   arm = job.arm
-  import importlib.util  # noqa: PLC0415
   try:
     found = importlib.util.find_spec(arm.program) is not None
   except (ImportError, ValueError):
