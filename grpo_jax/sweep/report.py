@@ -48,7 +48,7 @@ def run_figures(directory: str) -> dict:
               kl=float(np.mean([r["kl"] for r in tail])) if tail else nan,
               wall_s=float(done["wall_s"]),
               steps=int(steps[-1]["step"]) if steps else 0,
-              eval_length=float(lengths[-1]) if lengths else float("nan"))
+              eval_length=float(lengths[-1]) if lengths else nan)
 
 
 def mean_std(values) -> tuple[float, float]:
@@ -60,11 +60,9 @@ def collect_results(sweep: Sweep, sweep_dir: str) -> tuple[list[dict], list[dict
   """(one row per finished run, one row per arm with mean/std over its finished seeds)."""
   runs, arms = [], []
   for arm in sweep.arms:
-    rows = []
-    for seed in sweep.seeds:
-      if is_done(sweep_dir, arm, seed):
-        rows.append({"arm": arm.name, **arm.values, "seed": seed,
-                     **run_figures(run_dir(sweep_dir, arm, seed))})
+    rows = [{"arm": arm.name, **arm.values, "seed": seed,
+             **run_figures(run_dir(sweep_dir, arm, seed))}
+            for seed in sweep.seeds if is_done(sweep_dir, arm, seed)]
     runs.extend(rows)
     if not rows:
       continue
@@ -135,13 +133,9 @@ def plot_curves(sweep: Sweep, sweep_dir: str, key: str, path: str, smooth: int =
   fig, ax = plt.subplots(figsize=(7, 4.2))
   drawn = False
   for arm in sweep.arms:
-    curves = []
-    for seed in sweep.seeds:
-      if not is_done(sweep_dir, arm, seed):
-        continue
-      drawn_points = points(read_metrics(run_dir(sweep_dir, arm, seed)), key, against)
-      if drawn_points:
-        curves.append(np.asarray(drawn_points, np.float64))
+    found = [points(read_metrics(run_dir(sweep_dir, arm, seed)), key, against)
+             for seed in sweep.seeds if is_done(sweep_dir, arm, seed)]
+    curves = [np.asarray(xy, np.float64) for xy in found if xy]
     if not curves:
       continue
     length = min(len(c) for c in curves)
