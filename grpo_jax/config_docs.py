@@ -19,11 +19,9 @@ DOC_WIDTH = 110
 
 def _comments(source: str) -> dict[int, str]:
   """{line number: the comment's text} of every comment in `source`."""
-  out = {}
-  for tok in tokenize.generate_tokens(io.StringIO(source).readline):
-    if tok.type == tokenize.COMMENT:
-      out[tok.start[0]] = tok.string.lstrip("#").strip()
-  return out
+  return {tok.start[0]: tok.string.lstrip("#").strip()
+          for tok in tokenize.generate_tokens(io.StringIO(source).readline)
+          if tok.type == tokenize.COMMENT}
 
 
 def _dict_calls(node):
