@@ -151,13 +151,10 @@ def train_training_free(config, workdir: str, chat: Chat | None = None, log=prin
                         t.chat_batch_size)
   group, seed = config.rollout.group_size, int(config.seed)
 
-  def policy_prompts(batch, library):
+  def completions_of(batch, library, key_, group_size, temperature):
     ids = [task.tokenizer(task.chat_prompt(lib.problem_prompt(t.prompts.problem, u, library)),
                           add_special_tokens=False)["input_ids"] for u in batch.user_text]
-    return pad_rows(ids, bucket(max(map(len, ids))), task.pad_id, left=True)
-
-  def completions_of(batch, library, key_, group_size, temperature):
-    tokens, mask = policy_prompts(batch, library)
+    tokens, mask = pad_rows(ids, bucket(max(map(len, ids))), task.pad_id, left=True)
     out, _ = sample(params, tokens, mask, key_, model_cfg=model_cfg,
                     max_new_tokens=config.rollout.max_new_tokens, temperature=temperature,
                     eos_id=task.eos_id, pad_id=task.pad_id, group_size=group_size)
