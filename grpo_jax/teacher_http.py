@@ -54,15 +54,6 @@ def forward_failure(error: BaseException) -> tuple:
   return 500, f"the teacher's forward failed: {first_line(error)}"
 
 
-def authorized(header: str | None, token: str | None) -> bool:
-  """Whether an Authorization header carries `Bearer token` (always, without a token);
-  compared in constant time, so its timing tells nothing about the token."""
-  if token is None:
-    return True
-  given = (header or "").encode("utf-8", "surrogateescape")
-  return hmac.compare_digest(given, f"Bearer {token}".encode())
-
-
 class Handler(BaseHTTPRequestHandler):
   """GET /info and POST /logprobs of self.server (a TeacherServer)."""
   timeout = READ_TIMEOUT_S
@@ -117,7 +108,11 @@ class Handler(BaseHTTPRequestHandler):
         pass
 
   def _authorized(self) -> bool:
-    if authorized(self.headers.get("Authorization"), self.server.token):
+    """Whether the Authorization header carries `Bearer token` (always, without a token),
+    compared in constant time, so its timing tells nothing about the token; else a 401."""
+    token = self.server.token
+    given = (self.headers.get("Authorization") or "").encode("utf-8", "surrogateescape")
+    if token is None or hmac.compare_digest(given, f"Bearer {token}".encode()):
       return True
     self._refuse(401, "this teacher needs the header Authorization: Bearer TOKEN (the client: "
                       "rl.distill_teacher_token_env names the environment variable holding it)")
