@@ -133,28 +133,27 @@ def validate(config) -> None:
            f"rl.advantage={rl.advantage!r} needs a critic, but rl.value_head='none'; set "
            f"rl.value_head to 'shared' or 'separate'.")
   _validate_rewards(config)
-  batch = r.num_prompts * update_group_size(config)
+  batch = r.num_prompts * g
   _require(rl.num_minibatches >= 1 and batch % rl.num_minibatches == 0,
            f"the rollout batch of {batch} completions (rollout.num_prompts={r.num_prompts} x "
            f"rollout.group_size={r.group_size}) does not split into rl.num_minibatches="
            f"{rl.num_minibatches} equal minibatches; pick a divisor of {batch}.")
-  minibatch = batch // max(rl.num_minibatches, 1)
+  minibatch = batch // rl.num_minibatches
   _require(rl.num_micro_batches >= 1 and minibatch % rl.num_micro_batches == 0,
            f"a minibatch of {minibatch} completions does not split into rl.num_micro_batches="
            f"{rl.num_micro_batches} equal micro-batches; pick a divisor of {minibatch}.")
   if OBJECTIVES.get(rl.objective).whole_groups:
-    _require(minibatch % update_group_size(config) == 0,
+    _require(minibatch % g == 0,
              f"rl.objective={rl.objective!r} compares the completions of one prompt, but a "
-             f"minibatch holds {minibatch} completions, not whole groups of "
-             f"{update_group_size(config)}; pick rl.num_minibatches dividing "
-             f"rollout.num_prompts={r.num_prompts}.")
+             f"minibatch holds {minibatch} completions, not whole groups of {g}; pick "
+             f"rl.num_minibatches dividing rollout.num_prompts={r.num_prompts}.")
   if rl.shared_prompt_forward:
-    micro = minibatch // max(rl.num_micro_batches, 1)
-    _require(micro % update_group_size(config) == 0,
-             f"rl.shared_prompt_forward runs each prompt once for its "
-             f"{update_group_size(config)} completions, but a micro-batch holds {micro} "
-             f"completions; pick rl.num_minibatches x rl.num_micro_batches so that a micro-batch "
-             f"holds whole groups, or set rl.shared_prompt_forward=False.")
+    micro = minibatch // rl.num_micro_batches
+    _require(micro % g == 0,
+             f"rl.shared_prompt_forward runs each prompt once for its {g} completions, but a "
+             f"micro-batch holds {micro} completions; pick rl.num_minibatches x "
+             f"rl.num_micro_batches so that a micro-batch holds whole groups, or set "
+             f"rl.shared_prompt_forward=False.")
   _require(rl.num_iterations >= 1, f"rl.num_iterations={rl.num_iterations}; use at least 1.")
   from grpo_jax.models.quantized import WEIGHT_DTYPES  # noqa: PLC0415
   _require(r.weight_dtype in ("", *WEIGHT_DTYPES),
