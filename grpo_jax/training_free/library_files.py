@@ -39,18 +39,6 @@ class Damaged:
   reason: str
 
 
-def parse_library(text: str, step: int) -> LibraryState:
-  """The library a step file's text holds; ValueError (JSONDecodeError, NotALibrary) saying
-  what is wrong otherwise."""
-  data = json.loads(text)
-  if not isinstance(data, dict) or data.get("step") != step:
-    raise NotALibrary(f'it does not hold {{"step": {step}, "library": ...}}')
-  library = data.get("library")
-  if not isinstance(library, dict) or not all(isinstance(v, str) for v in library.values()):
-    raise NotALibrary("its library is not a JSON object of {id: lesson text}")
-  return LibraryState(step, dict(library))
-
-
 class LibraryFiles:
   """The loop skeleton's checkpoints for a library (module docstring)."""
 
@@ -76,11 +64,18 @@ class LibraryFiles:
     return sorted(int(m.group(1)) for m in found if m)
 
   def read(self, step: int) -> LibraryState:
-    """The library of step_<step>.json; ValueError (or OSError) saying what is wrong."""
+    """The library of step_<step>.json; ValueError (JSONDecodeError, NotALibrary) or OSError
+    saying what is wrong."""
     text = files.read_text(self.directory / f"step_{step}.json")
     if text is None:
       raise NotALibrary("it is gone")
-    return parse_library(text, step)
+    data = json.loads(text)
+    if not isinstance(data, dict) or data.get("step") != step:
+      raise NotALibrary(f'it does not hold {{"step": {step}, "library": ...}}')
+    library = data.get("library")
+    if not isinstance(library, dict) or not all(isinstance(v, str) for v in library.values()):
+      raise NotALibrary("its library is not a JSON object of {id: lesson text}")
+    return LibraryState(step, dict(library))
 
   def newest(self) -> tuple[LibraryState | None, list[Damaged]]:
     """(the newest library that reads, or None when there is no step file; the damaged step
