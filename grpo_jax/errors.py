@@ -81,14 +81,12 @@ def first_line(error: BaseException, limit: int = 300) -> str:
 # awaited" warnings) before and after it, until the process exits. The command line turns
 # muting on (mute_after_a_failed_save); the save's failure then points file descriptor 2 and
 # sys.stderr at /dev/null and keeps the real stderr for that sentence (last_word_stream).
-# In-process use (a library call, a test) leaves it off: stderr is restored as usual; the
-# command line run in-process (main.cli, for tests) turns it off again when it returns.
+# In-process use (a library call, a test) leaves it off (command_line_returned).
 _AFTER_FAILED_SAVE = {"mute": False, "stream": None, "sys_stderr": None}
 
 
 def mute_after_a_failed_save() -> None:
-  """Called by the command line: after a failed save, only the run's closing sentence is
-  written to stderr."""
+  """Called by the command line: after a failed save, stderr gets the closing sentence only."""
   _AFTER_FAILED_SAVE["mute"] = True
 
 

@@ -37,8 +37,7 @@ def signal_arrived(signum: int | None) -> None:
 def stop_if_signalled() -> None:
   """Raises HostInterrupted when a signal arrived (during a device step, a compile) and the
   loop has not acted on it yet: called before a wait that may take long (a reward function, a
-  remote call), so that such a wait never starts after the run was asked to stop. Elsewhere
-  the loop acts on the signal at the step's end, as it always did."""
+  remote call), so that such a wait never starts after the run was asked to stop."""
   if _ARRIVED["signum"] is not None and threading.current_thread() is threading.main_thread():
     raise HostInterrupted(_ARRIVED["signum"])
 

@@ -244,12 +244,10 @@ def run_command(argv, run) -> None:
 
 
 def quiet_library_logs() -> None:
-  """Unless --verbosity is given: absl's logger (orbax, tfds, jax's backend probe) at CRITICAL.
-  Orbax and tfds log through it: their warnings and errors (a resume's "Metadata file does not
-  exist", "Failed to read Metadata file" before our sentence on an unreadable checkpoint,
-  tfds's before its errors, "Unable to initialize backend 'tpu'" on a machine without one)
-  would stand around the run's own lines and its one-sentence errors, which say what
-  happened. JAX's warnings (its own loggers) still show; --verbosity=0 shows all."""
+  """Unless --verbosity is given: absl's logger, through which orbax, tfds and jax's backend
+  probe log, at CRITICAL: their warnings ("Metadata file does not exist" before our sentence on
+  an unreadable checkpoint, "Unable to initialize backend 'tpu'") would stand around the run's
+  own one-sentence errors. JAX's own loggers still show; --verbosity=0 shows all."""
   if not flags.FLAGS["verbosity"].present:
     logging.set_verbosity(logging.WARNING)  # orbax logs every save at INFO
     logging.get_absl_logger().setLevel(std_logging.CRITICAL)

@@ -49,7 +49,7 @@ def rl_defaults(**overrides) -> ml_collections.ConfigDict:
       rs_veto_threshold=1e-4,
       # Asynchronous RL (docs/async.md): the batch of step t is sampled by the policy of step
       # max(0, t - max_staleness), so sampling and host rewards of later batches overlap the
-      # update; 0 = synchronous (on-policy), as before.
+      # update; 0 = synchronous (on-policy).
       max_staleness=0,
       entropy_coef=0.0,
       loss_aggregation="token-mean",  # one of LOSS_AGGREGATIONS
@@ -95,9 +95,8 @@ def rl_defaults(**overrides) -> ml_collections.ConfigDict:
       num_minibatches=1,  # optimizer steps per pass
       num_micro_batches=1,  # gradient accumulation inside a minibatch (exact)
       # An optimizer step whose gradient is exactly zero (every group tied, no KL, entropy or
-      # value term) leaves the params and the optimizer's moments and count as they were
-      # (grpo_jax/train/learner/skips.py; counted in no_signal_updates). False: AdamW steps
-      # on its momentum alone, as before.
+      # value term) leaves the params, the optimizer's moments and count as they were (counted
+      # in no_signal_updates; train/learner/skips.py). False: AdamW steps on its momentum alone.
       skip_without_signal=True,
       # mu = 1 and one minibatch: the update's own log-probs (stop-gradient) are the old ones,
       # no separate forward pass (see experience.reuses_current_logprobs); False: recompute.
