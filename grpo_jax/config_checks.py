@@ -6,6 +6,7 @@ and one_of, also the tasks'). Each failure is one sentence naming the value and 
 from __future__ import annotations
 
 import math
+import os
 
 from grpo_jax.errors import ConfigError, one_of as _one_of, require as _require
 
@@ -73,8 +74,6 @@ def _validate_devices(config) -> None:
 
 def _validate_distill(config) -> None:
   """rl.distill_*: on-policy distillation (grpo_jax/rl/distill.py)."""
-  import os  # noqa: PLC0415
-
   from grpo_jax.rl.distill import PLACEMENTS  # noqa: PLC0415
   rl = config.rl
   _one_of(rl.distill_in, PLACEMENTS, "rl.distill_in")
