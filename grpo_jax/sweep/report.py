@@ -161,15 +161,13 @@ def plot_curves(sweep: Sweep, sweep_dir: str, key: str, path: str, smooth: int =
 def write_report(sweep: Sweep, sweep_dir: str) -> list[str]:
   """Writes runs.csv, results.csv, results.md and the plots into sweep_dir; returns the paths."""
   runs, arms = collect_results(sweep, sweep_dir)
-  written = []
   if not runs:
-    return written
-  for name, rows in (("runs.csv", runs), ("results.csv", arms)):
-    _write_csv(os.path.join(sweep_dir, name), rows)
-    written.append(os.path.join(sweep_dir, name))
-  with open(os.path.join(sweep_dir, "results.md"), "w") as f:
+    return []
+  written = [os.path.join(sweep_dir, name) for name in ("runs.csv", "results.csv", "results.md")]
+  _write_csv(written[0], runs)
+  _write_csv(written[1], arms)
+  with open(written[2], "w") as f:
     f.write(markdown_table(sweep, arms))
-  written.append(os.path.join(sweep_dir, "results.md"))
   for key, smooth, against, name in (("reward_mean", 10, "step", "reward_mean"),
                                      ("eval_accuracy", 1, "step", "eval_accuracy"),
                                      ("eval_length", 1, "step", "eval_length"),
