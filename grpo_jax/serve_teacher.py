@@ -53,10 +53,6 @@ def _bucket(n: int) -> int:
   return max(8, 1 << max(int(n) - 1, 0).bit_length())
 
 
-def _is_id(value, vocab_size: int) -> bool:
-  return type(value) is int and 0 <= value < vocab_size  # not a bool, not a float
-
-
 class Teacher:
   """The model of `model_dir`, its jitted completion log-probs and its /info."""
 
@@ -111,7 +107,8 @@ class Teacher:
                    f"each rounded up to a power of two), over this server's "
                    f"--max_request_tokens={limits.max_request_tokens}; send fewer or shorter "
                    f"rows or start it with a larger --max_request_tokens")
-    if not all(_is_id(i, self.cfg.vocab_size) for row in p + c for i in row):
+    # type(i) is int: a bool or a float is no token id
+    if not all(type(i) is int and 0 <= i < self.cfg.vocab_size for row in p + c for i in row):
       return 400, f"every row must be a list of token ids in [0, {self.cfg.vocab_size})"
     if any(not row for row in p):
       return 400, "every prompt needs at least one token"
