@@ -74,10 +74,6 @@ def _unknown_field(config, dotted: str) -> str | None:
   return None
 
 
-def _where(arm, key: str) -> str:
-  return "its grid value" if key in arm.values else "overrides or arm_overrides"
-
-
 def check_job(job: Job, config_file: str, cwd: str) -> None:
   """SweepError naming the job's arm and the first thing its process would refuse."""
   arm = job.arm
@@ -100,7 +96,8 @@ def check_job(job: Job, config_file: str, cwd: str) -> None:
   for key in arm.overrides:
     why = _unknown_field(base, key)
     if why:
-      raise SweepError(f"arm {arm.name!r}: {why}; fix {_where(arm, key)} in the sweep file.")
+      where = "its grid value" if key in arm.values else "overrides or arm_overrides"
+      raise SweepError(f"arm {arm.name!r}: {why}; fix {where} in the sweep file.")
   argv = [part for part in job.command if part.startswith("--config")]
   try:
     config = parse_config(argv, cwd)
