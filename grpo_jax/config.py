@@ -13,9 +13,6 @@ from grpo_jax.config_checks import (_one_of, _require, _validate_devices,
                                     _validate_lora, _validate_rewards)
 from grpo_jax.rl.aggregation import LOSS_AGGREGATIONS
 
-KL_PLACEMENTS = ("loss", "reward")
-VALUE_HEADS = ("none", "shared", "separate")
-REWARD_ERROR_MODES = ("raise", "zero")  # train.on_reward_error
 MODEL_DTYPES = ("bfloat16", "float16", "float32")  # model.param_dtype, model.compute_dtype
 
 
@@ -96,8 +93,8 @@ def validate(config) -> None:
   make_objective(rl, g)  # the objective's own checks
   KL_ESTIMATORS.get(rl.kl_estimator)
   _one_of(rl.loss_aggregation, LOSS_AGGREGATIONS, "rl.loss_aggregation")
-  _one_of(rl.kl_in, KL_PLACEMENTS, "rl.kl_in")
-  _one_of(rl.value_head, VALUE_HEADS, "rl.value_head")
+  _one_of(rl.kl_in, ("loss", "reward"), "rl.kl_in")
+  _one_of(rl.value_head, ("none", "shared", "separate"), "rl.value_head")
   _validate_capabilities(config, task)
   task.cls.check_config(config)
   from grpo_jax.rewards.estimator_inputs import check_inputs  # noqa: PLC0415
@@ -226,7 +223,7 @@ def validate(config) -> None:
            f"least 1 (2 or more lets a damaged newest checkpoint fall back to the previous).")
   _require(tr.max_consecutive_skips >= 1, f"train.max_consecutive_skips="
            f"{tr.max_consecutive_skips}; use at least 1.")
-  _one_of(tr.on_reward_error, REWARD_ERROR_MODES, "train.on_reward_error")
+  _one_of(tr.on_reward_error, ("raise", "zero"), "train.on_reward_error")
   _one_of(tr.export_dtype, MODEL_DTYPES, "train.export_dtype")
   _require(tr.export_max_shard_mb >= 0, f"train.export_max_shard_mb={tr.export_max_shard_mb}; "
            f"use 0 (one file) or a shard size in MiB, e.g. 2000.")
@@ -306,15 +303,12 @@ def _validate_capabilities(config, task) -> None:
                  f"data)", fix)
 
 
-WANDB_MODES = ("online", "offline", "disabled")  # train.wandb_mode
-
-
 def check_wandb_config(train_cfg) -> None:
   """ConfigError when W&B logging is asked for but cannot work, before any compute."""
   project = train_cfg.wandb_project
   if not project:
     return
-  _one_of(train_cfg.wandb_mode, WANDB_MODES, "train.wandb_mode")
+  _one_of(train_cfg.wandb_mode, ("online", "offline", "disabled"), "train.wandb_mode")
   try:
     import wandb  # noqa: F401,PLC0415
   except ImportError:
