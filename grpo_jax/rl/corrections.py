@@ -142,61 +142,34 @@ def _check_decoupled(decoupled_cap=0.0, **_):
   return None
 
 
-@IS_CORRECTIONS.register("tis_token", check=_check_cap)
-def tis_token(behaviour_logp, proximal_logp, mask, *, is_high=2.0, is_batch_normalize=False):
-  """w_t = sg[min(rho_t, C)], C = rl.is_high (verl rollout_is="token", threshold C)."""
-  mask = as_token_mask(mask, proximal_logp)
-  w = truncate(token_ratio(behaviour_logp, proximal_logp, mask), mask, is_high)
-  return batch_normalize(w, mask, per_row=False) if is_batch_normalize else w
+# level -> (its ratio, whether rl.is_batch_normalize averages per row): the tis_* / mis_* entries
+_RATIOS = {"token": (token_ratio, False), "sequence": (sequence_ratio, True),
+           "geometric": (geometric_ratio, True)}
 
 
-@IS_CORRECTIONS.register("tis_sequence", check=_check_cap)
-def tis_sequence(behaviour_logp, proximal_logp, mask, *, is_high=2.0,
-                 is_batch_normalize=False):
-  """w_t = sg[min(R_i, C)] on row i's tokens (verl rollout_is="sequence", threshold C)."""
-  mask = as_token_mask(mask, proximal_logp)
-  w = truncate(sequence_ratio(behaviour_logp, proximal_logp, mask), mask, is_high)
-  return batch_normalize(w, mask, per_row=True) if is_batch_normalize else w
+def _register_weight(mode: str, level: str) -> None:
+  """Registers "<mode>_<level>" (module docstring): "tis" w = sg[min(ratio, is_high)], "mis"
+  w = sg[ratio] where is_low <= ratio <= is_high, else 0; with is_batch_normalize,
+  `batch_normalize`d."""
+  ratio, per_row = _RATIOS[level]
+  if mode == "tis":
+    def fn(behaviour_logp, proximal_logp, mask, *, is_high=2.0, is_batch_normalize=False):
+      mask = as_token_mask(mask, proximal_logp)
+      w = truncate(ratio(behaviour_logp, proximal_logp, mask), mask, is_high)
+      return batch_normalize(w, mask, per_row) if is_batch_normalize else w
+  else:
+    def fn(behaviour_logp, proximal_logp, mask, *, is_low=0.5, is_high=2.0,
+           is_batch_normalize=False):
+      mask = as_token_mask(mask, proximal_logp)
+      w = mask_outside(ratio(behaviour_logp, proximal_logp, mask), mask, is_low, is_high)
+      return batch_normalize(w, mask, per_row) if is_batch_normalize else w
+  fn.__name__ = fn.__qualname__ = f"{mode}_{level}"
+  IS_CORRECTIONS.register(fn.__name__, fn, check=_check_cap if mode == "tis" else _check_bounds)
 
 
-@IS_CORRECTIONS.register("mis_token", check=_check_bounds)
-def mis_token(behaviour_logp, proximal_logp, mask, *, is_low=0.5, is_high=2.0,
-              is_batch_normalize=False):
-  """w_t = sg[rho_t] if is_low <= rho_t <= is_high else 0: IcePop's token mask (verl
-  rollout_is="token", threshold "is_low_is_high")."""
-  mask = as_token_mask(mask, proximal_logp)
-  w = mask_outside(token_ratio(behaviour_logp, proximal_logp, mask), mask, is_low, is_high)
-  return batch_normalize(w, mask, per_row=False) if is_batch_normalize else w
-
-
-@IS_CORRECTIONS.register("mis_sequence", check=_check_bounds)
-def mis_sequence(behaviour_logp, proximal_logp, mask, *, is_low=0.5, is_high=2.0,
-                 is_batch_normalize=False):
-  """w_t = sg[R_i] if is_low <= R_i <= is_high else 0 on all of row i's tokens (verl
-  rollout_is="sequence", threshold "is_low_is_high")."""
-  mask = as_token_mask(mask, proximal_logp)
-  w = mask_outside(sequence_ratio(behaviour_logp, proximal_logp, mask), mask, is_low, is_high)
-  return batch_normalize(w, mask, per_row=True) if is_batch_normalize else w
-
-
-@IS_CORRECTIONS.register("tis_geometric", check=_check_cap)
-def tis_geometric(behaviour_logp, proximal_logp, mask, *, is_high=2.0,
-                  is_batch_normalize=False):
-  """w_t = sg[min(G_i, C)] on row i's tokens, G_i the geometric mean of its rho_t (verl 0.6's
-  rollout_is_level="geometric", rollout_is_mode="truncate"; trainer/ppo/mismatch_helper.py)."""
-  mask = as_token_mask(mask, proximal_logp)
-  w = truncate(geometric_ratio(behaviour_logp, proximal_logp, mask), mask, is_high)
-  return batch_normalize(w, mask, per_row=True) if is_batch_normalize else w
-
-
-@IS_CORRECTIONS.register("mis_geometric", check=_check_bounds)
-def mis_geometric(behaviour_logp, proximal_logp, mask, *, is_low=0.5, is_high=2.0,
-                  is_batch_normalize=False):
-  """w_t = sg[G_i] if is_low <= G_i <= is_high else 0 on all of row i's tokens (verl 0.6's
-  rollout_is_level="geometric", rollout_is_mode="mask")."""
-  mask = as_token_mask(mask, proximal_logp)
-  w = mask_outside(geometric_ratio(behaviour_logp, proximal_logp, mask), mask, is_low, is_high)
-  return batch_normalize(w, mask, per_row=True) if is_batch_normalize else w
+for _name in ("tis_token", "tis_sequence", "mis_token", "mis_sequence", "tis_geometric",
+              "mis_geometric"):
+  _register_weight(*_name.split("_"))
 
 
 @IS_CORRECTIONS.register("decoupled_ppo", check=_check_decoupled)
