@@ -196,11 +196,7 @@ def generate_refill(params, prompt_tokens, prompt_mask, key, row_limits, *,
     state = jax.lax.while_loop(
         lambda x, fits=fits: (x.next_row < rows) | (jnp.sum(~x.decode.done) > fits), body,
         state)
-  out = state.decode.recorded
-  routes = None
-  if s.record_routes:
-    routes = jnp.concatenate([repeat_rows(prompt_routes[0], group), out.routes], axis=1)
-  prompt_tokens, prompt_mask = repeat_rows((prompt_tokens, prompt_mask), group)
-  rollout = finish(prompt_tokens, prompt_mask, out.tokens, out.mask, out.logprobs, s.eos_id,
-                   out.kept, routes)
+  prompt_tokens, prompt_mask, prompt_routes = repeat_rows(
+      (prompt_tokens, prompt_mask, prompt_routes), group)
+  rollout = finish(prompt_tokens, prompt_mask, state.decode.recorded, s.eos_id, *prompt_routes)
   return rollout, DecodeStats(state.slot_steps)

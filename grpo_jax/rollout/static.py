@@ -119,9 +119,6 @@ def generate_static(params, prompt_tokens, prompt_mask, key, row_limits, *,
   # The loop stops at step N - 1 or once every row is done; recording at `t` is then either
   # the last token or a no-op (all rows done: pad, mask False).
   out = record(state).recorded
-  routes = (jnp.concatenate([prompt_routes[0], out.routes], axis=1) if s.record_routes
-            else None)
-  rollout = finish(prompt_tokens, prompt_mask, out.tokens, out.mask, out.logprobs, s.eos_id,
-                   out.kept, routes)
+  rollout = finish(prompt_tokens, prompt_mask, out, s.eos_id, *prompt_routes)
   slot_steps = batch * jnp.max(jnp.sum(out.mask, axis=1)).astype(jnp.int32)
   return rollout, DecodeStats(slot_steps)

@@ -56,12 +56,14 @@ def row_limits_or_max(row_limits, rows: int, max_new_tokens: int) -> jax.Array:
   return jnp.clip(jnp.asarray(row_limits, jnp.int32), 1, max_new_tokens)
 
 
-def finish(prompt_tokens, prompt_mask, tokens_out, mask_out, logp_out, eos_id: int,
-           kept_out=None, routes=None) -> Rollout:
-  """The Rollout of the recorded tokens: truncated = the row ended without emitting EOS; every
-  recorded token is the policy's (action_mask = the completion mask); kept_out None or the
-  recorded (keep_cutoff, kept_logmass)."""
-  ended_by_eos = jnp.any((tokens_out == eos_id) & mask_out, axis=1)
-  cutoff, logmass = (None, None) if kept_out is None else kept_out
-  return Rollout(prompt_tokens, prompt_mask, tokens_out, mask_out, logp_out, ~ended_by_eos,
-                 mask_out, cutoff, logmass, routes)
+def finish(prompt_tokens, prompt_mask, recorded, eos_id: int, prompt_routes=None) -> Rollout:
+  """The Rollout of a decode loop's `recorded` outputs (rollout/engine.Recorded): truncated = the
+  row ended without emitting EOS; every recorded token is the policy's (action_mask = the
+  completion mask); routes = the prompt's experts (B, P, L, k) then the completion's, when
+  prompt_routes is given."""
+  ended_by_eos = jnp.any((recorded.tokens == eos_id) & recorded.mask, axis=1)
+  cutoff, logmass = (None, None) if recorded.kept is None else recorded.kept
+  routes = (None if prompt_routes is None
+            else jnp.concatenate([prompt_routes, recorded.routes], axis=1))
+  return Rollout(prompt_tokens, prompt_mask, recorded.tokens, recorded.mask, recorded.logprobs,
+                 ~ended_by_eos, recorded.mask, cutoff, logmass, routes)
