@@ -18,7 +18,6 @@ teacher-forced pass (models/scoring.completion_scores).
 
 from __future__ import annotations
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 
