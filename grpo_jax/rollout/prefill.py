@@ -33,11 +33,6 @@ def repeat_rows(tree, group_size: int, axis: int = 0):
   return jax.tree.map(lambda x: jnp.repeat(x, group_size, axis=axis), tree)
 
 
-def prompt_positions(prompt_mask, inputs=None):
-  """The prompts' rotary ids: the given PromptInputs', or the count of real tokens."""
-  return positions_from_mask(prompt_mask) if inputs is None else inputs.positions
-
-
 def first_positions(prompt_mask, inputs=None):
   """(B / G,) int32: the rotary id of each prompt's completion token 0."""
   if inputs is None:
@@ -69,9 +64,10 @@ def prefill(params, prompt_tokens, prompt_mask, *, model_cfg: ModelConfig,
   slots = cache_slots or prompt_len + max_new_tokens
   cache = init_cache(model_cfg, prompts, prompt_len if shared_prompt else slots)
   with prefill_rules(prompt_len):  # a row's tokens over `context`, when they divide by it
+    positions = positions_from_mask(prompt_mask) if inputs is None else inputs.positions
     out = decoder_apply(
-        model_cfg, params, prompt_tokens, prompt_positions(prompt_mask, inputs), prompt_mask,
-        cache, 0, logits_window=(prompt_len - 1, 1), record_routing=record_routes,
+        model_cfg, params, prompt_tokens, positions, prompt_mask, cache, 0,
+        logits_window=(prompt_len - 1, 1), record_routing=record_routes,
         prefix_embeddings=None if inputs is None else inputs.embeddings)
   (logits, cache), routing = out if record_routes else (out, None)
   routes = () if routing is None else (repeat_rows(routing["routes"], group_size),)
