@@ -142,15 +142,13 @@ def kto(p: PairLogps, *, beta=0.1, desirable_weight=1.0, undesirable_weight=1.0)
   """Mean over the 2B completions of w_D (1 - σ(β(Δ_c - z0))) and w_U (1 - σ(β(z0 - Δ_r)));
   unpaired, over the B labelled completions, each with its label's term."""
   z0 = jax.lax.stop_gradient(p.kl)
+  desirable = lambda d: desirable_weight * (1.0 - jax.nn.sigmoid(beta * (d - z0)))  # noqa: E731
+  undesirable = lambda d: undesirable_weight * (1.0 - jax.nn.sigmoid(beta * (z0 - d)))  # noqa: E731
   if p.desirable is not None:
     d = p.chosen - p.ref_chosen
-    return jnp.mean(jnp.where(p.desirable,
-                              desirable_weight * (1.0 - jax.nn.sigmoid(beta * (d - z0))),
-                              undesirable_weight * (1.0 - jax.nn.sigmoid(beta * (z0 - d)))))
+    return jnp.mean(jnp.where(p.desirable, desirable(d), undesirable(d)))
   c, r = logratios(p)
-  losses = jnp.concatenate([desirable_weight * (1.0 - jax.nn.sigmoid(beta * (c - z0))),
-                            undesirable_weight * (1.0 - jax.nn.sigmoid(beta * (z0 - r)))])
-  return jnp.mean(losses)
+  return jnp.mean(jnp.concatenate([desirable(c), undesirable(r)]))
 
 
 kto.needs_kl = True
