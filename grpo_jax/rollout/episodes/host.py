@@ -26,6 +26,8 @@ or its id (`episode_ids`), which makes its tokens independent of the batch it sh
 
 from __future__ import annotations
 
+import itertools
+
 import jax
 import numpy as np
 
@@ -137,13 +139,7 @@ def sample_episodes(sampling, params, env, tokenizer, rows: list, seeds: list, k
 
 def _finish(episodes: list, n: int, pad_id: int, prompt_width: int | None):
   """(Rollout, [per-episode dict(reward, turns, truncated, state)])."""
-  return _as_rollout(episodes, n, pad_id, prompt_width), [
-      dict(reward=e.reward, turns=e.turns, truncated=e.truncated, state=e.state)
-      for e in episodes]
-
-
-def _as_rollout(episodes: list, n: int, pad_id: int, width: int | None = None) -> Rollout:
-  width = width or max(len(e.prompt) for e in episodes)
+  width = prompt_width or max(len(e.prompt) for e in episodes)
   prompt_tokens, prompt_mask = _left_pad([e.prompt for e in episodes], width, pad_id)
   b = len(episodes)
   tokens = np.full((b, n), pad_id, np.int32)
@@ -154,7 +150,9 @@ def _as_rollout(episodes: list, n: int, pad_id: int, width: int | None = None) -
     tokens[i, :k], mask[i, :k], actions[i, :k], logprobs[i, :k] = (e.ids, True, e.actions,
                                                                    e.logprobs)
   truncated = np.array([e.truncated for e in episodes])
-  return Rollout(prompt_tokens, prompt_mask, tokens, mask, logprobs, truncated, actions)
+  return Rollout(prompt_tokens, prompt_mask, tokens, mask, logprobs, truncated, actions), [
+      dict(reward=e.reward, turns=e.turns, truncated=e.truncated, state=e.state)
+      for e in episodes]
 
 
 def episode_metrics(rollout: Rollout, infos: list, prefix: str = "") -> dict:
@@ -188,12 +186,9 @@ def episode_samples(tokenizer, prompts: list, rollout: Rollout, rewards, split: 
     mask = np.asarray(rollout.completion_mask[r], bool)
     ids = np.asarray(rollout.completion_tokens[r])[mask].tolist()
     trained = np.asarray(rollout.action_mask[r], bool)[mask].tolist()
-    turns, start = [], 0
-    for i in range(1, len(ids) + 1):
-      if i == len(ids) or trained[i] != trained[start]:
-        turns.append(dict(trained=bool(trained[start]), text=tokenizer.decode(
-            ids[start:i], skip_special_tokens=False)))
-        start = i
+    turns = [dict(trained=bool(t), text=tokenizer.decode([i for i, _ in run],
+                                                         skip_special_tokens=False))
+             for t, run in itertools.groupby(zip(ids, trained), key=lambda pair: pair[1])]
     reward = float(rewards[r])
     out.append(dict(step=int(step), split=split, prompt=prompts[r],
                     completion=tokenizer.decode(ids, skip_special_tokens=False), reward=reward,
