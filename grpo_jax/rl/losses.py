@@ -75,10 +75,9 @@ def clipped_surrogate(logprobs: jax.Array, old_logprobs: jax.Array, advantages: 
       rho = exp(logp - logp_old)
       loss = -min(rho * A, clip(rho, 1 - clip_low, 1 + clip_high) * A)     where mask, else 0
 
-  All inputs (B, N). Masked positions are replaced before any arithmetic, so whatever they
-  hold (even inf/nan) reaches neither the loss nor the gradient. Returns (loss, clipped), where
-  clipped is True where the clipped term is the smaller (the gradient through rho is 0 there).
-  This is ppo_clip_loss without dual clip or log-ratio clamp.
+  All inputs (B, N), masked as the module docstring says. Returns (loss, clipped), clipped True
+  where the clipped term is the smaller (the gradient through rho is 0 there): ppo_clip_loss
+  without dual clip or log-ratio clamp.
   """
   loss, metrics = ppo_clip_loss(logprobs, old_logprobs, advantages, mask, clip_low, clip_high,
                                 dual_clip_c=None, log_ratio_clamp=None)

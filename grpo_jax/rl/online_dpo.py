@@ -14,8 +14,7 @@ with log π(y|x) the sum of the completion's token log-probs. β is rl.kl_coef: 
 weight of the KL regulariser to the reference, the quantity rl.kl_coef weighs in GRPO, and a
 reference model exists exactly when it is > 0 (TRL's OnlineDPOConfig: beta 0.1). No separate
 KL term is added (it is implicit in the DPO loss); the KL metric is still reported. TRL
-samples
-two completions per prompt; with G > 2 the pair is the best and the worst of G.
+samples two completions per prompt; with G > 2 the pair is the best and the worst of G.
 """
 
 from __future__ import annotations

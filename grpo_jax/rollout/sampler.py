@@ -104,10 +104,8 @@ def sample(params, prompt_tokens, prompt_mask, key, row_limits=None,
   argument of the compiled call.
 
   prompt_tokens (B / G, P); the Rollout has B = prompts x G rows, groups contiguous, its
-  prompts repeated. Token t of row r is drawn with `token_uniforms(key, r, t)`, whichever
-  engine runs: decode_slots > 0 runs the slot-refill engine (rollout/refill.py: min(S, B) slots,
-  a finished row's slot takes the next pending row), else the static one (rollout/static.py:
-  every row decoded until the last one ends). Both give the same tokens and masks.
+  prompts repeated. decode_slots > 0 runs the slot-refill engine, else the static one: the
+  same tokens and masks (module docstring).
   """
   return Sampling(**settings).with_stats(params, prompt_tokens, prompt_mask, key, row_limits)
 

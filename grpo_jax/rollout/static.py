@@ -41,17 +41,13 @@ def generate_static(params, prompt_tokens, prompt_mask, key, row_limits, *,
   """The static engine (rollout/engine.py's protocol): all B rows decode together until every
   row has ended (EOS or its limit). The loop carries the chosen token, not the (B, V) logits,
   and runs the decode forwards in segments of `decode_block` steps that read only the filled
-  cache (`decode_segments`); the last token is recorded after them. With a `mesh`, the KV
-  cache is laid out by the mesh rules (rows over data/fsdp, kv heads over tensor); params and
-  prompts carry their own shardings in. sampling.keep_mask: also record each token's
-  truncation (sampling.keep_record) in the Rollout's keep_cutoff and kept_logmass.
-  sampling.record_routes (a mixture of experts): record every token's experts in the
-  Rollout's routes (B, P + N, L, k): the prompt's from the prefill, completion token t's from
-  the decode step that reads it (the last token is never read: its entry is 0).
-  sampling.decode_loop (the platform table's under "auto") "bounded": one decode loop over a
-  cache of every slot, each step's attention reading only its filled blocks
-  (attention.bounded_attention, the bound a traced value), so the program holds one copy of
-  the decode step whatever `decode_block` (DECODE_LOOPS).
+  cache (`decode_segments`; sampling.decode_loop "bounded": one loop, DECODE_LOOPS); the last
+  token is recorded after them. With a `mesh`, the KV cache is laid out by the mesh rules (rows
+  over data/fsdp, kv heads over tensor); params and prompts carry their own shardings in.
+  sampling.keep_mask: also record each token's truncation (sampling.keep_record) in the
+  Rollout's keep_cutoff and kept_logmass. sampling.record_routes (a mixture of experts): record
+  every token's experts in the Rollout's routes: the prompt's from the prefill, completion
+  token t's from the decode step that reads it (the last token is never read: its entry is 0).
   """
   s, model_cfg, mesh = sampling, sampling.model_cfg, sampling.mesh
   prompt_len = prompt_tokens.shape[1]
