@@ -47,14 +47,11 @@ def gfpo_keep_mask(rewards: jax.Array, lengths: jax.Array, group_size: int, keep
   lengths = jnp.asarray(lengths).astype(jnp.int32)
   if metric == "length":
     cost = lengths  # smaller is better
-  else:
-    efficiency = jnp.asarray(rewards).astype(jnp.float32) / jnp.maximum(lengths, 1)
-    cost = -efficiency
+  else:  # larger efficiency is better
+    cost = -(jnp.asarray(rewards).astype(jnp.float32) / jnp.maximum(lengths, 1))
   order = jnp.argsort(cost.reshape(-1, group_size), axis=1, stable=True)  # best first
-  chosen = order[:, :keep]
-  in_group = jnp.arange(group_size)
-  mask = jnp.any(chosen[:, :, None] == in_group[None, None, :], axis=1)
-  return mask.reshape(-1)
+  chosen = order[:, :keep, None] == jnp.arange(group_size)  # (groups, keep, group_size)
+  return jnp.any(chosen, axis=1).reshape(-1)
 
 
 def gfpo_kept_rows(keep_mask: jax.Array, group_size: int, keep: int) -> jax.Array:

@@ -45,10 +45,9 @@ def online_dpo_loss(logp, ref_logp, rewards, mask, group_size: int, beta: float)
   chosen, rejected, has_pair = best_and_worst(rewards, group_size)
   delta = sums[chosen] - sums[rejected]
   pairs = jnp.sum(has_pair)
-  per_pair = jnp.where(has_pair, -jax.nn.log_sigmoid(beta * delta), 0.0)
-  loss = jnp.sum(per_pair) / jnp.maximum(pairs, 1)
   def mean_over_pairs(x):
     return jnp.sum(jnp.where(has_pair, x, 0.0)) / jnp.maximum(pairs, 1)
+  loss = mean_over_pairs(-jax.nn.log_sigmoid(beta * delta))
   return loss, dict(pairs=pairs.astype(jnp.float32),
                     reward_margin=mean_over_pairs(beta * delta),
                     pair_accuracy=mean_over_pairs((delta > 0).astype(jnp.float32)))
