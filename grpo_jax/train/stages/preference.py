@@ -63,7 +63,7 @@ from grpo_jax.train.stages.supervised import (check_pair_sources, preference_pai
 from grpo_jax.train.learner.state import (create_train_state, make_optimizer, policy_params,
                                   reference_params)
 from grpo_jax.train.stages.warmup import run_warmup
-from grpo_jax.train.run.workdir import WorkdirLock, check_workdir
+from grpo_jax.train.run.workdir import check_workdir
 
 REFERENCES = ("cached", "on_the_fly")
 
@@ -252,13 +252,11 @@ def train_dpo(config, workdir: str, log=print):
           f"{record['eval_accuracy']:.3f} | held-out {kind} accuracy "
           f"{record[f'eval_{kind}_accuracy']:.3f} | margin {record['eval_reward_margin']:.3f}")
 
-  with WorkdirLock(workdir):
-    state = run_stage("dpo", config, workdir, lambda: state_from(warmed()), advance, evaluate,
-                      report, Schedule(total, d.eval_every, config.train.checkpoint_every), log,
-                      free=("dpo.eval_every", "dpo.export") + (("dpo.steps",) if rounds == 0
-                                                               else ("dpo.rounds",)),
-                      fresh_shape=lambda: state_from(params), restored=restored,
-                      data=fingerprints(files),
-                      export=lambda state: export_policy(model, state, model_cfg, workdir, log,
-                                                         export=bool(d.export)))
-  return state
+  return run_stage("dpo", config, workdir, lambda: state_from(warmed()), advance, evaluate,
+                   report, Schedule(total, d.eval_every, config.train.checkpoint_every), log,
+                   free=("dpo.eval_every", "dpo.export") + (("dpo.steps",) if rounds == 0
+                                                            else ("dpo.rounds",)),
+                   fresh_shape=lambda: state_from(params), restored=restored,
+                   data=fingerprints(files),
+                   export=lambda state: export_policy(model, state, model_cfg, workdir, log,
+                                                      export=bool(d.export)))

@@ -53,8 +53,8 @@ def run_stage(name: str, config, workdir: str, fresh, advance, evaluate, report,
               schedule: Schedule, log=print, free: tuple = (), fresh_shape=None,
               restored=lambda state: state, data: dict | None = None,
               export=lambda state: None, metric: str = "eval_accuracy"):
-  """A supervised stage on the loop skeleton (train/run/runner.py), inside the caller's workdir
-  lock: the config recorded, the newest checkpoint restored (the records trimmed to its step) or
+  """A supervised stage on the loop skeleton (train/run/runner.py), inside the workdir's lock
+  (WorkdirLock): the config recorded, the newest checkpoint restored (the records trimmed to its step) or
   `fresh()` started, `run_steps` with SIGTERM / SIGINT handled, each step's record said by
   report(step, record, clock) (its progress line; clock None at step 0), then written to
   metrics.jsonl. A resume follows the RL run's rules (train/run/workdir.py), `free` naming the
@@ -67,7 +67,6 @@ def run_stage(name: str, config, workdir: str, fresh, advance, evaluate, report,
   there); then the closing line, with `metric`'s first and last held-out values
   (train/run/summary.py), and curves.png at each evaluation. Returns the last state."""
   started = time.perf_counter()
-  log(where_line(workdir, tensorboard=False))
 
   def write(writer, state, first, records, tokens, seconds, clock):
     record = records[-1][0]
@@ -76,7 +75,8 @@ def run_stage(name: str, config, workdir: str, fresh, advance, evaluate, report,
     if any(key in record for key, _ in CURVES):
       write_curves(workdir)
 
-  with TerminationFlag() as sigterm:
+  with WorkdirLock(workdir), TerminationFlag() as sigterm:
+    log(where_line(workdir, tensorboard=False))
     ckpts = Checkpoints(os.path.join(workdir, "checkpoints"), config.train.keep_checkpoints, log)
     # Resumed like the RL run: under its recorded config, on its devices, its record intact.
     devices = devices_record()
@@ -178,12 +178,10 @@ def train_sft(config, workdir: str, log=print):
                   if "eval_accuracy" in record else "")
       log(f"sft step {first:>5}/{steps} | sft loss {record['sft_loss']:.4f}{accuracy}")
 
-  with WorkdirLock(workdir):
-    state = run_stage("sft", config, workdir, fresh, advance,
-                      lambda state, step: evaluate_policy(state.params), report,
-                      Schedule(steps, steps, config.train.checkpoint_every), log,
-                      data=file_fingerprints({"warmup.data_path": data_path}), export=export)
-  return state.params
+  return run_stage("sft", config, workdir, fresh, advance,
+                   lambda state, step: evaluate_policy(state.params), report,
+                   Schedule(steps, steps, config.train.checkpoint_every), log,
+                   data=file_fingerprints({"warmup.data_path": data_path}), export=export).params
 
 
 # ----------------------------------------------------------------------------- reward model
@@ -344,12 +342,10 @@ def train_reward_model(config, workdir: str, log=print):
       log(f"rm step {first:>5}/{rm.steps} | loss {record['loss']:.4f} | held-out pair "
           f"accuracy {record['pair_accuracy']:.3f}")
 
-  with WorkdirLock(workdir):
-    state = run_stage(
-        "rm", config, workdir, fresh, advance,
-        lambda state, step: [evaluate_pairs(rewards, state.params, test, rm.batch_size)], report,
-        Schedule(rm.steps, rm.eval_every, config.train.checkpoint_every), log,
-        free=("rm.steps", "rm.eval_every", "rm.export"),  # (a constant rate after warm-up)
-        data=file_fingerprints({f"rm.{s}_path": rm[f"{s}_path"] for s in ("train", "test")}),
-        export=export, metric="pair_accuracy")
-  return state
+  return run_stage(
+      "rm", config, workdir, fresh, advance,
+      lambda state, step: [evaluate_pairs(rewards, state.params, test, rm.batch_size)], report,
+      Schedule(rm.steps, rm.eval_every, config.train.checkpoint_every), log,
+      free=("rm.steps", "rm.eval_every", "rm.export"),  # (a constant rate after warm-up)
+      data=file_fingerprints({f"rm.{s}_path": rm[f"{s}_path"] for s in ("train", "test")}),
+      export=export, metric="pair_accuracy")
