@@ -11,7 +11,7 @@ import os
 import platform
 import subprocess
 
-from grpo_jax.errors import InputError, first_line
+from grpo_jax.errors import ConfigError, InputError, first_line
 from grpo_jax.train.run import files
 from grpo_jax.train.run.faults import RunStopped
 from grpo_jax.train.run.metrics import keep_records_until
@@ -196,7 +196,7 @@ class RecordDamaged(InputError):
   """A workdir with checkpoints whose config.json or run_info.json is missing or damaged."""
 
 
-def _read_json(workdir: str, name: str):
+def read_json(workdir: str, name: str):
   """(the parsed JSON object, None) or (None, what is wrong with the file)."""
   try:
     text = files.read_text(files.path(workdir, name))
@@ -230,7 +230,7 @@ def config_changes(config, workdir: str, allow: bool = False) -> dict:
   written). Called for a workdir with checkpoints: a missing or damaged config.json raises
   RecordDamaged, or with `allow` (train.allow_config_change) counts as the change
   {"config.json": [what was wrong, "rewritten"]}."""
-  old, problem = _read_json(workdir, "config.json")
+  old, problem = read_json(workdir, "config.json")
   if problem:
     return _damaged_record(workdir, "config.json", problem, allow,
                            ", so the config its checkpoints were made with cannot be checked",
@@ -251,7 +251,7 @@ def record_changes(workdir: str, devices: dict, allow: bool = False,
   differ by rounding). A missing or damaged run_info.json raises RecordDamaged, or with `allow`
   counts as the change {"run_info.json": [what was wrong, "new record"]}; `missing_ok`: a
   missing one is no record yet (the SFT and RM stages wrote none before 2026-11-25)."""
-  info, problem = _read_json(workdir, "run_info.json")
+  info, problem = read_json(workdir, "run_info.json")
   if problem == "missing" and missing_ok:
     return {}
   if problem is None and not isinstance(info.get("starts"), list):
@@ -281,7 +281,6 @@ def check_resume_config(changes: dict, workdir: str, allow: bool, log=print,
   FREE_TO_CHANGE and the stage's own `free` fields (its length), unless `allow`
   (train.allow_config_change), which then lists them in one line; before anything of the
   workdir is rewritten."""
-  from grpo_jax.errors import ConfigError  # noqa: PLC0415
   for key in NEVER_CHANGED:
     if key in changes:  # one sentence naming the key, not orbax's dump
       a, b = changes[key]
@@ -328,7 +327,7 @@ def record_start(workdir: str, resumed_from_step: int | None,
   files' fingerprints (resume_guards.py). A damaged record (let through by the caller) is first
   kept as run_info.json.damaged."""
   path = files.path(workdir, "run_info.json")
-  info, problem = _read_json(workdir, "run_info.json")
+  info, problem = read_json(workdir, "run_info.json")
   if info is None or not isinstance(info.get("starts"), list):
     if problem != "missing":
       with contextlib.suppress(OSError):  # unreadable: nothing to keep
