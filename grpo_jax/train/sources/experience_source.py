@@ -50,6 +50,7 @@ from grpo_jax.rollout.sampler import Sampling
 from grpo_jax.rollout.types import Rollout
 from grpo_jax.train.learner.experience import RewardInputs
 from grpo_jax.train.run.seed_axis import SeedAxis
+from grpo_jax.train.sources.pipeline import copy_params
 from grpo_jax.train.learner.step import StepSpec
 
 
@@ -181,16 +182,18 @@ class Run:
       return params
     return jax.device_put(params, shardings(params, self.rollout_mesh))
 
-  def sync_weights_timed(self, params):
+  def sync_weights_timed(self, params, copy: bool = False):
     """(sync_weights(params), {"weight_sync_bytes", "weight_sync_s"}): the bytes moved (every
-    leaf's size x itemsize; 0 when both roles share one mesh) and the seconds from the params
-    being ready on the learner's devices to their copy being ready on the sampler's
-    (block_until_ready on both sides, so the update's own time is not counted)."""
-    if self.rollout_mesh is None or self.rollout_mesh is self.mesh:
+    leaf's size x itemsize; 0 when both roles share one mesh, unless `copy`: then a device copy
+    in new buffers) and the seconds from the params being ready on the learner's devices to
+    their copy being ready on the sampler's (block_until_ready on both sides, so the update's
+    own time is not counted)."""
+    shared = self.rollout_mesh is None or self.rollout_mesh is self.mesh
+    if shared and not copy:
       return params, {"weight_sync_bytes": 0, "weight_sync_s": 0.0}
     jax.block_until_ready(params)
     started = time.perf_counter()
-    synced = jax.block_until_ready(self.sync_weights(params))
+    synced = jax.block_until_ready(copy_params(params) if shared else self.sync_weights(params))
     seconds = time.perf_counter() - started
     moved = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(params))
     return synced, {"weight_sync_bytes": int(moved), "weight_sync_s": seconds}

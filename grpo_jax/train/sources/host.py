@@ -115,23 +115,12 @@ def _pipelined(run: Run, state, samplers, rollout_keys, produce, experience, pos
   # LoRA's frozen base, copied once: the learner's step donates the state that holds it.
   base = [None]
 
-  def current_weights(params):
-    """The learner's trainable params in buffers of their own (its step donates its own), on
-    the sampler's devices, and the sync's record: a device copy when both roles share one
-    mesh, else the move to the sampler's (Run.sync_weights_timed)."""
-    if run.sampler_mesh is not run.mesh:
-      return run.sync_weights_timed(params)
-    jax.block_until_ready(params)
-    started = time.perf_counter()
-    copied = jax.block_until_ready(copy_params(params))
-    return copied, {"weight_sync_bytes": sum(x.nbytes for x in jax.tree.leaves(copied)),
-                    "weight_sync_s": time.perf_counter() - started}
-
   def next_experience(train_state, source):
     step = step_of(train_state)
     if base[0] is None and train_state.base_params is not None:
       base[0] = copy_params(run.sync_weights(train_state.base_params))
-    current, sync = current_weights(train_state.params)  # version `step`, new buffers
+    # Version `step` on the sampler's devices, in new buffers (the learner's step donates its own).
+    current, sync = run.sync_weights_timed(train_state.params, copy=True)
     first = positions_of(source)
 
     def start(batch: int, params):
