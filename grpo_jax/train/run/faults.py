@@ -41,10 +41,6 @@ class TerminationFlag:
     self.signal = None
     self._previous = {}
 
-  @property
-  def name(self) -> str:
-    return signal.Signals(self.signal).name if self.signal else ""
-
   def _handle(self, signum, frame):  # noqa: ARG002
     if signum == signal.SIGINT and self.signal == signal.SIGINT:
       raise KeyboardInterrupt  # Ctrl-C twice: do not wait for the save
@@ -55,7 +51,8 @@ class TerminationFlag:
 
   def stop(self, message: str) -> "Preempted":
     """The Preempted to raise once the loop has done what it does before stopping."""
-    return Preempted(f"{self.name}: {message}", self.signal or signal.SIGTERM)
+    name = signal.Signals(self.signal).name if self.signal else ""
+    return Preempted(f"{name}: {message}", self.signal or signal.SIGTERM)
 
   def __enter__(self):
     interrupts.signal_arrived(None)

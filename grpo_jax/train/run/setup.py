@@ -57,19 +57,15 @@ def build_task(config, log=print):
   return TASKS.get(config.task.name).build(config, log)
 
 
-def check_vocabulary(model_cfg: ModelConfig, task) -> None:
-  if model_cfg.vocab_size < len(task.tokenizer):
-    raise ConfigError(
-        f"model.vocab_size={model_cfg.vocab_size} is smaller than the tokenizer's "
-        f"{len(task.tokenizer)} tokens; raise model.vocab_size.")
-
-
 def check_task_fits_model(model_cfg: ModelConfig, task, eval_size: int,
                           max_new_tokens: int) -> None:
   """What can only be checked once the task and the model are built, before any compute: the
   vocabulary, the held-out split's size against train.eval_size, and prompt + completion
   positions against the checkpoint's max_position_embeddings."""
-  check_vocabulary(model_cfg, task)
+  if model_cfg.vocab_size < len(task.tokenizer):
+    raise ConfigError(
+        f"model.vocab_size={model_cfg.vocab_size} is smaller than the tokenizer's "
+        f"{len(task.tokenizer)} tokens; raise model.vocab_size.")
   prompts = task.test_batch(eval_size).prompt_tokens
   positions = prompts.shape[1] + max_new_tokens
   limit = model_cfg.max_position_embeddings
