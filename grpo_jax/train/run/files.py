@@ -86,12 +86,10 @@ def upload_folder(local: str, target) -> None:
   written = set()
   for root, _, names in os.walk(local):
     for name in names:
-      src = os.path.join(root, name)
-      written.add(os.path.relpath(src, local))
-      dst = target / os.path.relpath(src, local)
-      dst.parent.mkdir(parents=True, exist_ok=True)
-      with open(src, "rb") as f:
-        dst.write_bytes(f.read())
+      relative = os.path.relpath(os.path.join(root, name), local)
+      written.add(relative)
+      (target / relative).parent.mkdir(parents=True, exist_ok=True)
+      (target / relative).write_bytes(epath.Path(local, relative).read_bytes())
   for old in target.iterdir():
     if old.name not in written and old.is_file():
       old.unlink()
