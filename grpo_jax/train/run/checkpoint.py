@@ -331,8 +331,6 @@ class Checkpoints:
           saved.get("ref_params")))
       if drop_reference:
         abstract = abstract.replace(ref_params=abstract.params)
-      # Saved before the learner counted the steps without signal: read without
-      # it, then start the count at 0.
       if _has_per_layer_params(saved):
         tree = _stack_layers(_restore_item(checkpointer, item, _per_layer_template(abstract),
                                            saved), abstract)

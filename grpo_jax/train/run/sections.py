@@ -39,8 +39,7 @@ class ModelSection:
   path: str  # model.path: a Hugging Face folder, "" for a random model
   param_dtype: str
   compute_dtype: str
-  # (name, value) of model.remat / logits_chunk / attention_impl / context_layout, over the
-  # folder's
+  # (name, value) of model.remat / logits_chunk / attention_impl / context_layout, over the folder's
   layout: tuple
   vocab_size: int  # model.vocab_size (a random model's; the teacher's check)
   random: Optional[ModelConfig]  # the random model's config; None under model.path

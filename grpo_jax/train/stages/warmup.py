@@ -27,9 +27,7 @@ def make_warmup_step(model_cfg: ModelConfig, warmup_cfg):
   target_mask) -> (params, opt_state, loss, applied) is one un-jitted AdamW step of SFT (jit
   it, or vmap it over stacked seeds), guarded as every stage's update is (`apply_if_finite`:
   a non-finite loss or gradient changes nothing; applied False). The RL run's warm-up and the
-  SFT stage (grpo_jax/train/stages/supervised.py) take this one step. (The guard's branch leaves the
-  update's numbers as they were: 300 steps of grpo_tiny's warm-up give bit-identical params
-  with and without it, measured 2026-11-27.)"""
+  SFT stage (grpo_jax/train/stages/supervised.py) take this one step."""
   schedule = optax.warmup_cosine_decay_schedule(
       0.0, warmup_cfg.learning_rate, max(1, min(100, warmup_cfg.steps // 10)), warmup_cfg.steps + 1,
       end_value=warmup_cfg.learning_rate * 0.05)
