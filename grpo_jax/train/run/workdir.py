@@ -11,6 +11,8 @@ import os
 import platform
 import subprocess
 
+from flax.traverse_util import flatten_dict
+
 from grpo_jax.errors import ConfigError, InputError, first_line
 from grpo_jax.train.run import files
 from grpo_jax.train.run.faults import RunStopped
@@ -186,12 +188,6 @@ FREE_TO_CHANGE = ("train.steps", "train.eval_every", "train.checkpoint_every",
                   "reward.timeout_s")
 
 
-def _flat(tree, prefix: str = "") -> dict:
-  return {k: v for key, value in tree.items()
-          for k, v in (_flat(value, f"{prefix}{key}.") if isinstance(value, dict)
-                       else {f"{prefix}{key}": value}).items()}
-
-
 class RecordDamaged(InputError):
   """A workdir with checkpoints whose config.json or run_info.json is missing or damaged."""
 
@@ -235,10 +231,10 @@ def config_changes(config, workdir: str, allow: bool = False) -> dict:
     return _damaged_record(workdir, "config.json", problem, allow,
                            ", so the config its checkpoints were made with cannot be checked",
                            "resume under this config (recorded in run_info.json)", "rewritten")
-  old = _flat(old)
-  new = _flat(json.loads(config.to_json_best_effort(sort_keys=True)))
+  old = flatten_dict(old, sep=".")
+  new = flatten_dict(json.loads(config.to_json_best_effort(sort_keys=True)), sep=".")
   from grpo_jax.defaults import get_defaults  # noqa: PLC0415
-  default = _flat(json.loads(get_defaults().to_json_best_effort(sort_keys=True)))
+  default = flatten_dict(json.loads(get_defaults().to_json_best_effort(sort_keys=True)), sep=".")
   return {k: [old.get(k), new.get(k)] for k in sorted(set(old) | set(new))
           if old.get(k) != new.get(k)
           and not (k not in old and k in default and new[k] == default[k])}
