@@ -97,8 +97,6 @@ def train(config, workdir: str, log=print, seeds=None, seed_axis: str = "vmap") 
   check_source(config.train, config.rl)
   check_vision_config(config)
   check_workdir(workdir)
-  # After validation each room reads its typed section, built here once (run/sections.py);
-  # the task registry alone builds from the whole config, and the record writes it.
   settings = SourceSettings.of(config)
   axis = (SeedAxis((int(config.seed),)) if seeds is None else
           SeedAxis(tuple(int(s) for s in seeds), seed_axis))
@@ -126,7 +124,6 @@ def train(config, workdir: str, log=print, seeds=None, seed_axis: str = "vmap") 
   del built
   rollout = sections.eval.rollout
   check_task_fits_model(model_cfg, task, sections.eval.eval_size, rollout.max_new_tokens)
-  # reward models read
   sources = build_reward_sources(sections.rewards, sections.model, task, mesh)
   optimizer = make_optimizer(config.optim, settings.steps * rl.num_iterations *
                              rl.num_minibatches)
