@@ -72,13 +72,6 @@ class Task(Protocol):
     """The text of each completion row."""
 
 
-class StepRewardTask(Task, Protocol):
-  """A task that also scores the steps of a completion (process supervision)."""
-
-  def step_rewards(self, prompts, completion_tokens, completion_mask, group_size: int):
-    """(rewards (B, K) float32, end_index (B, K) int32, mask (B, K) bool) per completion."""
-
-
 @dataclasses.dataclass(frozen=True)
 class DeviceTask:
   """A task whose data stream and reward are JAX functions, so that prompts, sampling, reward
@@ -96,7 +89,8 @@ class DeviceTask:
 # What a task may offer beyond the protocol (module docstring): capability -> the methods the
 # class promises, checked at registration (register_task) and against a config (config.py).
 CAPABILITIES = {
-    # process rewards of each completion's steps (estimators that read step_rewards)
+    # process rewards of each completion's steps (estimators that read step_rewards): rewards
+    # (B, K) float32, end_index (B, K) int32, mask (B, K) bool
     "step_rewards": ("step_rewards",),
     # the stream and the reward as JAX functions (train.fused_steps)
     "device": ("device_task",),
