@@ -148,16 +148,8 @@ class AdditionTask(CharTask):
     return cls(num_digits, test_size, config.rollout.max_new_tokens, fixed_width,
                reverse_answer, reward_name(config, "exact_match"))
 
-  # The Task protocol (grpo_jax.data.task): eos_id, pad_id and decode are CharTask's.
-  def _targets(self, batch: PromptBatch, group_size: int, xp=np):
-    repeat = lambda x: xp.repeat(x, group_size, axis=0)  # noqa: E731
-    return repeat(batch.target_tokens), repeat(batch.target_mask)
-
-  def score(self, batch: PromptBatch, completion_tokens, completion_mask, group_size: int):
-    """Rewards (B * G,) of the G completions of each prompt (rows grouped contiguously)."""
-    return np.asarray(self.reward.fn(completion_tokens, completion_mask,
-                                     *self._targets(batch, group_size)))
-
+  # The Task protocol (grpo_jax.data.task): eos_id, pad_id, decode, score and eval_scores are
+  # CharTask's.
   def step_rewards(self, batch: PromptBatch, completion_tokens, completion_mask,
                    group_size: int):
     """Process rewards: step t is completion token t, right iff it equals target token t."""
@@ -170,16 +162,11 @@ class AdditionTask(CharTask):
 
   def labels(self, batch: PromptBatch) -> list[str]:
     """The target answers as text (as the task writes them), for rewards reading text."""
-    return [self.tokenizer.decode(t[m].tolist()) for t, m in
-            zip(np.asarray(batch.target_tokens), np.asarray(batch.target_mask, bool))]
+    return self.decode(batch.target_tokens, batch.target_mask)
 
   def prompt_texts(self, batch: PromptBatch) -> list[str]:
     """The prompts as text ("<bos>12+34=" decoded)."""
     return self.decode(batch.prompt_tokens, batch.prompt_mask)
-
-  def eval_scores(self, batch: PromptBatch, completion_tokens, completion_mask) -> dict:
-    return {"eval_accuracy": np.asarray(self.reward.fn(
-        completion_tokens, completion_mask, batch.target_tokens, batch.target_mask))}
 
   def device_task(self) -> DeviceTask:
     """The stream and the reward as JAX functions (train.fused_steps)."""

@@ -43,8 +43,9 @@ class CharTokenizer:
 
 
 class CharTask:
-  """A mixin of the tasks on a CharTokenizer (`self.tokenizer`): their eos / pad ids and the
-  text of completion rows."""
+  """A mixin of the tasks on a CharTokenizer (`self.tokenizer`): their eos / pad ids, the text
+  of completion rows, and their scores by a "tokens" reward (`self.reward`) against the
+  batch's target_tokens / target_mask."""
 
   @property
   def eos_id(self) -> int:
@@ -57,6 +58,18 @@ class CharTask:
   def decode(self, completion_tokens, completion_mask) -> list[str]:
     return [self.tokenizer.decode(t[m].tolist()) for t, m in
             zip(np.asarray(completion_tokens), np.asarray(completion_mask, bool))]
+
+  def _targets(self, batch, group_size: int, xp=np):
+    repeat = lambda x: xp.repeat(x, group_size, axis=0)  # noqa: E731
+    return repeat(batch.target_tokens), repeat(batch.target_mask)
+
+  def score(self, batch, completion_tokens, completion_mask, group_size: int):
+    """Rewards (B * G,) of the G completions of each prompt (rows grouped contiguously)."""
+    return np.asarray(self.reward.fn(completion_tokens, completion_mask,
+                                     *self._targets(batch, group_size)))
+
+  def eval_scores(self, batch, completion_tokens, completion_mask) -> dict:
+    return {"eval_accuracy": self.score(batch, completion_tokens, completion_mask, 1)}
 
 
 def pad_rows(rows: list[list[int]], length: int, pad_id: int, left: bool):

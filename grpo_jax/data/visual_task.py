@@ -127,7 +127,8 @@ class VisualTask(CharTask):
     tokens, mask = pad_rows(prompts, self.text_prompt_len, tok.pad_id, left=True)
     return SupervisedBatch(tokens, mask, batch.target_tokens, batch.target_mask)
 
-  # The Task protocol (grpo_jax.data.task).
+  # The Task protocol (grpo_jax.data.task): eos_id, pad_id, decode, score and eval_scores are
+  # CharTask's.
   def train_batch(self, position: int, count: int, seed: int) -> VisualBatch:
     # (the training indices wrap before the held-out ones begin)
     return self.rows(seed, [(position + i) % visual_count.TEST_START for i in range(count)])
@@ -158,14 +159,6 @@ class VisualTask(CharTask):
                                merge_size=int(v.spatial_merge_size))
     return cls(variant, bool(blank), int(test_size), spec, int(config.rollout.max_new_tokens),
                reward_name(config, "exact_match"))
-
-  def score(self, batch: VisualBatch, completion_tokens, completion_mask, group_size: int):
-    repeat = lambda x: np.repeat(x, group_size, axis=0)  # noqa: E731
-    return np.asarray(self.reward.fn(completion_tokens, completion_mask,
-                                     repeat(batch.target_tokens), repeat(batch.target_mask)))
-
-  def eval_scores(self, batch: VisualBatch, completion_tokens, completion_mask) -> dict:
-    return {"eval_accuracy": self.score(batch, completion_tokens, completion_mask, 1)}
 
   def labels(self, batch: VisualBatch) -> list[str]:
     return list(batch.answers)
