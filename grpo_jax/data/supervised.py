@@ -120,12 +120,6 @@ def write_jsonl(path: str, records: list[dict]) -> None:
     f.writelines(json.dumps(r) + "\n" for r in records)
 
 
-def epoch_positions(position: int, count: int, num: int, seed: int) -> np.ndarray:
-  """Indices [position, position + count) of a stream that walks epoch e of `num` records in the
-  order of a permutation seeded by (seed, e) (data/chat.py epoch_stream, as an array)."""
-  return np.asarray(epoch_stream(num, position, count, seed))
-
-
 class SupervisedData:
   """{prompt, response} records tokenised by `task`: `warmup_batch(step, count, seed, _)` as the
   warm-up asks of a task (grpo_jax/train/stages/warmup.py)."""
@@ -145,7 +139,7 @@ class SupervisedData:
 
   def warmup_batch(self, step: int, count: int, seed: int, carry_drop_fraction=None):
     del carry_drop_fraction  # (the addition task's noise; a file has its own answers)
-    return self.batch(epoch_positions(step * count, count, len(self.examples), seed))
+    return self.batch(epoch_stream(len(self.examples), step * count, count, seed))
 
 
 class PairData:
@@ -178,7 +172,7 @@ class PairData:
     return PairBatch(pt, pm, ct, cm, rt, rm)
 
   def stream_batch(self, position: int, count: int, seed: int) -> PairBatch:
-    return self.batch(epoch_positions(position, count, len(self.pairs), seed))
+    return self.batch(epoch_stream(len(self.pairs), position, count, seed))
 
 
 class LabelledData:

@@ -47,7 +47,8 @@ from grpo_jax import config as config_lib
 from grpo_jax.data.preference_files import (ON_DEGENERATE_PAIR, Limits, check_fits_positions,
                                             fingerprints, read_preference_files,
                                             tokenize_preference_files)
-from grpo_jax.data.supervised import LabelledData, PairData, epoch_positions
+from grpo_jax.data.chat import epoch_stream
+from grpo_jax.data.supervised import LabelledData, PairData
 from grpo_jax.errors import ConfigError
 from grpo_jax.models.lora import merge
 from grpo_jax.parallel.platform import start_backend
@@ -234,7 +235,7 @@ def train_dpo(config, workdir: str, log=print):
     pairs = prepared(state)
     step = int(state.step)
     position = (step if rounds == 0 else step % d.steps) * d.batch_size
-    rows = epoch_positions(position, d.batch_size, len(pairs["train"]), seed)
+    rows = np.asarray(epoch_stream(len(pairs["train"]), position, d.batch_size, seed))
     ref = tuple(x[rows] for x in pairs["ref"]) if "ref" in pairs else None
     state, metrics = step_fn(state, pairs["train"].batch(rows), ref)
     return state, [[{k: float(v) for k, v in metrics.items()}]], None
