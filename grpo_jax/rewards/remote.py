@@ -109,18 +109,11 @@ def _headers_problem(headers) -> str | None:
             and all(isinstance(part, str) for part in pair)):
       return f"has entry {i} that is not a (name, value) pair of strings"
     if any(c in part for part in pair for c in "\r\n") or not all(
-        part.isascii() if j == 0 else _latin1(part) for j, part in enumerate(pair)):
+        part.isascii() if j == 0 else max(map(ord, part), default=0) < 256
+        for j, part in enumerate(pair)):
       return (f"has entry {i} with a line break, or a character HTTP headers cannot carry "
               f"(the name ASCII, the value Latin-1; a token read from a file keeps its newline)")
   return None
-
-
-def _latin1(text: str) -> bool:
-  try:
-    text.encode("latin-1")
-    return True
-  except UnicodeEncodeError:
-    return False
 
 
 def config_problems(cfg: RemoteRewardConfig) -> list:
@@ -310,17 +303,10 @@ def _row_problem(reward: float, steps, row: int) -> str | None:
   return None
 
 
-class _Chunk(NamedTuple):
-  rewards: list
-  failed: list
-  step_rewards: list | None
-  errors: list
-  outage: str | None = None
-
-
 def _score_chunk(cfg: RemoteRewardConfig, body: bytes, rows: int, first: int,
-                 abandon: Abandon) -> _Chunk:
-  """One chunk's rewards; a fault of the server fails its rows (or the row it touches)."""
+                 abandon: Abandon) -> RemoteResult:
+  """One chunk's rewards (its RemoteResult, as lists); a fault of the server fails its rows (or
+  the row it touches)."""
   try:
     rewards, steps = post_with_retries(cfg, body, lambda payload: (
         _rewards_field(payload, rows, first), _steps_field(payload, rows, first)), abandon)
@@ -330,14 +316,14 @@ def _score_chunk(cfg: RemoteRewardConfig, body: bytes, rows: int, first: int,
               f"give it longer with its reward.remote entry's "
               f"{outage_fix(cfg, ('timeout_s', 'max_retries', 'backoff_s'))}."
               if fault.retry else None)  # a retry fault raised here spent its retry budget
-    return _Chunk([0.0] * rows, [True] * rows, None,
+    return RemoteResult([0.0] * rows, [True] * rows, None,
                   [f"{_source(cfg)}: {fault.describe()}; {span} scored 0"], outage)
   problems = [_row_problem(r, s, first + i)
               for i, (r, s) in enumerate(zip(rewards, steps or [None] * rows))]
   failed = [p is not None for p in problems]
   if steps is not None:
     steps = [None if bad else s for s, bad in zip(steps, failed)]
-  return _Chunk([0.0 if bad else r for r, bad in zip(rewards, failed)], failed, steps,
+  return RemoteResult([0.0 if bad else r for r, bad in zip(rewards, failed)], failed, steps,
                 [f"{_source(cfg)}: {p}" for p in problems if p is not None])
 
 
