@@ -24,10 +24,9 @@ import os
 
 import numpy as np
 
-from grpo_jax.errors import require as _require
 from grpo_jax.data.chat import ChatPrompts, ChatTextTask, epoch_stream
 from grpo_jax.data.task import register_task, reward_name
-from grpo_jax.errors import ConfigError
+from grpo_jax.errors import ConfigError, require as _require
 from grpo_jax.rewards.number_answer import answer_scores
 from grpo_jax.rewards.registry import get_reward
 
@@ -100,12 +99,9 @@ class ChatArithmeticTask(ChatTextTask):
       raise ConfigError(f"a chat_arithmetic prompt takes {longest} tokens, more than "
                         f"data.max_prompt_tokens={self.prompt_len}; raise it.")
 
-  def user_content(self, a: int, op: str, b: int) -> str:
-    return f"What is {a} {op} {b}? {self.instruction}".strip()
-
   def _encode(self, problem) -> tuple[list, str, str]:
     a, op, b = problem
-    user = self.user_content(a, op, b)
+    user = f"What is {a} {op} {b}? {self.instruction}".strip()
     ids = self.tokenizer(self.chat_prompt(user), add_special_tokens=False)["input_ids"]
     return ids, str(OPERATIONS[op](a, b)), user
 
