@@ -41,14 +41,13 @@ import dataclasses
 
 import numpy as np
 
-from grpo_jax.errors import one_of as _one_of, require as _require
 from grpo_jax.data.chat import ChatPrompts, ChatTextTask, epoch_stream
 from grpo_jax.data.images import ImageLoadError, image_dir, load_row_images
 from grpo_jax.data.task import register_task
 from grpo_jax.data.table_files import (EXTENSIONS, BadRow, LongPrompt, _file_rows,  # noqa: F401
                                        jsonl_rows, read_splits)
 from grpo_jax.data.table_images import image_prompt_ids, table_vision
-from grpo_jax.errors import ConfigError, InputError
+from grpo_jax.errors import ConfigError, InputError, one_of as _one_of, require as _require
 from grpo_jax.rewards.functions import (ANSWER_READERS, answer_match, call_reward,
                                         load_reward_functions)
 
