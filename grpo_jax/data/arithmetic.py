@@ -100,11 +100,7 @@ class AdditionTask(CharTask):
     return PromptBatch(pt, pm, tt, tm, operands)
 
   def train_operands(self, position: int, count: int, seed: int) -> np.ndarray:
-    """Problems [position, position + count) of the training stream.
-
-    The stream walks epoch e through the training pairs in the order of a permutation seeded
-    by (seed, e), so any position can be reproduced (and resumed) without replaying the stream.
-    """
+    """Problems [position, position + count) of the training stream (chat.epoch_stream)."""
     return self.train_pairs[np.asarray(epoch_stream(len(self.train_pairs), position, count,
                                                     seed))]
 
