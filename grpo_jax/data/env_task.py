@@ -86,11 +86,10 @@ class EnvTask(ChatTextTask):
                           f"environment {env.name!r} (it has: "
                           f"{', '.join(jax_form_names())}); use "
                           f"train.experience_source='episodes'.")
-    if source == "fused_episodes" and (config.task.get("tokenizer") != "char"
-                                       or config.env.get("tool_parser") != "pythonic"):
-      raise ConfigError("train.experience_source='fused_episodes' reads turns one character "
-                        "per id in the pythonic call format; set task.tokenizer='char' and "
-                        "env.tool_parser='pythonic'.")
+      if config.task.get("tokenizer") != "char" or env.get("tool_parser") != "pythonic":
+          raise ConfigError("train.experience_source='fused_episodes' reads turns one character "
+                          "per id in the pythonic call format; set task.tokenizer='char' and "
+                          "env.tool_parser='pythonic'.")
 
   @classmethod
   def from_config(cls, config, log=print, *, tokenizer: str = "", test_size: int = 500,
