@@ -91,16 +91,6 @@ def smart_resize(height: int, width: int, *, factor: int = 28, min_pixels: int =
   return h_bar, w_bar
 
 
-def check_rgb_image(image) -> np.ndarray:
-  """The image as an (H, W, 3) uint8 array (what grpo_jax.data.images reads); anything else is a
-  ConfigError naming its dtype and shape."""
-  image = np.asarray(image)
-  if image.dtype != np.uint8 or image.ndim != 3 or image.shape[2] != 3:
-    raise ConfigError(f"the vision processor takes (H, W, 3) uint8 RGB images, not "
-                      f"{image.dtype} {image.shape}; read it with grpo_jax.data.images first.")
-  return image
-
-
 def resize_bicubic(image: np.ndarray, height: int, width: int) -> np.ndarray:
   """(height, width, 3) uint8: Pillow's BICUBIC resize of an (H, W, 3) uint8 image (HF's
   `image_transforms.resize` with `resample=BICUBIC`, so equal to it bit for bit); the same size
@@ -141,9 +131,13 @@ def patchify(image: np.ndarray, patch_size: int, merge_size: int,
 
 def process_image(image, spec: VisionProcessorSpec = VisionProcessorSpec()
                   ) -> tuple[np.ndarray, tuple[int, int, int]]:
-  """(patches, grid_thw) of one (H, W, 3) uint8 RGB image: smart_resize, bicubic resize,
-  rescale, normalize, patchify (module docstring)."""
-  image = check_rgb_image(image)
+  """(patches, grid_thw) of one (H, W, 3) uint8 RGB image (what grpo_jax.data.images reads;
+  anything else is a ConfigError): smart_resize, bicubic resize, rescale, normalize, patchify
+  (module docstring)."""
+  image = np.asarray(image)
+  if image.dtype != np.uint8 or image.ndim != 3 or image.shape[2] != 3:
+    raise ConfigError(f"the vision processor takes (H, W, 3) uint8 RGB images, not "
+                      f"{image.dtype} {image.shape}; read it with grpo_jax.data.images first.")
   height, width = smart_resize(image.shape[0], image.shape[1], factor=spec.factor,
                                min_pixels=spec.min_pixels, max_pixels=spec.max_pixels)
   resized = resize_bicubic(image, height, width)
