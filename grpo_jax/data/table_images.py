@@ -73,32 +73,27 @@ class TableVision:
     return values.reshape(len(images), -1, values.shape[-1]).astype(np.float32)
 
 
-def patch_sizes(model) -> dict:
-  """{patch_size, temporal_patch_size, spatial_merge_size} of the model section: model.path's
-  config.json vision_config when it has one (a Qwen2.5-VL checkpoint), else model.vision's."""
-  config_file = os.path.join(model.path or "", "config.json")
-  vision = None
-  if model.path and os.path.isfile(config_file):
-    with open(config_file) as f:
-      vision = json.load(f).get("vision_config")
-  where, fix = (f"{config_file}'s vision_config", "point model.path at a Qwen2.5-VL checkpoint "
-                "with its own config.json")
-  if vision is None:
-    vision, where = dict(model.vision), "model.vision"
-    fix = "set them (configs/grpo_vision_tiny.py shows a tower)"
-  missing = [k for k in PATCH_FIELDS if k not in vision]
-  if missing:
-    raise ConfigError(f"{where} lacks {', '.join(missing)}; {fix}.")
-  return {k: int(vision[k]) for k in PATCH_FIELDS}
-
-
 def table_vision(config, tokenizer) -> TableVision | None:
   """The image settings of a table task under model.vision (module docstring); None without
   model.vision (text rows, as before). A data.image_size that is not a positive multiple of
   patch_size * merge_size, or a tokenizer without <|image_pad|>, is a ConfigError."""
   if config.model.get("vision") is None:
     return None
-  sizes = patch_sizes(config.model)
+  config_file = os.path.join(config.model.path or "", "config.json")
+  checkpoint = {}
+  if config.model.path and os.path.isfile(config_file):
+    with open(config_file) as f:
+      checkpoint = json.load(f)
+  vision = checkpoint.get("vision_config")  # the patch sizes (module docstring)
+  where, fix = (f"{config_file}'s vision_config", "point model.path at a Qwen2.5-VL checkpoint "
+                "with its own config.json")
+  if vision is None:
+    vision, where = dict(config.model.vision), "model.vision"
+    fix = "set them (configs/grpo_vision_tiny.py shows a tower)"
+  missing = [k for k in PATCH_FIELDS if k not in vision]
+  if missing:
+    raise ConfigError(f"{where} lacks {', '.join(missing)}; {fix}.")
+  sizes = {k: int(vision[k]) for k in PATCH_FIELDS}
   patch, merge = sizes["patch_size"], sizes["spatial_merge_size"]
   size = int(config.data.image_size)
   if size <= 0 or size % (patch * merge):
@@ -112,14 +107,11 @@ def table_vision(config, tokenizer) -> TableVision | None:
     raise ConfigError(f"the tokenizer of model.path={config.model.path} has no "
                       f"{', '.join(unknown)}; use a Qwen2-VL / Qwen2.5-VL checkpoint's tokenizer.")
   image_token_id = int(specials[1])
-  config_file = os.path.join(config.model.path or "", "config.json")
-  if config.model.path and os.path.isfile(config_file):
-    with open(config_file) as f:
-      declared = json.load(f).get("image_token_id")
-    if declared is not None and int(declared) != image_token_id:
-      raise ConfigError(f"{config_file} has image_token_id={declared} but the tokenizer's "
-                        f"<|image_pad|> is {image_token_id}; use the tokenizer that came with "
-                        f"the checkpoint.")
+  declared = checkpoint.get("image_token_id")
+  if declared is not None and int(declared) != image_token_id:
+    raise ConfigError(f"{config_file} has image_token_id={declared} but the tokenizer's "
+                      f"<|image_pad|> is {image_token_id}; use the tokenizer that came with "
+                      f"the checkpoint.")
   spec = VisionProcessorSpec(min_pixels=size * size, max_pixels=size * size, patch_size=patch,
                              temporal_patch_size=sizes["temporal_patch_size"],
                              merge_size=merge)
