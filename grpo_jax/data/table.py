@@ -26,7 +26,7 @@ A row's "images" column (IMAGES_COLUMN; optional) lists its images: paths (relat
 file's folder, or absolute), data:image/...;base64 URIs, bytes or `datasets` Image features
 (data/images.py). They are decoded to uint8 RGB arrays when the rows are read; one that cannot
 be read makes the row a bad row (its file, its line and the image named), never a text-only row.
-The column does not reach the reward functions. Rows without it are read as before.
+The column does not reach the reward functions.
 
 With model.vision (a vision-language policy) every row holds exactly one image, resized to
 data.image_size pixels square, an image placed before the last user message's text by the chat
@@ -207,7 +207,7 @@ class TableTask(ChatTextTask):
                if k not in (self.data.prompt_field, "messages", IMAGES_COLUMN)}
     answer = row.get(self.data.answer_field)
     item = ids, "" if answer is None else str(answer), user[-1] if user else "", columns
-    try:  # (ids, answer, user text, columns[, images]): rows without images as before
+    try:  # (ids, answer, user text, columns[, images])
       images = load_row_images(row.get(IMAGES_COLUMN), self.image_dir)
     except ImageLoadError as e:
       raise BadRow(f"has an image that cannot be read ({e})", "rows with unreadable images"

@@ -75,7 +75,7 @@ class TableVision:
 
 def table_vision(config, tokenizer) -> TableVision | None:
   """The image settings of a table task under model.vision (module docstring); None without
-  model.vision (text rows, as before). A data.image_size that is not a positive multiple of
+  model.vision (text rows). A data.image_size that is not a positive multiple of
   patch_size * merge_size, or a tokenizer without <|image_pad|>, is a ConfigError."""
   if config.model.get("vision") is None:
     return None

@@ -161,7 +161,7 @@ def guarded_eval_scores(task, batch, tokens, mask, on_error: str):
         raise RewardContractError(f"the held-out scoring of {reward_name(task)!r} returned "
                                   f"{name} of shape {v.shape} for {rows} completions; it must "
                                   f"return one number per completion, shape ({rows},).")
-  # (the scores keep their dtype: the figures as before)
+  # (the scores keep their dtype)
   try:
     ok = scores is not None and all(np.isfinite(np.asarray(v, np.float64)).all()
                                     for v in scores.values())
