@@ -129,12 +129,10 @@ def read_preference_file(name: str, path: str, loss: str) -> PreferenceFile:
   return PreferenceFile(name, path, fmt, tuple(records), tuple(lines), digest.hexdigest())
 
 
-def read_preference_files(section, prefix: str = "dpo") -> dict:
-  """{split: PreferenceFile} of the section's (config.dpo) train_path / test_path that are
-  set."""
-  return {split: read_preference_file(f"{prefix}.{split}_path", section[f"{split}_path"],
-                                      section.loss)
-          for split in ("train", "test") if section[f"{split}_path"]}
+def read_preference_files(dpo) -> dict:
+  """{split: PreferenceFile} of config.dpo's train_path / test_path that are set."""
+  return {split: read_preference_file(f"dpo.{split}_path", dpo[f"{split}_path"], dpo.loss)
+          for split in ("train", "test") if dpo[f"{split}_path"]}
 
 
 def fingerprints(files: dict) -> dict:
