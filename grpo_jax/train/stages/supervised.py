@@ -54,8 +54,8 @@ def run_stage(name: str, config, workdir: str, fresh, advance, evaluate, report,
               restored=lambda state: state, data: dict | None = None,
               export=lambda state: None, metric: str = "eval_accuracy"):
   """A supervised stage on the loop skeleton (train/run/runner.py), inside the workdir's lock
-  (WorkdirLock): the config recorded, the newest checkpoint restored (the records trimmed to its step) or
-  `fresh()` started, `run_steps` with SIGTERM / SIGINT handled, each step's record said by
+  (WorkdirLock): the config recorded, the newest checkpoint restored (the records trimmed to its
+  step) or `fresh()` started, `run_steps` with SIGTERM / SIGINT handled, each step's record said by
   report(step, record, clock) (its progress line; clock None at step 0), then written to
   metrics.jsonl. A resume follows the RL run's rules (train/run/workdir.py), `free` naming the
   stage's own fields that may change (its length); `fresh_shape` (default `fresh`) builds a state
