@@ -10,7 +10,6 @@ import jax.numpy as jnp
 import numpy as np
 
 
-
 def rotary_embedding(x: jax.Array, positions: jax.Array, theta: float,
                      inv_freq: np.ndarray | None = None,
                      attention_factor: float = 1.0) -> jax.Array:
@@ -27,13 +26,16 @@ def rotary_embedding(x: jax.Array, positions: jax.Array, theta: float,
     inv_freq = 1.0 / (theta ** (jnp.arange(0, head_dim, 2, dtype=jnp.float32) / head_dim))
   angles = positions.astype(jnp.float32)[..., None] * inv_freq  # (B, T, D/2)
   angles = jnp.concatenate([angles, angles], axis=-1)[:, :, None, :]  # (B, T, 1, D)
-  cos, sin = jnp.cos(angles), jnp.sin(angles)
-  if attention_factor != 1.0:
-    cos, sin = cos * attention_factor, sin * attention_factor
+  return apply_rotation(x, jnp.cos(angles) * attention_factor, jnp.sin(angles) * attention_factor)
+
+
+def apply_rotation(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
+  """x * cos + rotate_half(x) * sin, rotate_half([x1, x2]) = [-x2, x1] over x's last axis, with
+  cos and sin broadcast against x, computed in float32 and cast back to x's dtype (RoPE, the
+  text side's mRoPE and the vision encoder's 2-D RoPE)."""
   x32 = x.astype(jnp.float32)
   x1, x2 = jnp.split(x32, 2, axis=-1)
-  rotated = jnp.concatenate([-x2, x1], axis=-1)
-  return (x32 * cos + rotated * sin).astype(x.dtype)
+  return (x32 * cos + jnp.concatenate([-x2, x1], axis=-1) * sin).astype(x.dtype)
 
 
 def soft_cap(x: jax.Array, cap: float) -> jax.Array:

@@ -37,6 +37,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from grpo_jax.errors import ConfigError
+from grpo_jax.models.attention import apply_rotation
 
 
 def image_token_count(grid_thw: Sequence[int], merge_size: int) -> int:
@@ -153,12 +154,3 @@ def apply_mrope(x: jax.Array, positions: jax.Array, inv_freq, mrope_section: Seq
   x (B, T, H, D); positions (3, B, T)."""
   angles = mrope_angles(positions, inv_freq, mrope_section)[:, :, None, :]
   return apply_rotation(x, jnp.cos(angles) * attention_factor, jnp.sin(angles) * attention_factor)
-
-
-def apply_rotation(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
-  """x * cos + rotate_half(x) * sin, rotate_half([x1, x2]) = [-x2, x1] over x's last axis, with
-  cos and sin broadcast against x, computed in float32 and cast back to x's dtype (the text
-  side's mRoPE and the vision encoder's 2-D RoPE)."""
-  x32 = x.astype(jnp.float32)
-  x1, x2 = jnp.split(x32, 2, axis=-1)
-  return (x32 * cos + jnp.concatenate([-x2, x1], axis=-1) * sin).astype(x.dtype)

@@ -61,7 +61,7 @@ import numpy as np
 
 from grpo_jax.errors import ConfigError
 from grpo_jax.models.blocks import RMSNorm, normal_init, with_axes
-from grpo_jax.models.vision.mrope import apply_rotation
+from grpo_jax.models.attention import apply_rotation
 from grpo_jax.models.vision.qwen2_5_vl_layout import patch_layout, segment_blocks
 
 # config.json's hidden_act -> the function (transformers' ACT2FN names).
