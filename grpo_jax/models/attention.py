@@ -248,10 +248,10 @@ def shared_prompt_attention(q, prompt_kt, prompt_v, kt, v, prompt_mask, mask,
   group, per_kv = batch // prompts, heads // kv_heads
   minimum, scale = jnp.finfo(jnp.float32).min, 1.0 / score_divisor(dim, query_pre_attn_scalar)
   q = _fold_query_heads(q, kv_heads)
+  shared = soft_cap(jnp.einsum("bhqd,bhdk->bhqk", _prompts_of_rows(q, group), prompt_kt,
+                               preferred_element_type=jnp.float32) * scale, softcap)
+  shared = shared + jnp.where(prompt_mask, 0.0, minimum)[:, None, None]
   if read_limit is not None:
-    shared = soft_cap(jnp.einsum("bhqd,bhdk->bhqk", _prompts_of_rows(q, group), prompt_kt,
-                                 preferred_element_type=jnp.float32) * scale, softcap)
-    shared = shared + jnp.where(prompt_mask, 0.0, minimum)[:, None, None]
     top = jnp.max(shared, axis=-1, keepdims=True)
     weights = jnp.exp(shared - top)
     init = (_rows_of_prompts(top, group),
@@ -265,9 +265,6 @@ def shared_prompt_attention(q, prompt_kt, prompt_v, kt, v, prompt_mask, mask,
                  * scale, softcap)
   own = (own.reshape(batch, kv_heads, per_kv, tq, -1)
          + jnp.where(mask, 0.0, minimum)[:, None, None]).reshape(batch, kv_heads, per_kv * tq, -1)
-  shared = soft_cap(jnp.einsum("bhqd,bhdk->bhqk", _prompts_of_rows(q, group), prompt_kt,
-                               preferred_element_type=jnp.float32) * scale, softcap)
-  shared = shared + jnp.where(prompt_mask, 0.0, minimum)[:, None, None]
   top = jax.lax.stop_gradient(jnp.maximum(
       _rows_of_prompts(jnp.max(shared, axis=-1, keepdims=True), group),
       jnp.max(own, axis=-1, keepdims=True)))  # (B, Hkv, rows, 1)

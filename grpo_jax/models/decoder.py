@@ -44,7 +44,7 @@ import jax.numpy as jnp
 from grpo_jax.models.attention import (attention_mask, bounded_attention,
                                        causal_blocked_attention, grouped_query_attention,
                                        library_attention, rotary_embedding,
-                                       shared_prompt_attention, sliding_window_mask, soft_cap)
+                                       shared_prompt_attention, soft_cap)
 from grpo_jax.models.blocks import normal_init, select_by, with_axes
 from grpo_jax.models.config import ModelConfig
 from grpo_jax.models.context import (from_layout, in_layout, row_masks, rows_layout,
@@ -258,11 +258,9 @@ class Decoder(nn.Module):
       prompt_len = tokens[0].shape[1]
       x = tuple(embedded(t) for t in tokens)
       num_new = kv_mask[1].shape[1] - prompt_len
-      mask = (attention_mask(kv_mask[0], prompt_len, 0),
-              attention_mask(kv_mask[1], num_new, prompt_len))
-      if window:
-        window_mask = (sliding_window_mask(mask[0], prompt_len, 0, window),
-                       sliding_window_mask(mask[1], num_new, prompt_len, window))
+      mask, window_mask = zip(row_masks(kv_mask[0], prompt_len, 0, window, None),
+                              row_masks(kv_mask[1], num_new, prompt_len, window, None))
+      window_mask = window_mask if window else None
     elif isinstance(kv_mask, tuple):  # a shared-prompt cache: (the prompts', the rows' own)
       if window:
         raise ValueError("a sliding-window model cannot read a shared-prompt cache (the "
@@ -282,12 +280,11 @@ class Decoder(nn.Module):
       positions = in_layout(positions, order, -1)
     sliding = cfg.sliding_layers()
     if cache is not None:
-      # Forwards with a KV cache (prefill, decode) run the stacked layers one after the other,
-      # each layer's quantised kernels (rollout.weight_dtype, models/quantized.py) dequantised
-      # just before it runs,
-      # each on its slice of the stack, and keep one cache per layer: carried through a decode
-      # loop, a (layers, ...) stacked cache is copied whole by every step's scan (at 512 new
-      # tokens the sampler ran 1.6x slower than this).
+      # Forwards with a KV cache (prefill, decode) run the layers one after the other, each on
+      # its slice of the stack with its quantised kernels (rollout.weight_dtype,
+      # models/quantized.py) dequantised just before it runs, and keep one cache per layer: a
+      # stacked (layers, ...) cache carried through a decode loop is copied whole by every
+      # step's scan (the sampler ran 1.6x slower at 512 new tokens).
       layer_params = per_layer(self.variables["params"]["layers"], cfg.num_layers)
       layer_adapters = (None if adapters is None else
                         per_layer(adapters["layers"], cfg.num_layers))
@@ -334,14 +331,13 @@ class Decoder(nn.Module):
       start, length = logits_window
       x = x[:, start:start + length]
     x = cfg.blocks.norm(cfg, "norm")(x)
-    out_cache = None if cache is None else new_cache
     if not project:
-      return x, out_cache
+      return x, new_cache
     logits = embed.attend(x) if cfg.tie_embeddings else lm_head(cfg)(x)
     logits = soft_cap(logits.astype(jnp.float32), cfg.final_softcap)
     if return_hidden:
-      return logits, out_cache, x
-    return logits, out_cache
+      return logits, new_cache, x
+    return logits, new_cache
 
 
 def decoder_apply(model_cfg: ModelConfig, params, *args, record_routing: bool = False,

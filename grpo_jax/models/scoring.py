@@ -105,9 +105,11 @@ def chunked_logprobs_and_entropy(params, model_cfg: ModelConfig, hidden, tokens,
                                  temperature: float = 1.0, chunk: int = 64, keep_cutoff=None):
   """token_logprobs_and_entropy(vocab_logits(hidden), tokens, temperature, keep_cutoff)
   computed `chunk` positions at a time, each chunk rematerialised in the backward pass: no
-  (B, N, V) array exists, only one (B, chunk, V) at a time. hidden (B, N, H), tokens (B, N) ->
-  two (B, N) float32 arrays."""
+  (B, N, V) array exists, only one (B, chunk, V) at a time (chunk 0: in one piece). hidden
+  (B, N, H), tokens (B, N) -> two (B, N) float32 arrays."""
   project = lambda h: vocab_logits(params, model_cfg, h)  # noqa: E731
+  if not chunk:
+    return token_logprobs_and_entropy(project(hidden), tokens, temperature, keep_cutoff)
   batch, length, width = hidden.shape
   chunks = -(-length // chunk)
   pad = chunks * chunk - length
@@ -156,14 +158,9 @@ def packed_completion_scores(params, model_cfg: ModelConfig, seqs, temperature: 
   take = lambda x: pack_tokens(x, target)  # noqa: E731  (B, N) -> (1, B + C)
   cutoff = getattr(seqs, "keep_cutoff", None)
   cutoff = None if cutoff is None else take(cutoff)
-  if model_cfg.logits_chunk:  # the same (rows, chunk, V) bound as the unpacked passes
-    logp, entropy = chunked_logprobs_and_entropy(
-        params, model_cfg, hidden, take(seqs.completion_tokens), temperature,
-        model_cfg.logits_chunk * rows, cutoff)
-  else:
-    logp, entropy = token_logprobs_and_entropy(vocab_logits(params, model_cfg, hidden),
-                                               take(seqs.completion_tokens), temperature,
-                                               cutoff)
+  logp, entropy = chunked_logprobs_and_entropy(  # the unpacked passes' (rows, chunk, V) bound
+      params, model_cfg, hidden, take(seqs.completion_tokens), temperature,
+      model_cfg.logits_chunk * rows, cutoff)
   place = lambda x: unpack_tokens(x, target, rows, num_new)  # noqa: E731  (1, B + C, ...) -> rows
   return place(logp), place(entropy), place(hidden) if return_hidden else None
 
@@ -210,13 +207,8 @@ def completion_scores(params, model_cfg: ModelConfig, seqs, temperature: float =
                                         inputs=inputs)
   else:
     hidden = completion_logits(*args, project=False, inputs=inputs)
-  if model_cfg.logits_chunk:
-    logp, entropy = chunked_logprobs_and_entropy(params, model_cfg, hidden,
-                                                 seqs.completion_tokens, temperature,
-                                                 model_cfg.logits_chunk, cutoff)
-  else:
-    logp, entropy = token_logprobs_and_entropy(vocab_logits(params, model_cfg, hidden),
-                                               seqs.completion_tokens, temperature, cutoff)
+  logp, entropy = chunked_logprobs_and_entropy(params, model_cfg, hidden, seqs.completion_tokens,
+                                               temperature, model_cfg.logits_chunk, cutoff)
   result = (logp, entropy, hidden if return_hidden else None)
   return (*result, routing) if record_routing else result
 
