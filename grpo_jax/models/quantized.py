@@ -49,22 +49,16 @@ def quantize_layers(params, weight_dtype: str):
   if weight_dtype not in WEIGHT_DTYPES:
     raise ValueError(f"rollout.weight_dtype={weight_dtype!r}; use '' (full precision) or one "
                      f"of {sorted(WEIGHT_DTYPES)}.")
-  qtype = WEIGHT_DTYPES[weight_dtype]
 
-  def visit(tree, path):
-    out = {}
-    for key, value in tree.items():
-      if isinstance(value, dict):
-        out[key] = visit(value, path + (key,))
-      elif key == "kernel" and value.ndim >= 3 and path[-1] != "gate":
-        # (L, in..., out...): a projection's kernel; a mixture's router ("gate") stays exact
-        leading = 2 if "experts" in path else 1
-        out[key] = _quantize_kernel(path[-1], value, leading, qtype)
-      else:
-        out[key] = value
-    return out
+  def quantize(path, value):
+    *modules, leaf = (k.key for k in path)
+    # (L, in..., out...): a projection's kernel; a mixture's router ("gate") stays exact
+    if leaf != "kernel" or value.ndim < 3 or modules[-1] == "gate":
+      return value
+    leading = 2 if "experts" in modules else 1
+    return _quantize_kernel(modules[-1], value, leading, WEIGHT_DTYPES[weight_dtype])
 
-  return {**params, "layers": visit(params["layers"], ())}
+  return {**params, "layers": jax.tree_util.tree_map_with_path(quantize, params["layers"])}
 
 
 def dequantized(tree, dtype, anchor):
