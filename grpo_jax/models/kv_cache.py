@@ -23,13 +23,12 @@ CACHE_SLOT_AXIS = {"k": 2, "kt": 3, "v": 2}
 SHARED_PROMPT = ("prompt_kt", "prompt_v")  # a shared-prompt cache's prompt part (below)
 
 
-def init_cache(cfg: ModelConfig, batch: int, length: int, dtype=None) -> Cache:
-  """A zeroed KV cache for `length` slots: per layer the keys transposed, "kt" (B, kv_heads,
-  head_dim, length), and the values, "v" (B, kv_heads, length, head_dim)."""
-  dtype = dtype or cfg.dtype
+def init_cache(cfg: ModelConfig, batch: int, length: int) -> Cache:
+  """A zeroed KV cache for `length` slots in the compute dtype: per layer the keys transposed,
+  "kt" (B, kv_heads, head_dim, length), and the values, "v" (B, kv_heads, length, head_dim)."""
   shape = (batch, cfg.num_kv_heads, length, cfg.head_dim)
   keys = (batch, cfg.num_kv_heads, cfg.head_dim, length)
-  return tuple({"kt": jnp.zeros(keys, dtype), "v": jnp.zeros(shape, dtype)}
+  return tuple({"kt": jnp.zeros(keys, cfg.dtype), "v": jnp.zeros(shape, cfg.dtype)}
                for _ in range(cfg.num_layers))
 
 

@@ -78,24 +78,20 @@ class VlmConfig:
                         f"piece) or a positive number of positions.")
 
 
-def merged_embeddings(text_params, input_ids, image_features, cfg: VlmConfig,
-                      placeholder_ids=None) -> jax.Array:
+def merged_embeddings(text_params, input_ids, image_features, cfg: VlmConfig) -> jax.Array:
   """(B, T, E) input embeddings: the decoder's lookup of input_ids with image_features (N, E),
-  one row per image token of the batch (row-major), at the image placeholders of
-  placeholder_ids (None: input_ids; a completion passes -1 after the prompt, so that a
-  generated image token id keeps its text embedding, as in HF's decode)."""
-  placeholder_ids = input_ids if placeholder_ids is None else placeholder_ids
+  one row per image token of the batch (row-major), at the image placeholders."""
   return merge_image_features(embed_tokens(cfg.text, text_params, jnp.asarray(input_ids)),
-                              placeholder_ids, image_features, cfg.image_token_id)
+                              input_ids, image_features, cfg.image_token_id)
 
 
 @functools.partial(jax.jit, static_argnums=(5,))
 def decoder_logits(text_params, input_ids, kv_mask, image_features, positions,
-                   cfg: VlmConfig, placeholder_ids=None) -> jax.Array:
+                   cfg: VlmConfig) -> jax.Array:
   """(B, T, vocab) float32 logits of the text decoder on merged_embeddings: input_ids (B, T),
   kv_mask (B, T) (False: padding, never attended to), image_features (N, E), positions
-  (3, B, T) mRoPE ids, placeholder_ids as merged_embeddings takes them."""
-  x = merged_embeddings(text_params, input_ids, image_features, cfg, placeholder_ids)
+  (3, B, T) mRoPE ids."""
+  x = merged_embeddings(text_params, input_ids, image_features, cfg)
   return decoder_apply(cfg.text, text_params, jnp.asarray(input_ids), jnp.asarray(positions),
                        jnp.asarray(kv_mask, bool), prefix_embeddings=x)[0]
 
