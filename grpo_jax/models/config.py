@@ -84,9 +84,8 @@ class ModelConfig:
     from grpo_jax.parallel.choices import choose  # noqa: PLC0415
     # "auto" resolved once, here, by the platform table (parallel/choices.py says why): every
     # ModelConfig holds a dtype (float32 on CPU, bfloat16 on GPU and TPU) and an attention.
-    object.__setattr__(self, "compute_dtype", choose("model.compute_dtype", self.compute_dtype))
-    object.__setattr__(self, "attention_impl", choose("model.attention_impl", self.attention_impl))
-    object.__setattr__(self, "context_layout", choose("model.context_layout", self.context_layout))
+    for name in ("compute_dtype", "attention_impl", "context_layout"):
+      object.__setattr__(self, name, choose(f"model.{name}", getattr(self, name)))
     if self.context_layout not in CONTEXT_LAYOUTS:
       raise ValueError(f"model.context_layout={self.context_layout!r}; use auto, contiguous or "
                        f"zigzag.")

@@ -191,8 +191,7 @@ def split_sequence_attention(q, k, v, mask, query_pre_attn_scalar: float = 0.0,
 
 def splash_fits(length: int) -> bool:
   """Whether tpu_splash_context_attention takes a row of `length` tokens on this mesh."""
-  context = context_size()
-  return length % row_multiple(context, "contiguous", "pallas") == 0
+  return length % row_multiple(context_size(), "contiguous", "pallas") == 0
 
 
 @functools.lru_cache(maxsize=16)

@@ -225,10 +225,8 @@ def hf_tensors(reader, config: dict, gguf_path):
 def write_safetensors(named_arrays, out_dir: pathlib.Path, dtype: str) -> None:
   """model.safetensors, or model-0000i-of-0000n.safetensors + index past SHARD_BYTES
   (hf_export.save_shards); holds one shard in memory at a time."""
-  import ml_dtypes  # noqa: PLC0415
-  from grpo_jax.models.hf_export import save_shards  # noqa: PLC0415
-  np_dtype = {"float32": np.float32, "float16": np.float16,
-              "bfloat16": ml_dtypes.bfloat16}[dtype]
+  from grpo_jax.models.hf_export import export_dtype, save_shards  # noqa: PLC0415
+  np_dtype = export_dtype(dtype)
   save_shards(((name, np.ascontiguousarray(array.astype(np_dtype)))
                for name, array in named_arrays), out_dir, SHARD_BYTES)
 

@@ -15,15 +15,15 @@ import jax
 import jax.numpy as jnp
 
 from grpo_jax.models.config import ModelConfig
-from grpo_jax.models.lora import LoraParams
+from grpo_jax.models.lora import base_params
 
 
 def embed_tokens(cfg: ModelConfig, params, tokens) -> jax.Array:
   """(B, T, E) input embeddings of token ids as the Decoder looks them up: the table's rows in
   the compute dtype, times the family's scale (params: plain or LoraParams). A prompt's
   PromptInputs.embeddings start from these."""
-  params = params.base if isinstance(params, LoraParams) else params
-  x = jnp.take(jnp.asarray(params["embed_tokens"]["embedding"], cfg.dtype), tokens, axis=0)
+  table = base_params(params)["embed_tokens"]["embedding"]
+  x = jnp.take(jnp.asarray(table, cfg.dtype), tokens, axis=0)
   scale = cfg.blocks.embed_scale(cfg)
   return x if scale is None else x * jnp.asarray(scale, cfg.dtype)
 

@@ -27,11 +27,10 @@ import numpy as np
 
 from grpo_jax.models.config import ModelConfig
 from grpo_jax.models.decoder import decoder_apply, init_params, positions_from_mask
-from grpo_jax.models.hf import (_open_safetensors, _read_tensors, _weight_map, hf_arrays,
+from grpo_jax.models.hf import (_open_safetensors, _read_tensors, _weight_map,
                                 hf_config_from_model_config, loading_errors,
-                                model_config_from_hf, param_layout, params_from_hf, read_config,
-                                to_hf)
-from grpo_jax.models.hf_export import export_dtype, write_folder
+                                model_config_from_hf, param_layout, params_from_hf, read_config)
+from grpo_jax.models.hf_export import _hf_tensors, export_dtype, write_folder
 
 
 # The score head's logical axes (grpo_jax/models/partitioning.py), as a value head's.
@@ -116,9 +115,7 @@ def export_reward_model(params, model_cfg: ModelConfig, out_dir, model_type: str
   """Writes a `*ForSequenceClassification` folder that transformers loads with
   AutoModelForSequenceClassification (and load_reward_model reads back)."""
   np_dtype = export_dtype(dtype)
-  layout, _ = param_layout(backbone_config(model_cfg))
-  tensors = {t.name: np.ascontiguousarray(to_hf(np.asarray(array, np.float32), t.path)).astype(
-      np_dtype) for t, array in hf_arrays(layout, params["backbone"])}
+  tensors = _hf_tensors(params["backbone"], backbone_config(model_cfg), np_dtype)
   kernel = np.asarray(params["score"]["kernel"], np.float32)
   tensors["score.weight"] = np.ascontiguousarray(kernel.T).astype(np_dtype)
   hf_config = hf_config_from_model_config(model_cfg, model_type, dtype)
