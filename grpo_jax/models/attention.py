@@ -71,10 +71,9 @@ def grouped_query_attention(q, k, v, mask, keys_transposed: bool = False,
   q: (B, Tq, H, D); k, v: (B, Hkv, Tk, D) (head-major), or with keys_transposed k is
   (B, Hkv, D, Tk) (the sampler's cache layout); mask: (B, Tq, Tk) bool (True = may attend).
   Scores and softmax are float32. Returns (B, Tq, H, D).
-  Both products are plain batched matmuls over (B, Hkv) with the G = H / Hkv query heads of a
-  group and the Tq queries folded into one row axis: XLA:CPU hands that form to its fast
-  matmul kernels, while the 5-d einsums it replaced ran as slow generic dots (several times
-  slower per decode step).
+  Both products are plain batched matmuls over (B, Hkv), a group's G = H / Hkv query heads and
+  the Tq queries folded into one row axis: XLA:CPU runs that form in its fast matmul kernels
+  (5-d einsums run as generic dots, several times slower per decode step).
   """
   batch, tq, heads, dim = q.shape
   kv_heads = k.shape[1]

@@ -28,14 +28,14 @@ import numpy as np
 
 from grpo_jax.models.lora import LoraParams, merge
 from grpo_jax.models.prompt_inputs import PromptInputs
+from grpo_jax.models.vision.mrope import image_token_count
 from grpo_jax.models.vision.qwen2_5_vl import encode_images
 from grpo_jax.models.vision.qwen2_5_vl_model import VlmConfig, merged_embeddings
 
 
 def image_tokens(cfg: VlmConfig) -> int:
   """The placeholder tokens of one image of the run's grid: t * gh * gw / merge^2."""
-  t, h, w = cfg.image_grid
-  return t * h * w // cfg.vision.spatial_merge_size ** 2
+  return image_token_count(cfg.image_grid, cfg.vision.spatial_merge_size)
 
 
 def fixed_grid_positions(ids, mask, cfg: VlmConfig):
