@@ -10,6 +10,7 @@ import math
 import operator
 import re
 
+from grpo_jax.envs.parsers import parse_expression
 from grpo_jax.envs.sandbox import check_sandbox, run_python
 from grpo_jax.envs.tools import Tool
 
@@ -27,7 +28,7 @@ def calculate(expression: str) -> str:
   if len(expression) > MAX_EXPRESSION_CHARS:
     raise ValueError(f"the expression is longer than {MAX_EXPRESSION_CHARS} characters")
   try:
-    tree = ast.parse(expression.strip(), mode="eval").body
+    tree = parse_expression(expression.strip())
   except SyntaxError:
     raise ValueError(f"{expression!r} is not an arithmetic expression") from None
 

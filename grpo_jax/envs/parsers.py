@@ -19,6 +19,7 @@ from __future__ import annotations
 import ast
 import json
 import re
+import threading
 from typing import Any, NamedTuple
 
 from grpo_jax.registry import Registry
@@ -122,6 +123,18 @@ def _segments(body: str):
   return segment
 
 
+# CPython 3.11 keeps the AST builder's recursion depth in state that every thread shares
+# (cpython gh-106905): two threads parsing at once (an episode pool's workers) can fail with
+# "SystemError: AST constructor recursion depth mismatch". One parse at a time.
+_AST_LOCK = threading.Lock()
+
+
+def parse_expression(text: str) -> ast.expr:
+  """ast.parse(text, mode="eval").body, one thread at a time (above)."""
+  with _AST_LOCK:
+    return ast.parse(text, mode="eval").body
+
+
 @TOOL_CALL_PARSERS.register("pythonic")
 def parse_pythonic(text: str) -> list:
   match = _PYTHONIC.search(text)
@@ -129,7 +142,7 @@ def parse_pythonic(text: str) -> list:
     return []
   body = match.group(0)
   try:
-    tree = ast.parse(body, mode="eval").body
+    tree = parse_expression(body)
   except SyntaxError as e:
     return [ParseFailure(body, f"the tool calls are not a Python list of calls ({e.msg}); "
                                f"write [name(arg=value, ...)].")]
