@@ -23,7 +23,6 @@ from typing import Any, Callable
 import jax.numpy as jnp
 import numpy as np
 
-from grpo_jax.data.tokenizer import pad_rows
 from grpo_jax.errors import ConfigError, RewardError
 from grpo_jax.rewards.combine import COMBINE_MODES, combine_rewards
 from grpo_jax.rewards.guard import guarded_score
@@ -177,7 +176,12 @@ def retokenise(tokenizer, prompts: list, completions: list, max_tokens: int):
     else:
       text = prompt + completion
     rows.append(tokenizer(text, add_special_tokens=False)["input_ids"][-max_tokens:])
-  return pad_rows(rows, max(64, -(-max(len(r) for r in rows) // 64) * 64), 0, left=False)
+  width = max(64, -(-max(len(r) for r in rows) // 64) * 64)
+  ids = np.zeros((len(rows), width), np.int32)
+  ids_mask = np.zeros((len(rows), width), bool)
+  for i, r in enumerate(rows):
+    ids[i, :len(r)], ids_mask[i, :len(r)] = r, True
+  return ids, ids_mask
 
 
 # ----------------------------------------------------------------------------- building
