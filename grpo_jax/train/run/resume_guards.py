@@ -17,7 +17,6 @@ import json
 from grpo_jax.errors import ConfigError
 from grpo_jax.fetch_model import sha256_of  # a file's sha256, read in 1 MiB blocks
 from grpo_jax.train.run import files
-from grpo_jax.train.run.workdir import read_json
 
 
 def file_fingerprints(paths: dict) -> dict:
@@ -29,7 +28,12 @@ def file_fingerprints(paths: dict) -> dict:
 def _starts(workdir: str) -> list:
   """The start records of workdir/run_info.json; [] when it is missing or damaged (which
   workdir.record_changes reports)."""
-  starts = (read_json(workdir, "run_info.json")[0] or {}).get("starts")
+  try:
+    text = files.read_text(files.path(workdir, "run_info.json"))
+    info = json.loads(text) if text is not None else {}
+  except (OSError, UnicodeDecodeError, ValueError):
+    return []
+  starts = info.get("starts") if isinstance(info, dict) else None
   return [s for s in starts if isinstance(s, dict)] if isinstance(starts, list) else []
 
 
@@ -88,6 +92,12 @@ def _record_steps(text: str) -> list:
   return steps
 
 
+def _saved_steps(folder) -> list:
+  """The step folders' steps in a checkpoint folder, oldest first ([] when it is missing)."""
+  return sorted(int(p.name) for p in folder.iterdir() if p.name.isdigit()) \
+      if folder.is_dir() else []
+
+
 def check_records_reach_checkpoint(workdir: str, checkpoints: str | None = None) -> None:
   """ConfigError when metrics.jsonl stops short of the newest checkpoint (in `checkpoints`,
   default workdir/checkpoints; stacked seeds keep theirs beside their seed_<s> folders): the
@@ -97,8 +107,7 @@ def check_records_reach_checkpoint(workdir: str, checkpoints: str | None = None)
   before anything is written, naming the two steps and the fixes (nothing is moved or deleted
   for the user)."""
   folder = files.path(checkpoints) if checkpoints else files.path(workdir, "checkpoints")
-  saved = sorted(int(p.name) for p in (folder.iterdir() if folder.is_dir() else ())
-                 if p.name.isdigit())
+  saved = _saved_steps(folder)
   if not saved:
     return
   last = max(_record_steps(files.read_text(files.path(workdir, "metrics.jsonl")) or ""),

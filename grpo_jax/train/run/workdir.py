@@ -192,7 +192,7 @@ class RecordDamaged(InputError):
   """A workdir with checkpoints whose config.json or run_info.json is missing or damaged."""
 
 
-def read_json(workdir: str, name: str):
+def _read_json(workdir: str, name: str):
   """(the parsed JSON object, None) or (None, what is wrong with the file)."""
   try:
     text = files.read_text(files.path(workdir, name))
@@ -226,7 +226,7 @@ def config_changes(config, workdir: str, allow: bool = False) -> dict:
   written). Called for a workdir with checkpoints: a missing or damaged config.json raises
   RecordDamaged, or with `allow` (train.allow_config_change) counts as the change
   {"config.json": [what was wrong, "rewritten"]}."""
-  old, problem = read_json(workdir, "config.json")
+  old, problem = _read_json(workdir, "config.json")
   if problem:
     return _damaged_record(workdir, "config.json", problem, allow,
                            ", so the config its checkpoints were made with cannot be checked",
@@ -247,7 +247,7 @@ def record_changes(workdir: str, devices: dict, allow: bool = False,
   differ by rounding). A missing or damaged run_info.json raises RecordDamaged, or with `allow`
   counts as the change {"run_info.json": [what was wrong, "new record"]}; `missing_ok`: a
   missing one is no record yet (the SFT and RM stages wrote none before 2026-11-25)."""
-  info, problem = read_json(workdir, "run_info.json")
+  info, problem = _read_json(workdir, "run_info.json")
   if problem == "missing" and missing_ok:
     return {}
   if problem is None and not isinstance(info.get("starts"), list):
@@ -323,7 +323,7 @@ def record_start(workdir: str, resumed_from_step: int | None,
   files' fingerprints (resume_guards.py). A damaged record (let through by the caller) is first
   kept as run_info.json.damaged."""
   path = files.path(workdir, "run_info.json")
-  info, problem = read_json(workdir, "run_info.json")
+  info, problem = _read_json(workdir, "run_info.json")
   if info is None or not isinstance(info.get("starts"), list):
     if problem != "missing":
       with contextlib.suppress(OSError):  # unreadable: nothing to keep
