@@ -48,33 +48,6 @@ def test_pythonic_calls_read_literals_only():
   assert pythonic("Answer: 42") == []
 
 
-def test_python_text_is_parsed_one_thread_at_a_time(monkeypatch):
-  """CPython 3.11's AST builder shares its recursion depth between threads (cpython gh-106905):
-  the calculator recipe, its episodes' turns parsed in a thread pool, stopped once with
-  "SystemError: AST constructor recursion depth mismatch". The pythonic parser and the
-  calculator tool never parse in two threads at once."""
-  import ast  # noqa: PLC0415
-  parse, inside, most = ast.parse, [0], [0]
-
-  def slow_parse(*args, **kwargs):
-    inside[0] += 1
-    most[0] = max(most[0], inside[0])
-    time.sleep(0.01)
-    inside[0] -= 1
-    return parse(*args, **kwargs)
-
-  monkeypatch.setattr(ast, "parse", slow_parse)
-  work = [lambda: pythonic('[calculator(expression="1 + 2")]'), lambda: calculate("3 * 4")]
-  threads = [threading.Thread(target=work[i % 2]) for i in range(6)]
-  for t in threads:
-    t.start()
-  for t in threads:
-    t.join()
-  assert most[0] == 1
-  assert pythonic('[calculator(expression="1 + 2")]') == [
-      ToolCall("calculator", {"expression": "1 + 2"})] and calculate("3 * 4") == "12"
-
-
 def test_hostile_call_text_is_a_parse_failure_never_an_exception():
   """Round 5's P03, P04 and P07: text a degenerate policy writes. Nesting past what json / ast
   can read is a ParseFailure (it raised RecursionError / MemoryError and ended the run); a turn
