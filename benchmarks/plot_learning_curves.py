@@ -1,11 +1,12 @@
 """The README's picture (docs/img/learning_curves.png): the tiny GRPO run's training reward and
 held-out accuracy against step, beside SmolLM2-135M-Instruct's held-out accuracy.
 
-    python benchmarks/plot_learning_curves.py --tiny=/tmp/grpo_tiny [--smollm2=/tmp/grpo_smollm2]
+    python benchmarks/plot_learning_curves.py --tiny=/tmp/grpo_tiny \
+        [--smollm2 /tmp/sm/grpo_smollm2/seed_0 /tmp/sm/grpo_smollm2/seed_1 ...]
 
-Each panel reads a workdir's metrics.jsonl. Without --smollm2 the right panel shows the
-SmolLM2 run measured on 2026-11-25 (2-core AMD EPYC, docs/real_models.md: held-out accuracy
-0.055, 0.250, 0.470 at steps 0, 20, 40), whose workdir is not kept.
+Each panel reads a workdir's metrics.jsonl (the right one a line per SmolLM2 workdir, one per
+seed). Without --smollm2 the right panel shows the three seeds measured on 2026-12-07
+(SMOLLM2_MEASURED: 2-core AMD EPYC, docs/real_models.md), whose workdirs are not kept.
 """
 
 from __future__ import annotations
@@ -14,7 +15,10 @@ import argparse
 import json
 import os
 
-SMOLLM2_MEASURED = [(0, 0.055), (20, 0.250), (40, 0.470)]  # docs/real_models.md, 2026-11-25
+# Held-out accuracy at steps 0, 20, 40 per seed (docs/real_models.md, 2026-12-07).
+SMOLLM2_MEASURED = {0: [(0, 0.055), (20, 0.250), (40, 0.470)],
+                    1: [(0, 0.055), (20, 0.240), (40, 0.335)],
+                    2: [(0, 0.055), (20, 0.435), (40, 0.645)]}
 
 
 def _series(workdir: str, key: str) -> list[tuple[int, float]]:
@@ -27,9 +31,10 @@ def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   parser.add_argument("--tiny", required=True, help="the tiny run's workdir")
   parser.add_argument("--tiny_label", default="tiny GRPO, seed 0")
-  parser.add_argument("--smollm2", default="", help="a SmolLM2 run's workdir (optional)")
+  parser.add_argument("--smollm2", nargs="*", default=[],
+                      help="SmolLM2 runs' workdirs, seeds 0, 1, ... (optional)")
   parser.add_argument("--smollm2_label",
-                      default="SmolLM2-135M-Instruct GRPO, 2-core AMD EPYC, 2026-11-25")
+                      default="SmolLM2-135M-Instruct GRPO, 2-core AMD EPYC, 2026-12-07")
   parser.add_argument("--out", default="docs/img/learning_curves.png")
   args = parser.parse_args()
   import matplotlib  # noqa: PLC0415
@@ -41,9 +46,11 @@ def main() -> None:
     left.plot(steps, values, label=label, marker="o" if key == "eval_accuracy" else None,
               markersize=4)
   left.set_title(f"{args.tiny_label}: 2-digit addition, 0.4M params", fontsize=9)
-  points = _series(args.smollm2, "eval_accuracy") if args.smollm2 else SMOLLM2_MEASURED
-  steps, values = zip(*points)
-  right.plot(steps, values, marker="o", color="tab:orange", label="held-out accuracy")
+  runs = ({seed: _series(workdir, "eval_accuracy") for seed, workdir in enumerate(args.smollm2)}
+          if args.smollm2 else SMOLLM2_MEASURED)
+  for seed, points in runs.items():
+    steps, values = zip(*points)
+    right.plot(steps, values, marker="o", label=f"held-out accuracy, seed {seed}")
   right.set_title(args.smollm2_label, fontsize=9)
   for ax in (left, right):
     ax.set_xlabel("RL step")
