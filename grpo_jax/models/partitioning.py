@@ -34,7 +34,8 @@ def _declared_axes(families: tuple) -> dict:
   """{param path (a tuple of names): logical axes} of every param the models define: the
   decoder's, read from its modules at a small shape with every optional param on (q/k/v
   biases, q/k norms, an untied lm_head, and each registered family's own: Gemma's extra norms,
-  a mixture's experts), LoRA's adapters, the value and score heads."""
+  a mixture's experts), LoRA's adapters, the value and score heads. A vision tower's are
+  _vision_axes', read only for a path under "vision"."""
   every_param = ModelConfig(vocab_size=8, hidden_size=8, intermediate_size=8, num_layers=1,
                             num_heads=1, num_kv_heads=1, head_dim=2, tie_embeddings=False,
                             qkv_bias=True, qk_norm=True)
@@ -45,12 +46,12 @@ def _declared_axes(families: tuple) -> dict:
         param_axes(cfg), is_leaf=lambda x: isinstance(x, tuple))
     table.update({tuple(k.key for k in path): axes for path, axes in flat})
   table.update(adapter_axes(table))
-  table.update(_vision_axes())
   table.update(HEAD_AXES)
   table.update(SCORE_AXES)
   return table
 
 
+@functools.cache
 def _vision_axes() -> dict:
   """A vision-language policy's tower (its params under "vision", models/vision/): the axes
   its modules declare (qwen2_5_vl.vision_param_axes), at a small shape. Its decoder's params
@@ -68,6 +69,8 @@ def axes_of(path: tuple, ndim: int) -> tuple:
   ends it (an optimizer moment's path ends with its param's), or replicated when none is
   declared or the rank differs (e.g. seeds stacked on a leading axis)."""
   table = declared_axes()
+  if "vision" in path:
+    table = {**table, **_vision_axes()}
   for start in range(len(path)):
     axes = table.get(tuple(path[start:]))
     if axes is not None:

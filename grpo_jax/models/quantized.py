@@ -15,10 +15,10 @@ trained one shows in `sampler_logprob_gap` and `rollout_kl`, and rl.tis_cap corr
 from __future__ import annotations
 
 import dataclasses
+import sys
 
 import jax
 import jax.numpy as jnp
-import qwix
 
 from grpo_jax.models.lora import LoraParams, input_dims
 
@@ -27,7 +27,8 @@ WEIGHT_DTYPES = {"int8": jnp.int8, "float8_e4m3fn": jnp.float8_e4m3fn}
 
 
 def _is_qarray(x) -> bool:
-  return isinstance(x, qwix.QArray)
+  qwix = sys.modules.get("qwix")  # imported when a QArray is made (0.3 s of a run's start)
+  return qwix is not None and isinstance(x, qwix.QArray)
 
 
 def _quantize_kernel(name: str, kernel: jax.Array, leading: int, qtype):
@@ -37,6 +38,7 @@ def _quantize_kernel(name: str, kernel: jax.Array, leading: int, qtype):
   a mixture's expert axis, are lora.input_dims': o_proj (heads, head_dim, embed) contracts two."""
   contracted = set(range(leading - 1, leading - 1 + input_dims(name)))
   channelwise = [a for a in range(kernel.ndim - 1) if a not in contracted]
+  import qwix  # noqa: PLC0415
   return jax.lax.map(lambda layer: qwix.quantize(layer, qtype, channelwise_axes=channelwise,
                                                  scale_dtype=jnp.float32), kernel)
 
@@ -75,6 +77,8 @@ def dequantized(tree, dtype, anchor):
   # the layer's input (0 x one activation, which XLA does not fold for floats) keeps each
   # layer's dequantisation after the layer before it, so one layer's kernels are live at once.
   after = 0.0 * anchor.reshape(-1)[0].astype(jnp.float32)
+
+  import qwix  # noqa: PLC0415
 
   def one(x):
     if not _is_qarray(x):
