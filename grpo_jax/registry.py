@@ -23,6 +23,7 @@ grpo_jax/defaults.py); a field the section lacks (a plugin's new one) takes the 
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import importlib
@@ -46,6 +47,7 @@ class Registry:
     self.field = field  # the config field that selects an entry, for messages
     self._entries: dict[str, Any] = {}
     self._checks: dict[str, Callable] = {}
+    _REGISTRIES.append(self)
 
   def register(self, name: str, entry: Any = None, *, replace: bool = False,
                check: Callable | None = None):
@@ -95,6 +97,23 @@ class Registry:
     return sorted(self._entries.items())
 
 
+_REGISTRIES: list[Registry] = []  # every registry made, for _undone_on_error
+
+
+@contextlib.contextmanager
+def _undone_on_error():
+  """Every registry as it was before the block when the block raises: a module that registers
+  entries and then fails leaves none behind (its fixed version, imported again in the same
+  process, would otherwise find its names taken)."""
+  saved = [(r, dict(r._entries), dict(r._checks)) for r in _REGISTRIES]
+  try:
+    yield
+  except BaseException:
+    for r, entries, checks in saved:
+      r._entries, r._checks = entries, checks
+    raise
+
+
 def hyperparameters(fn: Callable) -> dict[str, Any]:
   """fn's hyperparameters: its keyword-only parameters and their defaults (each needs one)."""
   out = {p.name: p.default for p in inspect.signature(fn).parameters.values()
@@ -138,7 +157,8 @@ def load_file_module(path: str):
 
 def import_plugins(spec: str, log: Callable = print) -> list[str]:
   """Imports the comma-separated modules or .py files of config.imports (their registrations
-  run on import); returns their names. A path that does not exist fails in one sentence."""
+  run on import); returns their names. A path that does not exist fails in one sentence; so
+  does a module that raises, and whatever it registered before raising is taken out again."""
   done = []
   for item in (s.strip() for s in (spec or "").split(",")):
     if not item:
@@ -148,14 +168,16 @@ def import_plugins(spec: str, log: Callable = print) -> list[str]:
         raise UnknownName(f"imports: {item} is not a file (cwd {os.getcwd()}); give a path to a "
                           f".py file or an importable module name.")
       try:
-        load_file_module(item)
+        with _undone_on_error():
+          load_file_module(item)
       except (Exception, SystemExit) as e:  # noqa: BLE001  a researcher's module may raise
         # anything, sys.exit(0) included, which must not end the run as a success
         raise UnknownName(f"imports: {item} raised {first_line(e)} while being imported; fix "
                           f"that file.") from None
     else:
       try:
-        importlib.import_module(item)
+        with _undone_on_error():
+          importlib.import_module(item)
       except ModuleNotFoundError as e:
         if e.name is not None and item != e.name and not item.startswith(f"{e.name}."):
           raise UnknownName(f"imports: module {item!r} could not be imported: it imports "

@@ -72,6 +72,28 @@ def test_hostile_call_text_is_a_parse_failure_never_an_exception():
       'search(query=open("f"))'
 
 
+def test_the_pythonic_span_is_the_regexs_in_linear_time():
+  """pythonic_span finds what the regex [name(.*)] (DOTALL, greedy) matches, on 20,000 drawn
+  texts of its pieces; and a megabyte of unclosed calls ("[f(" x 333,334: about 100 s for
+  the regex, which retries `.*` from every "[f(") takes well under a second."""
+  import random  # noqa: PLC0415
+  import re  # noqa: PLC0415
+
+  from grpo_jax.envs.parsers import pythonic_span  # noqa: PLC0415
+  regex = re.compile(r"\[\s*[A-Za-z_][\w.]*\s*\(.*\)\s*\]", re.DOTALL)
+  rng, found = random.Random(0), 0
+  for _ in range(20_000):
+    text = "".join(rng.choice(["[", "]", "(", ")", " ", "\n", "\u00a0", "a", "_1", ".", ",",
+                                "=", '"', "[f(", ")]", ") ]"]) for _ in range(rng.randint(0, 12)))
+    match = regex.search(text)
+    assert pythonic_span(text) == (match and match.span()), repr(text)
+    found += match is not None
+  assert found > 200  # the draw reaches matches, not only misses
+  started = time.perf_counter()
+  assert pythonic("[f(" * 333_334) == []
+  assert time.perf_counter() - started < 1.0
+
+
 def _slow(seconds):
   time.sleep(seconds)
   return "late"

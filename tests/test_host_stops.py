@@ -204,6 +204,30 @@ def test_an_imports_file_that_exits_is_one_sentence(tmp_path):
     import_plugins(str(path))
 
 
+def test_an_imports_file_that_raises_after_registering_leaves_nothing_registered(tmp_path):
+  """Its entries go with it: the fixed file, imported again in the same process, registers
+  the same names instead of finding them taken."""
+  from grpo_jax.rl.estimators import ESTIMATORS  # noqa: PLC0415
+  from grpo_jax.rl.kl import KL_ESTIMATORS  # noqa: PLC0415
+  path = tmp_path / "half.py"
+  body = ("from grpo_jax.rl.estimators import ESTIMATORS\n"
+          "from grpo_jax.rl.kl import KL_ESTIMATORS\n"
+          "ESTIMATORS.register('half_adv', lambda inputs: inputs)\n"
+          "KL_ESTIMATORS.register('half_kl', lambda logp, ref: logp - ref)\n")
+  path.write_text(body + "raise RuntimeError('a typo further down')\n")
+  before = (ESTIMATORS.names(), KL_ESTIMATORS.names())
+  with pytest.raises(UnknownName, match=r"raised RuntimeError: a typo further down while"):
+    import_plugins(str(path))
+  assert (ESTIMATORS.names(), KL_ESTIMATORS.names()) == before
+  path.write_text(body)
+  try:
+    assert import_plugins(str(path), log=lambda _: None) == [str(path)]
+    assert "half_adv" in ESTIMATORS and "half_kl" in KL_ESTIMATORS
+  finally:
+    ESTIMATORS.unregister("half_adv")
+    KL_ESTIMATORS.unregister("half_kl")
+
+
 def test_a_short_csv_row_is_a_bad_row(tmp_path):
   from grpo_jax.data.table import BadRow, _file_rows  # noqa: PLC0415
   path = tmp_path / "rows.csv"

@@ -15,7 +15,7 @@ from grpo_jax.train.learner.experience import RewardInputs
 from grpo_jax.train.stages.rl import initial_state, train
 from grpo_jax.train.run.metrics import TIMING_KEYS
 from grpo_jax.train.run.seed_axis import SeedAxis
-from grpo_jax.train.run.sections import ModelSection, RewardSection
+from grpo_jax.train.run.sections import ModelSection
 from grpo_jax.train.run.setup import build_model, build_task
 from grpo_jax.train.learner.state import make_optimizer
 from grpo_jax.train.learner.step import StepSpec, make_rl_step
@@ -185,3 +185,23 @@ def test_what_one_program_cannot_run_is_refused(tmp_path):
   config.distributed.mode = "explicit"
   with pytest.raises(ConfigError, match="stacked seeds run in one process"):
     train(config, str(tmp_path), log=quiet, seeds=[0, 1])
+
+
+def test_a_seed_folder_in_use_stops_the_stacked_run(tmp_path):
+  """Stacked seeds lock each seed's folder too: while a run of seed 1 alone holds
+  workdir/seed_1 (its --workdir), the stacked run stops in one sentence naming that folder
+  and writes no record (both runs would have written that folder's metrics.jsonl, and each
+  start trims it to its own checkpoint)."""
+  import os  # noqa: PLC0415
+
+  from grpo_jax.train.run.workdir import WorkdirBusy, WorkdirLock  # noqa: PLC0415
+  workdir = tmp_path / "seeds"
+  alone = workdir / "seed_1"
+  with WorkdirLock(str(alone)):
+    with pytest.raises(WorkdirBusy, match=f"^the workdir {alone} is in use by another run "
+                                          f"\\(PID {os.getpid()}\\)"):
+      train(_small_config(steps=1), str(workdir), log=quiet, seeds=[0, 1])
+  assert sorted(os.listdir(alone)) == [".lock"]
+  assert not (workdir / "seed_0" / "metrics.jsonl").exists()
+  with WorkdirLock(str(alone)):  # the stacked run's locks were released
+    pass

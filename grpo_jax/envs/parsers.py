@@ -104,7 +104,21 @@ def _checked(call: Any, body: str):
   return ToolCall(call["name"], arguments)
 
 
-_PYTHONIC = re.compile(r"\[\s*[A-Za-z_][\w.]*\s*\(.*\)\s*\]", re.DOTALL)
+# The pythonic calls' span: from the first "[name(" to the last ")]" after it (whitespace allowed
+# inside both), as the regex \[\s*name\s*\(.*\)\s*\] (DOTALL) would match, but in linear time: that
+# regex retries `.*` from every "[name(", quadratic in a text of unclosed calls (0.85 s for 96 kB).
+_CALLS_START = re.compile(r"\[\s*[A-Za-z_][\w.]*\s*\(")
+_CALLS_END_REVERSED = re.compile(r"\]\s*\)")
+
+
+def pythonic_span(text: str) -> tuple[int, int] | None:
+  """(start, end) of the pythonic calls in `text`, or None (see _CALLS_START)."""
+  start = _CALLS_START.search(text)
+  if start is None:
+    return None
+  # the last ")" at or after the start's "(" end, with "]" after it: the first in reverse
+  end = _CALLS_END_REVERSED.search(text[::-1], 0, len(text) - start.end())
+  return None if end is None else (start.start(), len(text) - end.start())
 
 
 def _segments(body: str):
@@ -137,10 +151,10 @@ def parse_expression(text: str) -> ast.expr:
 
 @TOOL_CALL_PARSERS.register("pythonic")
 def parse_pythonic(text: str) -> list:
-  match = _PYTHONIC.search(text)
-  if match is None:
+  span = pythonic_span(text)
+  if span is None:
     return []
-  body = match.group(0)
+  body = text[span[0]:span[1]]
   try:
     tree = parse_expression(body)
   except SyntaxError as e:

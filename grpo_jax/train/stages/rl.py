@@ -138,8 +138,12 @@ def train(config, workdir: str, log=print, seeds=None, seed_axis: str = "vmap") 
   if rollout_mesh is not None:
     log(f"split placement: learner on devices {_ids(mesh)}, sampler on {_ids(rollout_mesh)} "
         f"(mesh {tuple(rollout_mesh.shape.values())}); weights synced after each update")
-  # Process 0 writes for everyone, so it alone holds the workdir's lock (one run per workdir).
-  with (WorkdirLock(workdir) if distributed.is_main_process() else contextlib.nullcontext()):
+  # Process 0 writes for everyone, so it alone holds the workdir's lock (one run per workdir);
+  # stacked seeds also lock each seed's folder, which a run of that seed alone may be given.
+  with contextlib.ExitStack() as locks:
+    if distributed.is_main_process():
+      for wd in dict.fromkeys((workdir, *workdirs)):
+        locks.enter_context(WorkdirLock(wd))
     return _train(run, sections, workdir, configs, warm, params, started)
 
 
