@@ -47,7 +47,6 @@ class Registry:
     self.field = field  # the config field that selects an entry, for messages
     self._entries: dict[str, Any] = {}
     self._checks: dict[str, Callable] = {}
-    _REGISTRIES.append(self)
 
   def register(self, name: str, entry: Any = None, *, replace: bool = False,
                check: Callable | None = None):
@@ -58,6 +57,9 @@ class Registry:
       if name in self._entries and not replace and self._entries[name] is not obj:
         raise ValueError(f"{self.field}: {name!r} is registered already; pick another name or "
                          f"pass replace=True.")
+      if _JOURNAL is not None:
+        _JOURNAL.append((self, name, self._entries.get(name, _ABSENT),
+                         self._checks.get(name, _ABSENT), _registering_module()))
       self._entries[name] = obj
       self._checks.pop(name, None)
       if check is not None:
@@ -68,6 +70,14 @@ class Registry:
   def unregister(self, name: str) -> None:
     self._entries.pop(name, None)
     self._checks.pop(name, None)
+
+  def _restore(self, name: str, entry: Any, check: Any) -> None:
+    """`name`'s entry and check as they were (_ABSENT: none), undoing a registration."""
+    for table, value in ((self._entries, entry), (self._checks, check)):
+      if value is _ABSENT:
+        table.pop(name, None)
+      else:
+        table[name] = value
 
   def bind(self, name: str, section, fn: Callable | None = None) -> Callable:
     """Entry `name` (or `fn`, its function) with its hyperparameters bound from `section`,
@@ -97,21 +107,37 @@ class Registry:
     return sorted(self._entries.items())
 
 
-_REGISTRIES: list[Registry] = []  # every registry made, for _undone_on_error
+_ABSENT = object()
+# (registry, name, previous entry, previous check, registering module) of each registration
+# while import_plugins imports a module; None otherwise.
+_JOURNAL: list | None = None
+
+
+def _registering_module() -> str | None:
+  """__name__ of the module whose top-level code is running the registration."""
+  frame = sys._getframe(2)
+  while frame is not None and frame.f_code.co_name != "<module>":
+    frame = frame.f_back
+  return None if frame is None else frame.f_globals.get("__name__")
 
 
 @contextlib.contextmanager
 def _undone_on_error():
-  """Every registry as it was before the block when the block raises: a module that registers
-  entries and then fails leaves none behind (its fixed version, imported again in the same
-  process, would otherwise find its names taken)."""
-  saved = [(r, dict(r._entries), dict(r._checks)) for r in _REGISTRIES]
+  """When the block (a plugin's import) raises, the registrations made by the modules that
+  failed with it (gone from sys.modules, as Python leaves a module that raised on import) are
+  undone, newest first; those of modules it imported that succeeded stay, as those modules do.
+  Without this, the fixed plugin imported again in the same process finds its names taken."""
+  global _JOURNAL
+  outer, _JOURNAL = _JOURNAL, []
   try:
     yield
   except BaseException:
-    for r, entries, checks in saved:
-      r._entries, r._checks = entries, checks
+    for registry, name, entry, check, module in reversed(_JOURNAL):
+      if module is None or module not in sys.modules:
+        registry._restore(name, entry, check)
     raise
+  finally:
+    _JOURNAL = outer
 
 
 def hyperparameters(fn: Callable) -> dict[str, Any]:

@@ -205,27 +205,39 @@ def test_an_imports_file_that_exits_is_one_sentence(tmp_path):
 
 
 def test_an_imports_file_that_raises_after_registering_leaves_nothing_registered(tmp_path):
-  """Its entries go with it: the fixed file, imported again in the same process, registers
-  the same names instead of finding them taken."""
+  """Its entries go with it (the fixed file, imported again in the same process, registers the
+  same names instead of finding them taken); those of a module it imported that succeeded stay,
+  as that module stays imported."""
+  import sys  # noqa: PLC0415
+
   from grpo_jax.rl.estimators import ESTIMATORS  # noqa: PLC0415
   from grpo_jax.rl.kl import KL_ESTIMATORS  # noqa: PLC0415
+  (tmp_path / "helper_kept_adv.py").write_text(
+      "from grpo_jax.rl.estimators import ESTIMATORS\n"
+      "ESTIMATORS.register('kept_adv', lambda inputs: inputs)\n")
   path = tmp_path / "half.py"
-  body = ("from grpo_jax.rl.estimators import ESTIMATORS\n"
+  body = (f"import sys\nsys.path.insert(0, {str(tmp_path)!r})\nimport helper_kept_adv\n"
+          "from grpo_jax.rl.estimators import ESTIMATORS\n"
           "from grpo_jax.rl.kl import KL_ESTIMATORS\n"
           "ESTIMATORS.register('half_adv', lambda inputs: inputs)\n"
           "KL_ESTIMATORS.register('half_kl', lambda logp, ref: logp - ref)\n")
   path.write_text(body + "raise RuntimeError('a typo further down')\n")
   before = (ESTIMATORS.names(), KL_ESTIMATORS.names())
-  with pytest.raises(UnknownName, match=r"raised RuntimeError: a typo further down while"):
-    import_plugins(str(path))
-  assert (ESTIMATORS.names(), KL_ESTIMATORS.names()) == before
-  path.write_text(body)
   try:
+    with pytest.raises(UnknownName, match=r"raised RuntimeError: a typo further down while"):
+      import_plugins(str(path))
+    assert ESTIMATORS.names() == tuple(sorted((*before[0], "kept_adv")))
+    assert KL_ESTIMATORS.names() == before[1]
+    path.write_text(body)
     assert import_plugins(str(path), log=lambda _: None) == [str(path)]
     assert "half_adv" in ESTIMATORS and "half_kl" in KL_ESTIMATORS
   finally:
-    ESTIMATORS.unregister("half_adv")
+    for name in ("half_adv", "kept_adv"):
+      ESTIMATORS.unregister(name)
     KL_ESTIMATORS.unregister("half_kl")
+    sys.modules.pop("helper_kept_adv", None)
+    while str(tmp_path) in sys.path:
+      sys.path.remove(str(tmp_path))
 
 
 def test_a_short_csv_row_is_a_bad_row(tmp_path):
