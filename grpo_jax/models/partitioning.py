@@ -69,10 +69,9 @@ def axes_of(path: tuple, ndim: int) -> tuple:
   ends it (an optimizer moment's path ends with its param's), or replicated when none is
   declared or the rank differs (e.g. seeds stacked on a leading axis)."""
   table = declared_axes()
-  if "vision" in path:
-    table = {**table, **_vision_axes()}
+  vision = _vision_axes() if "vision" in path else {}  # its keys all start with "vision"
   for start in range(len(path)):
-    axes = table.get(tuple(path[start:]))
+    axes = table.get(tuple(path[start:]), vision.get(tuple(path[start:])))
     if axes is not None:
       return axes if len(axes) == ndim else (None,) * ndim
   return (None,) * ndim
