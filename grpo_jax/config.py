@@ -169,6 +169,9 @@ def validate(config) -> None:
              f"'off' and 0 for a dense model.")
   _require(rl.pack_tokens >= 0, f"rl.pack_tokens={rl.pack_tokens}; use 0 (off) or the number "
            f"of packed capacities a run may compile (8 is plenty).")
+  _require(not (rl.pack_tokens and r.max_new_tokens < 2),
+           f"rl.pack_tokens={rl.pack_tokens} packs each completion's tokens after its first, and "
+           f"rollout.max_new_tokens={r.max_new_tokens} leaves none; set rl.pack_tokens=0.")
   _require(r.temperature >= 0, f"rollout.temperature={r.temperature}; use >= 0 (0 = greedy).")
   _require(0 < r.top_p <= 1, f"rollout.top_p={r.top_p}; use a value in (0, 1].")
   _require(r.top_k >= 0, f"rollout.top_k={r.top_k}; use 0 (off) or the number of most likely "

@@ -108,28 +108,40 @@ def _validate_distill(config) -> None:
            f"rl.objective={rl.objective!r}; use rl.distill_in='reward'.")
 
 
+def _host_reward(reward) -> bool:
+  """Whether config.reward asks for more than the task's own reward: reward models, remote
+  rewards, a rule weight or reward.combine (all applied on the host)."""
+  return bool(reward and (reward.get("models") or reward.get("remote")
+                          or reward.rule_weight != 1.0 or reward.combine != "sum"))
+
+
 def _validate_fused(config, task) -> None:
-  """train.fused_steps = K > 0 runs K whole RL iterations per host call (grpo_jax/train/sources/fused.py):
-  the task's stream and reward must be JAX functions, and every host event (evaluation,
-  checkpoint, the end) must fall between two calls."""
+  """train.fused_steps = K > 0, or train.experience_source "fused" / "fused_episodes" (K = 1),
+  runs K whole RL iterations per host call (grpo_jax/train/sources/fused.py): the task's stream
+  and reward must be JAX functions, and every host event (evaluation, checkpoint, the end) must
+  fall between two calls. The host's "episodes" source scores by the environment alone."""
   tr = config.train
-  k = tr.fused_steps
+  k, source = tr.fused_steps, tr.experience_source
   _require(k >= 0, f"train.fused_steps={k}; use 0 (host loop) or K > 0 steps per program.")
+  _require(not (source == "episodes" and _host_reward(config.get("reward"))),
+           "train.experience_source='episodes' rewards each episode by its environment alone; "
+           "leave reward.models, reward.remote, reward.rule_weight and reward.combine at their "
+           "defaults.")
+  if not k and source not in ("fused", "fused_episodes"):
+    return
+  what = f"train.fused_steps={k}" if k else f"train.experience_source={source!r}"
+  off = ("set train.fused_steps=0" if k else "set train.experience_source='episodes'"
+         if source == "fused_episodes" else "set train.experience_source=''")
+  if source != "fused_episodes":  # (its environment is the JAX functions)
+    task.require("device", f"{what} (data stream and reward as JAX functions)", off)
+  _require(not _host_reward(config.get("reward")) and not config.rl.gfpo_keep,
+           f"{what} needs the task's own reward alone (reward models, remote rewards, weights, "
+           f"reward.combine and GFPO run on the host); {off}.")
+  _require(not config.rl.dynamic_sampling,
+           f"{what} cannot resample (rl.dynamic_sampling draws a data-dependent number of "
+           f"rounds); set rl.dynamic_sampling=False or {off.removeprefix('set ')}.")
   if not k:
     return
-  if tr.experience_source != "fused_episodes":  # (its environment is the JAX functions)
-    task.require("device", f"train.fused_steps={k} (data stream and reward as JAX functions)",
-                 "set train.fused_steps=0")
-  reward = config.get("reward")
-  _require(not (reward and (reward.get("models") or reward.get("remote")
-                            or reward.rule_weight != 1.0 or reward.combine != "sum")) and
-           not config.rl.gfpo_keep,
-           f"train.fused_steps={k} needs the task's own reward alone (reward models, remote "
-           f"rewards, weights, reward.combine and GFPO run on the host); set "
-           f"train.fused_steps=0.")
-  _require(not config.rl.dynamic_sampling,
-           f"train.fused_steps={k} cannot resample (rl.dynamic_sampling draws a data-dependent "
-           f"number of rounds); set rl.dynamic_sampling=False or train.fused_steps=0.")
   for name, value in (("train.steps", tr.steps), ("train.eval_every", tr.eval_every),
                       ("train.checkpoint_every", tr.checkpoint_every)):
     _require(value % k == 0, f"{name}={value} is not a multiple of train.fused_steps={k}: "

@@ -50,6 +50,19 @@ def perturbed_params(cfg, seed=0):
   return stack_layers(jax.tree.unflatten(treedef, leaves), cfg.num_layers)
 
 
+def with_fields(config, fields: dict):
+  """config with each dotted field of `fields` ("warmup.steps": 5) set, new keys allowed;
+  returns it."""
+  with config.unlocked():
+    for key, value in fields.items():
+      node = config
+      *parents, leaf = key.split(".")
+      for p in parents:
+        node = node[p]
+      node[leaf] = value
+  return config
+
+
 def small_tiny_config(steps: int = 4, eval_every: int = 2, num_minibatches: int = 2):
   """configs/grpo_tiny.py shrunk to seconds: 5 warm-up steps, 4 prompts x 4 completions, a
   20-problem evaluation, and a first optimizer step of lr 0 followed by full-rate ones (two

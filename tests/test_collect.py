@@ -154,3 +154,24 @@ def test_non_finite_step_rewards_stop_the_run_or_score_zero(mode):
   np.testing.assert_array_equal(rewards, [1, 1, 0, 1])  # every answer right, row 2 zeroed
   assert errors == 1 and np.all(extras["step_rewards"][0][2] == 0)
   assert np.isfinite(extras["step_rewards"][0]).all() and extras["step_rewards"][0][0].sum() == 4
+
+
+def test_rounds_of_other_prompt_widths_assemble_with_their_moe_routes():
+  """Dynamic sampling's rounds cut their prompts to their own widths; assembled, the prompts
+  are left-padded to the widest. An MoE rollout's routes (B, P + N, layers, k) were not, and
+  the concatenation failed mid-run (numpy's "all the input array dimensions ... must match")."""
+  from grpo_jax.train.sources.collect import _assemble  # noqa: PLC0415
+
+  def group(width, value, n=3, g=2):
+    routes = np.full((g, width + n, 2, 2), value, np.int32)
+    return (Rollout(np.full((g, width), 7, np.int32), np.ones((g, width), bool),
+                    np.ones((g, n), np.int32), np.ones((g, n), bool), np.zeros((g, n), np.float32),
+                    np.zeros(g, bool), np.ones((g, n), bool), routes=routes),
+            np.array([0.0, 1.0]), {}, {}, None)
+
+  rollout = _assemble([group(4, 1), group(6, 2)], [], 2, 4, 2, 0).rollout
+  assert rollout.prompt_tokens.shape == (4, 6) and rollout.routes.shape == (4, 9, 2, 2)
+  np.testing.assert_array_equal(rollout.routes[:2, :2], 0)  # the new positions: never run
+  np.testing.assert_array_equal(rollout.routes[:2, 2:], 1)
+  np.testing.assert_array_equal(rollout.routes[2:], 2)
+  np.testing.assert_array_equal(rollout.prompt_mask[:2, :2], False)

@@ -74,6 +74,10 @@ def test_config_error_from_main_is_one_line(tmp_path):
     ("rl", "routing_replay", "update", "rl.routing_replay='update'; use 'off' or 'rollout'."),
     ("rl", "routing_replay", "rollout", "rl.routing_replay='rollout' / rl.router_aux_coef=0.0 "
                                         "need a mixture of experts (model.num_experts > 0)"),
+    # an odd head died inside RoPE's split; a zero base or a negative epsilon gave NaN logits
+    ("model", "head_dim", 7, "model.head_dim=7 is odd; RoPE rotates pairs"),
+    ("model", "rope_theta", 0.0, "model.rope_theta=0.0; use a finite number > 0"),
+    ("model", "rms_norm_eps", -1e-6, "model.rms_norm_eps=-1e-06; use a finite number >= 0"),
 ])
 
 def test_invalid_values_fail_before_any_compute(tmp_path, section, field, value, expected):
@@ -130,6 +134,31 @@ def test_an_moe_model_refuses_what_cannot_record_its_routing():
   config.rl.pack_tokens = 4
   with pytest.raises(ConfigError, match=r"an MoE model \(model.num_experts=4\) records its "
                                         r"routing on the per-row passes; set rl.pack_tokens=0"):
+    validate(config)
+
+
+def test_a_negative_window_and_a_yarn_without_its_factor_are_refused():
+  """A window < 0 masked every key (the softmax went uniform, future tokens leaked); YaRN with
+  neither a factor nor max_position_embeddings gave a factor of 0 and NaN logits."""
+  from grpo_jax.models.config import ModelConfig  # noqa: PLC0415
+  base = dict(vocab_size=16, hidden_size=8, intermediate_size=16, num_layers=1, num_heads=2,
+              num_kv_heads=1, head_dim=4)
+  with pytest.raises(ValueError, match=r"model.sliding_window=-1; use a finite number >= 0"):
+    ModelConfig(**base, sliding_window=-1)
+  with pytest.raises(ValueError, match="rope_type='yarn' without a factor"):
+    ModelConfig(**base, rope_type="yarn", rope_scaling=(("original_max_position_embeddings", 32),))
+  ModelConfig(**base, rope_type="yarn", rope_scaling=(("original_max_position_embeddings", 32),),
+              max_position_embeddings=64)
+
+
+def test_packed_tokens_need_a_completion_longer_than_one_token():
+  """rl.pack_tokens packs the tokens after each completion's first: with one-token completions
+  (a classification-style reward) the packed capacity's unit was 0 and the first step died of
+  a ZeroDivisionError after the first rollout."""
+  config = grpo_tiny.get_config()
+  config.rl.pack_tokens, config.rollout.max_new_tokens = 4, 1
+  with pytest.raises(ConfigError, match=r"rl.pack_tokens=4 packs each completion's tokens after "
+                                        r"its first, and rollout.max_new_tokens=1 leaves none"):
     validate(config)
 
 

@@ -239,6 +239,18 @@ def test_bad_hyperparameters_are_one_sentence():
     _bound("cdpo", beta=0.1, label_smoothing=0.5)
   with pytest.raises(ConfigError, match="dpo.beta=0"):
     _bound("dpo", beta=0.0)
+  # NaN and inf passed (`beta <= 0` is False for NaN): every loss NaN, every update skipped,
+  # and the run ended "done" with its untrained policy exported.
+  for name, values, field in (("dpo", dict(beta=float("nan")), "beta=nan"),
+                              ("ipo", dict(beta=float("inf")), "beta=inf"),
+                              ("simpo", dict(beta=0.1, simpo_gamma=float("nan")), "simpo_gamma"),
+                              ("rpo", dict(beta=0.1, rpo_alpha=-1.0), "rpo_alpha=-1.0"),
+                              ("kto", dict(beta=0.1, desirable_weight=-1.0), "desirable_weight"),
+                              ("kto", dict(beta=0.1, undesirable_weight=float("inf")),
+                               "undesirable_weight=inf")):
+    with pytest.raises(ConfigError, match=f"dpo.{field}"):
+      _bound(name, **values)
+  assert _bound("kto", beta=0.1, desirable_weight=0.0).keywords["desirable_weight"] == 0.0
 
 
 def test_orpo_at_a_chosen_log_prob_of_zero_has_the_limits_gradient():

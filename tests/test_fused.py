@@ -137,3 +137,27 @@ def test_what_the_fused_path_cannot_run_is_refused():
   config.train.fused_steps = -1
   with pytest.raises(ConfigError, match="train.fused_steps=-1"):
     validate(config)
+
+
+def test_the_fused_sources_named_without_fused_steps_are_checked_too():
+  """train.experience_source='fused' (or 'fused_episodes') with train.fused_steps=0 runs one
+  fused step per call, but the checks ran only for fused_steps > 0: GFPO (whose estimator then
+  split each group in two), dynamic sampling and a rule weight passed and were not applied.
+  The host's 'episodes' source likewise never applies reward.rule_weight / combine / models."""
+  from configs import grpo_calculator_tiny  # noqa: PLC0415
+  for fields, message in (
+      (dict(gfpo_keep=4), "train.experience_source='fused' needs the task's own reward alone"),
+      (dict(dynamic_sampling=True), "train.experience_source='fused' cannot resample")):
+    config = _config()
+    config.train.update(fused_steps=0, experience_source="fused")
+    config.rl.update(fields)
+    with pytest.raises(ConfigError, match=message + r".* train.experience_source=''"):
+      validate(config)
+  for source, change in (("episodes", dict(rule_weight=0.5)), ("episodes", dict(combine=
+                         "normalise_then_sum")), ("fused_episodes", dict(rule_weight=0.5))):
+    config = grpo_calculator_tiny.get_config()
+    config.train.experience_source = source
+    config.reward.update(change)
+    with pytest.raises(ConfigError, match=f"train.experience_source='{source}'"):
+      validate(config)
+  validate(grpo_calculator_tiny.get_config())  # the defaults pass

@@ -178,3 +178,19 @@ def test_bad_inputs_raise_one_sentence():
     gfpo_keep_mask(rewards, lengths[:4], 4, 2, "length")
   with pytest.raises(ValueError, match="keep_mask has shape"):
     gfpo_advantages(rewards, np.ones(4, bool), 4)
+
+
+def test_the_warm_up_check_counts_the_rows_gfpo_keeps(tmp_path):
+  """The warm-up check reads the first batch's kept rows (prompts x rl.gfpo_keep) but split
+  them into groups of rollout.group_size: 5 prompts x 3 kept rows of 8 sampled died in
+  NumPy's reshape ("cannot reshape array of size 15 into shape (8)")."""
+  from configs import grpo_tiny  # noqa: PLC0415
+  from grpo_jax.train.stages.rl import train  # noqa: PLC0415
+  config = grpo_tiny.get_config()
+  config.warmup.steps, config.train.steps = 2, 1
+  config.rl.gfpo_keep, config.rollout.num_prompts = 3, 5
+  config.train.update(eval_size=10, eval_batch_size=10)
+  lines = []
+  train(config, str(tmp_path / "run"), log=lines.append)
+  assert any(line.startswith("warm-up check: the first batch's 15 samples (5 prompts x 3)")
+             for line in lines), lines

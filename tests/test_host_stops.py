@@ -327,6 +327,15 @@ def test_a_run_says_when_it_has_no_signal():
                          "as the RL step scores them: none earns a reward")
   some = warmup_check_line([1.0] + [0.0] * 15, 8, config)
   assert "1 of 16 earn a reward (success rate 0.062" in some and "50% of the groups tied" in some
+  # With a KL term in the loss a tied step's gradient is not 0 and its update is applied: the
+  # line said "no update moved the policy" all the same.
+  kl = config.copy_and_resolve_references()
+  kl.rl.update(kl_coef=0.02, kl_in="loss")
+  lines.clear()
+  watch = NoSignalWatch(1, kl, lines.append)
+  watch.see(1, tied)
+  assert "so only the loss's terms without advantages (the KL, entropy, value or distillation " \
+         "term) moved the policy." in lines[0] and "no update moved" not in lines[0]
   records = [{"step": 0, "eval_accuracy": 0.0}] + [
       {"step": s, "reward_mean": 0.0, "frac_groups_all_same": 1.0 if s > 1 else 0.5}
       for s in (1, 2, 3)]

@@ -173,3 +173,34 @@ def test_iterative_rpo_rounds_resume_exactly(tmp_path):
   jax.tree.map(np.testing.assert_array_equal, straight.params, resumed.params)
   jax.tree.map(np.testing.assert_array_equal, straight.ref_params, resumed.ref_params)
   assert _records(tmp_path / "straight") == _records(tmp_path / "split")
+
+
+def test_iterative_rpo_pairs_no_wrong_sample_whose_text_is_a_right_one():
+  """self_pairs pairs by decoded text: a wrong sample of the right digits and an id the
+  tokenizer decodes to nothing (the tiny model's vocab of 16 has one past the tokenizer's 15)
+  read as the right answer, and became the rejected of a pair whose chosen was the same text:
+  a pair with no preference. Such a sample is no wrong text now."""
+  import types  # noqa: PLC0415
+
+  from configs import iterative_rpo_tiny  # noqa: PLC0415
+  from grpo_jax.train.run.setup import build_task  # noqa: PLC0415
+  from grpo_jax.train.stages.preference import self_pairs  # noqa: PLC0415
+  config = iterative_rpo_tiny.get_config()
+  config.dpo.round_prompts, config.rollout.group_size = 1, 3
+  config.rollout.max_new_tokens = n = 6  # room for the extra token
+  task = build_task(config, lambda *a: None)
+  assert config.model.vocab_size > task.tokenizer.vocab_size
+  prompts = task.train_batch(0, 1, int(config.seed) + 5)
+  right = [int(t) for t, m in zip(prompts.target_tokens[0], prompts.target_mask[0]) if m]
+  rows = [right, right[:-1] + [config.model.vocab_size - 1, task.eos_id], [task.eos_id]]
+  tokens = np.zeros((3, n), np.int32)
+  mask = np.zeros((3, n), bool)
+  for i, r in enumerate(rows):
+    tokens[i, :len(r)], mask[i, :len(r)] = r, True
+  def sample(*_):
+    return types.SimpleNamespace(completion_tokens=tokens, completion_mask=mask)
+
+  assert list(task.score(prompts, tokens, mask, 3)) == [1.0, 0.0, 0.0]
+  pairs = self_pairs(config, task, sample, None, 0)
+  assert pairs and all(p["chosen"] != p["rejected"] for p in pairs), pairs
+  assert [p["rejected"] for p in pairs] == [""]  # the empty answer, the one wrong text left

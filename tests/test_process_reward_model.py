@@ -200,3 +200,22 @@ def test_bad_inputs(prm):
                      SEP, GOOD, BAD)
   with pytest.raises(ValueError, match="max_steps=0"):
     step_rewards_from_token_scores(jnp.zeros((2, 3)), jnp.zeros((2, 3), bool), 0)
+
+
+def test_scores_of_a_soft_capped_model_are_those_of_its_logits():
+  """Gemma 2 caps its final logits (final_softcap): the label logits were the uncapped
+  projection, so a step's score sigmoid(z_good - z_bad) was off by up to 0.19 here."""
+  from grpo_jax.models.decoder import decoder_apply, positions_from_mask  # noqa: PLC0415
+  from tests.fixtures import perturbed_params, tiny_model_config  # noqa: PLC0415
+  cfg = tiny_model_config(family="gemma", final_softcap=2.0, query_pre_attn_scalar=8.0)
+  params = jax.tree.map(lambda x: x * 3, perturbed_params(cfg))  # logits large enough to cap
+  pt, pm = jnp.array([[0, 3, 4], [5, 6, 7]]), jnp.array([[0, 1, 1], [1, 1, 1]])
+  ct, cm = jnp.array([[8, 9, 2], [10, 2, 0]]), jnp.array([[1, 1, 1], [1, 1, 0]])
+  scores, _ = prm_token_scores(params, cfg, pt, pm, ct, cm, separator_id=2, good_id=11,
+                               bad_id=12)
+  mask = jnp.concatenate([pm, cm], 1).astype(bool)
+  logits, _ = decoder_apply(cfg, params, jnp.concatenate([pt, ct], 1), positions_from_mask(mask),
+                            mask, None, 0)
+  z = logits[:, 3:]
+  expected = jnp.where(cm.astype(bool), jax.nn.sigmoid(z[..., 11] - z[..., 12]), 0.0)
+  np.testing.assert_allclose(np.asarray(scores), np.asarray(expected), atol=1e-6)

@@ -22,6 +22,7 @@ from grpo_jax.train.run.reward_models import build_reward_sources
 from grpo_jax.errors import RewardError
 from grpo_jax.train.run.sections import ModelSection, RewardSection
 from grpo_jax.train.run.setup import build_model, build_task
+from tests.fixtures import with_fields
 from tests.test_remote_reward import _Box
 
 
@@ -32,14 +33,7 @@ def _no_proxy(monkeypatch):
 
 
 def _config(**fields):
-  c = grpo_tiny.get_config()
-  for key, value in fields.items():
-    node = c
-    *parents, leaf = key.split(".")
-    for p in parents:
-      node = node[p]
-    node[leaf] = value
-  return c
+  return with_fields(grpo_tiny.get_config(), fields)
 
 
 @pytest.fixture(scope="module")
@@ -114,6 +108,25 @@ def test_per_reward_metrics_and_the_critic_from_the_reward_model(rm_dir, tmp_pat
   critic = critic_from_reward_model(params, cfg, cfg)
   np.testing.assert_array_equal(critic["head"]["kernel"], params["score"]["kernel"])
   assert state.train.value_params["backbone"].keys() == critic["backbone"].keys()
+
+
+def test_a_critic_from_a_reward_model_of_other_maths_is_refused():
+  """Only the sizes, family and q/k options were compared: a reward model with another RoPE
+  base, norm epsilon or window became a critic that computed another function of the same
+  weights (values 3.55 where the reward model scored 0.96). Dtypes and memory settings may
+  differ."""
+  import dataclasses  # noqa: PLC0415
+
+  from grpo_jax.config import ConfigError  # noqa: PLC0415
+  from grpo_jax.models.reward_model import init_reward_model  # noqa: PLC0415
+  from tests.fixtures import tiny_model_config  # noqa: PLC0415
+  cfg = tiny_model_config()
+  params = init_reward_model(cfg, jax.random.key(0))
+  for change in (dict(rope_theta=5e5), dict(rms_norm_eps=1e-2), dict(sliding_window=2)):
+    field = next(iter(change))
+    with pytest.raises(ConfigError, match=f"architecture, but it has {field}="):
+      critic_from_reward_model(params, dataclasses.replace(cfg, **change), cfg)
+  critic_from_reward_model(params, dataclasses.replace(cfg, remat="full", logits_chunk=4), cfg)
 
 
 def _remote_run(tmp_path, url, on_error, steps=3):

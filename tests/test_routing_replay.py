@@ -72,6 +72,24 @@ def test_the_sampler_records_the_routing_a_teacher_forced_pass_recomputes(decode
   assert records["mismatched"] == 0 and records["routed"] == ran[:, prompt_len:].sum() * 3
 
 
+def test_both_engines_record_the_same_routes_and_none_for_tokens_not_run():
+  """Rollout.routes is 0 where no token ran: the static engine wrote the experts of the
+  padding it fed a finished row, the refill engine those of the last position's token, which
+  the static engine never forwards; their Rollouts differed though their tokens were equal."""
+  cfg = moe_config()
+  params = perturbed_params(cfg)
+  params["embed_tokens"]["embedding"] = params["embed_tokens"]["embedding"].at[1].multiply(4.0)
+  static, refill = (rollout_of(cfg, params, decode_slots=k) for k in (0, 4))
+  np.testing.assert_array_equal(static.completion_tokens, refill.completion_tokens)
+  prompt_len = static.prompt_tokens.shape[1]
+  done = ~np.asarray(static.completion_mask)
+  assert done.sum() > 10  # rows that ended before the cap
+  for rollout in (static, refill):
+    ran = (np.asarray(rollout.routes)[:, prompt_len:] != 0).any(axis=(2, 3))
+    assert not ran[done].any() and not ran[:, -1].any()
+  np.testing.assert_array_equal(static.routes, refill.routes)
+
+
 def test_replay_uses_exactly_the_rollout_experts():
   """Top-1 routing renormalised has weight 1 whatever the router's probabilities: replaying the
   rollout's experts under a different router gives the rollout model's log-probs bit for bit,

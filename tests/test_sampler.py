@@ -174,3 +174,31 @@ def test_sampled_token_frequencies_follow_the_softmax():
     err = np.sqrt(probs * (1 - probs) / draws)
     z = np.abs(freq - probs) / np.maximum(err, 1e-12)
     assert np.all(z <= 5), z.max()
+
+
+def test_a_nonpositive_top_p_keeps_the_most_likely_token_and_settings_are_checked(tiny_cfg):
+  """top_p <= 0 kept no token of the sorted order, so the cutoff fell to the least likely one
+  and every token was kept (the full distribution, the opposite of asking for few); a direct
+  sampler call with impossible settings died in an IndexError or a ZeroDivisionError."""
+  from grpo_jax.errors import ConfigError  # noqa: PLC0415
+  from grpo_jax.rollout.sampler import Sampling  # noqa: PLC0415
+  logits = jax.random.normal(jax.random.key(0), (5, 11)) * 2
+  kept = np.asarray(top_p_filter(logits, 0.0)) > -1e30
+  np.testing.assert_array_equal(kept.sum(-1), 1)
+  np.testing.assert_array_equal(kept.argmax(-1), np.asarray(logits).argmax(-1))
+  for field, value in (("max_new_tokens", 0), ("top_p", 0.0), ("temperature", -1.0)):
+    settings = {**dict(max_new_tokens=4, eos_id=2, pad_id=0), field: value}
+    with pytest.raises(ConfigError, match=f"sampling {field}={value}; use"):
+      Sampling(tiny_cfg, **settings)
+  with pytest.raises(ConfigError, match="sampling group_size=0"):
+    Sampling(tiny_cfg, 4, 2, 0).grouped(0)
+
+
+def test_raw_uint32_keys_draw_what_their_typed_keys_draw():
+  """A batch of jax.random.PRNGKey-style keys (B, 2) uint32 was taken for one key (the KV
+  continuation folds the turn into the key per row: fold_in raised)."""
+  from grpo_jax.rollout.sampling import token_uniforms  # noqa: PLC0415
+  raw = jax.vmap(lambda t: jax.random.fold_in(jax.random.PRNGKey(3), t))(jnp.arange(4))
+  rows, steps = jnp.arange(4, dtype=jnp.int32), jnp.array([0, 1, 2, 3], jnp.int32)
+  np.testing.assert_array_equal(token_uniforms(raw, rows, steps),
+                                token_uniforms(jax.random.wrap_key_data(raw), rows, steps))

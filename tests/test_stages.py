@@ -13,6 +13,7 @@ from configs import rlhf_tiny_ppo, rlhf_tiny_rm, rlhf_tiny_sft
 from grpo_jax.data.supervised import addition_preference_pairs, write_jsonl
 from grpo_jax.rl.preference import bradley_terry_loss, pair_accuracy
 from grpo_jax.train.run.setup import build_task
+from tests.fixtures import with_fields
 
 
 def _records(workdir):
@@ -43,14 +44,7 @@ def test_addition_pairs_prefer_the_right_sum():
 
 
 def _small(config, **fields):
-  with config.unlocked():
-    for key, value in fields.items():
-      node = config
-      *parents, leaf = key.split(".")
-      for p in parents:
-        node = node[p]
-      node[leaf] = value
-  return config
+  return with_fields(config, fields)
 
 
 @pytest.fixture(scope="module")

@@ -10,6 +10,7 @@ from grpo_jax.errors import ConfigError, InputError
 from grpo_jax.training_free.checks import check_training_free_config
 from grpo_jax.training_free.library_files import LibraryFiles, LibraryState
 from grpo_jax.training_free.loop import train_training_free
+from tests.fixtures import with_fields
 
 
 @pytest.fixture(scope="module")
@@ -22,13 +23,7 @@ def _config(model_path, **changes):
   c = recipe.get_config()
   c.model.path = model_path
   c.rollout.update(dict(group_size=3, max_new_tokens=4))
-  for dotted, value in changes.items():
-    *parents, leaf = dotted.split("__")
-    node = c
-    for name in parents:
-      node = node[name]
-    node[leaf] = value
-  return c
+  return with_fields(c, {k.replace("__", "."): v for k, v in changes.items()})
 
 
 def test_the_recipe_passes(model_path):

@@ -26,7 +26,7 @@ import dataclasses
 import hashlib
 from typing import NamedTuple
 
-from grpo_jax.data.supervised import LabelledData, PairData, jsonl_lines
+from grpo_jax.data.supervised import LabelledData, PairData, encode_example, jsonl_lines
 from grpo_jax.errors import ConfigError, InputError
 
 PAIRS, UNPAIRED = "pairs", "unpaired"
@@ -140,23 +140,6 @@ def fingerprints(files: dict) -> dict:
   return {f.name: {"path": f.path, "sha256": f.sha256} for f in files.values()}
 
 
-def _encode(task, path: str, number: int, prompt: str, completion: str, which: str):
-  """task.supervised_example(prompt, completion), or an InputError naming the file, the line,
-  the field and the tokenizer's complaint (the character it cannot encode)."""
-  try:
-    return task.supervised_example(prompt, completion)
-  except ValueError as e:
-    try:
-      task.supervised_example(prompt, "")
-      field = which
-    except ValueError:
-      field = "prompt"
-    said = (str(e).strip().splitlines() or [type(e).__name__])[0]
-    said = said if len(said) <= 200 else said[:197] + "..."
-    raise InputError(f"{path} line {number}: the {field} cannot be tokenised ({said}); rewrite "
-                     f"or remove that line, or use a model whose tokenizer covers it.") from None
-
-
 def check_fits_positions(f: PreferenceFile, t: TokenizedFile, max_new_tokens: int,
                          max_positions: int) -> None:
   """InputError when the file's longest prompt + rollout.max_new_tokens exceeds the model's
@@ -197,12 +180,13 @@ def tokenize_preference_file(f: PreferenceFile, task, limits: Limits,
   `check_fits_positions`)."""
   n, rows, same, longest = limits.max_new_tokens, [], [], (0, -1)
   for i, (number, r) in enumerate(zip(f.lines, f.records)):
+    where = f"{f.path} line {number}"
     if f.unpaired:
-      row = _encode(task, f.path, number, r["prompt"], r["completion"], "completion")
+      row = encode_example(task, where, r["prompt"], r["completion"], "completion")
       prompt_ids = row[0]
     else:
-      prompt_ids, chosen = _encode(task, f.path, number, r["prompt"], r["chosen"], "chosen")
-      rejected = _encode(task, f.path, number, r["prompt"], r["rejected"], "rejected")[1]
+      prompt_ids, chosen = encode_example(task, where, r["prompt"], r["chosen"], "chosen")
+      rejected = encode_example(task, where, r["prompt"], r["rejected"], "rejected")[1]
       row = ((prompt_ids, chosen), rejected)
       if chosen[:n] == rejected[:n]:
         same.append(i)

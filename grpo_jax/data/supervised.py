@@ -97,21 +97,56 @@ def jsonl_lines(path: str, needs: str, name: str = "", digest=None):
       yield number, value
 
 
-def read_jsonl(path: str, fields: tuple, name: str = "") -> list[dict]:
+class FileRecords(list):
+  """A jsonl file's records (`read_jsonl`), each knowing its line: `where(i)` -> "PATH line N"."""
+
+  def __init__(self, path: str, numbered: list):
+    super().__init__(record for _, record in numbered)
+    self.path, self.lines = path, [number for number, _ in numbered]
+
+  def where(self, i: int) -> str:
+    return f"{self.path} line {self.lines[i]}"
+
+
+def read_jsonl(path: str, fields: tuple, name: str = "") -> FileRecords:
   """The records of a jsonl file, each with string `fields`; an InputError names the file and
   the line (`jsonl_lines`); `name`: the config field that gave the path, for the messages."""
   needs = ", ".join(fields)
-  records = []
+  numbered = []
   for number, record in jsonl_lines(path, needs, name):
     missing = [k for k in fields
                if not isinstance(record, dict) or not isinstance(record.get(k), str)]
     if missing:
       raise InputError(f"{path} line {number} lacks the string field(s) {', '.join(missing)};"
                        f" each line needs {needs}.")
-    records.append(record)
-  if not records:
+    numbered.append((number, record))
+  if not numbered:
     raise InputError(f"{path} holds no records; each line needs {needs}.")
-  return records
+  return FileRecords(path, numbered)
+
+
+def encode_example(task, where: str, prompt: str, completion: str, which: str = "response"):
+  """task.supervised_example(prompt, completion), or an InputError naming `where` (the file and
+  the line), the field (`which`, or the prompt) and the tokenizer's complaint (the character
+  it cannot encode)."""
+  try:
+    return task.supervised_example(prompt, completion)
+  except ValueError as e:
+    try:
+      task.supervised_example(prompt, "")
+      field = which
+    except ValueError:
+      field = "prompt"
+    said = (str(e).strip().splitlines() or [type(e).__name__])[0]
+    said = said if len(said) <= 200 else said[:197] + "..."
+    raise InputError(f"{where}: the {field} cannot be tokenised ({said}); rewrite or remove "
+                     f"that line, or use a model whose tokenizer covers it.") from None
+
+
+def _where(records):
+  """where(i) of records read from a file (FileRecords), else "record i + 1" (records a stage
+  made itself)."""
+  return getattr(records, "where", lambda i: f"record {i + 1}")
 
 
 def write_jsonl(path: str, records: list[dict]) -> None:
@@ -125,7 +160,9 @@ class SupervisedData:
   warm-up asks of a task (grpo_jax/train/stages/warmup.py)."""
 
   def __init__(self, task, records: list[dict], max_new_tokens: int):
-    self.examples = [task.supervised_example(r["prompt"], r["response"]) for r in records]
+    where = _where(records)
+    self.examples = [encode_example(task, where(i), r["prompt"], r["response"])
+                     for i, r in enumerate(records)]
     self.prompt_len = max(len(p) for p, _ in self.examples)
     self.max_new_tokens = max_new_tokens
     self.pad_id = task.pad_id
@@ -146,8 +183,10 @@ class PairData:
   """{prompt, chosen, rejected} records tokenised by `task`, as PairBatch rows."""
 
   def __init__(self, task, records: list[dict], max_new_tokens: int):
-    self.pairs = [(task.supervised_example(r["prompt"], r["chosen"]),
-                   task.supervised_example(r["prompt"], r["rejected"])[1]) for r in records]
+    where = _where(records)
+    self.pairs = [(encode_example(task, where(i), r["prompt"], r["chosen"], "chosen"),
+                   encode_example(task, where(i), r["prompt"], r["rejected"], "rejected")[1])
+                  for i, r in enumerate(records)]
     self.prompt_len = max(len(p) for (p, _), _ in self.pairs)
     self.max_new_tokens = max_new_tokens
     self.pad_id = task.pad_id

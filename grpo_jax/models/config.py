@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import dataclasses
+import math
+import numbers
 
 import jax.numpy as jnp
 
@@ -97,6 +99,16 @@ class ModelConfig:
       if not (isinstance(getattr(self, name), int) and getattr(self, name) >= 1):
         raise ValueError(f"model.{name}={getattr(self, name)!r}; a decoder needs a whole number "
                          f">= 1 there.")
+    if self.head_dim % 2:
+      raise ValueError(f"model.head_dim={self.head_dim} is odd; RoPE rotates pairs of a head's "
+                       f"dimensions, so use an even head_dim.")
+    for name, low in (("rope_theta", ">"), ("rms_norm_eps", ">="), ("sliding_window", ">="),
+                      ("query_pre_attn_scalar", ">="), ("attn_softcap", ">="),
+                      ("final_softcap", ">="), ("rope_local_theta", ">=")):
+      value = getattr(self, name)
+      if not (isinstance(value, numbers.Real) and math.isfinite(value)
+              and (value > 0 if low == ">" else value >= 0)):
+        raise ValueError(f"model.{name}={value!r}; use a finite number {low} 0 there.")
     if self.num_heads % self.num_kv_heads:
       raise ValueError(
           f"model.num_heads={self.num_heads} is not a multiple of model.num_kv_heads="

@@ -37,6 +37,7 @@ import operator
 import jax
 import jax.numpy as jnp
 
+from grpo_jax.models.attention import soft_cap
 from grpo_jax.models.config import ModelConfig
 from grpo_jax.models.decoder import decoder_apply, positions_from_mask
 from grpo_jax.models.lora import base_params
@@ -64,15 +65,17 @@ def _check_pair(tokens_name: str, tokens, mask_name: str, mask) -> None:
 def label_logits(params, model_cfg: ModelConfig, hidden, label_ids) -> jax.Array:
   """The vocabulary projection of normed hidden states (..., H) restricted to the label
   columns: (..., len(label_ids)) float32, logits[..., k] = hidden . W[:, label_ids[k]] with W
-  the tied embedding's transpose or lm_head (as the Decoder projects, in the compute dtype).
-  No (..., V) array is made."""
+  the tied embedding's transpose or lm_head (as the Decoder projects, in the compute dtype),
+  soft-capped as the Decoder's logits are (model_cfg.final_softcap, Gemma 2). No (..., V)
+  array is made."""
   dtype, params = model_cfg.dtype, base_params(params)  # no adapter on the vocabulary
   ids = jnp.asarray(label_ids, jnp.int32)
   if model_cfg.tie_embeddings:
     weight = jnp.take(params["embed_tokens"]["embedding"], ids, axis=0).astype(dtype).T
   else:
     weight = jnp.take(params["lm_head"]["kernel"], ids, axis=1).astype(dtype)
-  return jnp.dot(hidden.astype(dtype), weight).astype(jnp.float32)
+  return soft_cap(jnp.dot(hidden.astype(dtype), weight).astype(jnp.float32),
+                  model_cfg.final_softcap)
 
 
 def step_end_mask(completion_tokens, completion_mask, separator_id: int,

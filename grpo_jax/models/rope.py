@@ -148,6 +148,10 @@ def check_rope(rope_type: str, scaling: Mapping[str, Any], max_position: int) ->
   if kind.needs_max_position and not max_position:
     raise ValueError(f"rope_type={rope_type!r} needs max_position_embeddings (its frequencies "
                      f"change past it); set max_position_embeddings in config.json.")
+  if rope_type == "yarn" and not scaling.get("factor") and not max_position:
+    raise ValueError("rope_type='yarn' without a factor takes it from max_position_embeddings "
+                     "/ original_max_position_embeddings, and max_position_embeddings is not "
+                     "set; give rope_parameters a factor or config.json max_position_embeddings.")
 
 
 def rope_frequencies(rope_type: str, scaling: Mapping[str, Any], theta: float, head_dim: int,

@@ -8,6 +8,8 @@ completion token t, i.e. the value of the state before token t.
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 
@@ -34,13 +36,20 @@ def init_value_params(kind: str, model_cfg: ModelConfig, policy_params, key):
   raise ValueError(f"value head kind {kind!r} is unknown; valid: none, shared, separate.")
 
 
+# ModelConfig fields that do not change a backbone's hidden states.
+_NOT_MATHS = ("param_dtype", "compute_dtype", "remat", "logits_chunk", "attention_impl",
+              "context_layout", "lora_scale", "tie_embeddings", "final_softcap",
+              "max_position_embeddings")
+
+
 def critic_from_reward_model(rm_params, rm_cfg: ModelConfig, model_cfg: ModelConfig):
   """A separate critic started from an outcome reward model (OpenRLHF's default): its backbone
   and its first score column as the value head (bias 0). The reward model must have the
-  policy's architecture (the critic runs with the policy's ModelConfig)."""
+  policy's architecture (the critic runs with the policy's ModelConfig): every field of the
+  hidden states' maths equal (RoPE, norms, windows and soft-caps with the sizes; not the
+  dtypes, memory and speed settings, nor what only the vocabulary projection reads)."""
   from grpo_jax.errors import ConfigError  # noqa: PLC0415
-  fields = ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads",
-            "num_kv_heads", "head_dim", "family", "qkv_bias", "qk_norm")
+  fields = [f.name for f in dataclasses.fields(ModelConfig) if f.name not in _NOT_MATHS]
   differ = [f"{f}={getattr(rm_cfg, f)} (policy {getattr(model_cfg, f)})" for f in fields
             if getattr(rm_cfg, f) != getattr(model_cfg, f)]
   if differ:

@@ -43,6 +43,7 @@ completion of pair i - 1, as TRL's KL dataset does).
 
 from __future__ import annotations
 
+import math
 from typing import NamedTuple
 
 import jax
@@ -99,9 +100,21 @@ def check_smoothing(label_smoothing=0.0, **_):
   return None
 
 
+# A loss's numeric hyperparameters: (whether a finite value is in range, what it must be).
+_RANGES = {"beta": (lambda v: v > 0, "the preference temperature must be a finite number > 0"),
+           "simpo_gamma": (lambda v: True, "the target reward margin must be a finite number"),
+           "rpo_alpha": (lambda v: v >= 0, "the NLL term's weight must be a finite number >= 0"),
+           "desirable_weight": (lambda v: v >= 0, "a loss weight must be a finite number >= 0"),
+           "undesirable_weight": (lambda v: v >= 0, "a loss weight must be a finite number >= 0")}
+
+
 def check_beta(beta=0.1, **kw):
-  if beta <= 0:
-    return f"dpo.beta={beta}: the preference temperature must be > 0."
+  """A sentence for the first hyperparameter out of its range (_RANGES; NaN and inf are in
+  none), else check_smoothing's."""
+  for name, value in {"beta": beta, **kw}.items():
+    in_range, must = _RANGES.get(name, (None, ""))
+    if in_range is not None and not (math.isfinite(value) and in_range(value)):
+      return f"dpo.{name}={value}: {must}."
   return check_smoothing(**kw)
 
 

@@ -67,6 +67,21 @@ class Settings:
   # ("int8"; models/quantized.py), a copy made inside the call; "" = the params as given.
   weight_dtype: str = ""
 
+  def __post_init__(self):
+    """One ConfigError sentence for a setting no sampler can run, before any compute (a run's
+    config is checked earlier, in config.py; this guards a direct call)."""
+    for name, ok, must in (("max_new_tokens", self.max_new_tokens >= 1, "at least 1"),
+                           ("group_size", self.group_size >= 1, "at least 1"),
+                           ("temperature", self.temperature >= 0, ">= 0 (0 = greedy)"),
+                           ("top_k", self.top_k >= 0, ">= 0 (0 = off)"),
+                           ("top_p", 0 < self.top_p <= 1, "in (0, 1]"),
+                           ("decode_slots", self.decode_slots >= 0, ">= 0 (0 = static)")):
+      if not ok:
+        raise ConfigError(f"sampling {name}={getattr(self, name)}; use {must}.")
+    if self.record_routes and not self.model_cfg.num_experts:
+      raise ConfigError("sampling record_routes=True records a mixture of experts' routing, "
+                        "and this model has none (num_experts=0); leave it False.")
+
   @classmethod
   def of(cls, model_cfg: ModelConfig, task, rollout_cfg, mesh=None,
          max_new_tokens: int | None = None) -> "Settings":
@@ -157,11 +172,13 @@ class Recorded(NamedTuple):
                          mask=put(self.mask, True, False), kept=kept_out)
 
   def write_routes(self, t, routes, rows=None) -> "Recorded":
-    """The experts (B or S, L, k) of the tokens forwarded at position t (rows as in `write`)."""
+    """The experts (B or S, L, k) of the tokens forwarded at position t (rows as in `write`;
+    rows None: 0 for a row that drew no token at t, whose forward ran on padding)."""
     if self.routes is None:
       return self
     if rows is None:
-      return self._replace(routes=self.routes.at[:, t].set(routes))
+      drawn = self.mask[:, t][:, None, None]
+      return self._replace(routes=self.routes.at[:, t].set(jnp.where(drawn, routes, 0)))
     return self._replace(routes=self.routes.at[rows, t].set(routes, mode="drop"))
 
 

@@ -164,8 +164,10 @@ def generate_refill(params, prompt_tokens, prompt_mask, key, row_limits, *,
     (logits, cache), routing = unpack(apply(
         d.token[:, None], (state.position + d.t)[:, None], kv_mask, d.cache, prompt_len + d.t,
         read_limit=read_limit))
-    if routing is not None:  # completion token t's experts
-      recorded = recorded.write_routes(d.t, routing["routes"][:, 0], rows=at_row)
+    if routing is not None:  # completion token t's experts (not the last position's: the
+      # static engine never forwards that token)
+      recorded = recorded.write_routes(d.t, routing["routes"][:, 0],
+                                       rows=jnp.where(d.t < s.max_new_tokens - 1, at_row, rows))
     going = busy & ~ended
     following = choose(logits[:, 0], row, d.t + 1)
     decode = d._replace(

@@ -32,7 +32,7 @@ def top_p_filter(logits: jax.Array, p: float) -> jax.Array:
   sorted_logits = -jnp.sort(-logits, axis=-1)
   probs = jax.nn.softmax(sorted_logits, axis=-1)
   mass_before = jnp.cumsum(probs, axis=-1) - probs
-  kept = jnp.sum(mass_before < p, axis=-1, keepdims=True)  # >= 1: a prefix of the sorted order
+  kept = jnp.maximum(jnp.sum(mass_before < p, axis=-1, keepdims=True), 1)  # a sorted prefix
   cutoff = jnp.take_along_axis(sorted_logits, kept - 1, axis=-1)
   return jnp.where(logits >= cutoff, logits, NEG_INF)
 
@@ -121,6 +121,8 @@ def token_uniforms(key: jax.Array, rows: jax.Array, steps) -> jax.Array:
   rows. rows (B,) int32; steps (B,) or a scalar. key: one key, or one per row (B,) (rows of
   one call at different turns of their episodes: rollout/episodes/async_turns.py)."""
   steps = jnp.broadcast_to(jnp.asarray(steps, jnp.int32), rows.shape)
+  if jnp.ndim(key) > 1 and not jax.dtypes.issubdtype(key.dtype, jax.dtypes.prng_key):
+    key = jax.random.wrap_key_data(key)  # raw (B, 2) keys (jax.random.PRNGKey's): the same bits
   if jnp.ndim(key) and jax.dtypes.issubdtype(key.dtype, jax.dtypes.prng_key):
     return jax.vmap(lambda k, r, t: token_uniforms(k, r[None], t[None])[0])(key, rows, steps)
   draw = lambda r, t: jax.random.uniform(  # noqa: E731

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from grpo_jax.rl.objective import gradient_needs_advantages
+
 # The record's share of groups whose rewards are all equal (train/run/metrics.py).
 TIED = "frac_groups_all_same"
 
@@ -78,9 +80,13 @@ def no_signal_line(first: int, last: int, record: dict, config, label: str = "")
   std = record.get("reward_std", None)
   at = (f"at reward {record['reward_mean']:.3f}" if std == 0.0 else
         f"each at its own reward, batch mean {record['reward_mean']:.3f}")
-  skip = ("so no update moved the policy (rl.skip_without_signal)"
-          if config.rl.skip_without_signal else
-          "so only AdamW's momentum moved the policy (rl.skip_without_signal=False)")
+  if not gradient_needs_advantages(config.rl):  # a tied step's gradient is not 0
+    skip = ("so only the loss's terms without advantages (the KL, entropy, value or "
+            "distillation term) moved the policy")
+  elif config.rl.skip_without_signal:
+    skip = "so no update moved the policy (rl.skip_without_signal)"
+  else:
+    skip = "so only AdamW's momentum moved the policy (rl.skip_without_signal=False)"
   return (f"no signal{label}: steps {first}-{last}, every group tied ({at}), {skip}. Likely "
           f"cause: the policy's samples of a prompt all succeed or all fail, so GRPO's "
           f"advantages are 0. Remedies: {_remedies(config)}.")

@@ -156,13 +156,17 @@ def collect(params, positions: list, keys: list, task, settings, samplers: Sampl
 
 def _left_pad_prompts(rollout: Rollout, width: int) -> Rollout:
   """The rollout's prompts left-padded (mask False) to `width` columns: rounds of dynamic
-  sampling may have cut their prompts to different widths."""
+  sampling may have cut their prompts to different widths. An MoE rollout's routes (B, P + N,
+  layers, k) gain as many positions in front, 0 as for every token not run."""
   extra = width - rollout.prompt_tokens.shape[-1]
   if extra == 0:
     return rollout
-  pad = lambda x: np.pad(np.asarray(x), ((0, 0), (extra, 0)))  # noqa: E731  (id 0, mask False)
+  def pad(x):  # (id 0, mask False, expert 0) on the left of axis 1
+    return np.pad(np.asarray(x), ((0, 0), (extra, 0)) + ((0, 0),) * (np.ndim(x) - 2))
+
+  routes = None if rollout.routes is None else pad(rollout.routes)
   return rollout._replace(prompt_tokens=pad(rollout.prompt_tokens),
-                          prompt_mask=pad(rollout.prompt_mask))
+                          prompt_mask=pad(rollout.prompt_mask), routes=routes)
 
 
 def _assemble(kept, spare, num_prompts, consumed, rounds, errors) -> Collected:

@@ -63,7 +63,7 @@ from grpo_jax.train.stages.supervised import (check_pair_sources, preference_pai
                                               stage_model)
 from grpo_jax.train.learner.state import (create_train_state, make_optimizer, policy_params,
                                   reference_params)
-from grpo_jax.train.stages.warmup import run_warmup
+from grpo_jax.train.stages.warmup import run_warmup, warmup_data, warmup_files
 from grpo_jax.train.run.workdir import check_workdir
 
 REFERENCES = ("cached", "on_the_fly")
@@ -96,7 +96,8 @@ def self_pairs(config, task, sample, params, round_index: int) -> list[dict]:
   `params` on dpo.round_prompts training prompts (the stream's slice for that round, so each
   round meets new problems), `sample` = the jitted grouped sampler; a pure function of the seed,
   the round and params. Per prompt the i-th distinct correct text meets the i-th distinct wrong
-  one, up to dpo.pairs_per_prompt pairs; a prompt with no correct or no wrong sample makes none."""
+  one, up to dpo.pairs_per_prompt pairs; a prompt with no correct or no wrong sample makes none,
+  and a wrong sample whose text is a correct one's is no wrong text."""
   d, group, seed = config.dpo, config.rollout.group_size, int(config.seed)
   key = jax.random.fold_in(jax.random.fold_in(jax.random.key(seed), 8), round_index)
   decode = task.tokenizer.decode
@@ -112,7 +113,8 @@ def self_pairs(config, task, sample, params, round_index: int) -> list[dict]:
     for p in range(count):
       rows = range(p * group, (p + 1) * group)
       good = list(dict.fromkeys(text(tokens[r], mask[r]) for r in rows if right[r]))
-      bad = list(dict.fromkeys(text(tokens[r], mask[r]) for r in rows if not right[r]))
+      bad = [t for t in dict.fromkeys(text(tokens[r], mask[r]) for r in rows if not right[r])
+             if t not in good]  # a token that decodes to nothing can make a wrong row's text right
       prompt = text(prompts.prompt_tokens[p], prompts.prompt_mask[p])
       pairs += [{"prompt": prompt, "chosen": c, "rejected": r}
                 for c, r in list(zip(good, bad))[:d.pairs_per_prompt]]
@@ -131,6 +133,7 @@ def train_dpo(config, workdir: str, log=print):
   n = config.rollout.max_new_tokens
   tokenized = tokenize_preference_files(files, task, Limits(config.data.max_prompt_tokens, n),
                                         d.on_degenerate_pair, log)  # before model and warm-up
+  warm_data = warmup_data(config, task)
   key, model, model_cfg, params, evaluate_policy = stage_model(config, task)
   for split, t in tokenized.items():
     check_fits_positions(files[split], t, n, model_cfg.max_position_embeddings)
@@ -156,7 +159,7 @@ def train_dpo(config, workdir: str, log=print):
 
   @functools.cache
   def warmed():  # the SFT start, where the state holds no copy of it (see start_params)
-    return run_warmup(params, task, model_cfg, config.warmup, axis, log)
+    return run_warmup(params, warm_data, model_cfg, config.warmup, axis, log)
 
   def restored(state):
     if lora is not None:  # a checkpoint holds the adapters, not the frozen base
@@ -258,6 +261,6 @@ def train_dpo(config, workdir: str, log=print):
                    free=("dpo.eval_every", "dpo.export") + (("dpo.steps",) if rounds == 0
                                                             else ("dpo.rounds",)),
                    fresh_shape=lambda: state_from(params), restored=restored,
-                   data=fingerprints(files),
+                   data={**fingerprints(files), **warmup_files(config)},
                    export=lambda state: export_policy(model, state, model_cfg, workdir, log,
                                                       export=bool(d.export)))

@@ -58,7 +58,7 @@ from grpo_jax.train.learner.state import (RunState, TrainState, create_source_st
                                   make_optimizer, policy_params)
 from grpo_jax.train.learner.step import StepSpec
 from grpo_jax.train.run.wandb_logging import start_wandb
-from grpo_jax.train.stages.warmup import run_warmup
+from grpo_jax.train.stages.warmup import run_warmup, warmup_data, warmup_files
 from grpo_jax.train.run.workdir import WorkdirLock, check_workdir, open_records, resume_records
 
 
@@ -118,6 +118,7 @@ def train(config, workdir: str, log=print, seeds=None, seed_axis: str = "vmap") 
     log(cpu_fallback_warning())
   # Every input is read and checked before the workdir is touched: a bad one writes nothing.
   task = build_task(config, log)
+  warm_data = warmup_data(config, task)
   base_keys = tuple(jax.random.key(s) for s in axis.seeds)
   built = [build_model(sections.model, jax.random.fold_in(k, 0), task) for k in base_keys]
   model_cfg, params = built[0][0], axis.stack([p for _, p in built])
@@ -144,10 +145,10 @@ def train(config, workdir: str, log=print, seeds=None, seed_axis: str = "vmap") 
     if distributed.is_main_process():
       for wd in dict.fromkeys((workdir, *workdirs)):
         locks.enter_context(WorkdirLock(wd))
-    return _train(run, sections, workdir, configs, warm, params, started)
+    return _train(run, sections, workdir, configs, warm, warm_data, params, started)
 
 
-def _train(run: Run, sections: Sections, workdir: str, configs, warm, params,
+def _train(run: Run, sections: Sections, workdir: str, configs, warm, warm_data, params,
            started: float) -> RunState:
   """`train` once the inputs are checked, the devices are up and the workdir is this run's."""
   axis, log, mesh, workdirs = run.axis, run.log, run.mesh, run.workdirs
@@ -164,7 +165,7 @@ def _train(run: Run, sections: Sections, workdir: str, configs, warm, params,
   if main_process:
     try:
       changes = open_records(configs, workdirs, bool(ckpts.steps()), devices, log, stage="rl",
-                             checkpoints=ckpts.directory)
+                             data=warmup_files(configs[0]), checkpoints=ckpts.directory)
     except config_lib.ConfigError as e:
       refusal = e
   _all_processes_stop_with(refusal)
@@ -188,21 +189,22 @@ def _train(run: Run, sections: Sections, workdir: str, configs, warm, params,
       resumed = state is not None
       if main_process:
         dropped = resume_records(workdirs, configs, step_of(state) if resumed else None,
-                                 changes, devices, stage="rl")[-1]
+                                 changes, devices, stage="rl",
+                                 data=warmup_files(configs[0]))[-1]
       if resumed:
         if lora is not None:  # the frozen base is not in the checkpoint
           origin = "model.path" if sections.model.uses_checkpoint else "the seed"
           log(f"resumed from checkpoint {ckpts.directory}/{step_of(state)} (LoRA adapters; the "
               f"frozen base rebuilt from {origin}"
               f"{' and the warm-up' if warm.steps else ''})")
-          base = run_warmup(params, run.task, model_cfg, warm, axis, log)
+          base = run_warmup(params, warm_data, model_cfg, warm, axis, log)
           state = state.replace(train=state.train.replace(base_params=base))
         else:
           log(f"resumed from checkpoint {ckpts.directory}/{step_of(state)} (no warm-up)")
         if main_process:
           log(f"dropped {dropped} metrics records written after it")
       else:
-        warmed = run_warmup(params, run.task, model_cfg, warm, axis, log,
+        warmed = run_warmup(params, warm_data, model_cfg, warm, axis, log,
                             stop=lambda: sigterm.requested)
         if sigterm.requested:  # the warm-up stopped early: nothing of this run is saved yet
           raise sigterm.stop("stopped during the warm-up, before the first checkpoint; run the "
@@ -311,7 +313,7 @@ def _run(run: Run, sections: Sections, configs, state, resumed: bool, ckpts,
   first_rewards = getattr(advance, "first_rewards", None)  # (None: a source owning the step)
   if not resumed and configs[0].warmup.steps and first_rewards is not None:
     for rewards, c, label in zip(first_rewards(state), configs, labels):
-      log(warmup_check_line(rewards, c.rollout.group_size, c, label))
+      log(warmup_check_line(rewards, run.settings.update_group_size, c, label))
 
   def evaluate(state, step):
     per_model = []

@@ -25,8 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from grpo_jax import config as config_lib
-from grpo_jax.data.supervised import (PairData, SupervisedData, addition_preference_pairs,
-                                      read_jsonl)
+from grpo_jax.data.supervised import PairData, addition_preference_pairs, read_jsonl
 from grpo_jax.errors import ConfigError
 from grpo_jax.models.reward_model import (export_reward_model, init_reward_model,
                                           sequence_reward)
@@ -34,7 +33,7 @@ from grpo_jax.parallel.platform import devices_record, start_backend
 from grpo_jax.rl.preference import bradley_terry_loss, pair_accuracy
 from grpo_jax.train.run import files
 from grpo_jax.train.run.checkpoint import Checkpoints, step_of
-from grpo_jax.train.run.evaluation import make_evaluator
+from grpo_jax.train.run.evaluation import evaluator_for
 from grpo_jax.train.run.export import export_model_type
 from grpo_jax.train.run.faults import TerminationFlag
 from grpo_jax.train.run.metrics import MetricsWriter
@@ -45,7 +44,7 @@ from grpo_jax.train.run.summary import CURVES, closing_line, where_line, write_c
 from grpo_jax.train.run.seed_axis import SeedAxis
 from grpo_jax.train.run.setup import build_model, build_task, check_task_fits_model
 from grpo_jax.train.learner.state import create_train_state, guarded_update, make_optimizer
-from grpo_jax.train.stages.warmup import make_warmup_step, warmup_log_due
+from grpo_jax.train.stages.warmup import make_warmup_step, warmup_data, warmup_files, warmup_log_due
 from grpo_jax.train.run.workdir import WorkdirLock, check_workdir, open_records, resume_records
 
 
@@ -114,14 +113,15 @@ def run_stage(name: str, config, workdir: str, fresh, advance, evaluate, report,
 def stage_model(config, task):
   """(key, model section, model_cfg, params, evaluate_policy) of a stage that measures held-out
   accuracy (SFT, DPO): config.seed's key, the model built from it and checked against the task,
-  and its evaluator (make_evaluator) over the prompts' full width."""
+  and its evaluator (evaluation.evaluator_for: episodes for an environment's task) over the
+  prompts' full width."""
   key = jax.random.key(config.seed)
   model = ModelSection.of(config)
   evaluation = dataclasses.replace(EvalSection.of(config), prompt_bucket=0)  # full width
   model_cfg, params = build_model(model, jax.random.fold_in(key, 0))
   check_task_fits_model(model_cfg, task, evaluation.eval_size, evaluation.rollout.max_new_tokens)
-  evaluate_policy = make_evaluator(task, model_cfg, evaluation, [jax.random.fold_in(key, 3)],
-                                   SeedAxis((int(config.seed),)))
+  evaluate_policy = evaluator_for(task)(task, model_cfg, evaluation,
+                                        [jax.random.fold_in(key, 3)], SeedAxis((int(config.seed),)))
   return key, model, model_cfg, params, evaluate_policy
 
 
@@ -140,12 +140,9 @@ def train_sft(config, workdir: str, log=print):
   if steps <= 0:
     raise ConfigError(f"warmup.steps={steps}: the SFT stage trains warmup.steps steps; set it "
                       f"> 0.")
-  data_path = config.warmup.data_path  # read and checked before the task and the model
-  records = data_path and read_jsonl(data_path, ("prompt", "response"), "warmup.data_path")
   task = build_task(config, log)
+  source = warmup_data(config, task)  # the file read and checked before the model
   key, model, model_cfg, params, evaluate_policy = stage_model(config, task)
-  source = task if not data_path else SupervisedData(task, records,
-                                                     config.rollout.max_new_tokens)
   optimizer, sft_step = make_warmup_step(model_cfg, config.warmup)
   fresh = lambda: create_train_state(params, optimizer, jax.random.fold_in(key, 1)).replace(  # noqa: E731
       opt_state=optimizer.init(params))
@@ -169,7 +166,9 @@ def train_sft(config, workdir: str, log=print):
 
   def advance(state):
     batch = source.warmup_batch(int(state.step), warm.batch_size, seed, warm.carry_drop_fraction)
-    state, loss = step_fn(state, tuple(getattr(batch, f) for f in fields))
+    loss_mask = getattr(batch, "loss_mask", None)  # an episode's assistant tokens only
+    state, loss = step_fn(state, tuple(getattr(batch, f) for f in fields) + (
+        () if loss_mask is None else (loss_mask,)))
     return state, [[{"sft_loss": float(loss)}]], None
 
   def report(first, record, clock):
@@ -181,7 +180,7 @@ def train_sft(config, workdir: str, log=print):
   return run_stage("sft", config, workdir, fresh, advance,
                    lambda state, step: evaluate_policy(state.params), report,
                    Schedule(steps, steps, config.train.checkpoint_every), log,
-                   data=file_fingerprints({"warmup.data_path": data_path}), export=export).params
+                   data=warmup_files(config), export=export).params
 
 
 # ----------------------------------------------------------------------------- reward model
@@ -312,10 +311,14 @@ def train_reward_model(config, workdir: str, log=print):
   task = build_task(config, log)
   key = jax.random.key(config.seed)
   model = ModelSection.of(config)
-  model_cfg, policy = build_model(model, jax.random.fold_in(key, 0))
   n = config.rollout.max_new_tokens
-  train = PairData(task, preference_pairs(config, "rm", task, "train", (model_cfg, policy)), n)
-  test = PairData(task, preference_pairs(config, "rm", task, "test", (model_cfg, policy)), n)
+  # A split's file is read and tokenised before the model is built; the task's pairs after it
+  # (a share of them sampled from the starting policy).
+  pairs = {s: PairData(task, preference_pairs(config, "rm", task, s), n)
+           for s in ("train", "test") if rm[f"{s}_path"]}
+  model_cfg, policy = build_model(model, jax.random.fold_in(key, 0))
+  train, test = (pairs[s] if s in pairs else PairData(task, preference_pairs(
+      config, "rm", task, s, (model_cfg, policy)), n) for s in ("train", "test"))
   params = init_reward_model(model_cfg, jax.random.fold_in(key, 5), backbone=policy)
   del policy
   optimizer = make_optimizer(config.optim, rm.steps)

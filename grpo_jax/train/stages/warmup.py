@@ -1,4 +1,5 @@
-"""Supervised warm-up (SFT on the task's own, deliberately noisy, answers) before RL."""
+"""Supervised warm-up before RL or DPO (SFT on the task's own, deliberately noisy, answers, or on
+a jsonl file of {prompt, response} given as warmup.data_path), and the SFT stage's step."""
 
 from __future__ import annotations
 
@@ -7,10 +8,32 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from grpo_jax.data.supervised import SupervisedData, read_jsonl
 from grpo_jax.models.config import ModelConfig
 from grpo_jax.models.scoring import completion_logprobs
 from grpo_jax.rl.losses import masked_mean
 from grpo_jax.train.learner.state import apply_if_finite
+from grpo_jax.train.run.resume_guards import file_fingerprints
+
+
+def warmup_data(config, task):
+  """What the warm-up learns from, as `warmup_batch(step, count, seed, carry_drop_fraction)`:
+  the task, or with warmup.data_path its jsonl file of {prompt, response} tokenised by the
+  task (data/supervised.py), read and checked here, before any compute (an InputError names
+  the file and the line)."""
+  path = config.warmup.data_path
+  if config.warmup.steps <= 0 or not path:
+    return task
+  records = read_jsonl(path, ("prompt", "response"), "warmup.data_path")
+  return SupervisedData(task, records, config.rollout.max_new_tokens)
+
+
+def warmup_files(config) -> dict:
+  """The warm-up's data file's fingerprint for the run record ({} without one): a resume
+  against a rewritten file is refused (train/run/resume_guards.py)."""
+  if config.warmup.steps <= 0:
+    return {}
+  return file_fingerprints({"warmup.data_path": config.warmup.data_path})
 
 
 def sft_loss(params, model_cfg: ModelConfig, prompt_tokens, prompt_mask, target_tokens,
@@ -46,16 +69,16 @@ def warmup_log_due(i: int, total: int) -> bool:
   return (i + 1) % max(total // 5, 1) == 0 or i + 1 == total
 
 
-def run_warmup(params, task, model_cfg: ModelConfig, warmup_cfg, axis, log=print,
+def run_warmup(params, data, model_cfg: ModelConfig, warmup_cfg, axis, log=print,
                stop=lambda: False):
   """`warmup_cfg.steps` AdamW steps of SFT for every seed of `axis` (a SeedAxis; params as it
-  holds them), each on its own seed's data (`task.warmup_batch`: the task's, or a jsonl file's,
-  grpo_jax/data/supervised.py); returns the new params (a pure function of the seed). Returns
+  holds them), each on its own seed's batches of `data` (`warmup_data`: the task, or its
+  warmup.data_path file); returns the new params (a pure function of the seed). Returns
   early, after the step in flight, once `stop()` is true (SIGTERM / SIGINT)."""
   if warmup_cfg.steps <= 0:
     return params
   if hasattr(model_cfg, "text"):  # a vision-language policy: its decoder learns its own text
-    text = run_warmup(params["text"], task, model_cfg.text, warmup_cfg, axis, log, stop)
+    text = run_warmup(params["text"], data, model_cfg.text, warmup_cfg, axis, log, stop)
     return {**params, "text": text}
   optimizer, step = make_warmup_step(model_cfg, warmup_cfg)
   step = axis.compile(step, donate_argnums=(0, 1))
@@ -65,7 +88,7 @@ def run_warmup(params, task, model_cfg: ModelConfig, warmup_cfg, axis, log=print
   for i in range(warmup_cfg.steps):
     if stop():
       break
-    batches = [task.warmup_batch(i, warmup_cfg.batch_size, s, warmup_cfg.carry_drop_fraction)
+    batches = [data.warmup_batch(i, warmup_cfg.batch_size, s, warmup_cfg.carry_drop_fraction)
                for s in axis.seeds]
     if getattr(batches[0], "loss_mask", None) is not None:
       fields = fields[:4] + ("loss_mask",)
