@@ -24,8 +24,10 @@ overwrites it. Paging pays when rows of very different capacities share memory, 
 are shared in place; here the shared prefix is one prefill per prompt, copied into a slot
 when a row starts (P x layers x kv bytes per refill, small next to the row's decode), and the
 cache stays plain (S, kv_heads, ...) arrays of P + N slots that the existing decoder and mesh
-rules handle. The cost: each decode step's attention reads all P + N slots of every slot
-(masked), where the static engine's segments read only the filled part.
+rules handle. Each decode step's attention reads the slots up to the furthest busy row's
+current one, in blocks (`read_limit`, attention.bounded_attention), masked per slot: a slot
+whose row is younger reads the older row's span, where the static engine reads each step's
+own filled part.
 
 Tokens do not depend on scheduling: token t of row r is drawn with token_uniforms(key, r, t),
 as in the static engine, so any S gives the same tokens and masks (log-probs to rounding: a
