@@ -50,16 +50,9 @@ def host_prompt_inputs(params, input_ids, attention_mask, pixel_values, image_gr
   return ids, mask, inputs
 
 
-def check_sampling(max_new_tokens: int, temperature: float, group_size: int, rows: int,
-                   row_ids=None) -> None:
-  """vlm_sample's settings, checked on the host before any compute (a ConfigError, one
-  sentence, otherwise)."""
-  if int(max_new_tokens) < 1:
-    raise ConfigError(f"max_new_tokens={max_new_tokens}; sample at least 1 token.")
-  if int(group_size) < 1:
-    raise ConfigError(f"group_size={group_size}; draw at least 1 sample per prompt.")
-  if float(temperature) < 0:
-    raise ConfigError(f"temperature={temperature}; use 0 (greedy) or a positive temperature.")
+def check_row_ids(rows: int, row_ids=None) -> None:
+  """vlm_sample's row_ids, checked on the host before any compute (its other settings are
+  Sampling's, checked when it is built)."""
   if row_ids is not None and np.shape(row_ids) != (rows,):
     raise ConfigError(f"row_ids has shape {np.shape(row_ids)}, the call samples {rows} rows "
                       f"(prompts x group_size); pass one id per row or None.")
@@ -76,12 +69,11 @@ def vlm_sample(params, input_ids, attention_mask, pixel_values, image_grid_thw, 
   pixel_values, image_grid_thw: the prompts' images in placeholder order (None: no images);
   temperature 0: greedy; eos_id None: rows run the full N tokens; row_ids (B,) int32: the r
   of each row's draws (None: its index, prompt x G + sample)."""
-  rows = np.shape(input_ids)[0] * group_size
-  check_sampling(max_new_tokens, temperature, group_size, rows, row_ids)
+  sampling = Sampling(cfg.text, int(max_new_tokens), NO_EOS if eos_id is None else eos_id,
+                      pad_id, float(temperature), group_size=group_size)  # checked here
+  check_row_ids(np.shape(input_ids)[0] * group_size, row_ids)
   ids, mask, inputs = host_prompt_inputs(params, input_ids, attention_mask, pixel_values,
                                          image_grid_thw, cfg)
-  sampling = Sampling(cfg.text, int(max_new_tokens), NO_EOS if eos_id is None else eos_id,
-                      pad_id, float(temperature), group_size=group_size)
   row_ids = None if row_ids is None else jnp.asarray(row_ids, jnp.int32)
   rollout, _ = _sample(params["text"], jnp.asarray(ids), jnp.asarray(mask), key, None, row_ids,
                        inputs=inputs, sampling=sampling)
