@@ -161,11 +161,11 @@ def _train(run: Run, sections: Sections, workdir: str, configs, warm, warm_data,
   # A workdir with checkpoints is resumed: under its recorded config, on its recorded devices,
   # with its record intact (workdir.py), checked before config.json is rewritten.
   devices = devices_record(mesh)
-  changes, refusal = [{} for _ in workdirs], None
+  changes, refusal, data = [{} for _ in workdirs], None, warmup_files(configs[0])
   if main_process:
     try:
       changes = open_records(configs, workdirs, bool(ckpts.steps()), devices, log, stage="rl",
-                             data=warmup_files(configs[0]), checkpoints=ckpts.directory)
+                             data=data, checkpoints=ckpts.directory)
     except config_lib.ConfigError as e:
       refusal = e
   _all_processes_stop_with(refusal)
@@ -189,8 +189,7 @@ def _train(run: Run, sections: Sections, workdir: str, configs, warm, warm_data,
       resumed = state is not None
       if main_process:
         dropped = resume_records(workdirs, configs, step_of(state) if resumed else None,
-                                 changes, devices, stage="rl",
-                                 data=warmup_files(configs[0]))[-1]
+                                 changes, devices, stage="rl", data=data)[-1]
       if resumed:
         if lora is not None:  # the frozen base is not in the checkpoint
           origin = "model.path" if sections.model.uses_checkpoint else "the seed"
