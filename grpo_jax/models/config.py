@@ -154,8 +154,8 @@ class ModelConfig:
   @property
   def blocks(self):
     """The family's blocks (models/blocks.py Blocks), registered under self.family."""
-    from grpo_jax.models.families import blocks_of  # noqa: PLC0415
-    return blocks_of(self.family)
+    from grpo_jax.models.families import BLOCKS  # noqa: PLC0415
+    return BLOCKS.get(self.family)
 
   @property
   def dtype(self):

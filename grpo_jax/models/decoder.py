@@ -280,11 +280,10 @@ class Decoder(nn.Module):
       positions = in_layout(positions, order, -1)
     sliding = cfg.sliding_layers()
     if cache is not None:
-      # Forwards with a KV cache (prefill, decode) run the layers one after the other, each on
-      # its slice of the stack with its quantised kernels (rollout.weight_dtype,
-      # models/quantized.py) dequantised just before it runs, and keep one cache per layer: a
-      # stacked (layers, ...) cache carried through a decode loop is copied whole by every
-      # step's scan (the sampler ran 1.6x slower at 512 new tokens).
+      # Forwards with a KV cache (prefill, decode) run the layers one by one, each on its slice of
+      # the stack with its quantised kernels (rollout.weight_dtype, models/quantized.py) dequantised
+      # just before it runs, and keep one cache per layer: a decode loop's scan would copy a stacked
+      # (layers, ...) cache whole every step (the sampler ran 1.6x slower at 512 new tokens).
       layer_params = per_layer(self.variables["params"]["layers"], cfg.num_layers)
       layer_adapters = (None if adapters is None else
                         per_layer(adapters["layers"], cfg.num_layers))

@@ -25,14 +25,14 @@ def embedding(cfg: ModelConfig) -> nn.Embed:
 
 
 def lookup(embed: nn.Embed, tokens, dtype):
-  """embed(tokens), each device reading its own slice of the table's model dimension: the ids
-  go to every device that holds a slice of it (the axes of `embed`, fsdp x context; still split
-  over the others), and each device looks up its columns of their rows. The caller's layout
-  (rows and tokens split, the model dimension whole) then comes from two all-to-alls of the
-  (rows, tokens, embed) values, one mesh axis each. The table is never gathered, and its
-  gradient is a scatter-add into each device's own slice: at Qwen2.5-7B's shape (a 152,064 x 3,584 table) a whole table
-  and a whole float32 gradient per device were 3.9 GiB of the update's peak
-  (docs/meshes.md). The same values as a lookup in the whole table."""
+  """embed(tokens), each device reading its own slice of the table's model dimension: the ids go to
+  every device that holds a slice of it (the axes of `embed`, fsdp x context; still split over the
+  others), and each device looks up its columns of their rows. The caller's layout (rows and tokens
+  split, the model dimension whole) then comes from two all-to-alls of the (rows, tokens, embed)
+  values, one mesh axis each. The table is never gathered, and its gradient is a scatter-add into
+  each device's own slice: at Qwen2.5-7B's shape (a 152,064 x 3,584 table) a whole table and a whole
+  float32 gradient per device were 3.9 GiB of the update's peak (docs/meshes.md). The same values as
+  a lookup in the whole table."""
   table = jnp.asarray(embed.embedding, dtype)
   rows = constrain(tokens, ("batch_beside_embed", None))
   x = constrain(jnp.take(table, rows, axis=0), ("batch_beside_embed", None, "embed"))

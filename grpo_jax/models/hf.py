@@ -26,7 +26,7 @@ from safetensors import SafetensorError, safe_open
 
 from grpo_jax.errors import InputError, first_line
 from grpo_jax.models.config import ModelConfig
-from grpo_jax.models.hf_names import (HFTensor, _from_hf, hf_arrays, param_layout,  # noqa: F401
+from grpo_jax.models.hf_names import (_from_hf, hf_arrays, param_layout,  # noqa: F401
                                       params_from_hf, to_hf)
 from grpo_jax.models.rope import rope_fields
 from grpo_jax.models.families import (MODEL_FAMILIES, ModelFamily, find_model_family,

@@ -51,6 +51,7 @@ def resolve_model_path(path: str) -> str:
   if ids is None:
     return path  # a folder, or something the checkpoint loader will name as missing
   repo, revision = ids
+  ways = OFFLINE_WAYS.format(repo=repo)  # the offline ways, in each error below
   import huggingface_hub  # noqa: PLC0415
   from huggingface_hub import errors  # noqa: PLC0415
   endpoint = os.environ.get("HF_ENDPOINT") or None  # read now, for the same reason
@@ -61,10 +62,10 @@ def resolve_model_path(path: str) -> str:
                                                           timeout=TIMEOUT_S)
     except errors.GatedRepoError:
       raise InputError(f"model.path={path!r} is a gated Hub repository; accept its terms on the "
-                       f"Hub and log in with `hf auth login`, or use {_ways(repo)}.") from None
+                       f"Hub and log in with `hf auth login`, or use {ways}.") from None
     except errors.RepositoryNotFoundError:
       raise InputError(f"model.path={path!r} is neither a local folder nor a Hub repository; "
-                       f"fix the path or the id, or use {_ways(repo)}.") from None
+                       f"fix the path or the id, or use {ways}.") from None
     except errors.RevisionNotFoundError:
       raise InputError(f"model.path={path!r}: the Hub repository {repo} has no revision "
                        f"{revision!r}; use a branch, tag or commit it has.") from None
@@ -80,11 +81,7 @@ def resolve_model_path(path: str) -> str:
     why = f"{why}, and no copy is cached" if cached_only else first_line(e, 120).rstrip(".")
     raise InputError(f"model.path={path!r} is not a local folder and the Hugging Face Hub "
                      f"cannot be reached for {repo} ({why}); get a model offline with "
-                     f"{_ways(repo)}.") from None
-
-
-def _ways(repo: str) -> str:
-  return OFFLINE_WAYS.format(repo=repo)
+                     f"{ways}.") from None
 
 
 def resolve_config_model_path(config) -> None:

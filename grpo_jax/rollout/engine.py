@@ -139,6 +139,12 @@ def draw(logits, key, rows, t, sampling: Settings, keep_mask: bool = False):
                        sampling.top_k, sampling.top_p, keep_mask)
 
 
+def select_rows(pick, new, old):
+  """new where pick (B,), old elsewhere, leaf by leaf (a pytree of (B, ...) leaves)."""
+  return jax.tree.map(lambda n, o: jnp.where(pick.reshape((-1,) + (1,) * (n.ndim - 1)), n, o),
+                      new, old)
+
+
 class Recorded(NamedTuple):
   """What a decode loop writes, (B, N) per row and completion position."""
   tokens: jax.Array  # int32, pad_id where nothing was drawn

@@ -45,7 +45,7 @@ from grpo_jax.models.decoder import decoder_apply
 from grpo_jax.models.kv_cache import init_cache, map_cache
 from grpo_jax.parallel import choices
 from grpo_jax.rollout.prefill import constrain_cache, first_positions, prefill, repeat_rows
-from grpo_jax.rollout.engine import DecodeState, Recorded, Settings, draw, generator
+from grpo_jax.rollout.engine import DecodeState, Recorded, Settings, draw, generator, select_rows
 from grpo_jax.rollout.sampling import truncates
 from grpo_jax.rollout.types import DecodeStats, Rollout, finish
 
@@ -116,8 +116,6 @@ def generate_refill(params, prompt_tokens, prompt_mask, key, row_limits, *,
   draw_row = (lambda row: row) if row_ids is None else (lambda row: row_ids[row])  # noqa: E731
   choose = lambda logits, row, t: draw(logits, key, draw_row(row), t, s,  # noqa: E731
                                        s.keep_mask)
-  pick = lambda assign, new, old: jax.tree.map(  # noqa: E731  per-slot choice of a pytree
-      lambda a, b: jnp.where(assign, a, b), new, old)
   apply = lambda *a, **k: decoder_apply(model_cfg, params, *a,  # noqa: E731
                                         record_routing=s.record_routes, **k)
   unpack = lambda out: out if s.record_routes else (out, None)  # noqa: E731
@@ -142,7 +140,7 @@ def generate_refill(params, prompt_tokens, prompt_mask, key, row_limits, *,
     first = choose(first_logits[prompt], new_row, 0)
     decode = d._replace(
         t=jnp.where(assign, 0, d.t), token=jnp.where(assign, first[0], d.token),
-        logp=jnp.where(assign, first[1], d.logp), kept=pick(assign, first[2], d.kept),
+        logp=jnp.where(assign, first[1], d.logp), kept=select_rows(assign, first[2], d.kept),
         cache=cache, done=d.done & ~assign,
         kv_mask=jnp.where(assign[:, None], fresh_mask, d.kv_mask))
     return state._replace(decode=decode,
@@ -174,7 +172,7 @@ def generate_refill(params, prompt_tokens, prompt_mask, key, row_limits, *,
     following = choose(logits[:, 0], row, d.t + 1)
     decode = d._replace(
         t=jnp.where(going, d.t + 1, d.t), token=jnp.where(going, following[0], d.token),
-        logp=jnp.where(going, following[1], d.logp), kept=pick(going, following[2], d.kept),
+        logp=jnp.where(going, following[1], d.logp), kept=select_rows(going, following[2], d.kept),
         cache=constrain_cache(cache, mesh), done=d.done | ended, kv_mask=kv_mask,
         recorded=recorded)
     return state._replace(decode=decode, slot_steps=state.slot_steps + slots)

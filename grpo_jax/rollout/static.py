@@ -58,10 +58,9 @@ def generate_static(params, prompt_tokens, prompt_mask, key, row_limits, *,
   # step reads each prompt's keys once; the rows' own slots then start at 0, not at P.
   shared = s.group_size > 1 and not model_cfg.sliding_window  # (a window: per-row slots)
   first_slot = 0 if shared else prompt_len
-  # The cache holds P + end slots in the segment ending at `end` and grows between segments:
-  # a decode step's attention then reads its whole cache, where a slice of a longer one was a
-  # copy of the filled part in every step (XLA:CPU materialises it; 2/3 of the attention's
-  # memory traffic at 700 slots).
+  # The cache holds P + end slots in the segment ending at `end`, growing between segments: a decode
+  # step's attention reads its whole cache, as a slice of a longer one is a copy of the filled part
+  # in every step (XLA:CPU materialises it; 2/3 of the attention's memory traffic at 700 slots).
   logits, cache, kv_mask, *prompt_routes = prefill(
       params, prompt_tokens, prompt_mask, model_cfg=model_cfg, max_new_tokens=s.max_new_tokens,
       mesh=mesh, group_size=s.group_size, cache_slots=prompt_len + segments[0],

@@ -23,6 +23,5 @@ the loader checks names and shapes. tests/plugins/parallel_family.py is such a m
 
 from grpo_jax.models.families import gemma, llama, qwen2_5_vl, qwen3_moe  # noqa: F401  (the built-ins)
 from grpo_jax.models.families.registry import (BLOCKS, MODEL_FAMILIES,  # noqa: F401
-                                               ModelFamily, blocks_of, find_model_family,
-                                               model_types, register_blocks,
-                                               register_model_family)
+                                               ModelFamily, find_model_family, model_types,
+                                               register_blocks, register_model_family)

@@ -53,7 +53,7 @@ def _layer_types(hf_config: dict, pattern: int) -> tuple:
   return tuple(types)
 
 
-def _common(hf_config: dict, pattern: int) -> dict:
+def _common(hf_config: dict, pattern: int = 2) -> dict:  # Gemma 2's fields (pattern 2)
   if hf_config.get("attention_bias"):
     raise ValueError("config.json attention_bias=true is not supported for Gemma.")
   if hf_config.get("use_bidirectional_attention"):
@@ -65,10 +65,6 @@ def _common(hf_config: dict, pattern: int) -> dict:
               final_softcap=float(hf_config.get("final_logit_softcapping") or 0.0),
               sliding_window=int(hf_config.get("sliding_window") or 0),
               layer_types=_layer_types(hf_config, pattern))
-
-
-def gemma2_fields(hf_config: dict) -> dict:
-  return _common(hf_config, 2)
 
 
 def _gemma3_ropes(hf_config: dict) -> tuple[dict, dict]:
@@ -158,7 +154,7 @@ class GemmaBlocks(Blocks):
 register_blocks(GemmaBlocks())
 register_model_family(ModelFamily(
     "gemma2", "Gemma2ForCausalLM", default_head_dim=256, tie_default=True,
-    read_extras=gemma2_fields, write_extras=_export, blocks="gemma"))
+    read_extras=_common, write_extras=_export, blocks="gemma"))
 register_model_family(ModelFamily(
     "gemma3_text", "Gemma3ForCausalLM", qk_norm=True, default_head_dim=256, tie_default=True,
     read_extras=gemma3_fields, rope_config=gemma3_rope_config, write_extras=gemma3_export,

@@ -19,16 +19,6 @@ from grpo_jax.models.families.registry import register_blocks
 from grpo_jax.models.vision.mrope import apply_mrope
 
 
-def mrope_inverse_frequencies(cfg):
-  """(inv_freq (D / 2,), attention factor): the config's rope type (cfg.rope_frequencies()), or
-  the default theta^(-2i / D) computed in float32 NumPy, as transformers computes it."""
-  inv_freq, factor = cfg.rope_frequencies()
-  if inv_freq is None:
-    exponents = np.arange(0, cfg.head_dim, 2, dtype=np.float32) / np.float32(cfg.head_dim)
-    inv_freq = np.float32(1.0) / np.power(np.float32(cfg.rope_theta), exponents)
-  return inv_freq, factor
-
-
 class MropeBlocks(Blocks):
   """Llama's blocks with mRoPE: positions (3, B, T), or (B, T) for one id on every axis."""
 
@@ -37,7 +27,12 @@ class MropeBlocks(Blocks):
   def rotary(self, cfg, x, positions):
     if positions.ndim == 2:
       positions = jnp.broadcast_to(positions, (3, *positions.shape))
-    inv_freq, factor = mrope_inverse_frequencies(cfg)
+    # inv_freq (D / 2,) and attention factor: the config's rope type, or the default
+    # theta^(-2i / D) computed in float32 NumPy, as transformers computes it.
+    inv_freq, factor = cfg.rope_frequencies()
+    if inv_freq is None:
+      exponents = np.arange(0, cfg.head_dim, 2, dtype=np.float32) / np.float32(cfg.head_dim)
+      inv_freq = np.float32(1.0) / np.power(np.float32(cfg.rope_theta), exponents)
     return apply_mrope(x, positions, inv_freq, cfg.mrope_section, factor)
 
   def export_model_type(self, cfg) -> str:

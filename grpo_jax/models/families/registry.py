@@ -71,11 +71,6 @@ def find_model_family(model_type) -> Optional[ModelFamily]:
   return MODEL_FAMILIES.get(model_type) if isinstance(model_type, str) else None
 
 
-def blocks_of(name: str) -> Blocks:
-  """The blocks registered as model.family=name, or one sentence naming the choices."""
-  return BLOCKS.get(name)
-
-
 def model_types() -> tuple[str, ...]:
   """The registered model_types, sorted."""
   return tuple(sorted(MODEL_FAMILIES))

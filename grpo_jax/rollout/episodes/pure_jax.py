@@ -43,7 +43,7 @@ from grpo_jax.envs import calculator_jax
 from grpo_jax.errors import ConfigError
 from grpo_jax.models.kv_cache import init_cache
 from grpo_jax.rollout.continuation import CHUNK, cache_capacity, continue_turn_traced
-from grpo_jax.rollout.engine import read_params
+from grpo_jax.rollout.engine import read_params, select_rows
 from grpo_jax.rollout.types import Rollout
 
 
@@ -78,12 +78,6 @@ def left_padded(prompt, ids, length, width: int, pad_id: int):
   mask = k >= 0
   tokens = jnp.take_along_axis(seq, jnp.clip(k, 0, seq.shape[1] - 1), axis=1)
   return jnp.where(mask, tokens, pad_id), mask
-
-
-def _select(pick, new, old):
-  """new where pick (B,), old elsewhere, leaf by leaf."""
-  return jax.tree.map(lambda n, o: jnp.where(pick.reshape((-1,) + (1,) * (n.ndim - 1)), n, o),
-                      new, old)
 
 
 def _reprefilled(sampling, params, prompt, width: int, row_ids):
@@ -150,7 +144,7 @@ def _advance(spec, sampling, n: int, k, e: Episodes, tokens, completion_mask, lo
   no_room = goes_on & (delta_len >= room)
   return Episodes(ids, actions, logprobs, length + appended, e.done | cut | finish | no_room,
                   e.truncated | cut | no_room, jnp.where(finish, reward, e.reward),
-                  e.turns + live, _select(stepping, env, e.env))
+                  e.turns + live, select_rows(stepping, env, e.env))
 
 
 def play_episodes(sampling, params, spec, a, b, key, max_completion_tokens: int,

@@ -24,6 +24,11 @@ class Episode:
   truncated: bool = False
   turns: int = 0
 
+  def extend(self, ids: list, logprobs=None):  # the policy's ids (with log-probs), or not
+    self.ids += ids
+    self.actions += [logprobs is not None] * len(ids)
+    self.logprobs += [0.0] * len(ids) if logprobs is None else logprobs
+
 
 def take_turn(e: Episode, tokens, mask, logprobs, eos_id: int, n: int, tokenizer):
   """Appends one sampled turn (row arrays (M,)) to episode e and returns its text for the
@@ -32,16 +37,12 @@ def take_turn(e: Episode, tokens, mask, logprobs, eos_id: int, n: int, tokenizer
   end-of-turn id that is the environment's, not the policy's."""
   count = int(mask.sum())
   sampled = tokens[:count].tolist()
-  e.ids += sampled
-  e.actions += [True] * count
-  e.logprobs += logprobs[:count].tolist()
+  e.extend(sampled, logprobs[:count].tolist())
   e.turns += 1
   ended = count and sampled[-1] == eos_id
   text = tokenizer.decode(sampled[:-1] if ended else sampled, skip_special_tokens=False)
   if not ended and len(e.ids) < n:
-    e.ids.append(eos_id)
-    e.actions.append(False)
-    e.logprobs.append(0.0)
+    e.extend([eos_id])
   elif not ended:
     e.done, e.truncated = True, True
     return None
@@ -61,8 +62,6 @@ def take_result(e: Episode, text: str, result, env, tokenizer, n: int) -> None:
                                 tokenizer.eos_token)
   e.messages = e.messages + [{"role": "assistant", "content": text}] + result.messages
   room = n - len(e.ids)
-  e.ids += delta[:room]
-  e.actions += [False] * min(len(delta), room)
-  e.logprobs += [0.0] * min(len(delta), room)
+  e.extend(delta[:room])
   if len(delta) >= room:
     e.done, e.truncated = True, True
