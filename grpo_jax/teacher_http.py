@@ -5,6 +5,7 @@ model, `check` and `logprobs`) is grpo_jax/serve_teacher.py's."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hmac
 import json
@@ -68,10 +69,8 @@ class Handler(BaseHTTPRequestHandler):
     self._deadline.start()
 
   def _cut(self) -> None:
-    try:
+    with contextlib.suppress(OSError):
       self.connection.shutdown(socket.SHUT_RDWR)
-    except OSError:
-      pass
 
   def _read_done(self) -> None:
     self._deadline.cancel()
@@ -99,13 +98,11 @@ class Handler(BaseHTTPRequestHandler):
     self.close_connection = True
     self._send(status, {"error": error})
     if self._unread:
-      try:
+      with contextlib.suppress(OSError):
         self.wfile.flush()
         self.connection.shutdown(socket.SHUT_WR)
         while self.rfile.read1(1 << 16):
           pass
-      except OSError:
-        pass
 
   def _authorized(self) -> bool:
     """Whether the Authorization header carries `Bearer token` (always, without a token),
@@ -183,11 +180,9 @@ class TeacherServer(ThreadingHTTPServer):
 
   def process_request(self, request, client_address) -> None:
     if not self._slots.acquire(blocking=False):
-      try:
+      with contextlib.suppress(OSError):
         request.sendall(b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\n"
                         b"Connection: close\r\n\r\n")
-      except OSError:
-        pass
       self.shutdown_request(request)
       return
     super().process_request(request, client_address)

@@ -129,22 +129,13 @@ def rollout_key(source: SourceState) -> jax.Array:
 
 
 def guarded_update(state: TrainState, grads, loss, optimizer) -> TrainState:
-  """One optimizer step of the policy's params (`apply_if_finite`), the step counted and a
-  refused update counted as skipped: the update of the SFT, reward-model and preference
-  stages."""
-  (params, _), opt_state, applied = apply_if_finite(
+  """One optimizer step of the policy's params (`guarded_apply`: none if the loss or any gradient
+  is not finite), the step counted and a refused update counted as skipped: the update of the
+  SFT, reward-model and preference stages."""
+  (params, _), opt_state, finite, _ = guarded_apply(
       (state.params, None), state.opt_state, (grads, None), loss, optimizer)
   return state.replace(step=state.step + 1, params=params, opt_state=opt_state,
-                       skipped_updates=state.skipped_updates + (~applied).astype(jnp.int32))
-
-
-def apply_if_finite(params, opt_state, grads, loss, optimizer):
-  """One optimizer step, or no change at all if the loss or any gradient is not finite.
-
-  Returns (params, opt_state, applied: bool array).
-  """
-  params, opt_state, finite, _ = guarded_apply(params, opt_state, grads, loss, optimizer)
-  return params, opt_state, finite
+                       skipped_updates=state.skipped_updates + (~finite).astype(jnp.int32))
 
 
 def guarded_apply(params, opt_state, grads, loss, optimizer, *, skip_without_signal=False):

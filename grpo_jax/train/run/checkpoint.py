@@ -31,7 +31,7 @@ import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 
-from grpo_jax.errors import silence_stderr_for_good
+from grpo_jax.errors import first_line, silence_stderr_for_good
 from grpo_jax.models.layout import stack_layers, unstack_layers
 from grpo_jax.train.run import files
 from grpo_jax.train.run.faults import RunStopped
@@ -44,8 +44,8 @@ class _WithSource(TrainState):
 
 
 class _WithDataPosition(TrainState):
-  """The layout of checkpoints written before the source owned the data position (main
-  a772176 and earlier): the learner's fields and data_position among them."""
+  """The older layout, still restored: the learner's fields with data_position among them (no
+  source beside them)."""
   data_position: jax.Array | None = None
 
 
@@ -235,11 +235,6 @@ def _permission_denied(error: BaseException) -> bool:
   return False
 
 
-def _short(error: Exception) -> str:
-  text = str(error).strip().splitlines()
-  return f"{type(error).__name__}: {text[0][:200] if text else ''}"
-
-
 class Checkpoints:
   """Saves every state handed to `save` under `directory/<step>`, keeping the newest `keep`."""
 
@@ -284,7 +279,7 @@ class Checkpoints:
     logging.getLogger("asyncio").setLevel(logging.CRITICAL)
     self._remove_partial(step)
     full = "No space left on device" in str(error) or getattr(error, "errno", None) == 28
-    reason = "the disk is full" if full else _short(error)
+    reason = "the disk is full" if full else first_line(error, 200)
     previous = (f"the previous checkpoint {self.directory}/{before[-1]} is intact" if before
                 else "no earlier checkpoint exists")
     return RunStopped(f"the checkpoint of step {step} could not be saved ({reason}); {previous}, "
@@ -363,12 +358,12 @@ class Checkpoints:
         gc.collect()  # its abandoned read tasks, which warn when deleted
         if _permission_denied(e):  # intact but not readable by this user: move nothing
           raise RunStopped(f"checkpoint {self.directory}/{step} cannot be read by this user "
-                           f"({_short(e)}); fix its permissions (e.g. chmod -R u+rwX "
+                           f"({first_line(e, 200)}); fix its permissions (e.g. chmod -R u+rwX "
                            f"{self.directory}) and run again; nothing was moved.") from None
         error = e
         damaged.append(step)
         self.log(f"warning: checkpoint {self.directory}/{step} cannot be restored "
-                 f"({_short(e)}); trying the one before it.")
+                 f"({first_line(e, 200)}); trying the one before it.")
         continue
       for bad in damaged:
         files.path(self.directory, str(bad)).rename(self._aside(bad))
@@ -380,8 +375,9 @@ class Checkpoints:
       logging.getLogger("asyncio").setLevel(logging.CRITICAL)
       raise RunStopped(
           f"no checkpoint in {self.directory} (steps {steps}) can be restored, the last error "
-          f"being {_short(error)}; if the model changed since they were written run with its "
-          f"recorded config or use a new --workdir (nothing was moved or deleted).") from error
+          f"being {first_line(error, 200)}; if the model changed since they were written run "
+          f"with its recorded config or use a new --workdir (nothing was moved or deleted)."
+      ) from error
     return None
 
   def _aside(self, step: int):

@@ -11,6 +11,7 @@ from typing import Mapping
 
 import numpy as np
 
+from grpo_jax.errors import first_line
 from grpo_jax.train.run import files
 
 # Wall-clock fields: the only metrics that differ between two runs of the same config.
@@ -125,9 +126,8 @@ class MetricsWriter:
     try:
       self._tb = SummaryWriter(logdir=str(workdir), flush_secs=10)
     except Exception as e:  # noqa: BLE001  gs:// needs google-cloud-storage, s3:// boto3
-      print(f"warning: no TensorBoard events in {workdir} ({type(e).__name__}: "
-            f"{str(e).splitlines()[0] if str(e) else ''}); metrics.jsonl has every record.",
-            file=stream)
+      print(f"warning: no TensorBoard events in {workdir} ({first_line(e)}); metrics.jsonl has "
+            f"every record.", file=stream)
 
   def write(self, step: int, metrics: Mapping, prefix: str = "") -> None:
     if not self.enabled:

@@ -4,7 +4,7 @@ from what each start recorded in run_info.json:
   stage   the stage that made the workdir's checkpoints ("rl", "sft", "rm", "dpo"): another
           stage's checkpoints are never resumed, not even with train.allow_config_change (a
           DPO run would "resume" a finished GRPO run's last step, train nothing and export it
-          as its own result). Starts recorded before stages were (2026-11-27) are not checked.
+          as its own result). Starts that recorded no stage are not checked.
   data    the sha256 of each data file the stage reads ({config field: {path, sha256}}): a
           file rewritten since the last start is refused like a changed config, or with
           train.allow_config_change resumed and recorded as a change.

@@ -194,10 +194,9 @@ class Sections:
   model: ModelSection
   eval: EvalSection
   rewards: RewardSection
-  devices: DeviceSection
   loop: LoopSection
 
   @classmethod
   def of(cls, config) -> "Sections":
     return cls(ModelSection.of(config), EvalSection.of(config), RewardSection.of(config),
-               DeviceSection.of(config), LoopSection.of(config))
+               LoopSection.of(config))

@@ -246,7 +246,7 @@ def record_changes(workdir: str, devices: dict, allow: bool = False,
   now]} when the last start ran on other devices (another count, mesh or kind: the losses would
   differ by rounding). A missing or damaged run_info.json raises RecordDamaged, or with `allow`
   counts as the change {"run_info.json": [what was wrong, "new record"]}; `missing_ok`: a
-  missing one is no record yet (the SFT and RM stages wrote none before 2026-11-25)."""
+  missing one is no record yet."""
   info, problem = _read_json(workdir, "run_info.json")
   if problem == "missing" and missing_ok:
     return {}
@@ -260,8 +260,7 @@ def record_changes(workdir: str, devices: dict, allow: bool = False,
   recorded = next((s["devices"] for s in reversed(info["starts"])
                    if isinstance(s, dict) and isinstance(s.get("devices"), dict)), None)
   if recorded and all(isinstance(d.get("mesh"), list) for d in (recorded, devices)):
-    # A mesh recorded before the expert axis (2026-11-26) has three sizes, before the context
-    # axis (2026-12-06) four: the axes it lacks were 1.
+    # A recorded mesh with fewer sizes than today's lacks the newest axes, which were 1.
     missing = len(devices["mesh"]) - len(recorded["mesh"])
     recorded = {**recorded, "mesh": recorded["mesh"] + [1] * max(missing, 0)}
   return {"devices": [recorded, devices]} if recorded and recorded != devices else {}

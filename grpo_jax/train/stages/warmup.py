@@ -12,7 +12,7 @@ from grpo_jax.data.supervised import SupervisedData, read_jsonl
 from grpo_jax.models.config import ModelConfig
 from grpo_jax.models.scoring import completion_logprobs
 from grpo_jax.rl.losses import masked_mean
-from grpo_jax.train.learner.state import apply_if_finite
+from grpo_jax.train.learner.state import guarded_apply
 from grpo_jax.train.run.resume_guards import file_fingerprints
 
 
@@ -48,7 +48,7 @@ def sft_loss(params, model_cfg: ModelConfig, prompt_tokens, prompt_mask, target_
 def make_warmup_step(model_cfg: ModelConfig, warmup_cfg):
   """(optimizer, step): step(params, opt_state, prompt_tokens, prompt_mask, target_tokens,
   target_mask) -> (params, opt_state, loss, applied) is one un-jitted AdamW step of SFT (jit
-  it, or vmap it over stacked seeds), guarded as every stage's update is (`apply_if_finite`:
+  it, or vmap it over stacked seeds), guarded as every stage's update is (`guarded_apply`:
   a non-finite loss or gradient changes nothing; applied False). The RL run's warm-up and the
   SFT stage (grpo_jax/train/stages/supervised.py) take this one step."""
   schedule = optax.warmup_cosine_decay_schedule(
@@ -58,7 +58,7 @@ def make_warmup_step(model_cfg: ModelConfig, warmup_cfg):
 
   def step(params, opt_state, pt, pm, tt, tm, lm=None):
     loss, grads = jax.value_and_grad(sft_loss)(params, model_cfg, pt, pm, tt, tm, lm)
-    params, opt_state, applied = apply_if_finite(params, opt_state, grads, loss, optimizer)
+    params, opt_state, applied, _ = guarded_apply(params, opt_state, grads, loss, optimizer)
     return params, opt_state, loss, applied
 
   return optimizer, step
