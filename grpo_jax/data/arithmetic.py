@@ -20,7 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from grpo_jax.data.chat import epoch_stream
-from grpo_jax.data.task import DeviceTask, register_task, reward_name
+from grpo_jax.data.task import DeviceTask, check_eval_size, register_task, reward_name
 from grpo_jax.data.tokenizer import CharTask, CharTokenizer, pad_rows
 from grpo_jax.errors import ConfigError
 from grpo_jax.rewards.exact_match import token_step_rewards
@@ -108,9 +108,7 @@ class AdditionTask(CharTask):
     return self.encode(self.train_operands(position, count, seed))
 
   def test_batch(self, size: int) -> PromptBatch:
-    if size > len(self.test_pairs):
-      raise ConfigError(f"train.eval_size={size} exceeds the {len(self.test_pairs)} test "
-                        f"problems; lower train.eval_size or raise task.test_size.")
+    check_eval_size(size, len(self.test_pairs), f"the {len(self.test_pairs)} test problems")
     return self.encode(self.test_pairs[:size])
 
   def warmup_batch(self, step: int, count: int, seed: int,

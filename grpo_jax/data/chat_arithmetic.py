@@ -25,7 +25,7 @@ import os
 import numpy as np
 
 from grpo_jax.data.chat import ChatPrompts, ChatTextTask, epoch_stream
-from grpo_jax.data.task import register_task, reward_name
+from grpo_jax.data.task import check_eval_size, register_task, reward_name
 from grpo_jax.errors import ConfigError, require as _require
 from grpo_jax.rewards.number_answer import answer_scores
 from grpo_jax.rewards.registry import get_reward
@@ -110,10 +110,8 @@ class ChatArithmeticTask(ChatTextTask):
                         for i in epoch_stream(len(self.train), position, count, seed)])
 
   def test_batch(self, size: int) -> ChatPrompts:
-    if size > len(self.test):
-      raise ConfigError(f"train.eval_size={size} exceeds the {len(self.test)} held-out "
-                        f"problems (task.test_size); lower train.eval_size or raise "
-                        f"task.test_size.")
+    check_eval_size(size, len(self.test),
+                    f"the {len(self.test)} held-out problems (task.test_size)")
     return self._batch(self.test[:size])
 
   def score(self, batch: ChatPrompts, completion_tokens, completion_mask,

@@ -20,7 +20,7 @@ import dataclasses
 import numpy as np
 
 from grpo_jax.data.chat import ChatTextTask, epoch_stream
-from grpo_jax.data.task import register_task
+from grpo_jax.data.task import check_eval_size, register_task
 from grpo_jax.data.tokenizer import pad_rows
 from grpo_jax.envs import ENVIRONMENTS
 from grpo_jax.envs.chat import render
@@ -143,9 +143,7 @@ class EnvTask(ChatTextTask):
     return self.prompt_batch(self.train_rows(position, count, seed))
 
   def test_batch(self, size: int) -> EpisodeBatch:
-    if size > len(self._test):
-      raise ConfigError(f"train.eval_size={size} exceeds task.test_size={len(self._test)} "
-                        f"held-out rows; lower train.eval_size or raise task.test_size.")
+    check_eval_size(size, len(self._test), f"task.test_size={len(self._test)} held-out rows")
     return self.prompt_batch(self._test[:size])
 
   def warmup_batch(self, step: int, count: int, seed: int, carry_drop_fraction=None):

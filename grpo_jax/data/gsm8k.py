@@ -16,10 +16,10 @@ import os
 
 import numpy as np
 
-from grpo_jax.errors import one_of as _one_of, require as _require
 from grpo_jax.data.table import TableTask, jsonl_rows
 from grpo_jax.data.task import register_task, reward_name
-from grpo_jax.errors import ConfigError, InputError, first_line
+from grpo_jax.errors import (ConfigError, InputError, first_line, one_of as _one_of,
+                             require as _require)
 from grpo_jax.rewards.functions import RewardFunction
 from grpo_jax.rewards.gsm8k import flexible_reward, gold_answer, strict_reward
 from grpo_jax.rewards.registry import get_reward

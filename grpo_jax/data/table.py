@@ -43,11 +43,11 @@ import numpy as np
 
 from grpo_jax.data.chat import ChatPrompts, ChatTextTask, epoch_stream
 from grpo_jax.data.images import ImageLoadError, image_dir, load_row_images
-from grpo_jax.data.task import register_task
+from grpo_jax.data.task import check_eval_size, register_task
 from grpo_jax.data.table_files import (EXTENSIONS, BadRow, LongPrompt, _file_rows,  # noqa: F401
                                        jsonl_rows, read_splits)
 from grpo_jax.data.table_images import image_prompt_ids, table_vision
-from grpo_jax.errors import ConfigError, InputError, one_of as _one_of, require as _require
+from grpo_jax.errors import InputError, one_of as _one_of, require as _require
 from grpo_jax.rewards.functions import (ANSWER_READERS, answer_match, call_reward,
                                         load_reward_functions)
 
@@ -248,10 +248,9 @@ class TableTask(ChatTextTask):
                   f"each evaluation scores those {len(self.test)} (data.fit_eval_size)")
         self._said_fit = True
       size = len(self.test)
-    if size > len(self.test):
-      raise ConfigError(f"train.eval_size={size} exceeds the {len(self.test)} held-out prompts "
-                        f"of {self.describe_source(self.data)} that fit data.max_prompt_tokens="
-                        f"{self.prompt_len}; lower train.eval_size.")
+    check_eval_size(size, len(self.test), f"the {len(self.test)} held-out prompts of "
+                    f"{self.describe_source(self.data)} that fit data.max_prompt_tokens="
+                    f"{self.prompt_len}", "lower train.eval_size")
     return self._batch(self.test[:size])
 
   def _columns(self, batch: TablePrompts, group_size: int) -> dict:

@@ -25,6 +25,7 @@ from typing import Any, Callable, Protocol, runtime_checkable
 
 import numpy as np
 
+from grpo_jax.errors import ConfigError
 from grpo_jax.registry import Registry
 
 
@@ -116,7 +117,6 @@ class TaskEntry:
   def require(self, capability: str, setting: str, fix: str) -> None:
     """A ConfigError naming `setting` and `fix` unless the task declares `capability`."""
     if capability not in self.capabilities:
-      from grpo_jax.errors import ConfigError  # noqa: PLC0415
       raise ConfigError(
           f"{setting} needs a task with the {capability!r} capability ("
           f"{', '.join(CAPABILITIES[capability])}), which task {self.name!r} does not declare "
@@ -159,6 +159,13 @@ def reward_name(config, default: str) -> str:
   """config.reward.name, or the task's default reward when it is empty or absent."""
   reward = config.get("reward")
   return (reward.name if reward is not None else "") or default
+
+
+def check_eval_size(size: int, available: int, what: str,
+                    fix: str = "lower train.eval_size or raise task.test_size") -> None:
+  """A ConfigError when train.eval_size `size` exceeds the `available` held-out prompts."""
+  if size > available:
+    raise ConfigError(f"train.eval_size={size} exceeds {what}; {fix}.")
 
 
 def bucketed_width(prompt_mask, bucket: int) -> int:

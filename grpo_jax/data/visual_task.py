@@ -27,7 +27,7 @@ import numpy as np
 
 from grpo_jax.data import visual_count
 from grpo_jax.data.supervised import SupervisedBatch
-from grpo_jax.data.task import register_task, reward_name
+from grpo_jax.data.task import check_eval_size, register_task, reward_name
 from grpo_jax.data.tokenizer import CharTask, CharTokenizer, pad_rows
 from grpo_jax.data.vision_processor import VisionProcessorSpec, process_images
 from grpo_jax.errors import ConfigError
@@ -134,9 +134,7 @@ class VisualTask(CharTask):
     return self.rows(seed, [(position + i) % visual_count.TEST_START for i in range(count)])
 
   def test_batch(self, size: int) -> VisualBatch:
-    if size > self.test_size:
-      raise ConfigError(f"train.eval_size={size} exceeds task.test_size={self.test_size}; "
-                        f"lower train.eval_size or raise task.test_size.")
+    check_eval_size(size, self.test_size, f"task.test_size={self.test_size}")
     return self.rows(0, visual_count.split_indices("test", size))
 
   @staticmethod

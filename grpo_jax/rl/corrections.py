@@ -52,7 +52,7 @@ import jax.numpy as jnp
 from grpo_jax.errors import ConfigError
 from grpo_jax.registry import hyperparameters
 from grpo_jax.rl._checks import as_token_mask, require_shape
-from grpo_jax.rl.losses import POLICY_LOSSES, check_log_ratio_clamp
+from grpo_jax.rl.losses import POLICY_LOSSES, _masked_inputs, check_log_ratio_clamp
 
 from grpo_jax.rl import rejection  # noqa: F401  registers the "rs_*" entries
 from grpo_jax.rl.correction_registry import IS_CORRECTIONS, SAFETY_BOUND  # noqa: F401
@@ -263,11 +263,8 @@ def cispo_loss(logprobs, old_logprobs, advantages, mask, eps_low: float, eps_hig
   so dL_t/dlogp_t = -r^_t A_t: every token keeps its gradient, only the IS weight is clipped.
   The paper's 1 / sum_i |o_i| is rl.loss_aggregation = "token-mean". Returns (loss (B, T),
   metrics): clipped (r^_t != r_t) and ratio (r_t)."""
-  mask = as_token_mask(mask, logprobs)
-  for name, x in (("old_logprobs", old_logprobs), ("advantages", advantages)):
-    require_shape(name, x, mask.shape)
-  logprobs, old_logprobs, advantages = (jnp.where(mask, x, 0.0)
-                                        for x in (logprobs, old_logprobs, advantages))
+  mask, (logprobs, old_logprobs, advantages) = _masked_inputs(mask, logprobs, old_logprobs,
+                                                              advantages)
   log_ratio = logprobs - old_logprobs
   if log_ratio_clamp is not None:
     log_ratio = jnp.clip(log_ratio, -log_ratio_clamp, log_ratio_clamp)
