@@ -329,21 +329,26 @@ def test_fault_config_fields_are_validated(field, value, message):
 
 
 @pytest.mark.slow
-def test_resume_under_a_changed_config_is_refused_unless_allowed(reference, tmp_path, env):
+def test_resume_under_a_changed_config_is_refused_unless_allowed(capfd, reference, tmp_path,
+                                                                  env):
   """A workdir with checkpoints resumes under its recorded config only: a changed learning
   rate stops with one sentence naming the field, before config.json or anything else is
-  rewritten; with train.allow_config_change it resumes and run_info.json records the change.
-  Changing only the run's length is free (and recorded)."""
+  rewritten (the command line in this process: the refusal comes before any compute); with
+  train.allow_config_change it resumes and run_info.json records the change. Changing only
+  the run's length is free (and recorded)."""
   import shutil  # noqa: PLC0415
+
+  from grpo_jax.main import cli  # noqa: PLC0415
   ref_dir, _ = reference
   workdir = tmp_path / "run"
   shutil.copytree(ref_dir, workdir)
   before = {name: (workdir / name).read_bytes() for name in ("config.json", "run_info.json",
                                                              "metrics.jsonl")}
-  out = subprocess.run(_command(workdir, "--config.optim.learning_rate=0.001"), cwd=ROOT,
-                       capture_output=True, text=True, timeout=600, env=env)
-  assert out.returncode == 2, out.stderr[-2000:]
-  lines = out.stderr.strip().splitlines()
+  capfd.readouterr()
+  code = cli(_command(workdir, "--config.optim.learning_rate=0.001")[3:])
+  err = capfd.readouterr().err
+  assert code == 2, err[-2000:]
+  lines = err.strip().splitlines()
   assert lines[-1] == (
       f"error: resuming {workdir} under a config that differs from its config.json "
       f"(optim.learning_rate 0.0002 -> 0.001); run with its recorded config, pass another "
