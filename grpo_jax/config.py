@@ -126,6 +126,11 @@ def validate(config) -> None:
   if rl.dynamic_sampling:
     _require(r.group_size >= 2, f"rl.dynamic_sampling needs groups to compare; "
              f"rollout.group_size={r.group_size}, use >= 2.")
+  _require(estimator.shaped or not (rl.overlong_buffer or (rl.kl_in == "reward" and
+                                                           rl.kl_coef > 0)),
+           f"rl.advantage={rl.advantage!r} reads the step rewards, which the reward shaping of "
+           f"rl.overlong_buffer={rl.overlong_buffer} and rl.kl_in={rl.kl_in!r} does not reach; "
+           f"set rl.overlong_buffer=0 and rl.kl_in='loss'.")
   _require(not estimator.needs_critic or rl.value_head != "none",
            f"rl.advantage={rl.advantage!r} needs a critic, but rl.value_head='none'; set "
            f"rl.value_head to 'shared' or 'separate'.")
@@ -192,9 +197,13 @@ def validate(config) -> None:
   _require(eps >= 0, f"rl.advantage_eps={eps}; use a value >= 0 added to the standard "
            f"deviation that divides the advantages (verl: 1e-6).")
   _require(0 <= lam <= 1, f"rl.lam={lam}; use a GAE lambda in [0, 1] (verl: 1.0).")
-  _require(rl.value_head == "none" or rl.value_clip_eps >= 0,
-           f"rl.value_clip_eps={rl.value_clip_eps}; use a value >= 0, the most the critic's "
-           f"values may move from the old ones (verl: 0.5).")
+  _require(0 <= rl.gamma <= 1, f"rl.gamma={rl.gamma}; use a discount in [0, 1] (verl: 1.0).")
+  _require(rl.overlong_penalty >= 0, f"rl.overlong_penalty={rl.overlong_penalty}; use a "
+           f"value >= 0, the most DAPO's overlong shaping subtracts (1.0 in the paper).")
+  _require(rl.value_head == "none" or (rl.value_clip_eps >= 0 and rl.value_coef >= 0),
+           f"rl.value_clip_eps={rl.value_clip_eps}, rl.value_coef={rl.value_coef}; use values "
+           f">= 0: the most the critic's values may move from the old ones, and the value "
+           f"loss's weight (verl: 0.5 and 0.5).")
   _require(not rl.adaptive_kl or (rl.kl_target > 0 and rl.kl_horizon > 0 and rl.kl_coef > 0),
            f"rl.adaptive_kl needs rl.kl_coef > 0, rl.kl_target > 0 and rl.kl_horizon > 0 "
            f"(got {rl.kl_coef}, {rl.kl_target}, {rl.kl_horizon}).")

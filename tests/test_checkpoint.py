@@ -67,9 +67,7 @@ def test_sigkill_then_resume_reproduces_the_uninterrupted_run(reference, tmp_pat
 
 
 @pytest.mark.slow
-def test_sigterm_saves_the_current_step_and_a_damaged_latest_falls_back(reference, tmp_path,
-                                                                         env):
-  _, ref_records = reference
+def test_sigterm_saves_the_current_step_and_a_damaged_latest_falls_back(tmp_path, env):
   workdir = tmp_path / "run"
   code, stderr, _ = _start_and_signal(workdir, env, signal.SIGTERM, 2, 0.0,
                                    "--config.train.checkpoint_every=100")
@@ -92,10 +90,9 @@ def test_sigterm_saves_the_current_step_and_a_damaged_latest_falls_back(referenc
   assert logged[0].startswith(f"warning: checkpoint {workdir}/checkpoints/{stopped} cannot be "
                               f"restored (") and logged[0].endswith("trying the one before it.")
   assert os.path.isdir(f"{latest}.unreadable") and not latest.exists()
-  # The command resumes from step 0 and still reproduces the uninterrupted run.
-  stdout = _run(workdir, env, "--config.train.checkpoint_every=100")
-  assert f"resumed from checkpoint {workdir}/checkpoints/0" in stdout
-  assert strip(_records(workdir)) == strip(ref_records)
+  # That the command then resumes from step 0 and reproduces the uninterrupted run is the claim
+  # of the next test (the same fallback, three kinds of damage); a signal's checkpoint resumed
+  # is test_signals.py's SIGINT case.
 
 
 @pytest.mark.slow

@@ -228,7 +228,23 @@ def test_round_5s_unclear_sentences_now_say_the_cause():
     (dict(advantage_eps=-1e-6), "rl.advantage_eps=-1e-06; use a value >= 0"),
     (dict(lam=2.0), "rl.lam=2.0; use a GAE lambda in [0, 1]"),
     (dict(advantage="gae", value_head="shared", value_clip_eps=-0.5),
-     "rl.value_clip_eps=-0.5; use a value >= 0"),
+     "rl.value_clip_eps=-0.5, rl.value_coef=0.5; use values >= 0"),
+    (dict(advantage="gae", value_head="shared", value_coef=-1.0), "rl.value_coef=-1.0; use"),
+    (dict(gamma=-1.0), "rl.gamma=-1.0; use a discount in [0, 1]"),
+    (dict(gamma=float("nan")), "rl.gamma=nan; use a discount in [0, 1]"),
+    (dict(overlong_buffer=2, overlong_penalty=-1.0), "rl.overlong_penalty=-1.0; use a value"),
+    # settings the chosen loss, objective or estimator does not read, which were ignored
+    (dict(loss="gspo", dual_clip_c=3.0), "rl.dual_clip_c=3.0 is a hyperparameter of "
+                                         "rl.loss='ppo_clip', which rl.loss='gspo' does not take"),
+    (dict(loss="ppo_clip", cispo_eps_high=0.3), "rl.cispo_eps_high=0.3 is a hyperparameter of "
+                                                "rl.loss='cispo'"),
+    (dict(objective="drpo", overlong_buffer=2), "rl.objective='drpo' reads each completion's "
+                                                "reward as scored"),
+    (dict(objective="drpo", kl_in="reward"), "rl.kl_in='reward' would not reach"),
+    (dict(objective="online_dpo", kl_coef=0.1, overlong_buffer=2),
+     "rl.objective='online_dpo' reads each completion's reward as scored"),
+    (dict(advantage="process", kl_in="reward"), "rl.advantage='process' reads the step "
+                                                "rewards"),
 ])
 def test_rl_values_that_gave_wrong_numbers_are_one_sentence(fields, expected):
   config = grpo_tiny.get_config()

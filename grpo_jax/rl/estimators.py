@@ -15,6 +15,8 @@ only when an estimator needs it. Built in:
   "step_rewards"    (rewards (B, K), end_index (B, K) int, mask (B, K) bool): process rewards
                            from the task (`Task.step_rewards`) or reward.process_model
 `needs_critic=True`: the estimator reads `x.values` (the critic at rollout time).
+`shaped=False`: it does not read `x.token_rewards` (where rl.overlong_buffer's penalty and
+rl.kl_in="reward"'s KL land), so config validation refuses that shaping with it.
 Returns None: the value targets, if a critic is on, are the Monte-Carlo returns.
 Keyword-only parameters are hyperparameters: rl fields of the same names, with these defaults,
 bound when the estimator is built (`make_estimator`; grpo_jax/registry.py `bind`).
@@ -52,20 +54,21 @@ class Estimator:
   groups: bool = False
   needs: tuple[str, ...] = ()
   needs_critic: bool = False
+  shaped: bool = True  # reads x.token_rewards, where the reward shaping lands
 
 
 ESTIMATORS = Registry("rl.advantage")
 
 
 def register_estimator(name: str, *, groups: bool = False, needs=(), needs_critic=False,
-                       replace: bool = False, check=None):
+                       shaped: bool = True, replace: bool = False, check=None):
   """Decorator: registers fn(EstimatorInputs, *, hyperparameters) -> (advantages, returns or
   None) as `name`; `needs` names registered estimator inputs (checked when a config selects
   it); check(**hyperparameters) -> None or the sentence saying what is wrong."""
 
   def add(fn):
-    ESTIMATORS.register(name, Estimator(fn, groups, tuple(needs), needs_critic), replace=replace,
-                        check=check)
+    ESTIMATORS.register(name, Estimator(fn, groups, tuple(needs), needs_critic, shaped),
+                        replace=replace, check=check)
     return fn
   return add
 
@@ -127,7 +130,7 @@ def _remax(x: EstimatorInputs):
                                   x.mask), None
 
 
-@register_estimator("process", groups=True, needs=("step_rewards",))
+@register_estimator("process", groups=True, needs=("step_rewards",), shaped=False)
 def _process(x: EstimatorInputs, *, advantage_eps=1e-6):
   rewards, end_index, step_mask = x.extras["step_rewards"]
   return tok_adv.process_advantages(rewards, end_index, step_mask, x.group_size, x.mask,

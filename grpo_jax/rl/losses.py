@@ -18,7 +18,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from grpo_jax.registry import Registry
+from grpo_jax.errors import ConfigError
+from grpo_jax.registry import Registry, hyperparameters
 from grpo_jax.rl._checks import as_token_mask, require_shape
 from grpo_jax.rl.aggregation import (LOSS_AGGREGATIONS, aggregate, loss_normalizer,  # noqa: F401
                                      masked_mean, masked_sum)
@@ -162,6 +163,18 @@ def check_log_ratio_clamp(log_ratio_clamp) -> str | None:
     return (f"rl.log_ratio_clamp={log_ratio_clamp}; use 0 (off) or a bound > 0 on |log pi - "
             f"log pi_old| before exp (20 is usual).")
   return None
+
+
+def check_unread_settings(rl) -> None:
+  """Raises ConfigError when rl sets another policy loss's hyperparameter away from its default
+  although rl.loss does not take it (rl.dual_clip_c under gspo would be silently ignored)."""
+  own = hyperparameters(POLICY_LOSSES.get(rl.loss))
+  for other, fn in POLICY_LOSSES.items():
+    for field, default in hyperparameters(fn).items():
+      if field not in own and rl.get(field, default) != default:
+        raise ConfigError(f"rl.{field}={rl[field]} is a hyperparameter of rl.loss={other!r}, "
+                          f"which rl.loss={rl.loss!r} does not take; set it back to {default} "
+                          f"or use rl.loss={other!r}.")
 
 
 def check_clip(clip_eps_low, clip_eps_high, dual_clip_c=0.0, log_ratio_clamp=20.0, **_):

@@ -36,7 +36,7 @@ from grpo_jax.errors import ConfigError
 from grpo_jax.registry import Registry
 from grpo_jax.rl.aggregation import aggregate, loss_normalizer, masked_sum
 from grpo_jax.rl.kl import kl_penalty
-from grpo_jax.rl.losses import POLICY_LOSSES, entropy_bonus, value_loss
+from grpo_jax.rl.losses import POLICY_LOSSES, check_unread_settings, entropy_bonus, value_loss
 from grpo_jax.rl.off_policy import importance_weighted_kl, off_policy_sequence_mask
 from grpo_jax.rl import corrections  # noqa: F401  rl.is_correction and rl.loss "cispo"
 
@@ -72,14 +72,19 @@ def register_objective(name: str, *, whole_groups: bool = False, replace: bool =
 
 def check_objective_rules(rl, name: str, rules: list) -> None:
   """Raises ConfigError with the first broken rule's sentence: `rules` are (holds, sentence)
-  pairs, and the rule every objective other than "policy_gradient" shares (no value loss, no
-  truncated importance weights, none of DeepSeek-V3.2's switches) is checked last."""
+  pairs, and the rules every objective other than "policy_gradient" shares (no value loss, no
+  truncated importance weights, none of DeepSeek-V3.2's switches; no reward shaping, as it
+  reads the rewards as scored) are checked last."""
   rules = list(rules) + [(
       rl.value_head == "none" and not rl.tis_cap and not rl.opsm_delta and not rl.unbiased_kl
       and rl.get("is_correction", "none") == "none",
       f"rl.objective={name!r} has no value loss, importance weights or DeepSeek-V3.2 "
       f"switches; set rl.value_head='none', rl.tis_cap=0, rl.is_correction='none', "
-      f"rl.opsm_delta=0, rl.unbiased_kl=False.")]
+      f"rl.opsm_delta=0, rl.unbiased_kl=False."), (
+      not rl.overlong_buffer and not (rl.kl_in == "reward" and rl.kl_coef > 0),
+      f"rl.objective={name!r} reads each completion's reward as scored, which the reward "
+      f"shaping of rl.overlong_buffer={rl.overlong_buffer} and rl.kl_in={rl.kl_in!r} would not "
+      f"reach; set rl.overlong_buffer=0 and rl.kl_in='loss'.")]
   for holds, sentence in rules:
     if not holds:
       raise ConfigError(sentence)
@@ -127,6 +132,7 @@ def policy_gradient_objective(rl, group_size: int) -> Objective:
   normalised losses, so that they add up over micro-batches.
   """
   mode, policy_loss = rl.loss_aggregation, POLICY_LOSSES.bind(rl.loss, rl)
+  check_unread_settings(rl)
   # importance weights: rl.tis_cap's or rl.is_correction's (grpo_jax/rl/corrections.py)
   tis = rl.tis_cap > 0 or rl.get("is_correction", "none") != "none"
   kl_in_loss = rl.kl_in == "loss" and rl.kl_coef > 0
