@@ -116,3 +116,31 @@ def test_padding_contributes_exactly_nothing(mode):
   assert float(noisy) == float(base)
   np.testing.assert_array_equal(np.asarray(noisy_grad), np.asarray(grad))
   assert np.all(np.asarray(grad)[~np.asarray(mask)] == 0.0)
+
+
+@pytest.mark.parametrize("value,group", [(0.7, 8), (0.1, 3)])
+def test_tied_groups_have_exactly_zero_advantage_in_every_group_estimator(value, group):
+  """A batch whose groups are each tied (every reward of a group equal) carries no signal:
+  every group estimator gives it exactly 0, so the gradient is 0 and skip_without_signal
+  leaves the policy where it was. The plain formula did not: a group's mean rounds (XLA: 8 x
+  0.7 sum to 5.6000004, then times 1/8), and divided by a standard deviation of 0 + eps that
+  became an advantage of 0.056 on every row (TRL's torch arithmetic gives the same 0.056)."""
+  from grpo_jax.rewards.combine import combine_rewards  # noqa: PLC0415
+  from grpo_jax.rl import advantages as adv  # noqa: PLC0415
+  from grpo_jax.rl.gfpo import gfpo_advantages  # noqa: PLC0415
+  from grpo_jax.rl.token_advantages import process_advantages  # noqa: PLC0415
+  r = jnp.asarray(np.repeat(np.float32([value, 3 * value]), group))
+  mask, rows = jnp.ones((2 * group, 3), bool), 2 * group
+  outputs = {
+      "grpo": adv.group_normalized_advantages(r, group),
+      "dr_grpo": adv.group_normalized_advantages(r, group, scale_by_std=False),
+      "grpo_batch_std": adv.grpo_batch_std_advantages(r, group, mask),
+      "rloo": adv.rloo_advantages(r, group, mask),
+      "reinforce_pp_baseline": adv.reinforce_pp_baseline_advantages(r, group, mask),
+      "gfpo": gfpo_advantages(r, jnp.ones(rows, bool), group),
+      "process": process_advantages(r[:, None], jnp.full((rows, 1), 2), jnp.ones((rows, 1), bool),
+                                    group, mask),
+      "normalise_then_sum": combine_rewards(r[:, None], jnp.ones(1), group,
+                                            "normalise_then_sum")}
+  for name, out in outputs.items():
+    assert np.all(np.asarray(out) == 0.0), (name, out)

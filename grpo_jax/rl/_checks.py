@@ -33,6 +33,17 @@ def require_groups(rewards: jax.Array, group_size: int, min_size: int = 1,
                      f"{min_size}.")
 
 
+def tied_groups(groups: jax.Array, mask: jax.Array | None = None) -> jax.Array:
+  """(n, 1) bool: True where every (masked-in) value of a row of groups (n, G) is the same. A
+  tied group carries no signal, so the estimators set its centred values to exactly 0: the
+  rounding of its mean (XLA sums, then scales by 1 / G) would otherwise become one, divided by
+  a standard deviation of 0 + eps (8 rewards of 0.7: advantages of 0.056), and any gradient
+  that is not exactly 0 moves Adam by a whole step."""
+  hi = groups if mask is None else jnp.where(mask, groups, -jnp.inf)
+  lo = groups if mask is None else jnp.where(mask, groups, jnp.inf)
+  return jnp.max(hi, axis=1, keepdims=True) == jnp.min(lo, axis=1, keepdims=True)
+
+
 def safe_sqrt(x: jax.Array) -> jax.Array:
   """sqrt(x) for x >= 0 whose gradient at x == 0 is 0 instead of inf (so never nan)."""
   positive = x > 0

@@ -11,7 +11,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from grpo_jax.rl._checks import require_groups, require_shape, safe_sqrt
+from grpo_jax.rl._checks import require_groups, require_shape, safe_sqrt, tied_groups
 
 
 def group_normalized_advantages(rewards: jax.Array, group_size: int, eps: float = 1e-6,
@@ -21,11 +21,12 @@ def group_normalized_advantages(rewards: jax.Array, group_size: int, eps: float 
       A_i = (r_i - mean_group(r)) / (std_group(r) + eps)
 
   with the unbiased (n-1) standard deviation of the group; scale_by_std=False gives
-  r_i - mean_group(r) (Dr. GRPO). rewards: (B,) with B = num_prompts * group_size.
+  r_i - mean_group(r) (Dr. GRPO). A tied group gets exactly 0 (_checks.tied_groups). rewards:
+  (B,) with B = num_prompts * group_size.
   """
   require_groups(rewards, group_size)
   groups = rewards.astype(jnp.float32).reshape(-1, group_size)
-  centred = groups - groups.mean(axis=1, keepdims=True)
+  centred = _centred(groups, groups.mean(axis=1, keepdims=True))
   if scale_by_std:
     if group_size < 2:
       raise ValueError("group_size=1 has no group standard deviation; use group_size >= 2.")
@@ -46,10 +47,15 @@ def _rows_to_tokens(values: jax.Array, mask: jax.Array) -> jax.Array:
   return broadcast_to_tokens(values, mask)
 
 
-def _group_mean_per_row(rewards: jax.Array, group_size: int) -> jax.Array:
-  """(B,) -> (B,): the mean reward of each row's group, repeated on the group's rows."""
+def _centred(groups: jax.Array, baseline: jax.Array) -> jax.Array:
+  """groups (n, G) - baseline, exactly 0 in a tied group (_checks.tied_groups)."""
+  return jnp.where(tied_groups(groups), 0.0, groups - baseline)
+
+
+def _group_centred(rewards: jax.Array, group_size: int) -> jax.Array:
+  """(B,) -> (B,): each reward minus its group's mean, exactly 0 in a tied group."""
   groups = rewards.astype(jnp.float32).reshape(-1, group_size)
-  return jnp.repeat(groups.mean(axis=1), group_size)
+  return _centred(groups, groups.mean(axis=1, keepdims=True)).reshape(-1)
 
 
 def grpo_batch_std_advantages(rewards: jax.Array, group_size: int, mask: jax.Array,
@@ -64,7 +70,7 @@ def grpo_batch_std_advantages(rewards: jax.Array, group_size: int, mask: jax.Arr
   if rewards.shape[0] < 2:
     raise ValueError("a batch of one reward has no standard deviation; use B >= 2.")
   rewards = rewards.astype(jnp.float32)
-  centred = rewards - _group_mean_per_row(rewards, group_size)
+  centred = _group_centred(rewards, group_size)
   return _rows_to_tokens(centred / (jnp.std(rewards, ddof=1) + eps), mask)
 
 
@@ -74,9 +80,9 @@ def rloo_advantages(rewards: jax.Array, group_size: int, mask: jax.Array) -> jax
       A_{i,t} = r_i - (1 / (G-1)) * sum_{j in group(i), j != i} r_j     where mask, else 0
   """
   require_groups(rewards, group_size, min_size=2)
-  rewards = rewards.astype(jnp.float32)
-  group_sum = jnp.repeat(rewards.reshape(-1, group_size).sum(axis=1), group_size)
-  return _rows_to_tokens(rewards - (group_sum - rewards) / (group_size - 1), mask)
+  groups = rewards.astype(jnp.float32).reshape(-1, group_size)
+  others = (groups.sum(axis=1, keepdims=True) - groups) / (group_size - 1)
+  return _rows_to_tokens(_centred(groups, others).reshape(-1), mask)
 
 
 def remax_advantages(rewards: jax.Array, greedy_rewards: jax.Array, mask: jax.Array) -> jax.Array:
@@ -128,7 +134,7 @@ def reinforce_pp_baseline_advantages(rewards: jax.Array, group_size: int, mask: 
   """
   require_groups(rewards, group_size)
   rewards = rewards.astype(jnp.float32)
-  centred = _rows_to_tokens(rewards - _group_mean_per_row(rewards, group_size), mask)
+  centred = _rows_to_tokens(_group_centred(rewards, group_size), mask)
   return masked_whiten(centred, mask, shift_mean=True, eps=eps)
 
 

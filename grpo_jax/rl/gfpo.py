@@ -17,7 +17,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from grpo_jax.rl._checks import require_groups, require_shape, safe_sqrt
+from grpo_jax.rl._checks import require_groups, require_shape, safe_sqrt, tied_groups
 
 GFPO_METRICS = ("length", "token_efficiency")
 
@@ -87,7 +87,7 @@ def gfpo_advantages(rewards: jax.Array, keep_mask: jax.Array, group_size: int,
   rewards = jnp.where(mask, jnp.asarray(rewards).astype(jnp.float32).reshape(-1, group_size), 0.0)
   count = jnp.sum(mask, axis=1, keepdims=True).astype(jnp.float32)
   mean = jnp.sum(rewards, axis=1, keepdims=True) / jnp.maximum(count, 1.0)
-  centred = jnp.where(mask, rewards - mean, 0.0)
+  centred = jnp.where(mask & ~tied_groups(rewards, mask), rewards - mean, 0.0)
   if scale:
     var = jnp.sum(centred * centred, axis=1, keepdims=True) / jnp.maximum(count - 1.0, 1.0)
     centred = centred / (safe_sqrt(var) + eps)

@@ -18,7 +18,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from grpo_jax.rl._checks import as_token_mask, require_shape, safe_sqrt
+from grpo_jax.rl._checks import as_token_mask, require_shape, safe_sqrt, tied_groups
 from grpo_jax.rl.advantages import masked_whiten
 
 
@@ -133,7 +133,7 @@ def process_advantages(step_rewards: jax.Array, step_end_index: jax.Array, step_
   group_m = step_mask.reshape(-1, group_size * num_steps)
   count = jnp.sum(group_m, axis=1, keepdims=True).astype(jnp.float32)
   mean = jnp.sum(group_r, axis=1, keepdims=True) / jnp.maximum(count, 1.0)
-  centred = jnp.where(group_m, group_r - mean, 0.0)
+  centred = jnp.where(group_m & ~tied_groups(group_r, group_m), group_r - mean, 0.0)
   var = jnp.sum(centred * centred, axis=1, keepdims=True) / jnp.maximum(count - 1.0, 1.0)
   normalised = (centred / (safe_sqrt(var) + eps)).reshape(batch, num_steps)
 
