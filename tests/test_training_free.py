@@ -55,13 +55,14 @@ def test_collect_revise_renumber_by_hand():
   assert waiting == [ops[1]] and next_id == 2
   assert counts == lib.OperationCounts(added=2, skipped=5)
   plan = [{"option": "modify", "experience": "one'", "modified_from": "G1"},
-          {"option": "merge", "experience": "a+b", "merged_from": ["C0", "C1", "C7"]},
+          {"option": "merge", "experience": "lost", "merged_from": ["C0", "C7"]},  # C7 unknown
+          {"option": "merge", "experience": "a+b", "merged_from": ["C0", "C1"]},
           {"option": "modify", "experience": "x", "modified_from": "C5"},  # unknown: skipped
           {"option": "merge", "experience": "y", "merged_from": "C0"},  # not a list
           {"option": "modify", "experience": "z", "modified_from": {"id": "G0"}}]  # not an id
   revised, more = lib.apply_revision(candidates, plan, next_id)
   assert revised == {"G0": "zero", "G1": "one'", "C2": "a+b"}
-  assert more == lib.OperationCounts(modified=1, merged=1, skipped=3)
+  assert more == lib.OperationCounts(modified=1, merged=1, skipped=4)
   assert lib.renumber(revised) == {"G0": "zero", "G1": "one'", "G2": "a+b"}
   assert lib.kept_groups([[1, 0, 1], [0, 0, 0], [1, 1, 1], [0, 1, 0]]) == [
       True, False, False, True]

@@ -9,7 +9,8 @@ One step's update, as the authors' math pipeline does it:
      id present at that point wait for the batch revision;
   3. `apply_revision`: the revision plan's {"option": "modify", "experience", "modified_from"}
      replaces a text, {"option": "merge", "experience", "merged_from": [ids]} removes the ids
-     and adds the merged text as the next C id;
+     and adds the merged text as the next C id (a merge naming an id the library does not
+     hold is skipped whole, as the authors' is: a made-up id must not cost the real lessons);
   4. `renumber`: the ids become G0 .. Gn-1.
 
 Operations that are not dicts, have an unknown option, lack a field or name an id the library
@@ -93,10 +94,10 @@ def apply_revision(candidates: dict, plan: list, next_id: int) -> tuple[dict, Op
     if _modifies(op, library):
       library[op["modified_from"]] = op["experience"]
       modified += 1
-    elif _text(op, "merge", "merged_from") and isinstance(op["merged_from"], list):
+    elif (_text(op, "merge", "merged_from") and isinstance(op["merged_from"], list)
+          and all(isinstance(i, str) and i in library for i in op["merged_from"])):
       for i in op["merged_from"]:
-        if isinstance(i, str):
-          library.pop(i, None)
+        library.pop(i, None)
       library[f"C{next_id}"] = op["experience"]
       next_id, merged = next_id + 1, merged + 1
     else:
