@@ -176,9 +176,9 @@ def main(argv):
     config = _loaded_config()
     print(describe(config))
     if _STAGE.value == "rl":  # a value the run would refuse is named here, not only printed
-      from grpo_jax.config import validate  # noqa: PLC0415
+      from grpo_jax.train.stages.rl_checks import check_rl_config  # noqa: PLC0415
       try:
-        validate(config)
+        check_rl_config(config)
       except ConfigError as e:
         print(f"# a run of this config would stop at once: {e}", flush=True)
     return

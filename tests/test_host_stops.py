@@ -291,6 +291,12 @@ def test_print_config_lists_every_field_with_its_doc(capsys):
   out = capsys.readouterr().out.splitlines()
   assert code == 0 and out[-1] == ("# a run of this config would stop at once: rl.kl_coef=-1.0; "
                                    "use a value >= 0 (0 turns KL off).")
+  # and what the RL stage refuses beyond validate: its experience source
+  code = cli(["--config=configs/grpo_tiny.py", "--config.train.experience_source=x",
+              "--print_config"])
+  out = capsys.readouterr().out.splitlines()
+  assert code == 0 and out[-1].startswith("# a run of this config would stop at once: "
+                                          "train.experience_source='x' is unknown")
 
 
 def test_a_config_file_that_exits_is_one_sentence(tmp_path, capfd):

@@ -87,6 +87,10 @@ def test_values_that_print_alike_are_refused(tmp_path):  # P05
     (dict(recipes={"x": {"config": "configs/grpo_tiny.py", "program": "grpo_jax.trian"}},
           grid={"recipe": ["x"]}),  # round 5's W05: caught only when its job ran
      r"arm 'recipe=x': its program 'grpo_jax.trian' is not a module Python can run"),
+    # the RL stage's own refusals (its experience source's), which validate alone passed
+    (dict(grid={"train.experience_source": ["bogus"]}),
+     r"arm 'experience_source=bogus': train.experience_source='bogus' is unknown; valid: "
+     r"episodes, fused, fused_episodes, host\."),
 ])
 def test_every_arm_is_checked_before_any_job(tmp_path, fields, message):
   sweep = load_sweep(_fields(tmp_path, **{"base_config": "configs/grpo_tiny.py", **fields}))

@@ -5,8 +5,9 @@ to fail alike, its reason only in each job's sweep_job.log.
 An arm's config is built as its process builds it: the job's --config file and --config.*
 flags parsed by ml_collections' own flag parser, in the folder the jobs run from; then a Hub id
 in model.path is resolved (grpo_jax/models/hub.py) and the config validated
-(grpo_jax/config.py `validate`, which imports config.imports; the Training-Free GRPO stage's
-own checks for its program). The first problem is one SweepError naming the arm and the field.
+(grpo_jax/config.py `validate`, which imports config.imports; for grpo_jax.main the RL stage's
+check_rl_config, which adds its experience source's and vision policy's checks; the
+Training-Free GRPO stage's own checks for its program). The first problem is one SweepError naming the arm and the field.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from grpo_jax.sweep.spec import Job, Sweep, SweepError, jobs
 
 # The checks a program runs on its config first, as "module:function" (default: validate).
 CONFIG_CHECKS = {
+    "grpo_jax.main": "grpo_jax.train.stages.rl_checks:check_rl_config",
     "grpo_jax.train_training_free": "grpo_jax.training_free.checks:check_training_free_config",
 }
 DEFAULT_CHECK = "grpo_jax.config:validate"

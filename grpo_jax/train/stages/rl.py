@@ -24,7 +24,7 @@ from grpo_jax import compile_log
 from grpo_jax import config as config_lib
 from grpo_jax.models.config import ModelConfig
 from grpo_jax.models.partitioning import place
-from grpo_jax.models.vision.build import check_vision_config, frozen_tower
+from grpo_jax.models.vision.build import frozen_tower
 from grpo_jax.models.value_head import critic_from_reward_model, init_value_params
 from grpo_jax.parallel import distributed
 from grpo_jax.parallel.distributed import to_host
@@ -33,15 +33,13 @@ from grpo_jax.parallel.platform import (cpu_fallback_warning, devices_record, pl
 from grpo_jax.parallel.mesh import bytes_per_device, role_meshes, split_heads_note
 from grpo_jax.rewards.sources import RewardSources
 from grpo_jax.train.run import files
-# (imported to register the built-in experience sources)
-from grpo_jax.train.sources import episodes, fused, fused_episodes, host  # noqa: F401
 from grpo_jax.train.run.checkpoint import Checkpoints, step_of
 from grpo_jax.train.run.evaluation import evaluator_for
 from grpo_jax.train.sources.experience_source import Run, SourceSettings, for_source
 from grpo_jax.train.sources.pipeline import initial_in_flight
 from grpo_jax.train.stages.rl_advance import make_advance
 from grpo_jax.train.stages.rl_checks import (check_batches_fit_mesh, check_batches_fit_sampler,
-                                             check_source, check_split_placement)
+                                             check_rl_config, check_split_placement)
 from grpo_jax.train.run.reward_models import build_reward_sources
 from grpo_jax.train.run.export import export_policy
 from grpo_jax.train.run.faults import TerminationFlag, check_skips, check_state_finite
@@ -93,9 +91,7 @@ def train(config, workdir: str, log=print, seeds=None, seed_axis: str = "vmap") 
   faults.RunStopped (RewardError included) when the run cannot go on.
   """
   started = time.perf_counter()
-  config_lib.validate(config)
-  check_source(config.train, config.rl)
-  check_vision_config(config)
+  check_rl_config(config)
   check_workdir(workdir)
   settings = SourceSettings.of(config)
   axis = (SeedAxis((int(config.seed),)) if seeds is None else

@@ -7,10 +7,22 @@ from grpo_jax import config as config_lib
 from grpo_jax.parallel.mesh import batch_axis_size
 from grpo_jax.rewards.estimator_inputs import uses_greedy
 from grpo_jax.rl.estimators import ESTIMATORS
+# (imported to register the built-in experience sources that check_source looks up)
+from grpo_jax.train.sources import episodes, fused, fused_episodes, host  # noqa: F401
 from grpo_jax.train.learner.experience import reuses_current_logprobs
 from grpo_jax.train.sources.experience_source import (EXPERIENCE_SOURCES, SourceSettings,
                                                       for_source, source_name)
 from grpo_jax.train.sources.pipeline import check_pipeline
+
+
+def check_rl_config(config) -> None:
+  """Everything the RL stage refuses in its config before any compute: config.validate, the
+  experience source (check_source) and a vision policy's settings. The sweep launcher's and
+  --print_config's check too, so that they name what the run would refuse."""
+  from grpo_jax.models.vision.build import check_vision_config  # noqa: PLC0415
+  config_lib.validate(config)
+  check_source(config.train, config.rl)
+  check_vision_config(config)
 
 
 def check_source(t_cfg, rl) -> None:
