@@ -18,7 +18,8 @@ from tests.tiny_runs import ROOT, command, records, start_and_signal, strip
 def test_sigint_or_sighup_saves_the_step_and_the_resume_equals_the_uninterrupted_run(
     reference, tmp_path, env, sig):
   """Ctrl-C, or SIGHUP (the terminal or ssh session that started the run closed), saves like
-  SIGTERM; the resume prints nothing on stderr (no orbax warning lines). Both signals reach
+  SIGTERM; the resume prints nothing on stderr (no orbax warning lines), and its elapsed_s
+  counts on from the stopped process's. Both signals reach
   the one handler (train/run/faults.py), so SIGHUP's resume is SIGINT's: it is run once."""
   _, ref_records = reference
   workdir = tmp_path / "run"
@@ -26,7 +27,7 @@ def test_sigint_or_sighup_saves_the_step_and_the_resume_equals_the_uninterrupted
                                      "--config.train.checkpoint_every=100")
   assert code == 128 + sig, stderr[-2000:]
   assert faults.INTERRUPTED_EXIT_CODE == 130
-  stopped = records(workdir)[-1]["step"]
+  stopped, before = records(workdir)[-1]["step"], records(workdir)[-1]["elapsed_s"]
   assert stderr.strip().splitlines() == [
       f"{signal.Signals(sig).name}: saved checkpoint {workdir}/checkpoints/{stopped}; run the "
       f"same command again to resume from it."]
@@ -37,6 +38,7 @@ def test_sigint_or_sighup_saves_the_step_and_the_resume_equals_the_uninterrupted
   assert out.returncode == 0 and out.stderr == "", out.stderr[-2000:]
   assert f"resumed from checkpoint {workdir}/checkpoints/{stopped}" in out.stdout
   assert strip(records(workdir)) == strip(ref_records)
+  assert records(workdir)[stopped + 1]["elapsed_s"] > before  # the run's clock counts on
 
 
 @pytest.mark.slow

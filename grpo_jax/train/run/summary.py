@@ -32,6 +32,12 @@ def read_records(workdir: str) -> list[dict]:
   return records
 
 
+def elapsed_before(workdir: str) -> float:
+  """The wall-clock seconds the run's earlier processes recorded (the last record's elapsed_s;
+  0 for a fresh run), from which a resumed process counts on."""
+  return max((r.get("elapsed_s", 0.0) for r in read_records(workdir)), default=0.0)
+
+
 def where_line(workdir: str, tensorboard: bool = True, per_seed=()) -> str:
   """The run's first line about its files; per_seed: the seeds' own folders, when stacked seeds
   write one each."""

@@ -47,7 +47,7 @@ from grpo_jax.train.run.metrics import MetricsWriter
 from grpo_jax.train.run.no_signal import NoSignalWatch, warmup_check_line
 from grpo_jax.train.run.runner import run_steps
 from grpo_jax.train.run.samples import SamplesWriter, format_samples
-from grpo_jax.train.run.summary import closing_line, where_line, write_curves
+from grpo_jax.train.run.summary import closing_line, elapsed_before, where_line, write_curves
 from grpo_jax.train.run.seed_axis import SeedAxis
 from grpo_jax.train.run.sections import DeviceSection, LoraSection, Sections
 from grpo_jax.train.run.setup import (build_model, build_task, check_task_fits_model,
@@ -289,6 +289,7 @@ def _run(run: Run, sections: Sections, configs, state, resumed: bool, ckpts,
   the closing line; a finished run run again says so and does nothing else."""
   axis, log, t = run.axis, run.log, sections.loop
   finished = resumed and step_of(state) >= t.steps
+  before = elapsed_before(run.workdirs[0]) if resumed else 0.0  # elapsed_s counts on
   if finished:
     log(f"this run is finished (step {step_of(state)}, train.steps={t.steps}): nothing to do; "
         f"a larger train.steps continues it, a fresh --workdir starts a new one")
@@ -349,7 +350,7 @@ def _run(run: Run, sections: Sections, configs, state, resumed: bool, ckpts,
       at = first + i
       for writer, record in zip(writers, per_seed):
         record.update(step_time_s=per_step, tokens_per_s=step_tokens_ / per_step,
-                      elapsed_s=clock.elapsed_s)
+                      elapsed_s=before + clock.elapsed_s)
         writer.write(at, record)
       if axis.stacked:
         log(_seeds_line(at, t.steps, per_seed, step_tokens_ / per_step,
