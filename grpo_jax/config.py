@@ -190,7 +190,8 @@ def validate(config) -> None:
   from grpo_jax.rollout.static import DECODE_LOOPS  # noqa: PLC0415
   _one_of(r.get("decode_loop", "auto"), ("auto",) + DECODE_LOOPS, "rollout.decode_loop")
   _validate_engines(config)
-  _require(rl.kl_coef >= 0, f"rl.kl_coef={rl.kl_coef}; use a value >= 0 (0 turns KL off).")
+  _require(math.isfinite(rl.kl_coef) and rl.kl_coef >= 0,
+           f"rl.kl_coef={rl.kl_coef}; use a finite value >= 0 (0 turns KL off).")
   _require(rl.kl_clamp >= 0, f"rl.kl_clamp={rl.kl_clamp}; use 0 (off) or a bound > 0 on "
            f"|log pi - log pi_ref| (verl: 20).")
   eps, lam = rl.get("advantage_eps", 0.0), rl.get("lam", 1.0)
@@ -233,6 +234,8 @@ def validate(config) -> None:
            f"number of steps >= 0 (0 = only at the end and on SIGTERM).")
   _require(tr.keep_checkpoints >= 1, f"train.keep_checkpoints={tr.keep_checkpoints}; keep at "
            f"least 1 (2 or more lets a damaged newest checkpoint fall back to the previous).")
+  _require(tr.no_signal_steps >= 0, f"train.no_signal_steps={tr.no_signal_steps}; use "
+           f"a number of steps in a row without signal >= 0 (0: no such line).")
   _require(tr.max_consecutive_skips >= 1, f"train.max_consecutive_skips="
            f"{tr.max_consecutive_skips}; use at least 1.")
   _one_of(tr.on_reward_error, ("raise", "zero"), "train.on_reward_error")

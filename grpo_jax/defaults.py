@@ -245,8 +245,8 @@ def get_defaults() -> ml_collections.ConfigDict:
       # one jit); "" = "fused" when fused_steps > 0, else "host".
       experience_source="",
       # Resuming a workdir under a config that differs from its config.json (beyond run
-      # length and bookkeeping, workdir.FREE_TO_CHANGE) is refused unless this is True; every
-      # start's changes are recorded in run_info.json.
+      # length, under optim.schedule "constant", and bookkeeping: workdir.FREE_TO_CHANGE) is
+      # refused unless this is True; every start's changes are recorded in run_info.json.
       allow_config_change=False,
       # Weights & Biases logging besides metrics.jsonl and TensorBoard: a project name ("" =
       # off; needs pip install -e '.[wandb]') and its mode: "online", "offline" (no network:

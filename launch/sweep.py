@@ -55,16 +55,13 @@ def main(argv=None) -> int:
                       help="override the sweep file's seed_axis")
   args = parser.parse_args(argv)
   try:
-    sweep = load_sweep(args.sweep)
+    sweep = load_sweep(args.sweep, args.seed_axis)  # the override checked like the file's
   except SweepError as e:
     print(f"error: {e}", file=sys.stderr)
     return 2
   if args.parallel < 1:
     print(f"error: --parallel={args.parallel}; use 1 or more processes.", file=sys.stderr)
     return 2
-  if args.seed_axis:
-    import dataclasses
-    sweep = dataclasses.replace(sweep, seed_axis=args.seed_axis)
   sweep_dir = os.path.abspath(args.workdir or os.path.join("sweeps", sweep.name))
   failed = []
   if args.report_only and not _writable(sweep_dir):

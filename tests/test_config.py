@@ -65,6 +65,10 @@ def test_config_error_from_main_is_one_line(tmp_path):
                                         "peak rate in [0, 1]"),
     ("rollout", "max_new_tokens", 0, "rollout.max_new_tokens=0; use at least 1"),
     ("train", "eval_pass_k", -2, "train.eval_pass_k=-2; use 0 (off)"),
+    # an infinite KL coefficient made the loss inf or NaN; a negative count silently meant 0
+    ("rl", "kl_coef", float("inf"), "rl.kl_coef=inf; use a finite value >= 0 (0 turns KL off)."),
+    ("train", "no_signal_steps", -1, "train.no_signal_steps=-1; use a number of steps in a row "
+                                     "without signal >= 0 (0: no such line)."),
     ("model", "compute_dtype", "float8", "model.compute_dtype='float8' is unknown; valid: "
                                          "bfloat16, float16, float32, auto."),
     ("rollout", "decode_slots", -2, "rollout.decode_slots=-2; use a whole number of decode "

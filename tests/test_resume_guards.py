@@ -80,3 +80,63 @@ def test_stacked_seeds_records_are_checked_against_their_own_checkpoints(tmp_pat
                      rf"2 .* newest checkpoint is step 6, .* moving the newer ones out of "
                      rf"{folder} \(mv {folder}/6 <elsewhere>/\)\.$"):
     open_records(_configs((0, 1)), workdirs, True, DEVICES, stage="rl", checkpoints=folder)
+
+
+def test_a_changed_length_is_free_only_under_a_constant_learning_rate(tmp_path):
+  """train.steps 2 -> 4 was free under every optim.schedule, but 'linear' and 'cosine' spread
+  their decay over the run's length: the extended run differed from one that ran through."""
+  from grpo_jax.train.run import workdir as workdir_lib  # noqa: PLC0415
+  changes, logged = {"train.steps": [2, 4]}, []
+  with pytest.raises(ConfigError) as err:
+    workdir_lib.check_resume_config(changes, "W", allow=False, schedule="linear")
+  assert str(err.value) == (
+      "resuming W under a config that differs from its config.json (train.steps 2 -> 4), and "
+      "optim.schedule='linear' spreads the learning rate's decay over the run's length, so the "
+      "run would differ from one that ran through; run with its recorded config, pass another "
+      "--workdir, or pass --config.train.allow_config_change=True to resume anyway (the "
+      "changes are recorded in run_info.json).")
+  workdir_lib.check_resume_config(changes, "W", allow=False, schedule="constant")
+  workdir_lib.check_resume_config(changes, "W", allow=True, log=logged.append, schedule="cosine")
+  assert logged == ["resuming W with changes allowed by train.allow_config_change: train.steps "
+                    "2 -> 4 (recorded in run_info.json)"]
+  # a stage's own length (the RM stage's rm.steps); train.steps is not the RM stage's
+  with pytest.raises(ConfigError, match=r"\(rm.steps 2 -> 4\), and optim.schedule='cosine'"):
+    workdir_lib.check_resume_config({"rm.steps": [2, 4]}, "W", allow=False,
+                                    length=("rm.steps",), schedule="cosine")
+  workdir_lib.check_resume_config(changes, "W", allow=False, length=("rm.steps",),
+                                  schedule="cosine")
+  # open_records reads the schedule from the config
+  config = _configs((0,))[0]
+  config.optim.schedule, config.train.steps = "linear", 2
+  workdir_lib.write_config(config, str(tmp_path))
+  config.train.steps = 4
+  with pytest.raises(ConfigError, match=r"\(train.steps 2 -> 4\), and optim.schedule='linear'"):
+    workdir_lib.open_records([config], [str(tmp_path)], True, DEVICES, missing_ok=True)
+
+
+def test_a_seeds_run_resumed_with_another_seed_axis_is_refused(tmp_path):
+  """--vmap_seeds resumed with --seed_axis=map after vmap went on silently and unrecorded
+  (the seeds' numbers differ by rounding between the two)."""
+  import json  # noqa: PLC0415
+  from grpo_jax.train.run import workdir as workdir_lib  # noqa: PLC0415
+  config, wd, old = _configs((0,))[0], str(tmp_path / "run"), str(tmp_path / "old")
+  for folder, axis in ((wd, "vmap"), (old, None)):  # old: a record from before the field
+    workdir_lib.write_config(config, folder)
+    workdir_lib.resume_records([folder], [config], None, [{}], DEVICES, "rl", seed_axis=axis)
+  starts = json.loads((tmp_path / "run" / "run_info.json").read_text())["starts"]
+  assert starts[-1]["seed_axis"] == "vmap"
+  assert "seed_axis" not in json.loads((tmp_path / "old" / "run_info.json").read_text())[
+      "starts"][-1]
+  resume = lambda c, folder, axis: workdir_lib.open_records(  # noqa: E731
+      [c], [folder], True, DEVICES, log=lambda *a: None, stage="rl", seed_axis=axis)
+  assert resume(config, wd, "vmap") == [{}] and resume(config, old, "map") == [{}]
+  with pytest.raises(ConfigError) as err:
+    resume(config, wd, "map")
+  assert str(err.value) == (
+      f"resuming {wd}: --seed_axis=map differs from the --seed_axis=vmap its seeds ran with "
+      f"(run_info.json), so the steps to come would differ by rounding from a run that went "
+      f"on; run with --seed_axis=vmap, pass another --workdir, or pass "
+      f"--config.train.allow_config_change=True to resume anyway (recorded in run_info.json).")
+  config.train.allow_config_change = True
+  assert resume(config, wd, "map") == [{"seed_axis": ["vmap", "map"],
+                                        "train.allow_config_change": [False, True]}]

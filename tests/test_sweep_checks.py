@@ -120,3 +120,37 @@ def test_a_workdir_that_cannot_be_written_is_one_sentence(tmp_path, capsys):
   err = capsys.readouterr().err
   assert err.startswith(f"error: the sweep's workdir {tmp_path / 'a_file' / 'sw'} cannot be "
                         f"written (") and err.endswith("); pass a writable --workdir.\n")
+
+
+def test_arm_overrides_keys_match_whole_parts_of_the_arm_name(tmp_path):
+  """A key applied to every arm whose name contained it: "num_minibatches=1" also to
+  "num_minibatches=16", "advantage=grpo" also to "advantage=grpo_batch_std"."""
+  sweep = load_sweep(_fields(
+      tmp_path, base_config="configs/grpo_tiny.py",
+      grid={"rl.num_minibatches": [1, 16], "rl.advantage": ["grpo", "grpo_batch_std"]},
+      arm_overrides={"num_minibatches=1": {"rl.kl_coef": 0.5},
+                     "num_minibatches=16,advantage=grpo": {"rl.kl_coef": 0.25}}))
+  assert {a.name: a.overrides.get("rl.kl_coef") for a in sweep.arms} == {
+      "num_minibatches=1,advantage=grpo": 0.5,
+      "num_minibatches=1,advantage=grpo_batch_std": 0.5,
+      "num_minibatches=16,advantage=grpo": 0.25,
+      "num_minibatches=16,advantage=grpo_batch_std": None}
+  either = load_sweep(_fields(tmp_path, base_config="c.py", grid={"a.x": [1], "a.y": [2, 3]},
+                              arm_overrides={"y=3,x=1": {"a.z": 0}}))  # the parts in any order
+  assert [("a.z" in a.overrides) for a in either.arms] == [False, True]
+  with pytest.raises(SweepError, match=r"arm_overrides key 'advantage=grp' is in no arm's name"):
+    load_sweep(_fields(tmp_path, base_config="c.py", grid={"rl.advantage": ["grpo", "rloo"]},
+                       arm_overrides={"advantage=grp": {"rl.kl_coef": 0.5}}))
+
+
+def test_the_launchers_seed_axis_is_checked_like_the_files(tmp_path, capsys):
+  """--seed_axis was applied after load_sweep, past its check that a program other than
+  grpo_jax.main (the DPO stage) runs one seed per process."""
+  from launch.sweep import main  # noqa: PLC0415
+  sweep = os.path.join(ROOT, "configs/sweeps/preference_tiny.py")
+  assert main([f"--sweep={sweep}", f"--workdir={tmp_path / 'out'}", "--seed_axis=vmap",
+               "--print_commands"]) == 2
+  assert capsys.readouterr() == ("", f"error: {sweep}: recipe 'dpo' runs grpo_jax.train_dpo, "
+                                     f"which takes one seed per process; pass "
+                                     f"--seed_axis=none.\n")
+  assert not (tmp_path / "out").exists()

@@ -5,8 +5,9 @@ A sweep file is a Python file with `get_sweep()` returning a dict:
     base_config   path of the config file every run starts from (relative to the repository)
     overrides     {"train.steps": 200, ...}: applied to every run
     grid          {"rl.advantage": ["grpo", "rloo"], ...}: every combination is one arm
-    arm_overrides {"rl.advantage=gae": {"rl.value_head": "shared"}}: extra overrides for the
-                  arms whose name contains the key (optional)
+    arm_overrides {"advantage=gae": {"rl.value_head": "shared"}}: extra overrides for the
+                  arms whose name has each of the key's comma-separated key=value parts
+                  as a whole part (`matches`; optional)
     seeds         [0, 1, 2]
     seed_axis     "vmap" or "map": the seeds of an arm run as one program
                   (grpo_jax/train/seeds.py); "none": one process per seed (default)
@@ -78,6 +79,12 @@ def _arm_names(grid_keys, combos) -> list[str]:
   keys = short if len(set(short)) == len(short) else list(grid_keys)
   return [",".join(f"{k}={_format(v)}" for k, v in zip(keys, combo)) or "base"
           for combo in combos]
+
+
+def matches(key: str, arm_name: str) -> bool:
+  """Whether an arm_overrides key names the arm: each of its comma-separated parts is a whole
+  part of the name ("num_minibatches=1" is not "num_minibatches=16")."""
+  return set(key.split(",")) <= set(arm_name.split(","))
 
 
 def folder_name(name: str) -> str:
@@ -155,8 +162,9 @@ def _check_distinct_folders(arms: list, path: str) -> None:
                        f"give values that print differently.")
 
 
-def load_sweep(path: str) -> Sweep:
-  """Reads and checks a sweep file."""
+def load_sweep(path: str, seed_axis: str | None = None) -> Sweep:
+  """Reads and checks a sweep file; `seed_axis` (the launcher's --seed_axis) overrides its
+  seed_axis before the checks."""
   raw = _read_sweep_file(path)
   known = {"base_config", "overrides", "grid", "arm_overrides", "seeds", "seed_axis", "recipes"}
   unknown = sorted(set(raw) - known)
@@ -166,7 +174,8 @@ def load_sweep(path: str) -> Sweep:
     raise SweepError(f"{path}: get_sweep() must name base_config, e.g. "
                      f"'configs/grpo_tiny.py'.")
   seeds = _seeds(raw, path)
-  seed_axis = raw.get("seed_axis", "none")
+  fix = "pass --seed_axis=none" if seed_axis else "set seed_axis='none'"
+  seed_axis = seed_axis or raw.get("seed_axis", "none")
   if seed_axis not in SEED_AXES:
     raise SweepError(f"{path}: seed_axis={seed_axis!r} is unknown; valid: {SEED_AXES}.")
   grid = dict(raw.get("grid", {}))
@@ -194,20 +203,20 @@ def load_sweep(path: str) -> Sweep:
     recipe = recipes.get(values.get("recipe"), {})
     overrides = {**common, **{k: v for k, v in values.items() if k != "recipe"}}
     for pattern, extra in extras.items():
-      if pattern in name:
+      if matches(pattern, name):
         overrides.update(extra)
     program = recipe.get("program", "grpo_jax.main")
     if program != "grpo_jax.main" and seed_axis != "none":
       raise SweepError(f"{path}: recipe {values['recipe']!r} runs {program}, which takes one seed "
-                       f"per process; set seed_axis='none'.")
+                       f"per process; {fix}.")
     arms.append(Arm(name, values, overrides, recipe.get("config", ""), program,
                     folder_name(name)))
-  unused = [p for p in extras if not any(p in arm.name for arm in arms)]
+  unused = [p for p in extras if not any(matches(p, arm.name) for arm in arms)]
   if unused:  # a typo's override is refused, never dropped
     raise SweepError(f"{path}: arm_overrides key {unused[0]!r} is in no arm's name, so its "
                      f"overrides would never apply; the arms are "
                      f"{', '.join(a.name for a in arms)} (a key applies to every arm whose name "
-                     f"contains it).")
+                     f"has each of its comma-separated key=value parts).")
   _check_distinct_folders(arms, path)
   stem = os.path.splitext(os.path.basename(path))[0]
   return Sweep(stem, raw["base_config"], tuple(arms), seeds, seed_axis, tuple(grid))

@@ -197,7 +197,8 @@ def train_training_free(config, workdir: str, chat: Chat | None = None, log=prin
     devices = devices_record()  # resumed like every stage (train/run/workdir.py)
     state, damaged = library_files.newest()
     changes = open_records([config], [workdir], state is not None, devices, log,
-                           free=("tfgrpo.steps",), missing_ok=True, stage="training_free")
+                           free=("tfgrpo.steps",), missing_ok=True, stage="training_free",
+                           length=())  # (no learning rate)
     library_files.set_aside(damaged, state.step if state else 0, log)
     resume_records([workdir], [config], state.step if state else None, changes, devices,
                    "training_free")

@@ -8,6 +8,10 @@ from what each start recorded in run_info.json:
   data    the sha256 of each data file the stage reads ({config field: {path, sha256}}): a
           file rewritten since the last start is refused like a changed config, or with
           train.allow_config_change resumed and recorded as a change.
+  seed_axis
+          a seeds run's --seed_axis (vmap or map): the seeds' numbers differ by rounding between
+          the two, so a change is refused likewise. Starts that recorded none (a plain run, or
+          one older than the record) are not checked.
 """
 
 from __future__ import annotations
@@ -80,6 +84,22 @@ def data_changes(workdir: str, data: dict | None, allow: bool) -> dict:
                         f"with the new file (recorded in run_info.json).")
     changes[f"sha256 of {name}"] = [then.get("sha256"), now["sha256"]]
   return changes
+
+
+def seed_axis_changes(workdir: str, seed_axis: str | None, allow: bool) -> dict:
+  """{"seed_axis": [recorded, now]} when a seeds run resumes with another --seed_axis than its
+  newest start recorded; without `allow` (train.allow_config_change) a ConfigError instead."""
+  before = recorded(workdir, "seed_axis")
+  if seed_axis is None or before is None or before == seed_axis:
+    return {}
+  if not allow:
+    raise ConfigError(f"resuming {workdir}: --seed_axis={seed_axis} differs from the "
+                      f"--seed_axis={before} its seeds ran with (run_info.json), so the steps "
+                      f"to come would differ by rounding from a run that went on; run with "
+                      f"--seed_axis={before}, pass another --workdir, or pass "
+                      f"--config.train.allow_config_change=True to resume anyway (recorded in "
+                      f"run_info.json).")
+  return {"seed_axis": [before, seed_axis]}
 
 
 def _record_steps(text: str) -> list:

@@ -175,9 +175,10 @@ def write_config(config, workdir: str) -> None:
                      config.to_json_best_effort(indent=2, sort_keys=True))
 
 
-# Fields a resumed run may change without train.allow_config_change: how long it runs and
-# what it keeps or prints, never what it computes (the learning-rate schedule does not depend
-# on train.steps), and the multi-host start-up (a restarted job may get another coordinator).
+# Fields a resumed run may change without train.allow_config_change: how long it runs (the
+# stage's `length` only under optim.schedule 'constant': check_resume_config) and what it keeps
+# or prints, never what it computes, and the multi-host start-up (a restarted job may get
+# another coordinator).
 FREE_TO_CHANGE = ("train.steps", "train.eval_every", "train.checkpoint_every",
                   "train.keep_checkpoints", "train.export", "train.allow_config_change",
                   "train.wandb_", "train.compilation_cache", "distributed.",
@@ -271,11 +272,12 @@ NEVER_CHANGED = {"rl.max_staleness": "one copy of the parameters per update a ba
 
 
 def check_resume_config(changes: dict, workdir: str, allow: bool, log=print,
-                        free: tuple = ()) -> None:
+                        free: tuple = (), length: tuple = ("train.steps",),
+                        schedule: str = "constant") -> None:
   """Refuses to resume `workdir` under a config (or on devices) whose changes go beyond
-  FREE_TO_CHANGE and the stage's own `free` fields (its length), unless `allow`
-  (train.allow_config_change), which then lists them in one line; before anything of the
-  workdir is rewritten."""
+  FREE_TO_CHANGE and the stage's own `free` fields, and its `length` fields unless `schedule`
+  (optim.schedule) is 'constant', unless `allow` (train.allow_config_change), which then lists
+  them in one line; before anything of the workdir is rewritten."""
   for key in NEVER_CHANGED:
     if key in changes:  # one sentence naming the key, not orbax's dump
       a, b = changes[key]
@@ -283,7 +285,9 @@ def check_resume_config(changes: dict, workdir: str, allow: bool, log=print,
                         f"what its checkpoints hold ({NEVER_CHANGED[key]}), so they cannot be "
                         f"restored, not even with train.allow_config_change; run with "
                         f"{key}={json.dumps(a)}, or pass another --workdir.")
-  refused = {k: v for k, v in changes.items() if not k.startswith(FREE_TO_CHANGE + free)}
+  fixed = () if schedule == "constant" else length  # a decaying rate is spread over the length
+  refused = {k: v for k, v in changes.items()
+             if k in fixed or not k.startswith(FREE_TO_CHANGE + free + length)}
   listed = ", ".join(f"{k} ({_devices(a)}) -> ({_devices(b)})" if k == "devices" else
                      f"{k} {json.dumps(a)} -> {json.dumps(b)}" for k, (a, b) in
                      list(refused.items())[:8])
@@ -299,8 +303,11 @@ def check_resume_config(changes: dict, workdir: str, allow: bool, log=print,
                       f"--config.train.allow_config_change=True to resume anyway (recorded in "
                       f"run_info.json).")
   elif refused:
+    why = (f", and optim.schedule={schedule!r} spreads the learning rate's decay over the run's "
+           f"length, so the run would differ from one that ran through" if set(fixed) & set(refused)
+           else "")
     raise ConfigError(f"resuming {workdir} under a config that differs from its config.json "
-                      f"({listed}{more}); run with its recorded config, pass another "
+                      f"({listed}{more}){why}; run with its recorded config, pass another "
                       f"--workdir, or pass --config.train.allow_config_change=True to resume "
                       f"anyway (the changes are recorded in run_info.json).")
 
@@ -314,13 +321,14 @@ def _devices(d: dict) -> str:
 
 def record_start(workdir: str, resumed_from_step: int | None,
                  config_changes: dict | None = None, devices: dict | None = None,
-                 stage: str | None = None, data: dict | None = None) -> dict:
+                 stage: str | None = None, data: dict | None = None,
+                 seed_axis: str | None = None) -> dict:
   """Appends this start (time, resumed step, host, devices and mesh, versions, code, and the
   changes from the previous start that train.allow_config_change let through) to
   workdir/run_info.json, whose "starts" list then tells which code, machine and settings
-  produced which part of the run; with `stage` and `data` also the stage's name and its data
-  files' fingerprints (resume_guards.py). A damaged record (let through by the caller) is first
-  kept as run_info.json.damaged."""
+  produced which part of the run; with `stage`, `data` and `seed_axis` also the stage's name,
+  its data files' fingerprints and a seeds run's --seed_axis (resume_guards.py). A damaged
+  record (let through by the caller) is first kept as run_info.json.damaged."""
   path = files.path(workdir, "run_info.json")
   info, problem = _read_json(workdir, "run_info.json")
   if info is None or not isinstance(info.get("starts"), list):
@@ -332,7 +340,8 @@ def record_start(workdir: str, resumed_from_step: int | None,
            "resumed_from_step": resumed_from_step, "host": platform.node(),
            "devices": devices, "versions": package_versions(),
            **code_version(), "config_changes": config_changes or {},
-           **({"stage": stage} if stage else {}), **({"data_files": data} if data else {})}
+           **({"stage": stage} if stage else {}), **({"data_files": data} if data else {}),
+           **({"seed_axis": seed_axis} if seed_axis else {})}
   info["starts"] = [*info["starts"], entry]
   files.write_atomic(path, json.dumps(info, indent=2))
   return entry
@@ -343,7 +352,8 @@ def record_start(workdir: str, resumed_from_step: int | None,
 
 def open_records(configs, workdirs, resuming: bool, devices: dict, log=print, free: tuple = (),
                  missing_ok: bool = False, stage: str | None = None,
-                 data: dict | None = None, checkpoints: str | None = None) -> list[dict]:
+                 data: dict | None = None, checkpoints: str | None = None,
+                 length: tuple = ("train.steps",), seed_axis: str | None = None) -> list[dict]:
   """The first half of every stage's start (RL, SFT, RM, DPO, Training-Free GRPO), inside its
   workdir lock: when `resuming` (the workdir holds checkpoints), the config and devices are
   checked against the workdir's record (`check_resume_config`); nothing is written (the configs
@@ -351,7 +361,9 @@ def open_records(configs, workdirs, resuming: bool, devices: dict, log=print, fr
   config.json as it was). Returns each workdir's changes for `resume_records`. `stage` and
   `data` (its data files' fingerprints): another stage's checkpoints and a rewritten data file
   are refused too; `checkpoints` (the stage's checkpoint folder, default workdir/checkpoints):
-  records that stop short of its newest step (resume_guards.py)."""
+  records that stop short of its newest step (resume_guards.py). `length`: the fields of the
+  stage's length (free under optim.schedule 'constant' only); `seed_axis`: a seeds run's
+  --seed_axis, refused when it differs from the recorded one (resume_guards.py)."""
   from grpo_jax.train.run import resume_guards  # noqa: PLC0415
   allow = bool(configs[0].train.allow_config_change)
   changes = [{} for _ in workdirs]
@@ -360,15 +372,18 @@ def open_records(configs, workdirs, resuming: bool, devices: dict, log=print, fr
       resume_guards.check_stage(wd, stage)
       resume_guards.check_records_reach_checkpoint(wd, checkpoints)
     changes = [{**config_changes(c, wd, allow), **record_changes(wd, devices, allow, missing_ok),
-                **resume_guards.data_changes(wd, data, allow)}
+                **resume_guards.data_changes(wd, data, allow),
+                **resume_guards.seed_axis_changes(wd, seed_axis, allow)}
                for c, wd in zip(configs, workdirs)]
+    schedule = configs[0].optim.get("schedule", "constant")
     for wd, changed in zip(workdirs, changes):
-      check_resume_config(changed, wd, allow, log, free)
+      check_resume_config(changed, wd, allow, log, free, length, schedule)
   return changes
 
 
 def resume_records(workdirs, configs, step: int | None, changes: list, devices: dict,
-                   stage: str | None = None, data: dict | None = None) -> list[int]:
+                   stage: str | None = None, data: dict | None = None,
+                   seed_axis: str | None = None) -> list[int]:
   """The second half, once the newest checkpoint is restored (step) or none is (None): each
   workdir's config written, the start recorded in run_info.json and the records trimmed to
   the step (metrics.jsonl and samples.jsonl: a run killed after its last checkpoint wrote
@@ -377,7 +392,7 @@ def resume_records(workdirs, configs, step: int | None, changes: list, devices: 
   for c, wd in zip(configs, workdirs):
     write_config(c, wd)
   for wd, changed in zip(workdirs, changes):
-    record_start(wd, step, changed, devices, stage, data)
+    record_start(wd, step, changed, devices, stage, data, seed_axis)
     dropped.append(keep_records_until(files.path(wd, "metrics.jsonl"),
                                       -1 if step is None else step))
     if files.exists(files.path(wd, "samples.jsonl")):

@@ -258,8 +258,8 @@ def train_dpo(config, workdir: str, log=print):
 
   return run_stage("dpo", config, workdir, lambda: state_from(warmed()), advance, evaluate,
                    report, Schedule(total, d.eval_every, config.train.checkpoint_every), log,
-                   free=("dpo.eval_every", "dpo.export") + (("dpo.steps",) if rounds == 0
-                                                            else ("dpo.rounds",)),
+                   free=("dpo.eval_every", "dpo.export"),
+                   length=("dpo.steps",) if rounds == 0 else ("dpo.rounds",),
                    fresh_shape=lambda: state_from(params), restored=restored,
                    data={**fingerprints(files), **warmup_files(config)},
                    export=lambda state: export_policy(model, state, model_cfg, workdir, log,

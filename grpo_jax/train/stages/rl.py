@@ -154,14 +154,14 @@ def _train(run: Run, sections: Sections, workdir: str, configs, warm, warm_data,
   directory = ("checkpoints" if not axis.stacked else
                f"checkpoints_seeds_{'_'.join(map(str, axis.seeds))}")
   ckpts = Checkpoints(os.path.join(workdir, directory), sections.loop.keep_checkpoints, log)
-  # A workdir with checkpoints is resumed: under its recorded config, on its recorded devices,
-  # with its record intact (workdir.py), checked before config.json is rewritten.
+  # A resume: under its recorded config, devices and seed axis, its record intact (workdir.py).
   devices = devices_record(mesh)
-  changes, refusal, data = [{} for _ in workdirs], None, warmup_files(configs[0])
+  changes, refusal, start = [{} for _ in workdirs], None, dict(
+      stage="rl", data=warmup_files(configs[0]), seed_axis=axis.mode if axis.stacked else None)
   if main_process:
     try:
-      changes = open_records(configs, workdirs, bool(ckpts.steps()), devices, log, stage="rl",
-                             data=data, checkpoints=ckpts.directory)
+      changes = open_records(configs, workdirs, bool(ckpts.steps()), devices, log, **start,
+                             checkpoints=ckpts.directory)
     except config_lib.ConfigError as e:
       refusal = e
   _all_processes_stop_with(refusal)
@@ -185,7 +185,7 @@ def _train(run: Run, sections: Sections, workdir: str, configs, warm, warm_data,
       resumed = state is not None
       if main_process:
         dropped = resume_records(workdirs, configs, step_of(state) if resumed else None,
-                                 changes, devices, stage="rl", data=data)[-1]
+                                 changes, devices, **start)[-1]
       if resumed:
         if lora is not None:  # the frozen base is not in the checkpoint
           origin = "model.path" if sections.model.uses_checkpoint else "the seed"

@@ -49,15 +49,16 @@ from grpo_jax.train.run.workdir import WorkdirLock, check_workdir, open_records,
 
 
 def run_stage(name: str, config, workdir: str, fresh, advance, evaluate, report,
-              schedule: Schedule, log=print, free: tuple = (), fresh_shape=None,
-              restored=lambda state: state, data: dict | None = None,
+              schedule: Schedule, log=print, free: tuple = (), length: tuple = (),
+              fresh_shape=None, restored=lambda state: state, data: dict | None = None,
               export=lambda state: None, metric: str = "eval_accuracy"):
   """A supervised stage on the loop skeleton (train/run/runner.py), inside the workdir's lock
   (WorkdirLock): the config recorded, the newest checkpoint restored (the records trimmed to its
   step) or `fresh()` started, `run_steps` with SIGTERM / SIGINT handled, each step's record said by
   report(step, record, clock) (its progress line; clock None at step 0), then written to
   metrics.jsonl. A resume follows the RL run's rules (train/run/workdir.py), `free` naming the
-  stage's own fields that may change (its length); `fresh_shape` (default `fresh`) builds a state
+  stage's own fields that may change, `length` those of its length (free under optim.schedule
+  'constant' only: its rate decays over them); `fresh_shape` (default `fresh`) builds a state
   of the same structure cheaply, for restoring (a `fresh` that trains, a warm-up, is not traced);
   `restored(state)` puts back what a checkpoint does not hold (LoRA's frozen base); `data`: the
   fingerprints of the data files it reads ({config field: {path, sha256}}), recorded with the
@@ -80,7 +81,7 @@ def run_stage(name: str, config, workdir: str, fresh, advance, evaluate, report,
     # Resumed like the RL run: under its recorded config, on its devices, its record intact.
     devices = devices_record()
     changes = open_records([config], [workdir], bool(ckpts.steps()), devices, log, free,
-                           missing_ok=True, stage=name, data=data,
+                           missing_ok=True, stage=name, data=data, length=length,
                            checkpoints=ckpts.directory)
     try:
       state = ckpts.restore_latest(jax.eval_shape(fresh_shape or fresh))
@@ -349,6 +350,6 @@ def train_reward_model(config, workdir: str, log=print):
       "rm", config, workdir, fresh, advance,
       lambda state, step: [evaluate_pairs(rewards, state.params, test, rm.batch_size)], report,
       Schedule(rm.steps, rm.eval_every, config.train.checkpoint_every), log,
-      free=("rm.steps", "rm.eval_every", "rm.export"),  # (a constant rate after warm-up)
+      free=("rm.eval_every", "rm.export"), length=("rm.steps",),
       data=file_fingerprints({f"rm.{s}_path": rm[f"{s}_path"] for s in ("train", "test")}),
       export=export, metric="pair_accuracy")
