@@ -290,7 +290,7 @@ def test_print_config_lists_every_field_with_its_doc(capsys):
   code = cli(["--config=configs/grpo_tiny.py", "--config.rl.kl_coef=-1", "--print_config"])
   out = capsys.readouterr().out.splitlines()
   assert code == 0 and out[-1] == ("# a run of this config would stop at once: rl.kl_coef=-1.0; "
-                                   "use a value >= 0 (0 turns KL off).")
+                                   "use a finite value >= 0 (0 turns KL off).")
   # and what the RL stage refuses beyond validate: its experience source
   code = cli(["--config=configs/grpo_tiny.py", "--config.train.experience_source=x",
               "--print_config"])
