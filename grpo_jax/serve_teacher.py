@@ -133,7 +133,7 @@ def read_token(token_file: str | None, environ=os.environ) -> str | None:
   """The token the server requires: what token_file holds or $GRPO_JAX_TEACHER_TOKEN (one of
   them; surrounding whitespace dropped), or None; InputError for an unreadable, empty or
   unsendable one."""
-  text = environ.get(TOKEN_ENV) or None
+  text = environ.get(TOKEN_ENV)  # set but empty: an InputError below, not a server without one
   if token_file and text:
     raise InputError(f"both --token_file and ${TOKEN_ENV} are set; give the token one way.")
   where = f"--token_file {token_file}" if token_file else f"${TOKEN_ENV}"

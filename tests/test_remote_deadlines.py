@@ -16,7 +16,8 @@ import numpy as np
 import pytest
 
 from grpo_jax.errors import ConfigError, RemoteOutage, RewardError, RunStopped
-from grpo_jax.rewards.http_deadline import DeadlineExceeded, HttpStatus, fetch
+from grpo_jax.rewards.http_deadline import (Abandoned, DeadlineExceeded, HttpStatus, fetch,
+                                            map_abandoning)
 from grpo_jax.rewards.remote import RemoteRewardConfig, raise_first, score_remote
 from grpo_jax.rewards.remote_teacher import RemoteTeacher, settings_problem
 
@@ -273,6 +274,30 @@ def test_an_interrupt_leaves_at_once_and_cuts_the_requests_in_flight(serve):
   assert time.monotonic() - start < 1.0  # not the 30 s deadline, nor the pool's requests
   time.sleep(0.2)
   assert not [t for t in threading.enumerate() if t.name.startswith("teacher")]
+
+
+def test_the_first_chunk_to_fail_in_time_is_raised_at_once_and_the_rest_abandoned():
+  """Chunk 0 is still in its retries (a backoff wait) when chunk 1 fails for good: chunk 1's
+  outage is raised at once, chunk 0 abandoned; when all succeed, the results keep item order."""
+  left = []
+
+  def call(item, abandon):
+    if item == 0:
+      try:
+        abandon.wait(5.0)  # a backoff between retries: ends when the caller leaves
+      except Abandoned:
+        left.append(item)
+        raise
+      raise RemoteOutage("chunk 0 is down")
+    raise RemoteOutage(f"chunk {item} is down")
+  start = time.monotonic()
+  with pytest.raises(RemoteOutage, match="^chunk 1 is down$"):
+    map_abandoning(call, [0, 1], 2, "test-pool")
+  assert time.monotonic() - start < 1.0
+  time.sleep(0.1)
+  assert left == [0]
+  slow_first = lambda item, abandon: time.sleep(0.1 * (3 - item)) or item  # noqa: E731
+  assert map_abandoning(slow_first, range(3), 3, "test-pool") == [0, 1, 2]
 
 
 def test_teacher_settings_are_checked_without_echoing_a_password():

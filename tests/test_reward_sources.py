@@ -210,6 +210,11 @@ def test_gfpo_run_updates_on_the_kept_rows(tmp_path):
     ({"reward.combine": "mean"}, None, "reward.combine='mean' is unknown"),
     ({}, [dict(weight=1.0)], "reward.models[0] has no path"),
     ({}, [dict(path="x", colour=1)], "unknown field(s) ['colour']"),
+    ({"reward.rule_weight": float("nan")}, None,
+     "reward.rule_weight=nan is not a finite number; give the reward's weight as a real number"),
+    ({}, [dict(path="x", weight="1,5")], "reward.models[0].weight='1,5' is not a finite number"),
+    ({}, [dict(path="x", max_tokens=0)], "reward.models[0].max_tokens=0; give the number of"),
+    ({}, [dict(path="x", max_tokens=-3)], "reward.models[0].max_tokens=-3; give the number of"),
     ({"rl.critic_init": "reward_model", "rl.value_head": "separate"}, None,
      "reward.models is empty"),
     ({"rl.critic_init": "reward_model"}, [dict(path="x")], "set rl.value_head='separate'"),
@@ -237,6 +242,21 @@ def test_remote_config_errors_name_the_field():
   with pytest.raises(ConfigError) as error:
     config_lib.validate(config)
   assert "reward.remote[0]" in str(error.value)
+  config.reward.remote = [dict(url="http://127.0.0.1:1/score", weight=float("inf"))]
+  with pytest.raises(ConfigError, match=r"^reward.remote\[0\].weight=inf is not a finite"):
+    config_lib.validate(config)
+
+
+def test_a_reward_named_like_the_rule_reward_is_one_sentence():
+  """A remote reward named like the task's rule reward would overwrite its column."""
+  config = _config(**{"warmup.steps": 0})
+  config.reward.remote = [dict(url="http://127.0.0.1:1/score", name="exact_match")]
+  task = types.SimpleNamespace(reward=types.SimpleNamespace(name="exact_match"))
+  with pytest.raises(ConfigError, match=r"^reward.remote\[0\].name='exact_match' is also the "
+                     r"name of the task's rule reward \(reward.rule_weight > 0\), whose scores"):
+    build_reward_sources(RewardSection.of(config), None, task)
+  config.reward.rule_weight = 0.0  # no rule column: the name is free
+  assert build_reward_sources(RewardSection.of(config), None, task).names == ("exact_match",)
 
 
 def test_process_reward_model_gives_the_process_estimator_its_step_rewards(tmp_path):

@@ -123,6 +123,9 @@ def test_tokens_come_from_a_file_or_the_environment(tmp_path):
   read = serve_teacher.read_token
   assert read(None, {}) is None
   assert read(None, {"GRPO_JAX_TEACHER_TOKEN": TOKEN}) == TOKEN
+  for empty in ("", "  \n"):  # set but empty: an error, not a server without authentication
+    with pytest.raises(InputError, match=r"^\$GRPO_JAX_TEACHER_TOKEN holds no usable token"):
+      read(None, {"GRPO_JAX_TEACHER_TOKEN": empty})
   file = tmp_path / "token"
   file.write_text(TOKEN + "\n")
   assert read(str(file), {}) == TOKEN

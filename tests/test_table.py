@@ -294,6 +294,27 @@ def test_reward_functions_whose_metrics_collide_are_one_sentence(fns, clash):
     assert len(functions.load_reward_functions(config)) == 3
 
 
+@pytest.mark.parametrize("fns,field,value,message", [
+    ("answer_number", "fn_weights", "nan", "reward.fn_weights='nan'; give comma-separated finite"),
+    ("answer_number,answer_number", "fn_weights", "1,inf", "reward.fn_weights='1,inf'; give"),
+    ("answer_number", "timeout_s", float("inf"), "reward.timeout_s=inf; give the seconds"),
+    ("answer_number", "timeout_s", 1e10, "reward.timeout_s=10000000000.0; give the seconds"),
+])
+def test_a_weight_or_time_limit_out_of_range_is_one_sentence(fns, field, value, message):
+  from grpo_jax.defaults import get_defaults  # noqa: PLC0415
+  from grpo_jax.errors import ConfigError  # noqa: PLC0415
+  from grpo_jax.rewards.functions import load_reward_functions  # noqa: PLC0415
+  config = get_defaults()
+  config.reward.fns, config.reward[field] = fns, value
+  with pytest.raises(ConfigError, match=None) as e:
+    load_reward_functions(config)
+  assert str(e.value).startswith(message) and "\n" not in str(e.value)
+  if field == "timeout_s":
+    assert "at most 1e+06" in str(e.value)
+  config.reward.fn_weights, config.reward.timeout_s = ",".join(["0.5"] * len(fns.split(","))), 1e6
+  assert [f.weight for f in load_reward_functions(config)] == [0.5] * len(fns.split(","))
+
+
 def test_reward_fns_with_another_task_is_one_sentence():
   from grpo_jax.config import ConfigError, validate  # noqa: PLC0415
   from grpo_jax.defaults import get_defaults  # noqa: PLC0415

@@ -27,6 +27,7 @@ import functools
 import importlib
 import inspect
 import logging
+import math
 import os
 import re
 import threading
@@ -157,12 +158,16 @@ def load_reward_functions(config) -> tuple[RewardFunction, ...]:
   try:
     weights = [float(w) for w in weights_text] or [1.0] * len(specs)
   except ValueError:
+    weights = [math.nan]  # refused below
+  if not all(map(math.isfinite, weights)):
     raise ConfigError(f"reward.fn_weights={config.reward.fn_weights!r}; give comma-separated "
-                      f"numbers, e.g. '1.0,0.5'.") from None
+                      f"finite numbers, e.g. '1.0,0.5'.")
+  from grpo_jax.rewards.remote import MAX_TIMEOUT_S  # noqa: PLC0415
   timeout_s = float(config.reward.get("timeout_s", 0.0))
-  if not timeout_s >= 0:
+  if not 0 <= timeout_s <= MAX_TIMEOUT_S:
     raise ConfigError(f"reward.timeout_s={timeout_s}; give the seconds one call of a reward "
-                      f"function may take (> 0), or 0 for no limit.")
+                      f"function may take (> 0, at most {MAX_TIMEOUT_S:g}, the timers' range), "
+                      f"or 0 for no limit.")
   out = []
   for index, (spec, weight) in enumerate(zip(specs, weights)):
     if spec in BUILTIN:

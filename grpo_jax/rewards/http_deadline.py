@@ -229,13 +229,17 @@ def fetch(method: str, url: str, body: bytes | None = None, headers=(),
 
 def map_abandoning(call, items, workers: int, name: str) -> list:
   """[call(item, abandon) for item in items], at most `workers` at once in threads. If waiting
-  for them raises (a call's exception, or a signal's in this thread: any BaseException), the
-  calls still running are abandoned (module docstring) and the exception goes on at once."""
+  for them raises (the exception of the call that fails first in time, whatever its item, or a
+  signal's in this thread: any BaseException), the calls still running are abandoned (module
+  docstring) and the exception goes on at once."""
   stop_if_signalled()  # a signal already in: no request is started
   abandon = Abandon()
   pool = concurrent.futures.ThreadPoolExecutor(max(1, workers), name)
   try:
-    return list(pool.map(lambda item: call(item, abandon), items))
+    futures = [pool.submit(call, item, abandon) for item in items]
+    for future in concurrent.futures.as_completed(futures):
+      future.result()  # the first to fail raises here, not after the items before it
+    return [future.result() for future in futures]
   except BaseException:
     abandon.set()
     raise

@@ -18,6 +18,8 @@ and completion, re-tokenised with its own tokenizer and chat template.
 from __future__ import annotations
 
 import dataclasses
+import math
+import numbers
 from typing import Any, Callable
 
 import jax.numpy as jnp
@@ -209,7 +211,7 @@ def check_reward_config(config) -> None:
     raise ConfigError(f"reward.combine='normalise_then_sum' normalises each reward within a "
                       f"prompt's group, but rollout.group_size={group_size} has no group standard "
                       f"deviation; use rollout.group_size >= 2 or reward.combine='sum'.")
-  rule_weight = float(reward.rule_weight)
+  rule_weight = check_weight(reward.rule_weight, "reward.rule_weight")
   models, remote = config_entries(reward, "models"), config_entries(reward, "remote")
   if rule_weight == 0 and not models and not remote:
     raise ConfigError("reward.rule_weight=0 with no reward.models and no reward.remote leaves "
@@ -224,12 +226,18 @@ def check_reward_config(config) -> None:
     if m.get("tokenizer", "auto") not in ("auto", "policy", "own"):
       raise ConfigError(f"reward.models[{i}].tokenizer={m['tokenizer']!r}; use auto, policy or "
                         f"own.")
+    check_weight(m.get("weight", 1.0), f"reward.models[{i}].weight")
+    max_tokens = m.get("max_tokens", 1024)
+    if not (isinstance(max_tokens, int) and not isinstance(max_tokens, bool) and max_tokens >= 1):
+      raise ConfigError(f"reward.models[{i}].max_tokens={max_tokens!r}; give the number of tokens "
+                        f"a re-tokenised row keeps, an integer >= 1 (e.g. 1024).")
   for i, r in enumerate(remote):
     from grpo_jax.rewards.remote import RemoteRewardConfig  # noqa: PLC0415
     fields = {f.name for f in dataclasses.fields(RemoteRewardConfig)} | {"weight"}
     if unknown := set(r) - fields:
       raise ConfigError(f"reward.remote[{i}] has unknown field(s) {sorted(unknown)}; valid: "
                         f"{', '.join(sorted(fields))}.")
+    check_weight(r.get("weight", 1.0), f"reward.remote[{i}].weight")
     remote_config(r, i).check(f"reward.remote[{i}]")
   if uses_process_model(config):
     pm = reward.process_model
@@ -239,11 +247,34 @@ def check_reward_config(config) -> None:
                           f"the policy's tokenizer, which the PRM shares).")
     if pm.max_steps < 1:
       raise ConfigError(f"reward.process_model.max_steps={pm.max_steps}; use at least 1.")
-  names = [m.get("name") or f"rm{i}" for i, m in enumerate(models)] + [
-      r.get("name") or f"remote{i}" for i, r in enumerate(remote)]
+  check_names(reward)
+
+
+def check_weight(value, field: str) -> float:
+  """`value` if it is a finite real number, else a ConfigError naming `field`."""
+  if not (isinstance(value, numbers.Real) and not isinstance(value, bool)
+          and math.isfinite(value)):
+    raise ConfigError(f"{field}={value!r} is not a finite number; give the reward's weight as a "
+                      f"real number, e.g. 1.0.")
+  return float(value)
+
+
+def check_names(reward, rule_name: str | None = None) -> None:
+  """A ConfigError when two rewards share a name (each is a column and a metric of its own): the
+  reward.models and reward.remote entries, and the task's rule reward `rule_name` if weighted."""
+  fields = [(f"reward.models[{i}]", m.get("name") or f"rm{i}")
+            for i, m in enumerate(config_entries(reward, "models"))] + [
+      (f"reward.remote[{i}]", r.get("name") or f"remote{i}")
+      for i, r in enumerate(config_entries(reward, "remote"))]
+  names = [name for _, name in fields]
   if len(set(names)) != len(names):
     raise ConfigError(f"reward names {names} repeat; give each reward.models / reward.remote "
                       f"entry its own name.")
+  if rule_name is not None and reward["rule_weight"] and rule_name in names:
+    field = fields[names.index(rule_name)][0]
+    raise ConfigError(f"{field}.name={rule_name!r} is also the name of the task's rule reward "
+                      f"(reward.rule_weight > 0), whose scores it would overwrite; give {field} "
+                      f"another name.")
 
 
 def remote_config(entry: dict, index: int):

@@ -17,7 +17,8 @@ from grpo_jax.models.reward_model import load_reward_model, sequence_reward
 from grpo_jax.models.scoring import completion_logprobs
 from grpo_jax.rewards.guard import reward_name
 from grpo_jax.rewards.sources import (ProcessModelSource, RemoteSource, RewardModelSource,
-                                      RewardSources, TeacherSource, remote_config)
+                                      RewardSources, TeacherSource, check_names,
+                                      remote_config)
 from grpo_jax.train.run.sections import ModelSection, RewardSection
 
 
@@ -25,8 +26,10 @@ def build_reward_sources(rewards: RewardSection, model: ModelSection, task,
                          mesh=None) -> RewardSources:
   """The run's RewardSources: reward models loaded (frozen, on the mesh like the policy), the
   task's rule reward under its own name (its metrics' `reward_<name>`)."""
-  teacher = _teacher(rewards, model, task, mesh)
   reward, rule_name = rewards.reward, reward_name(task)
+  if reward is not None:
+    check_names(reward, rule_name)
+  teacher = _teacher(rewards, model, task, mesh)
   if reward is None:
     return RewardSources(rule_name=rule_name, teacher=teacher)
   models = []
