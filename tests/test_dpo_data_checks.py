@@ -59,6 +59,11 @@ def _lines(records):
     ("not UTF-8 (D05)", _lines(PAIRS[:3]) + [_lines(PAIRS[3:4])[0].replace(b'"1', b'"\xff')],
      "dpo", ["line 4 is not UTF-8 text (byte 0xff"]),
     ("not JSON", _lines(PAIRS[:1]) + [b"{prompt: 1}"], "dpo", ["line 2 is not JSON"]),
+    ("a 5,000-digit integer", _lines(PAIRS[:1]) + [b'{"n": ' + b"9" * 5000 + b"}"], "dpo",
+     ["line 2 holds an integer of more than 4300 digits, past what Python reads; write it as "
+      "a string."]),
+    ("nested 100,000 deep", _lines(PAIRS[:1]) + [b"[" * 100_000 + b"]" * 100_000], "dpo",
+     ["line 2 is nested too deeply to read; flatten its lists and objects."]),
     ("a lone surrogate (issue 77)", _lines(PAIRS[:1]) + [_lines(PAIRS[1:2])[0].replace(
         b'"1', b'"\\udc80')], "dpo",
      ["line 2 has text that is not valid Unicode in", "lone surrogate \\udc80"]),
@@ -142,6 +147,22 @@ def test_identical_or_empty_pairs_are_refused_or_skipped_with_a_count(tmp_path, 
   empty = _file(tmp_path, [{**r, "chosen": "", "rejected": ""} for r in PAIRS], name="e")
   with pytest.raises(InputError, match=r"5 of its 5 pairs .*would leave no pairs"):
     _tokenized(empty, task, on_degenerate="skip")
+
+
+def test_a_blank_prompt_under_gsm8k_names_the_line(tmp_path):
+  """GSM8K's own check of the prompt (a BadRow) is the InputError naming the file and line."""
+  from grpo_jax.data.gsm8k import GSM8KTask  # noqa: PLC0415
+  from grpo_jax.defaults import get_defaults  # noqa: PLC0415
+  from grpo_jax.envs.char_tokenizer import char_chat_tokenizer  # noqa: PLC0415
+  for split in ("train", "test"):
+    _file(tmp_path, [{"question": "What is 1+1?", "answer": "so\n#### 2"}], name=f"{split}.jsonl")
+  data = get_defaults().data.copy_and_resolve_references()
+  data.update(dict(path=str(tmp_path), prompt_field="question", answer_field="gold"))
+  task = GSM8KTask(data, char_chat_tokenizer(), (), 16, lambda *a: None)
+  path = _file(tmp_path, [PAIRS[0], {**PAIRS[1], "prompt": "  "}])
+  with pytest.raises(InputError) as e:
+    _tokenized(path, task)
+  assert str(e.value) == f"{path} line 2 has an empty prompt; rewrite or remove that line."
 
 
 def test_the_sft_reader_names_a_non_utf8_line_and_a_folder(tmp_path):

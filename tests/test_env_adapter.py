@@ -182,3 +182,39 @@ def test_sample_episodes_plays_the_wrapped_game_with_a_tiny_random_model(server)
     text = tok.decode(ids[~rollout.action_mask[i][rollout.completion_mask[i]]].tolist())
     if info["turns"] == 2:
       assert any(reply in text for reply in ("higher", "lower", "Reply with a digit."))
+
+
+def test_a_misnamed_observation_field_is_refused_when_the_adapter_is_built(monkeypatch):
+  """Checked on a probe environment's first observation (it raised AttributeError at the first
+  episode, after the model was built); the probe is closed."""
+  server, closed = _server_or_stand_in(monkeypatch), []
+
+  class Say(server.Action):
+    message: str
+
+  class Heard(server.Observation):
+    text: str = ""
+
+  class Echo(server.Environment):
+    def reset(self, seed=None):
+      return Heard(text="go")
+
+    def step(self, action: Say, timeout_s=None, **kwargs):
+      return Heard(text=action.message)
+
+    def close(self):
+      closed.append(self)
+
+    @property
+    def state(self):
+      return server.State()
+
+  monkeypatch.setattr(sys.modules[__name__], "Echo", Echo, raising=False)
+  with pytest.raises(ConfigError) as e:
+    adapter.OpenEnvAdapter(environment=f"{__name__}:Echo", observation_field="txt")
+  fields = ", ".join(Heard.model_fields)  # (done, reward[, metadata with openenv-core]), text
+  assert str(e.value) == (f"env.observation_field='txt' is not a field of Heard (its fields: "
+                          f"{fields}); name the one that holds the text for the model, or give "
+                          f"'' for all of them.") and len(closed) == 1 and "text" in fields
+  env = adapter.OpenEnvAdapter(environment=f"{__name__}:Echo", observation_field="text")
+  assert env.reset({"seed": 0}, 0)[1] == [{"role": "user", "content": "go"}]

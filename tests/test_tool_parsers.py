@@ -73,3 +73,17 @@ def test_the_pythonic_span_is_the_regexs_in_linear_time():
   started = time.perf_counter()
   assert pythonic("[f(" * 333_334) == []
   assert time.perf_counter() - started < 1.0
+
+
+def test_an_integer_past_pythons_digit_limit_is_a_parse_failure():
+  """json.loads raises ValueError, not JSONDecodeError, on an integer of over 4,300 digits: in
+  the call and in arguments written as a JSON string."""
+  big = "9" * 5000
+  (failure,) = hermes('<tool_call>{"name": "f", "arguments": {"n": ' + big + "}}</tool_call>")
+  assert failure.why == "the tool call holds an integer of more than 4300 digits; write " \
+                        "shorter numbers."
+  (failure,) = hermes('<tool_call>{"name": "f", "arguments": "{\\"n\\": ' + big + '}"}'
+                      "</tool_call>")
+  assert failure.why.startswith("the arguments of 'f' are not an object")
+  (failure,) = pythonic("[f(n=" + big + ")]")
+  assert isinstance(failure, ParseFailure)

@@ -19,6 +19,7 @@ from typing import NamedTuple, Optional
 import numpy as np
 
 from grpo_jax.data.chat import epoch_stream
+from grpo_jax.data.table_files import BadRow, json_limit
 from grpo_jax.data.tokenizer import pad_rows
 from grpo_jax.unicode_text import lone_surrogate, surrogate_sentence
 from grpo_jax.errors import InputError
@@ -91,6 +92,8 @@ def jsonl_lines(path: str, needs: str, name: str = "", digest=None):
         value = json.loads(line)
       except json.JSONDecodeError as e:
         raise InputError(f"{path} line {number} is not JSON ({e.msg}); fix that line.") from None
+      except (ValueError, RecursionError) as e:  # valid JSON that Python's json cannot read
+        raise InputError(f"{path} line {number} {json_limit(e)}.") from None
       found = lone_surrogate(value)
       if found is not None:
         raise InputError(f"{path} line {number} {surrogate_sentence(found)}; fix that line.")
@@ -131,6 +134,8 @@ def encode_example(task, where: str, prompt: str, completion: str, which: str = 
   it cannot encode)."""
   try:
     return task.supervised_example(prompt, completion)
+  except BadRow as e:  # the task's own check of the prompt (GSM8K's: not blank)
+    raise InputError(f"{where} {e}; rewrite or remove that line.") from None
   except ValueError as e:
     try:
       task.supervised_example(prompt, "")

@@ -17,7 +17,8 @@ data.answer_field one among them.
 
 The held-out split is data.test_split when the source has it, else a fixed fraction
 (data.test_fraction) of the training rows, drawn with a fixed seed so that it does not move
-with the experiment's seed. The training stream reshuffles every epoch by (seed, epoch), so a
+with the experiment's seed, and over the rows' places in the file so that a row skipped (or
+fixed) moves no other. The training stream reshuffles every epoch by (seed, epoch), so a
 run resumes exactly from its saved position. A bad row (not UTF-8, not JSON, no prompt, an
 empty prompt, a prompt longer than data.max_prompt_tokens) stops the run with one sentence
 naming the file and line (data.on_bad_row="raise"), or is skipped and counted ("skip").
@@ -110,16 +111,22 @@ class TableTask(ChatTextTask):
     self.image_dir = image_dir(data_cfg.source)
     train, test = self.read_rows(data_cfg)
     skipped = {}
-    self.train = self._encode_all(train, skipped)
+    train = self._encode_all(train, skipped)  # None where a row is skipped
     # every column name any row has: each reward call receives them all (None where absent)
-    self.column_names = sorted({k for item in self.train for k in item[3]})
-    if test is None:
-      order = np.random.default_rng(_SPLIT_SEED).permutation(len(self.train))
-      held = max(1, int(round(data_cfg.test_fraction * len(self.train))))
-      self.test = [self.train[i] for i in order[:held]]
-      self.train = [self.train[i] for i in sorted(order[held:])]
+    self.column_names = sorted({k for item in train if item for k in item[3]})
+    if test is None:  # drawn over the file's rows, skipped ones included: a skip moves no other
+      order = np.random.default_rng(_SPLIT_SEED).permutation(len(train))
+      held = max(1, int(round(data_cfg.test_fraction * len(train))))
+      test = [train[i] for i in order[:held]]
+      train = [train[i] for i in sorted(order[held:])]
     else:
-      self.test = self._encode_all(test, skipped)
+      test = self._encode_all(test, skipped)
+    self.train, self.test = ([i for i in items if i is not None] for items in (train, test))
+    columns = set(self.column_names).union(*(item[3] for item in self.test))
+    clash = sorted({"prompts", "completions"} & columns)
+    if clash:  # (the reward functions get the columns as keywords after these two)
+      raise InputError(f"{self.describe_source(data_cfg)} has a column {clash[0]!r}, the name of "
+                       f"the reward functions' own argument; rename that column.")
     if skipped:
       log(f"{self.name}: skipped {sum(skipped.values())} rows: " + "; ".join(
           f"{n} {why}" for why, n in sorted(skipped.items())))
@@ -229,6 +236,7 @@ class TableTask(ChatTextTask):
           raise InputError(f"{where} {bad}; fix the row, or set data.on_bad_row='skip' to skip "
                            f"such rows and count them.") from None
         skipped[bad.kind] = skipped.get(bad.kind, 0) + 1
+        out.append(None)  # (its place kept for the held-out draw)
     return out
 
   def _batch(self, items) -> TablePrompts:

@@ -5,9 +5,11 @@ errors."""
 
 from __future__ import annotations
 
+import collections
 import csv
 import json
 import os
+import sys
 
 from grpo_jax.unicode_text import lone_surrogate, surrogate_sentence
 from grpo_jax.errors import InputError, first_line
@@ -47,8 +49,20 @@ def jsonl_rows(path: str):
       except json.JSONDecodeError as e:
         yield where, BadRow(f"is not valid JSON ({e.msg}); each line must be one object")
         continue
+      except (ValueError, RecursionError) as e:  # valid JSON that Python's json cannot read
+        yield where, BadRow(json_limit(e))
+        continue
       yield from _checked([(where, row if isinstance(row, dict) else BadRow(
           "is not a JSON object; each line must be one object"))])
+
+
+def json_limit(e: Exception) -> str:
+  """What json.loads's ValueError (not a JSONDecodeError) or RecursionError says of a text of
+  valid JSON, as a sentence's end: an integer past Python's digit limit, or nesting too deep."""
+  if isinstance(e, RecursionError):
+    return "is nested too deeply to read; flatten its lists and objects"
+  return (f"holds an integer of more than {sys.get_int_max_str_digits()} digits, past what "
+          f"Python reads; write it as a string")
 
 
 _MISSING, _EXTRA = object(), "\x00extra"  # a CSV row with fewer / more fields than its header
@@ -88,6 +102,11 @@ def _other_file_rows(path: str):
     elif ext == ".csv":
       with open(path, encoding="utf-8-sig", newline="") as f:
         reader = csv.DictReader(f, restval=_MISSING, restkey=_EXTRA)
+        counts = collections.Counter(n for n in reader.fieldnames or () if n)  # ("" may repeat)
+        twice = next((n for n, count in counts.items() if count > 1), None)
+        if twice is not None:
+          raise InputError(f"{path} names the column {twice!r} twice in its header, so only "
+                           f"the last would be read; rename or remove one of them.")
         for row in reader:
           where = f"{path}:{reader.line_num}"
           if _EXTRA in row or _MISSING in row.values():
@@ -101,6 +120,9 @@ def _other_file_rows(path: str):
       import pyarrow.parquet as pq  # noqa: PLC0415  (datasets' dependency)
       for i, row in enumerate(pq.read_table(path).to_pylist()):
         yield f"{path} row {i}", row
+  except RecursionError:
+    raise InputError(f"{path} is nested too deeply to read as {ext}; flatten its lists and "
+                     f"objects.") from None
   except UnicodeDecodeError as e:
     raise InputError(f"{path} is not UTF-8 text ({e.reason} at byte {e.start}); save it as "
                      f"UTF-8.") from None

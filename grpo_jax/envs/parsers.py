@@ -19,6 +19,7 @@ from __future__ import annotations
 import ast
 import json
 import re
+import sys
 import threading
 from typing import Any, NamedTuple
 
@@ -84,6 +85,11 @@ def parse_hermes(text: str) -> list:
     except _TOO_DEEP:  # deep nesting ("[" x 1,000) is a parse failure, not a RecursionError
       calls.append(_too_deep(body))
       continue
+    except ValueError:  # (JSONDecodeError's base) an integer past Python's digit limit
+      calls.append(ParseFailure(body[:200], f"the tool call holds an integer of more than "
+                                            f"{sys.get_int_max_str_digits()} digits; write "
+                                            f"shorter numbers."))
+      continue
     calls.append(_checked(call, body))
   return _capped(calls, len(bodies), text)
 
@@ -96,7 +102,7 @@ def _checked(call: Any, body: str):
   if isinstance(arguments, str):  # some models write the arguments as a JSON string
     try:
       arguments = json.loads(arguments)
-    except (json.JSONDecodeError, *_TOO_DEEP):
+    except (ValueError, *_TOO_DEEP):  # (JSONDecodeError's base; a 5,000-digit integer)
       pass
   if not isinstance(arguments, dict):
     return ParseFailure(body, f"the arguments of {call['name']!r} are not an object; write "

@@ -17,8 +17,9 @@ Conversion, per episode:
   action that fails validation becomes a user message "Invalid action: <pydantic's reason>"
   and the episode goes on. Then `environment.step(action)` -> StepResult(messages [user: the
   observation's text] unless done, reward R, done = observation.done).
-* The observation's text: its field env.observation_field, or with "" its own fields (all but
-  done, reward, metadata) as "name: value" lines (one field: its value alone).
+* The observation's text: its field env.observation_field (checked on a probe environment's
+  reset(seed=0) when the adapter is built), or with "" its own fields (all but done, reward,
+  metadata) as "name: value" lines (one field: its value alone).
 * Reward: R = the sum of the observations' rewards so far (None counts 0), the episode's
   return, reported at every step so that an episode cut at env.max_turns keeps what it earned.
 * The episode's environment is closed (`close()`) when its observation is done or at turn
@@ -121,13 +122,21 @@ class OpenEnvAdapter:
     self.system_prompt, self.max_turns = system_prompt, max_turns
     self.max_concurrency = max_concurrency
     probe = self.factory()
-    self.action_cls = action_class(probe, self._action_base)
-    if action_field not in self.action_cls.model_fields:
-      raise ConfigError(f"env.action_field={action_field!r} is not a field of "
-                        f"{self.action_cls.__name__} (its fields: "
-                        f"{', '.join(self.action_cls.model_fields)}); name the one that takes "
-                        f"the assistant's text.")
-    probe.close()
+    try:
+      self.action_cls = action_class(probe, self._action_base)
+      if action_field not in self.action_cls.model_fields:
+        raise ConfigError(f"env.action_field={action_field!r} is not a field of "
+                          f"{self.action_cls.__name__} (its fields: "
+                          f"{', '.join(self.action_cls.model_fields)}); name the one that takes "
+                          f"the assistant's text.")
+      observation = _reset(probe, 0) if observation_field else None
+      if observation_field and not hasattr(observation, observation_field):
+        raise ConfigError(f"env.observation_field={observation_field!r} is not a field of "
+                          f"{type(observation).__name__} (its fields: "
+                          f"{', '.join(type(observation).model_fields)}); name the one that "
+                          f"holds the text for the model, or give '' for all of them.")
+    finally:
+      probe.close()
 
   def rows(self, split: str, count: int) -> list:
     """Episode seeds: "train" 0, 1, ...; "test" 10^9 + i (disjoint)."""
