@@ -7,7 +7,8 @@ flags parsed by ml_collections' own flag parser, in the folder the jobs run from
 in model.path is resolved (grpo_jax/models/hub.py) and the config validated
 (grpo_jax/config.py `validate`, which imports config.imports; for grpo_jax.main the RL stage's
 check_rl_config, which adds its experience source's and vision policy's checks; the
-Training-Free GRPO stage's own checks for its program). The first problem is one SweepError naming the arm and the field.
+Training-Free GRPO stage's own checks for its program). The first problem is one SweepError
+naming the arm and the field.
 """
 
 from __future__ import annotations
