@@ -149,3 +149,25 @@ def test_warmup_demonstrations_are_the_episode_the_environment_accepts():
       f"\n<|im_start|>tool\n{product}<|im_end|>\n<|im_start|>assistant\n")
   c.task.warmup_loss = "episode"
   assert build_task(c).warmup_batch(0, 4, 0).loss_mask is None
+
+
+def test_no_held_out_problem_is_in_the_training_stream():
+  """The calculator draws its splits from two seeds: at 3 digits 7 of the recipe's 64 held-out
+  problems were among its 100,000 training rows. The task leaves them out; a split that is all
+  held-out rows is refused before any compute."""
+  from configs import grpo_calculator_tiny  # noqa: PLC0415
+  from grpo_jax.data.env_task import held_out_left_out  # noqa: PLC0415
+  from grpo_jax.envs.calculator import calculator_rows  # noqa: PLC0415
+  from grpo_jax.errors import ConfigError  # noqa: PLC0415
+  from grpo_jax.train.run.setup import build_task  # noqa: PLC0415
+  task = build_task(grpo_calculator_tiny.get_config())
+  pair = lambda row: (row["a"], row["b"])  # noqa: E731
+  held_out = {pair(r) for r in task.test_batch(64).rows}
+  drawn = {pair(r) for r in calculator_rows(100_000, 3, 0)}
+  assert len(held_out & drawn) == 7  # what the environment's two seeds share
+  assert not held_out & {pair(r) for r in task._train}  # noqa: SLF001
+  assert len(task._train) == 100_000 - 7  # noqa: SLF001
+  rows = [{"a": 1, "b": 2}, {"b": 3, "a": 4}]
+  assert held_out_left_out(rows + [{"a": 5, "b": 6}], rows[::-1]) == [{"a": 5, "b": 6}]
+  with pytest.raises(ConfigError, match="every one of the environment's 2 training rows"):
+    held_out_left_out(rows, [{"a": 4, "b": 3}, {"a": 1, "b": 2}])

@@ -16,6 +16,7 @@ is an episode's budget of ids after the prompt (the policy's and the environment
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import numpy as np
 
@@ -37,6 +38,20 @@ class EpisodeBatch:
   user_text: list  # the first messages' text
 
 
+def held_out_left_out(train: list, test: list) -> list:
+  """The training rows without any that equals a held-out row (compared as sorted JSON), so
+  that no held-out problem is ever trained on, whatever the environment's splits draw."""
+  def key(row):
+    return json.dumps(row, sort_keys=True, default=repr)
+  held_out = {key(row) for row in test}
+  kept = [row for row in train if key(row) not in held_out]
+  if train and not kept:
+    raise ConfigError(f"every one of the environment's {len(train)} training rows is also a "
+                      f"held-out row (task.test_size={len(test)}); lower task.test_size or "
+                      f"give the environment more problems (e.g. env.digits).")
+  return kept
+
+
 @register_task("env", capabilities=("episodes", "warmup"))
 class EnvTask(ChatTextTask):
   """An environment's episodes as a task (see the module docstring); eos / pad ids and the
@@ -49,7 +64,8 @@ class EnvTask(ChatTextTask):
     self.warmup_loss = warmup_loss
     self.test_size, self.prompt_len = test_size, max_prompt_tokens
     self.max_completion_tokens, self.warmup_tool_share = max_completion_tokens, warmup_tool_share
-    self._train, self._test = env.rows("train", _TRAIN_ROWS), env.rows("test", test_size)
+    self._test = env.rows("test", test_size)
+    self._train = held_out_left_out(env.rows("train", _TRAIN_ROWS), self._test)
     self.max_new_tokens = max_completion_tokens  # (the evaluation's completion width)
     self.kv_continuation = False  # env.kv_continuation (rollout/continuation.py)
     self.async_slots = 0  # env.async_slots (rollout/episodes/async_turns.py)
