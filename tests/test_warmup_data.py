@@ -1,6 +1,7 @@
 """The warm-up's data (train/stages/warmup.py `warmup_data`): with warmup.data_path, the RL and
 DPO stages' warm-ups learn from that file, as the SFT stage does; a file's text that the
-tokenizer cannot encode is one sentence naming its line in every stage that reads one."""
+tokenizer cannot encode is one sentence naming its line in every stage that reads one; the
+reward model's pair files are checked as DPO's are (data/preference_files.py)."""
 
 import re
 
@@ -104,3 +105,29 @@ def test_the_sft_stage_on_an_environment_task_evaluates_episodes_and_learns_its_
   assistant, every = float(sft_loss(*fields, b.loss_mask)), float(sft_loss(*fields))
   assert abs(assistant - every) > 1e-3  # the mask matters on this batch
   assert records[1]["sft_loss"] == pytest.approx(assistant, abs=1e-6)
+
+
+def test_a_reward_model_file_with_identical_pairs_is_refused_naming_the_first_line(tmp_path):
+  """A pair whose chosen completion is its rejected one has no preference (its Bradley-Terry
+  loss is a constant, its gradient zero); the RM stage read the file with no such check and
+  trained on it. Now the pairs go through DPO's check: one sentence, before any compute."""
+  from grpo_jax.train.stages.supervised import train_reward_model
+  pairs = tmp_path / "pairs.jsonl"
+  write_jsonl(str(pairs), [{"prompt": "1+2=", "chosen": "3", "rejected": "4"},
+                           {"prompt": "2+2=", "chosen": "4", "rejected": "4"},
+                           {"prompt": "3+2=", "chosen": "5", "rejected": "5"}])
+  config = _set(rlhf_tiny_rm.get_config(str(tmp_path)), model__path="", rm__steps=2,
+                rm__train_path=str(pairs), rm__test_path=str(pairs))
+  with pytest.raises(InputError) as e:
+    train_reward_model(config, str(tmp_path / "rm"), log=lambda *a: None)
+  assert str(e.value) == (
+      f"rm.train_path={pairs}: 2 of its 3 pairs have the same chosen and rejected completion "
+      f"in the 4 tokens training reads (rollout.max_new_tokens), the first at line 2; such "
+      f"pairs teach nothing (their Bradley-Terry loss is a constant, their gradient is zero): "
+      f"fix the file.")
+  assert not (tmp_path / "rm" / "metrics.jsonl").exists()
+  write_jsonl(str(pairs), [{"prompt": "1+2=", "completion": "3", "label": True}])
+  from grpo_jax.errors import ConfigError  # noqa: PLC0415
+  with pytest.raises(ConfigError, match=r"only dpo.loss='kto' trains on \(the reward model "
+                                        r"trains on pairs\); give \{prompt, chosen, rejected"):
+    train_reward_model(config, str(tmp_path / "rm"), log=lambda *a: None)

@@ -15,7 +15,8 @@ and before anything is written to the workdir (grpo_jax/train/stages/preference.
             completions are the same in the tokens training reads (both empty, identical, or
             equal in their first rollout.max_new_tokens tokens: their DPO loss stays log 2 and
             their gradient is zero) are counted, then refused or skipped
-            (dpo.on_degenerate_pair).
+            (dpo.on_degenerate_pair; the reward model's files, rm.train_path / rm.test_path,
+            which grpo_jax/train/stages/supervised.py reads here too: refused).
 
 Each problem is one InputError (ConfigError for the loss) naming the file, the line and the fix.
 """
@@ -109,7 +110,8 @@ def check_record(path: str, number: int, record, fmt: str, first_line: int) -> N
 
 def read_preference_file(name: str, path: str, loss: str) -> PreferenceFile:
   """The checked records of config field `name`'s file `path` (module docstring, "read");
-  `loss`: dpo.loss, which unpaired records need to be 'kto'."""
+  `loss`: dpo.loss, which unpaired records need to be 'kto' (None: the reward model's file,
+  pairs only)."""
   digest = hashlib.sha256()
   records, lines, fmt, first = [], [], None, 0
   either = f"{NEEDS[PAIRS]} (or, for KTO, {NEEDS[UNPAIRED].split(' (')[0]})"
@@ -123,9 +125,11 @@ def read_preference_file(name: str, path: str, loss: str) -> PreferenceFile:
     raise InputError(f"{name}={path} holds no records; give one JSON object per line with "
                      f"{either}.")
   if fmt == UNPAIRED and loss != "kto":
+    now, fix = ((f"dpo.loss={loss!r}", "use kto or give") if loss else
+                ("the reward model trains on pairs", "give"))
     raise ConfigError(f"{name}={path!r} holds unpaired {{prompt, completion, label}} records, "
-                      f"which only dpo.loss='kto' trains on (dpo.loss={loss!r}); use kto or "
-                      f"give {{prompt, chosen, rejected}} pairs.")
+                      f"which only dpo.loss='kto' trains on ({now}); {fix} {{prompt, chosen, "
+                      f"rejected}} pairs.")
   return PreferenceFile(name, path, fmt, tuple(records), tuple(lines), digest.hexdigest())
 
 
@@ -156,19 +160,23 @@ def check_fits_positions(f: PreferenceFile, t: TokenizedFile, max_new_tokens: in
 def _degenerate(f: PreferenceFile, keep: list, same: list, n: int, on_degenerate: str,
                 log) -> list:
   """`keep` without the rows in `same` (the pairs whose completions are the same in the n
-  tokens training reads), refused in one sentence or, with on_degenerate 'skip', logged."""
+  tokens training reads), refused in one sentence or, with on_degenerate 'skip', logged (the
+  reward model's files, which have no such option, are refused)."""
   if not same:
     return keep
+  dpo = f.name.startswith("dpo.")
   empty = sum(1 for i in same if not f.records[i]["chosen"] and not f.records[i]["rejected"])
   what = (f"{len(same)} of its {len(keep)} pairs have the same chosen and rejected completion "
           f"in the {n} tokens training reads (rollout.max_new_tokens"
           f"{f'; {empty} of them both empty' if empty else ''}), the first at line "
           f"{f.lines[same[0]]}")
-  if on_degenerate != "skip" or len(same) == len(keep):
-    fix = ("fix the file (skipping them would leave no pairs)" if len(same) == len(keep) else
+  if on_degenerate != "skip" or len(same) == len(keep) or not dpo:
+    fix = ("fix the file" if not dpo else
+           "fix the file (skipping them would leave no pairs)" if len(same) == len(keep) else
            "fix the file, or set dpo.on_degenerate_pair='skip' to train without them")
-    raise InputError(f"{f.name}={f.path}: {what}; such pairs teach nothing (their DPO loss "
-                     f"stays log 2, their gradient is zero): {fix}.")
+    loss = "DPO loss stays log 2" if dpo else "Bradley-Terry loss is a constant"
+    raise InputError(f"{f.name}={f.path}: {what}; such pairs teach nothing (their {loss}, their "
+                     f"gradient is zero): {fix}.")
   log(f"dpo: skipped pairs of {f.name}={f.path}: {what} (dpo.on_degenerate_pair='skip')")
   dropped = set(same)
   return [x for i, x in enumerate(keep) if i not in dropped]

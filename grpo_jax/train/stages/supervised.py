@@ -7,10 +7,12 @@
         checkpoint to W/hf_export (the next stages' model.path).
   RM    python -m grpo_jax.train_rm --config=... --workdir=W: an outcome reward model trained
         on pairs {prompt, chosen, rejected} with the Bradley-Terry loss
-        (grpo_jax/rl/preference.py), started from model.path (the SFT policy, its lm_head
-        dropped, a zero score head) or random; pairwise accuracy on the held-out pairs; the
-        TrainState, checkpoints and exact resume of the RL loop; exported as a
-        *ForSequenceClassification folder to W/hf_export (reward.models' path in PPO).
+        (grpo_jax/rl/preference.py; rm.train_path / rm.test_path read and checked as DPO's
+        files are, before the model is built: grpo_jax/data/preference_files.py), started
+        from model.path (the SFT policy, its lm_head dropped, a zero score head) or random;
+        pairwise accuracy on the held-out pairs; the TrainState, checkpoints and exact resume
+        of the RL loop; exported as a *ForSequenceClassification folder to W/hf_export
+        (reward.models' path in PPO).
 """
 
 from __future__ import annotations
@@ -25,7 +27,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from grpo_jax import config as config_lib
-from grpo_jax.data.supervised import PairData, addition_preference_pairs, read_jsonl
+from grpo_jax.data.preference_files import (Limits, fingerprints, read_preference_file,
+                                            tokenize_preference_files)
+from grpo_jax.data.supervised import PairData, addition_preference_pairs
 from grpo_jax.errors import ConfigError
 from grpo_jax.models.reward_model import (export_reward_model, init_reward_model,
                                           sequence_reward)
@@ -37,7 +41,6 @@ from grpo_jax.train.run.evaluation import evaluator_for
 from grpo_jax.train.run.export import export_model_type
 from grpo_jax.train.run.faults import TerminationFlag
 from grpo_jax.train.run.metrics import MetricsWriter
-from grpo_jax.train.run.resume_guards import file_fingerprints
 from grpo_jax.train.run.runner import Schedule, run_steps
 from grpo_jax.train.run.sections import EvalSection, ModelSection
 from grpo_jax.train.run.summary import CURVES, closing_line, where_line, write_curves
@@ -204,14 +207,12 @@ def check_pair_sources(config, section: str = "rm") -> None:
 
 
 def preference_pairs(config, section: str, task, split: str, policy=None) -> list[dict]:
-  """config.<section>'s (rm, dpo) train_path / test_path pairs, or (empty path) pairs made
-  from the task: with a starting `policy` (model_cfg, params) a share policy_fraction of them
-  on-policy (the right answer against the policy's own wrong samples, `policy_pairs`: the
-  mistakes RL will meet), the rest synthetic (`addition_preference_pairs`)."""
+  """The pairs of a split whose config.<section>.<split>_path (rm, dpo) is empty, made from
+  the task (a file's pairs are read by grpo_jax/data/preference_files.py): with a starting
+  `policy` (model_cfg, params) a share policy_fraction of them on-policy (the right answer
+  against the policy's own wrong samples, `policy_pairs`: the mistakes RL will meet), the rest
+  synthetic (`addition_preference_pairs`)."""
   c = config[section]
-  path = c[f"{split}_path"]
-  if path:
-    return read_jsonl(path, ("prompt", "chosen", "rejected"), f"{section}.{split}_path")
   count = c.train_pairs if split == "train" else c.test_pairs
   on_policy = []
   if policy is not None and c.policy_fraction > 0:
@@ -309,14 +310,17 @@ def train_reward_model(config, workdir: str, log=print):
     if rm[name] < 1:
       raise ConfigError(f"rm.{name}={rm[name]}; use at least 1.")
   check_pair_sources(config)
+  # A split's file is read, tokenised and checked (each prompt within data.max_prompt_tokens,
+  # no pair with the same chosen and rejected completion) before the model is built, as DPO's
+  # are; the task's pairs after it (a share of them sampled from the starting policy).
+  pair_files = {s: read_preference_file(f"rm.{s}_path", rm[f"{s}_path"], None)
+                for s in ("train", "test") if rm[f"{s}_path"]}
   task = build_task(config, log)
   key = jax.random.key(config.seed)
   model = ModelSection.of(config)
   n = config.rollout.max_new_tokens
-  # A split's file is read and tokenised before the model is built; the task's pairs after it
-  # (a share of them sampled from the starting policy).
-  pairs = {s: PairData(task, preference_pairs(config, "rm", task, s), n)
-           for s in ("train", "test") if rm[f"{s}_path"]}
+  pairs = {s: t.data for s, t in tokenize_preference_files(
+      pair_files, task, Limits(config.data.max_prompt_tokens, n), "refuse", log).items()}
   model_cfg, policy = build_model(model, jax.random.fold_in(key, 0))
   train, test = (pairs[s] if s in pairs else PairData(task, preference_pairs(
       config, "rm", task, s, (model_cfg, policy)), n) for s in ("train", "test"))
@@ -351,5 +355,5 @@ def train_reward_model(config, workdir: str, log=print):
       lambda state, step: [evaluate_pairs(rewards, state.params, test, rm.batch_size)], report,
       Schedule(rm.steps, rm.eval_every, config.train.checkpoint_every), log,
       free=("rm.eval_every", "rm.export"), length=("rm.steps",),
-      data=file_fingerprints({f"rm.{s}_path": rm[f"{s}_path"] for s in ("train", "test")}),
+      data=fingerprints(pair_files),
       export=export, metric="pair_accuracy")
