@@ -131,3 +131,29 @@ def test_a_reward_model_file_with_identical_pairs_is_refused_naming_the_first_li
   with pytest.raises(ConfigError, match=r"only dpo.loss='kto' trains on \(the reward model "
                                         r"trains on pairs\); give \{prompt, chosen, rejected"):
     train_reward_model(config, str(tmp_path / "rm"), log=lambda *a: None)
+
+
+def test_a_prompt_over_max_prompt_tokens_in_an_sft_or_reward_model_file_names_its_line(tmp_path):
+  """The SFT and RM stages padded every batch to the file's longest prompt whatever its length
+  (DPO's files and the RL tasks' rows were held to data.max_prompt_tokens); now both refuse it
+  in DPO's sentence, before any compute."""
+  from grpo_jax.train.stages.supervised import train_reward_model, train_sft
+  sft, pairs = tmp_path / "sft.jsonl", tmp_path / "pairs.jsonl"
+  long = "1" * 30 + "+2="
+  write_jsonl(str(sft), [{"prompt": "1+2=", "response": "3"}, {"prompt": long, "response": "3"}])
+  write_jsonl(str(pairs), [{"prompt": "1+2=", "chosen": "3", "rejected": "4"},
+                           {"prompt": long, "chosen": "3", "rejected": "4"}])
+  tokens = len(build_task(grpo_tiny.get_config()).supervised_example(long, "3")[0])
+  sentence = (f"line 2 has a prompt of {tokens} tokens, more than data.max_prompt_tokens=20; "
+              f"shorten or remove that line, or raise data.max_prompt_tokens.")
+  with pytest.raises(InputError) as e:
+    train_sft(_set(grpo_tiny.get_config(), warmup__steps=2, warmup__data_path=str(sft),
+                   data__max_prompt_tokens=20), str(tmp_path / "sft"), log=lambda *a: None)
+  assert tokens >= 33 and str(e.value) == f"{sft} {sentence}"
+  config = _set(rlhf_tiny_rm.get_config(str(tmp_path)), model__path="", rm__steps=2,
+                rm__train_path=str(pairs), rm__test_path=str(pairs), data__max_prompt_tokens=20)
+  with pytest.raises(InputError) as e:
+    train_reward_model(config, str(tmp_path / "rm"), log=lambda *a: None)
+  assert str(e.value) == f"{pairs} {sentence}"
+  for stage in ("sft", "rm"):
+    assert not (tmp_path / stage / "metrics.jsonl").exists()

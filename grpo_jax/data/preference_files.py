@@ -27,7 +27,8 @@ import dataclasses
 import hashlib
 from typing import NamedTuple
 
-from grpo_jax.data.supervised import LabelledData, PairData, encode_example, jsonl_lines
+from grpo_jax.data.supervised import (LabelledData, PairData, check_prompt_tokens,
+                                      encode_example, jsonl_lines)
 from grpo_jax.errors import ConfigError, InputError
 
 PAIRS, UNPAIRED = "pairs", "unpaired"
@@ -198,10 +199,7 @@ def tokenize_preference_file(f: PreferenceFile, task, limits: Limits,
       row = ((prompt_ids, chosen), rejected)
       if chosen[:n] == rejected[:n]:
         same.append(i)
-    if len(prompt_ids) > limits.max_prompt_tokens:
-      raise InputError(f"{f.path} line {number} has a prompt of {len(prompt_ids)} tokens, more "
-                       f"than data.max_prompt_tokens={limits.max_prompt_tokens}; shorten or "
-                       f"remove that line, or raise data.max_prompt_tokens.")
+    check_prompt_tokens(where, len(prompt_ids), limits.max_prompt_tokens)
     longest = max(longest, (len(prompt_ids), -number))
     rows.append(row)
   if f.unpaired:

@@ -148,6 +148,16 @@ def encode_example(task, where: str, prompt: str, completion: str, which: str = 
                      f"that line, or use a model whose tokenizer covers it.") from None
 
 
+def check_prompt_tokens(where: str, tokens: int, max_prompt_tokens: int) -> None:
+  """InputError when the prompt at `where` (a file and its line) has more `tokens` than
+  data.max_prompt_tokens, the limit every file-backed stage holds its prompts to (SFT, RM, DPO;
+  the RL tasks' rows: data/table.py)."""
+  if tokens > max_prompt_tokens:
+    raise InputError(f"{where} has a prompt of {tokens} tokens, more than "
+                     f"data.max_prompt_tokens={max_prompt_tokens}; shorten or remove that line, "
+                     f"or raise data.max_prompt_tokens.")
+
+
 def _where(records):
   """where(i) of records read from a file (FileRecords), else "record i + 1" (records a stage
   made itself)."""
@@ -161,13 +171,16 @@ def write_jsonl(path: str, records: list[dict]) -> None:
 
 
 class SupervisedData:
-  """{prompt, response} records tokenised by `task`: `warmup_batch(step, count, seed, _)` as the
-  warm-up asks of a task (grpo_jax/train/stages/warmup.py)."""
+  """{prompt, response} records tokenised by `task`, each prompt within data.max_prompt_tokens
+  (`check_prompt_tokens`): `warmup_batch(step, count, seed, _)` as the warm-up asks of a task
+  (grpo_jax/train/stages/warmup.py)."""
 
-  def __init__(self, task, records: list[dict], max_new_tokens: int):
+  def __init__(self, task, records: list[dict], max_new_tokens: int, max_prompt_tokens: int):
     where = _where(records)
     self.examples = [encode_example(task, where(i), r["prompt"], r["response"])
                      for i, r in enumerate(records)]
+    for i, (prompt, _) in enumerate(self.examples):
+      check_prompt_tokens(where(i), len(prompt), max_prompt_tokens)
     self.prompt_len = max(len(p) for p, _ in self.examples)
     self.max_new_tokens = max_new_tokens
     self.pad_id = task.pad_id

@@ -20,12 +20,13 @@ def warmup_data(config, task):
   """What the warm-up learns from, as `warmup_batch(step, count, seed, carry_drop_fraction)`:
   the task, or with warmup.data_path its jsonl file of {prompt, response} tokenised by the
   task (data/supervised.py), read and checked here, before any compute (an InputError names
-  the file and the line)."""
+  the file and the line: a prompt past data.max_prompt_tokens among them)."""
   path = config.warmup.data_path
   if config.warmup.steps <= 0 or not path:
     return task
   records = read_jsonl(path, ("prompt", "response"), "warmup.data_path")
-  return SupervisedData(task, records, config.rollout.max_new_tokens)
+  return SupervisedData(task, records, config.rollout.max_new_tokens,
+                        config.data.max_prompt_tokens)
 
 
 def warmup_files(config) -> dict:
