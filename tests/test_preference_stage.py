@@ -204,3 +204,35 @@ def test_iterative_rpo_pairs_no_wrong_sample_whose_text_is_a_right_one():
   pairs = self_pairs(config, task, sample, None, 0)
   assert pairs and all(p["chosen"] != p["rejected"] for p in pairs), pairs
   assert [p["rejected"] for p in pairs] == [""]  # the empty answer, the one wrong text left
+
+
+def test_kto_metrics_leave_out_the_means_over_a_kind_the_batch_has_none_of():
+  """A batch of desirable completions only reported rewards_rejected = logps_rejected = 0 and a
+  margin against that 0; now those keys are left out (the counts say why), under jit as the
+  step computes them, with and without the held-out prefix."""
+  import jax.numpy as jnp  # noqa: PLC0415
+
+  from grpo_jax.rl.dpo import PairLogps  # noqa: PLC0415
+  from grpo_jax.train.stages.preference_step import reported, reward_metrics  # noqa: PLC0415
+  logps = jnp.array([-1.0, -2.0, -4.0])
+  ref = logps - jnp.array([0.5, 1.0, 2.0])  # implicit rewards 0.05, 0.1, 0.2 at beta 0.1
+  metrics = jax.jit(reward_metrics, static_argnums=(1, 2, 3))
+
+  def record(labels, prefix=""):
+    p = PairLogps(logps, None, jnp.ones(3), None, ref, None, jnp.float32(0.0),
+                  jnp.array(labels))
+    return reported(metrics(p, 0.1, False, prefix), prefix)
+
+  approx = lambda x: pytest.approx(x, abs=1e-6)  # noqa: E731
+  assert record([True, True, False]) == {
+      "rewards_chosen": approx(0.075), "rewards_rejected": approx(0.2),
+      "reward_margin": approx(-0.125), "label_accuracy": approx(2 / 3),
+      "logps_chosen": approx(-1.5), "logps_rejected": approx(-4.0),
+      "desirable_count": 2.0, "undesirable_count": 1.0}
+  assert record([True, True, True]) == {
+      "rewards_chosen": approx(0.35 / 3), "label_accuracy": approx(1.0),
+      "logps_chosen": approx(-7 / 3), "desirable_count": 3.0, "undesirable_count": 0.0}
+  assert record([False, False, False], "eval_") == {
+      "eval_rewards_rejected": approx(0.35 / 3), "eval_label_accuracy": approx(0.0),
+      "eval_logps_rejected": approx(-7 / 3), "eval_desirable_count": 0.0,
+      "eval_undesirable_count": 3.0}

@@ -58,7 +58,7 @@ from grpo_jax.train.run.seed_axis import SeedAxis
 from grpo_jax.train.run.export import export_policy
 from grpo_jax.train.run.setup import build_task, initial_adapters
 from grpo_jax.train.stages.preference_step import (cache_reference, evaluate_pairs,
-                                                   make_dpo_step, make_pair_logps)
+                                                   make_dpo_step, make_pair_logps, reported)
 from grpo_jax.train.stages.supervised import (check_pair_sources, preference_pairs, run_stage,
                                               stage_model)
 from grpo_jax.train.learner.state import (create_train_state, make_optimizer, policy_params,
@@ -241,7 +241,7 @@ def train_dpo(config, workdir: str, log=print):
     rows = np.asarray(epoch_stream(len(pairs["train"]), position, d.batch_size, seed))
     ref = tuple(x[rows] for x in pairs["ref"]) if "ref" in pairs else None
     state, metrics = step_fn(state, pairs["train"].batch(rows), ref)
-    return state, [[{k: float(v) for k, v in metrics.items()}]], None
+    return state, [[reported(metrics)]], None
 
   def evaluate(state, step):
     scores = evaluate_policy(policy_params(state))[0]
@@ -252,9 +252,11 @@ def train_dpo(config, workdir: str, log=print):
     if "eval_accuracy" in record:  # step 0 (the start) and every evaluation after it
       loss = f" | loss {record['loss']:.4f}" if "loss" in record else " (the start)"
       kind = "pair" if "eval_pair_accuracy" in record else "label"
+      margin = (f" | margin {record['eval_reward_margin']:.3f}"  # (none: one kind of label)
+                if "eval_reward_margin" in record else "")
       log(f"dpo step {first:>5}/{total}{loss} | held-out accuracy "
           f"{record['eval_accuracy']:.3f} | held-out {kind} accuracy "
-          f"{record[f'eval_{kind}_accuracy']:.3f} | margin {record['eval_reward_margin']:.3f}")
+          f"{record[f'eval_{kind}_accuracy']:.3f}{margin}")
 
   return run_stage("dpo", config, workdir, lambda: state_from(warmed()), advance, evaluate,
                    report, Schedule(total, d.eval_every, config.train.checkpoint_every), log,

@@ -72,9 +72,23 @@ def make_pair_logps(model_cfg, loss_name: str):
   return pair_logps, reference_free
 
 
+# Unpaired metrics that are means over one kind of completion: (its count, the means over it).
+_MEANS_OF_KIND = (("desirable_count", ("rewards_chosen", "logps_chosen", "reward_margin")),
+                  ("undesirable_count", ("rewards_rejected", "logps_rejected", "reward_margin")))
+
+
 def reward_metrics(p: PairLogps, beta: float, reference_free: bool, prefix: str = "") -> dict:
   """Mean implicit rewards of the chosen and rejected completions, their margin, the share of
-  pairs ordered right (a tie counts as wrong) and the mean summed log-probs."""
+  pairs ordered right (a tie counts as wrong) and the mean summed log-probs.
+
+  Unpaired (KTO's labelled completions): the `*_chosen` means are over the desirable
+  completions, the `*_rejected` ones over the undesirable ones, label_accuracy over all, and
+  the counts of each kind are metrics too (desirable_count, undesirable_count: TRL's
+  KTOTrainer logs count/chosen and count/rejected). A batch may hold no completion of a kind:
+  the means over it come out 0 here (jit keeps one set of keys), and `reported` leaves them out
+  of the record, reward_margin with them. A mean over no completions has no value; a 0 would
+  read as one, and a NaN would reach metrics.jsonl, which holds none. A key is absent for
+  "none of that kind in this batch" as an evaluation metric is absent between evaluations."""
   chosen, rejected = implicit_rewards(p, beta, reference_free)
   if p.desirable is not None:  # unpaired: the labels split one set of completions
     d = p.desirable.astype(jnp.float32)
@@ -84,13 +98,27 @@ def reward_metrics(p: PairLogps, beta: float, reference_free: bool, prefix: str 
             f"{prefix}reward_margin": mean(chosen, d) - mean(chosen, 1.0 - d),
             f"{prefix}label_accuracy": jnp.mean(((chosen > 0) == p.desirable).astype(jnp.float32)),
             f"{prefix}logps_chosen": mean(p.chosen, d),
-            f"{prefix}logps_rejected": mean(p.chosen, 1.0 - d)}
+            f"{prefix}logps_rejected": mean(p.chosen, 1.0 - d),
+            f"{prefix}desirable_count": jnp.sum(d),
+            f"{prefix}undesirable_count": jnp.sum(1.0 - d)}
   return {f"{prefix}rewards_chosen": jnp.mean(chosen),
           f"{prefix}rewards_rejected": jnp.mean(rejected),
           f"{prefix}reward_margin": jnp.mean(chosen - rejected),
           f"{prefix}pair_accuracy": jnp.mean((chosen > rejected).astype(jnp.float32)),
           f"{prefix}logps_chosen": jnp.mean(p.chosen),
           f"{prefix}logps_rejected": jnp.mean(p.rejected)}
+
+
+def reported(metrics: dict, prefix: str = "") -> dict:
+  """`metrics` (reward_metrics' and the step's) as the record's floats, without the means over a
+  kind of labelled completion the batch holds none of (its `{prefix}*_count` is 0; see
+  reward_metrics)."""
+  record = {k: float(v) for k, v in metrics.items()}
+  for count, means in _MEANS_OF_KIND:
+    if record.get(prefix + count) == 0:
+      for name in means:
+        record.pop(prefix + name, None)
+  return record
 
 
 def make_dpo_step(model_cfg, optimizer, section):
@@ -132,11 +160,11 @@ def cache_reference(model_cfg, ref_params, data, batch_size: int):
 
 def evaluate_pairs(pair_logps, reference_free, beta, state, data,
                    batch_size: int) -> dict:
-  """The reward metrics (eval_ prefixed) over every held-out pair once."""
+  """The reward metrics (eval_ prefixed) over every held-out pair once (`reported`)."""
   parts = []
   for rows, padded in padded_batches(len(data), batch_size):
     p = pair_logps(policy_params(state), reference_params(state), data.batch(padded))
     parts.append(jax.tree.map(lambda x: np.asarray(x)[:len(rows)] if np.ndim(x) else x, p))
   joined = PairLogps(*[None if parts[0][i] is None or not np.ndim(parts[0][i])
                        else np.concatenate([q[i] for q in parts]) for i in range(len(parts[0]))])
-  return {k: float(v) for k, v in reward_metrics(joined, beta, reference_free, "eval_").items()}
+  return reported(reward_metrics(joined, beta, reference_free, "eval_"), "eval_")
