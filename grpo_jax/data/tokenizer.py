@@ -90,6 +90,7 @@ def load_hf_tokenizer(path: str):
   import json  # noqa: PLC0415
   import os  # noqa: PLC0415
 
+  from grpo_jax.data.table_files import json_limit  # noqa: PLC0415
   from grpo_jax.errors import InputError, first_line  # noqa: PLC0415
   if not os.path.isdir(path):
     raise InputError(
@@ -104,6 +105,9 @@ def load_hf_tokenizer(path: str):
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
       raise InputError(f"{config_file} is not valid JSON ({first_line(e)}); restore the "
                        f"checkpoint's own config.json.") from None
+    except (ValueError, RecursionError) as e:  # valid JSON that Python's json cannot read
+      raise InputError(f"{config_file} {json_limit(e, fix=False)}; restore the checkpoint's "
+                       f"own config.json.") from None
   import transformers  # noqa: PLC0415
   transformers.logging.set_verbosity_error()  # its warnings would break the one-line errors
   try:

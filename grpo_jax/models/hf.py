@@ -24,6 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 from safetensors import SafetensorError, safe_open
 
+from grpo_jax.data.table_files import json_limit
 from grpo_jax.errors import InputError, first_line
 from grpo_jax.models.config import ModelConfig
 from grpo_jax.models.hf_names import (_from_hf, hf_arrays, param_layout,  # noqa: F401
@@ -253,6 +254,9 @@ def read_config(path: pathlib.Path) -> dict:
   except (json.JSONDecodeError, UnicodeDecodeError) as e:
     raise InputError(f"{config_file} is not valid JSON ({first_line(e)}); restore the "
                      f"checkpoint's own config.json.") from None
+  except (ValueError, RecursionError) as e:  # valid JSON that Python's json cannot read
+    raise InputError(f"{config_file} {json_limit(e, fix=False)}; restore the checkpoint's own "
+                     f"config.json.") from None
   if not isinstance(config, dict):
     raise InputError(f"{config_file} holds a {type(config).__name__}, not a JSON object; restore "
                      f"the checkpoint's own config.json.")
@@ -266,10 +270,14 @@ def _weight_map(path: pathlib.Path) -> dict:
     try:
       weight_map = json.loads(index.read_text())["weight_map"]
       return {name: path / file for name, file in weight_map.items()}
-    except (ValueError, KeyError, TypeError, AttributeError) as e:
-      raise InputError(f"{index} is not a safetensors index (a JSON object whose weight_map maps "
-                       f"tensor names to files; {type(e).__name__}: {first_line(e)}): download "
-                       f"or export the checkpoint again.") from None
+    except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError,
+            AttributeError) as e:
+      why = first_line(e)
+    except (ValueError, RecursionError) as e:  # valid JSON that Python's json cannot read
+      why = f"it {json_limit(e, fix=False)}"
+    raise InputError(f"{index} is not a safetensors index (a JSON object whose weight_map maps "
+                     f"tensor names to files; {why}): download or export the checkpoint "
+                     f"again.")
   single = path / "model.safetensors"
   if single.is_file():
     with _open_safetensors(single) as f:

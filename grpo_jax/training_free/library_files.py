@@ -16,6 +16,7 @@ import dataclasses
 import json
 import re
 
+from grpo_jax.data.table_files import json_limit
 from grpo_jax.errors import InputError, first_line
 from grpo_jax.train.run import files
 
@@ -69,7 +70,12 @@ class LibraryFiles:
     text = files.read_text(self.directory / f"step_{step}.json")
     if text is None:
       raise NotALibrary("it is gone")
-    data = json.loads(text)
+    try:
+      data = json.loads(text)
+    except json.JSONDecodeError:
+      raise
+    except (ValueError, RecursionError) as e:  # valid JSON that Python's json cannot read
+      raise NotALibrary(f"it {json_limit(e, fix=False)}") from None
     if not isinstance(data, dict) or data.get("step") != step:
       raise NotALibrary(f'it does not hold {{"step": {step}, "library": ...}}')
     library = data.get("library")

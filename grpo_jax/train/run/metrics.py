@@ -99,7 +99,7 @@ def keep_records_until(path: str, step: int) -> int:
   def keep(line: str) -> bool:
     try:
       return json.loads(line)["step"] <= step
-    except (ValueError, KeyError, TypeError):
+    except (ValueError, KeyError, TypeError, RecursionError):  # (RecursionError: too deep)
       return False
   lines = (files.read_text(path) or "").splitlines()
   kept = [line for line in lines if keep(line)]

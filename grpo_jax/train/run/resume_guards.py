@@ -35,7 +35,7 @@ def _starts(workdir: str) -> list:
   try:
     text = files.read_text(files.path(workdir, "run_info.json"))
     info = json.loads(text) if text is not None else {}
-  except (OSError, UnicodeDecodeError, ValueError):
+  except (OSError, UnicodeDecodeError, ValueError, RecursionError):  # (too deep for json)
     return []
   starts = info.get("starts") if isinstance(info, dict) else None
   return [s for s in starts if isinstance(s, dict)] if isinstance(starts, list) else []
@@ -107,7 +107,7 @@ def _record_steps(text: str) -> list:
   for line in text.splitlines():
     try:
       steps.append(int(json.loads(line)["step"]))
-    except (ValueError, KeyError, TypeError):
+    except (ValueError, KeyError, TypeError, RecursionError):
       continue  # a blank line or a record cut short: metrics.keep_records_until drops it
   return steps
 

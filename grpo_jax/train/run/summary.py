@@ -21,13 +21,14 @@ CURVES = (("reward_mean", "training reward (mean over the batch)"),
 
 
 def read_records(workdir: str) -> list[dict]:
-  """metrics.jsonl's records ([] before the first; a line that is not JSON is left out)."""
+  """metrics.jsonl's records ([] before the first; a line that is not JSON, or that Python's
+  json cannot read, is left out)."""
   text = files.read_text(files.path(workdir, "metrics.jsonl")) or ""
   records = []
   for line in text.splitlines():
     try:
       records.append(json.loads(line))
-    except json.JSONDecodeError:
+    except (ValueError, RecursionError):  # not JSON, a 5,000-digit integer, nested too deep
       continue
   return records
 

@@ -13,6 +13,7 @@ import subprocess
 
 from flax.traverse_util import flatten_dict
 
+from grpo_jax.data.table_files import json_limit
 from grpo_jax.errors import ConfigError, InputError, first_line
 from grpo_jax.train.run import files
 from grpo_jax.train.run.faults import RunStopped
@@ -203,8 +204,10 @@ def _read_json(workdir: str, name: str):
     return None, "missing"
   try:
     value = json.loads(text)
-  except ValueError as e:
+  except json.JSONDecodeError as e:
     return None, f"damaged ({first_line(e, 120)})"
+  except (ValueError, RecursionError) as e:  # valid JSON that Python's json cannot read
+    return None, f"damaged (it {json_limit(e, fix=False)})"
   if not isinstance(value, dict):
     return None, f"damaged (it holds a JSON {type(value).__name__}, not an object)"
   return value, None
