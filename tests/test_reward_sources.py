@@ -236,6 +236,35 @@ def test_config_errors(fields, models, message):
   assert message in str(error.value)
 
 
+@pytest.mark.parametrize("weight", [float("nan"), float("-inf"), "1,5", None, True])
+def test_reward_sources_built_in_python_refuse_a_weight_the_config_refuses(weight):
+  """RewardSources(rule_weight=nan) was built and scored every completion NaN; now its
+  constructor refuses a weight that is not a finite number in the config path's sentence (the
+  rule's, and a source's: reward.models[i].weight, reward.remote[i].weight)."""
+  from grpo_jax.rewards.sources import (RemoteSource, RewardModelSource,  # noqa: PLC0415
+                                        RewardSources)
+  sentence = ("reward.{}={!r} is not a finite number; give the reward's weight as a real "
+              "number, e.g. 1.0.")
+  with pytest.raises(ConfigError) as built:
+    RewardSources(rule_weight=weight)
+  assert str(built.value) == sentence.format("rule_weight", weight)
+  if isinstance(weight, float):  # (the config's rule_weight takes floats only)
+    with pytest.raises(ConfigError) as from_config:
+      config_lib.validate(_config(**{"reward.rule_weight": weight}))
+    assert str(from_config.value) == str(built.value)
+  config = _config()
+  config.reward.models = [dict(path="x", weight=weight)]
+  with pytest.raises(ConfigError) as from_config:
+    config_lib.validate(config)
+  with pytest.raises(ConfigError) as built:
+    RewardSources(models=(RewardModelSource("rm0", weight, None, None, None),))
+  assert str(built.value) == str(from_config.value) == sentence.format("models[0].weight",
+                                                                       weight)
+  with pytest.raises(ConfigError, match=r"^reward.remote\[1\].weight="):
+    RewardSources(remote=(RemoteSource("a", 1.0, None), RemoteSource("b", weight, None)))
+  assert RewardSources(rule_weight=0.5).rule_weight == 0.5
+
+
 def test_remote_config_errors_name_the_field():
   config = _config()
   config.reward.remote = [dict(url="ftp://x")]

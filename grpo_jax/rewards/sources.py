@@ -95,6 +95,15 @@ class RewardSources:
   process_model: ProcessModelSource | None = None  # step rewards from a PRM, or the task's
   teacher: TeacherSource | None = None  # the distillation teacher (rl.distill_coef > 0)
 
+  def __post_init__(self):
+    """Every weight checked as the config's are (`check_weight`), so that one built in Python
+    is refused in the config path's sentence (e.g. rule_weight=nan: reward.rule_weight=nan is
+    not a finite number), before any reward is scored with it."""
+    check_weight(self.rule_weight, "reward.rule_weight")
+    for field, sources in (("models", self.models), ("remote", self.remote)):
+      for i, source in enumerate(sources):
+        check_weight(source.weight, f"reward.{field}[{i}].weight")
+
   @property
   def only_rule(self) -> bool:
     """The task's rule reward alone, unweighted and summed (reward.combine="normalise_then_sum"
