@@ -6,6 +6,7 @@ line of the largest absolute differences (tests/test_context.py)."""
 
 import contextlib
 import dataclasses
+import functools
 import json
 import re
 import sys
@@ -54,6 +55,12 @@ OBJECTIVES = {
 }
 
 
+@functools.cache
+def host_params():
+  """perturbed_params(CFG), made once and kept on the host: each part places its own copy."""
+  return jax.device_get(perturbed_params(CFG))
+
+
 def model_of(name: str):
   spec = OBJECTIVES[name]
   return dataclasses.replace(CFG, logits_chunk=spec.get("logits_chunk", 0),
@@ -61,7 +68,7 @@ def model_of(name: str):
 
 
 def rollout_batch():
-  r = generate(perturbed_params(CFG), PROMPTS, PROMPTS != 0, jax.random.key(3), model_cfg=CFG,
+  r = generate(host_params(), PROMPTS, PROMPTS != 0, jax.random.key(3), model_cfg=CFG,
                max_new_tokens=NEW, temperature=1.0, eos_id=2, pad_id=0)
   rewards = (np.asarray(r.completion_tokens) == 7).sum(1).astype(np.float32)
   return jax.device_get(r), jax.device_get(RewardInputs(jnp.asarray(rewards), {}, jnp.int32(0)))
@@ -71,7 +78,7 @@ def prepared(name, batch_inputs):
   """(rl, the state, the prepared Batch) of one objective, on one device."""
   spec = OBJECTIVES[name]
   rl = rl_defaults(**spec["rl"])
-  params = perturbed_params(CFG)
+  params = host_params()
   value_params = init_value_params(rl.value_head, CFG, params, jax.random.key(2))
   if value_params is not None:  # a head that reads the hidden states
     value_params = jax.tree.map(lambda x: x + 0.1, value_params)
@@ -132,40 +139,60 @@ def tpu_lowering(mesh, job) -> dict:
               sampler_kernels=sorted(set(re.findall(r'(splash_\w+|flash_\w+)', sampler))))
 
 
-def splash_figures(mesh) -> dict:
-  """The TPU path's attention over split rows (context.tpu_splash_context_attention: jax's
-  splash kernel, here run by Pallas's interpreter) against one device's
-  grouped_query_attention, for both layouts: the largest differences of the real queries'
-  outputs and of the gradients of sum(sin(out)) over them. Rows of 512 tokens (4 devices x
-  one 128-token block), one left-padded by 37 and one right-padded by 12."""
-  batch, length, heads, kv_heads, dim = 2, 512, 4, 2, 128
+SPLASH_SHAPE = (2, 512, 4, 2, 128)  # batch, length, heads, kv_heads, dim
+
+
+@jax.jit
+def splash_inputs():
+  """q, k, v and the keys' mask of splash_figures: rows of 512 tokens (4 devices x one
+  128-token block), one left-padded by 37 and one right-padded by 12."""
+  batch, length, heads, kv_heads, dim = SPLASH_SHAPE
   keys = jax.random.split(jax.random.key(0), 3)
   q = jax.random.normal(keys[0], (batch, length, heads, dim))
   k, v = (jax.random.normal(key, (batch, kv_heads, length, dim)) for key in keys[1:])
   slots = jnp.arange(length)[None]
-  kv_mask = (slots >= jnp.array([[0], [37]])) & (slots < jnp.array([[500], [length]]))
+  return q, k, v, (slots >= jnp.array([[0], [37]])) & (slots < jnp.array([[500], [length]]))
+
+
+@functools.partial(jax.jit, static_argnames="layout")
+def splash_outputs(q, k, v, kv_mask, layout=None):
+  """The real queries' outputs and the gradients of sum(sin(out)) over them (q, k, v in slot
+  order): one device's grouped_query_attention (layout None), or the TPU path's splash kernel
+  over the mesh's split rows, its inputs put in the layout's order and its figures back."""
+  length = q.shape[1]
   real = kv_mask[:, :, None, None].astype(jnp.float32)
-  loss = lambda f, real: lambda q, k, v: jnp.sum(jnp.sin(f(q, k, v)) * real)  # noqa: E731
-  one = lambda q, k, v: grouped_query_attention(q, k, v, attention_mask(kv_mask, length, 0))
-  want = one(q, k, v) * real, jax.grad(loss(one, real), argnums=(0, 1, 2))(q, k, v)
+  if layout is None:
+    mask = attention_mask(kv_mask, length, 0)
+    attend = lambda q, k, v: grouped_query_attention(q, k, v, mask)  # noqa: E731
+    order = None
+  else:
+    order = layout_order(length, 4, layout)
+    mask = attention_mask(kv_mask, length, 0) if order is None else layout_mask(kv_mask, order)
+    attend = lambda q, k, v: tpu_splash_context_attention(  # noqa: E731
+        q, k, v, mask, layout, interpret=True)
+  real_placed = in_layout(real, order, 1)
+
+  def both(q, k, v):
+    out = attend(q, k, v)
+    return jnp.sum(jnp.sin(out) * real_placed), out
+  placed = [in_layout(q, order, 1), in_layout(k, order, 2), in_layout(v, order, 2)]
+  (_, out), grads = jax.value_and_grad(both, argnums=(0, 1, 2), has_aux=True)(*placed)
+  return (from_layout(out, order, 1) * real,
+          tuple(from_layout(g, order, axis) for g, axis in zip(grads, (1, 2, 2))))
+
+
+def splash_figures(mesh) -> dict:
+  """The TPU path's attention over split rows (context.tpu_splash_context_attention: jax's
+  splash kernel, here run by Pallas's interpreter) against one device's
+  grouped_query_attention, for both layouts: the largest differences of the real queries'
+  outputs and of the gradients of sum(sin(out)) over them (splash_inputs' rows). Each is one
+  compiled program (op by op, a hundred-odd eager ops were each compiled)."""
+  q, k, v, kv_mask = splash_inputs()
+  want = splash_outputs(q, k, v, kv_mask)
   out = {}
   for layout in ("contiguous", "zigzag"):
-    order = layout_order(length, 4, layout)
     with jax.set_mesh(mesh):
-      mask = attention_mask(kv_mask, length, 0) if order is None else layout_mask(kv_mask,
-                                                                                   order)
-      split = lambda q, k, v: tpu_splash_context_attention(  # noqa: E731
-          q, k, v, mask, layout, interpret=True)  # noqa: B023
-      placed = [in_layout(q, order, 1), in_layout(k, order, 2), in_layout(v, order, 2)]
-      real_placed = in_layout(real, order, 1)
-
-      def both(q, k, v):
-        out = split(q, k, v)  # noqa: B023
-        return jnp.sum(jnp.sin(out) * real_placed), out  # noqa: B023
-      (_, got_out), got_grads = jax.jit(jax.value_and_grad(both, argnums=(0, 1, 2),
-                                                           has_aux=True))(*placed)
-    got = (from_layout(got_out, order, 1) * real,
-           tuple(from_layout(g, order, axis) for g, axis in zip(got_grads, (1, 2, 2))))
+      got = splash_outputs(q, k, v, kv_mask, layout=layout)
     out[layout] = dict(out=diff(got[0], want[0]), grads=diff(got[1], want[1]),
                        grads_scale=max(float(jnp.max(jnp.abs(g))) for g in want[1]))
   return out
@@ -184,7 +211,7 @@ def splash_prefill_figures(devices) -> dict:
   tokens = np.random.default_rng(0).integers(3, 16, size=(2, length)).astype(np.int32)
   tokens[0, :100] = 0
   kv_mask = tokens != 0
-  params = perturbed_params(CFG)
+  params = host_params()
   run = lambda cfg, mesh, p: jax.device_get(jax.jit(lambda p: prefill(  # noqa: E731
       p, tokens, kv_mask, model_cfg=cfg, max_new_tokens=4, mesh=mesh, group_size=2,
       shared_prompt=True))(p))
@@ -208,7 +235,7 @@ def dpo_figures(mesh, rollout):
   """DPO's loss and gradients on pairs (row 2i chosen, 2i + 1 rejected), with the summed
   log-probs from the teacher-forced pass, and its per-token log-probs."""
   # (the params made off the mesh: eager ops under jax.set_mesh compile for it, one by one)
-  params = perturbed_params(CFG)
+  params = host_params()
   ref = jax.tree.map(lambda x: x * 0.9, params)
   with jax.set_mesh(mesh):
     params, ref = (jax.device_put(p, shardings(p, mesh)) for p in (params, ref))
@@ -266,7 +293,7 @@ def prefill_memory(devices):
 def sampler_figures(devices) -> dict:
   """The sampler on (data, context) = (2, 4): its prefill splits each prompt's 4 tokens over
   context, its decode loop takes rows over data x context; the same tokens as one device's."""
-  params = perturbed_params(CFG)
+  params = host_params()
   kw = dict(model_cfg=CFG, max_new_tokens=NEW, temperature=1.0, eos_id=2, pad_id=0,
             group_size=2)
   one = generate(params, PROMPTS[::2], PROMPTS[::2] != 0, jax.random.key(5), **kw)
@@ -294,8 +321,9 @@ def main():
   batch_inputs = rollout_batch()
   single = make_mesh(mesh_config(1, 1, 1, 1, 1), devices[:1])
   out = {}
+  jobs = {}
   for name in (*OBJECTIVES, "dpo"):
-    job = batch_inputs[0] if name == "dpo" else prepared(name, batch_inputs)
+    job = jobs[name] = batch_inputs[0] if name == "dpo" else prepared(name, batch_inputs)
     run = lambda mesh: (dpo_figures(mesh, job) if name == "dpo" else  # noqa: E731
                         rl_figures(name, mesh, job))  # noqa: B023
     ref = run(single)
@@ -307,7 +335,7 @@ def main():
                               logprobs=diff(got[2], ref[2]), values=diff(got[3], ref[3]))
   out["splash"] = splash_figures(make_mesh(mesh_config(*MESHES["context=4"]), devices))
   out["tpu_lowering"] = tpu_lowering(make_mesh(mesh_config(*MESHES["context=4"]), devices),
-                                     prepared("grpo", batch_inputs))
+                                     jobs["grpo"])
   out["temp_bytes"] = split_memory(devices)
   out["sampler"] = sampler_figures(devices)
   out["prefill_temp_bytes"] = prefill_memory(devices)

@@ -74,8 +74,12 @@ def test_seeds_in_one_program_equal_separate_runs_bit_for_bit(tmp_path,
   among them), and the final params, are identical to S separate runs. A feature of the step
   works for S seeds too: DAPO's dynamic sampling, whose resampling rounds differ between
   seeds. The parity reward (conftest) leaves a random policy's groups without a spread one
-  time in 8."""
+  time in 8, so the runs start from the random policy: no warm-up (its SFT step, compiled
+  alone and mapped under XLA's defaults, was a seventh of this test's time). The mapped
+  warm-up's bits are tests/test_fused.py::test_fused_seeds_equal_fused_single_runs_and_resume's
+  claim (5 warm-up steps, two seeds mapped against each alone, under XLA's defaults too)."""
   config = _small_config(steps=4)
+  config.warmup.steps = 0
   config.reward.name = first_token_parity_reward
   config.rl.update(dynamic_sampling=True, max_extra_rollouts=3)
   separate, stacked = _separate_and_stacked(config, tmp_path)
@@ -156,9 +160,21 @@ def test_vmapped_step_matches_single_seed_step_to_float_rounding():
 
 
 @pytest.mark.slow
-def test_stacked_seeds_resume_from_their_checkpoint(tmp_path):
-  """A stacked run stopped after step 2 and resumed equals one that ran through."""
+def test_stacked_seeds_resume_from_their_checkpoint(tmp_path,
+                                                    first_token_parity_reward):
+  """A stacked run stopped after step 2 and resumed equals one that ran through. The parity
+  reward (conftest) gives a random policy's groups a spread, so every step moves the params
+  and the Adam moments that the checkpoint must hold (the task's reward gave every sample 0
+  here: no update moved anything). No warm-up, and greedy evaluation alone: that a resume
+  skips the warm-up is
+  tests/test_checkpoint.py::test_sigkill_then_resume_reproduces_the_uninterrupted_run's
+  claim (the same code for stacked seeds); the evaluation keys come from the seeds, not the
+  checkpoint, and the stacked pass@k with its per-seed keys is
+  test_seeds_in_one_program_equal_separate_runs_bit_for_bit's claim."""
   config = _small_config(steps=4)
+  config.warmup.steps = 0
+  config.train.eval_pass_k = 0
+  config.reward.name = first_token_parity_reward
   config.train.checkpoint_every = 2
   seeds = [0, 1]
   train(config, str(tmp_path / "through"), log=quiet, seeds=seeds)
@@ -174,6 +190,7 @@ def test_stacked_seeds_resume_from_their_checkpoint(tmp_path):
     resumed = _records(tmp_path / "resumed" / f"seed_{s}" / "metrics.jsonl")
     assert [r["step"] for r in resumed] == [0, 1, 2, 3, 4]
     assert resumed == through
+    assert through[-1]["kl"] > 0, through  # the updates moved the params off the reference
 
 
 def test_what_one_program_cannot_run_is_refused(tmp_path):
