@@ -122,3 +122,14 @@ def last_word_stream():
   """Where the run's closing sentence goes: the real stderr, also once a failed save has
   silenced fd 2 and sys.stderr."""
   return _AFTER_FAILED_SAVE["stream"] or sys.stderr
+
+
+def json_limit(e: Exception, fix: bool = True) -> str:
+  """What json.loads's ValueError (not a JSONDecodeError) or RecursionError says of a text of
+  valid JSON, as a sentence's end: an integer past Python's digit limit, or nesting too deep;
+  with `fix` False, without the way to rewrite it (a file to restore, not to edit: a workdir's
+  record, a checkpoint's config.json)."""
+  if isinstance(e, RecursionError):
+    return "is nested too deeply to read" + ("; flatten its lists and objects" if fix else "")
+  return (f"holds an integer of more than {sys.get_int_max_str_digits()} digits, past what "
+          f"Python reads" + ("; write it as a string" if fix else ""))

@@ -1,7 +1,7 @@
 """Files the run reads back as JSON, damaged by a user or a crash into valid JSON that Python's
 json cannot read: an integer of more than 4,300 digits (a ValueError, not a JSONDecodeError)
 or lists nested 100,000 deep (a RecursionError). Each was a traceback; now each is what the
-reader does with any other damage (data/table_files.py `json_limit` says which): one sentence
+reader does with any other damage (errors.py `json_limit` says which): one sentence
 naming the file and how to go on, or a record left out where damaged records are skipped."""
 
 import json

@@ -19,10 +19,10 @@ from typing import NamedTuple, Optional
 import numpy as np
 
 from grpo_jax.data.chat import epoch_stream
-from grpo_jax.data.table_files import BadRow, json_limit
+from grpo_jax.data.table_files import BadRow
 from grpo_jax.data.tokenizer import pad_rows
 from grpo_jax.unicode_text import lone_surrogate, surrogate_sentence
-from grpo_jax.errors import InputError
+from grpo_jax.errors import InputError, json_limit
 
 
 @dataclasses.dataclass

@@ -9,10 +9,9 @@ import collections
 import csv
 import json
 import os
-import sys
 
 from grpo_jax.unicode_text import lone_surrogate, surrogate_sentence
-from grpo_jax.errors import InputError, first_line
+from grpo_jax.errors import InputError, first_line, json_limit
 
 EXTENSIONS = (".jsonl", ".json", ".parquet", ".csv")
 
@@ -54,17 +53,6 @@ def jsonl_rows(path: str):
         continue
       yield from _checked([(where, row if isinstance(row, dict) else BadRow(
           "is not a JSON object; each line must be one object"))])
-
-
-def json_limit(e: Exception, fix: bool = True) -> str:
-  """What json.loads's ValueError (not a JSONDecodeError) or RecursionError says of a text of
-  valid JSON, as a sentence's end: an integer past Python's digit limit, or nesting too deep;
-  with `fix` False, without the way to rewrite it (a file to restore, not to edit: a workdir's
-  record, a checkpoint's config.json)."""
-  if isinstance(e, RecursionError):
-    return "is nested too deeply to read" + ("; flatten its lists and objects" if fix else "")
-  return (f"holds an integer of more than {sys.get_int_max_str_digits()} digits, past what "
-          f"Python reads" + ("; write it as a string" if fix else ""))
 
 
 _MISSING, _EXTRA = object(), "\x00extra"  # a CSV row with fewer / more fields than its header

@@ -90,8 +90,7 @@ def load_hf_tokenizer(path: str):
   import json  # noqa: PLC0415
   import os  # noqa: PLC0415
 
-  from grpo_jax.data.table_files import json_limit  # noqa: PLC0415
-  from grpo_jax.errors import InputError, first_line  # noqa: PLC0415
+  from grpo_jax.errors import InputError, first_line, json_limit  # noqa: PLC0415
   if not os.path.isdir(path):
     raise InputError(
         f"model.path={path} is not a directory; download a checkpoint first, e.g. "

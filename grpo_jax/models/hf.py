@@ -24,8 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 from safetensors import SafetensorError, safe_open
 
-from grpo_jax.data.table_files import json_limit
-from grpo_jax.errors import InputError, first_line
+from grpo_jax.errors import InputError, first_line, json_limit
 from grpo_jax.models.config import ModelConfig
 from grpo_jax.models.hf_names import (_from_hf, hf_arrays, param_layout,  # noqa: F401
                                       params_from_hf, to_hf)

@@ -16,8 +16,7 @@ import dataclasses
 import json
 import re
 
-from grpo_jax.data.table_files import json_limit
-from grpo_jax.errors import InputError, first_line
+from grpo_jax.errors import InputError, first_line, json_limit
 from grpo_jax.train.run import files
 
 STEP_FILE = re.compile(r"step_(0|[1-9][0-9]*)\.json")

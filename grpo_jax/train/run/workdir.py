@@ -13,8 +13,7 @@ import subprocess
 
 from flax.traverse_util import flatten_dict
 
-from grpo_jax.data.table_files import json_limit
-from grpo_jax.errors import ConfigError, InputError, first_line
+from grpo_jax.errors import ConfigError, InputError, first_line, json_limit
 from grpo_jax.train.run import files
 from grpo_jax.train.run.faults import RunStopped
 from grpo_jax.train.run.metrics import keep_records_until
