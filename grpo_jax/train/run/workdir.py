@@ -197,16 +197,13 @@ def _read_json(workdir: str, name: str):
   """(the parsed JSON object, None) or (None, what is wrong with the file)."""
   try:
     text = files.read_text(files.path(workdir, name))
-  except (OSError, UnicodeDecodeError) as e:  # unreadable, a folder, not UTF-8
-    return None, f"damaged ({first_line(e, 120)})"
-  if text is None:
-    return None, "missing"
-  try:
-    value = json.loads(text)
-  except json.JSONDecodeError as e:
+    value = None if text is None else json.loads(text)
+  except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:  # unreadable, not UTF-8/JSON
     return None, f"damaged ({first_line(e, 120)})"
   except (ValueError, RecursionError) as e:  # valid JSON that Python's json cannot read
     return None, f"damaged (it {json_limit(e, fix=False)})"
+  if text is None:
+    return None, "missing"
   if not isinstance(value, dict):
     return None, f"damaged (it holds a JSON {type(value).__name__}, not an object)"
   return value, None
