@@ -157,3 +157,31 @@ def test_a_prompt_over_max_prompt_tokens_in_an_sft_or_reward_model_file_names_it
   assert str(e.value) == f"{pairs} {sentence}"
   for stage in ("sft", "rm"):
     assert not (tmp_path / stage / "metrics.jsonl").exists()
+
+
+def test_a_reward_model_file_past_the_models_positions_names_its_line(tmp_path, monkeypatch):
+  """DPO refused a prompt whose tokens with rollout.max_new_tokens need more positions than the
+  model's max_position_embeddings; the RM stage, which reads its pairs with the same reader,
+  trained on them. Now the same sentence, once the model is built and before any step."""
+  import dataclasses  # noqa: PLC0415
+
+  from grpo_jax.train.stages import supervised  # noqa: PLC0415
+  pairs = tmp_path / "pairs.jsonl"
+  write_jsonl(str(pairs), [{"prompt": "1+2=", "chosen": "3", "rejected": "4"},
+                           {"prompt": "11+22=", "chosen": "33", "rejected": "34"}])
+  built = supervised.build_model
+  monkeypatch.setattr(supervised, "build_model", lambda *a: (
+      lambda cfg, params: (dataclasses.replace(cfg, max_position_embeddings=9), params))(
+          *built(*a)))
+  config = _set(rlhf_tiny_rm.get_config(str(tmp_path)), model__path="", rm__steps=2,
+                rm__train_path=str(pairs), rm__test_path=str(pairs))
+  tokens = len(build_task(config).supervised_example("11+22=", "33")[0])
+  n = config.rollout.max_new_tokens
+  assert tokens + n > 9
+  with pytest.raises(InputError) as e:
+    supervised.train_reward_model(config, str(tmp_path / "rm"), log=lambda *a: None)
+  assert str(e.value) == (
+      f"{pairs} line 2 has a prompt of {tokens} tokens, which with rollout.max_new_tokens={n} "
+      f"needs {tokens + n} positions, more than the model's max_position_embeddings=9; "
+      f"shorten or remove that line, or lower rollout.max_new_tokens.")
+  assert not (tmp_path / "rm" / "metrics.jsonl").exists()

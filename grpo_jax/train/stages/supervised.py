@@ -27,8 +27,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from grpo_jax import config as config_lib
-from grpo_jax.data.preference_files import (Limits, fingerprints, read_preference_file,
-                                            tokenize_preference_files)
+from grpo_jax.data.preference_files import (Limits, check_fits_positions, fingerprints,
+                                            read_preference_file, tokenize_preference_files)
 from grpo_jax.data.supervised import PairData, addition_preference_pairs
 from grpo_jax.errors import ConfigError
 from grpo_jax.models.reward_model import (export_reward_model, init_reward_model,
@@ -311,17 +311,21 @@ def train_reward_model(config, workdir: str, log=print):
       raise ConfigError(f"rm.{name}={rm[name]}; use at least 1.")
   check_pair_sources(config)
   # A split's file is read, tokenised and checked (each prompt within data.max_prompt_tokens,
-  # no pair with the same chosen and rejected completion) before the model is built, as DPO's
-  # are; the task's pairs after it (a share of them sampled from the starting policy).
+  # no pair with the same chosen and rejected completion) before the model is built, and
+  # against the model's positions once it is, as DPO's are; the task's pairs after it (a share
+  # of them sampled from the starting policy).
   pair_files = {s: read_preference_file(f"rm.{s}_path", rm[f"{s}_path"], None)
                 for s in ("train", "test") if rm[f"{s}_path"]}
   task = build_task(config, log)
   key = jax.random.key(config.seed)
   model = ModelSection.of(config)
   n = config.rollout.max_new_tokens
-  pairs = {s: t.data for s, t in tokenize_preference_files(
-      pair_files, task, Limits(config.data.max_prompt_tokens, n), "refuse", log).items()}
+  tokenized = tokenize_preference_files(pair_files, task, Limits(config.data.max_prompt_tokens, n),
+                                        "refuse", log)
   model_cfg, policy = build_model(model, jax.random.fold_in(key, 0))
+  for s, t in tokenized.items():
+    check_fits_positions(pair_files[s], t, n, model_cfg.max_position_embeddings)
+  pairs = {s: t.data for s, t in tokenized.items()}
   train, test = (pairs[s] if s in pairs else PairData(task, preference_pairs(
       config, "rm", task, s, (model_cfg, policy)), n) for s in ("train", "test"))
   params = init_reward_model(model_cfg, jax.random.fold_in(key, 5), backbone=policy)
