@@ -71,14 +71,17 @@ def test_a_metrics_line_is_left_out_like_a_line_cut_short(case, tmp_path):
 
 @pytest.mark.parametrize("case", sorted(BAD))
 def test_a_checkpoint_folders_config_and_index(case, tmp_path):
-  """A model folder's config.json (read by the tokenizer and the model loader) and its
-  safetensors index: the one sentence a config.json that is not JSON gets."""
+  """A model folder's config.json (read by the tokenizer, the model loader and the vision
+  policy's check for a Qwen2.5-VL folder) and its safetensors index: the one sentence a
+  config.json that is not JSON gets."""
   from grpo_jax.data.tokenizer import load_hf_tokenizer  # noqa: PLC0415
   from grpo_jax.models import hf  # noqa: PLC0415
+  from grpo_jax.models.vision.build import holds_vl_checkpoint  # noqa: PLC0415
   text, said = BAD[case]
   (tmp_path / "config.json").write_text(text)
   sentence = f"{tmp_path}/config.json {said}; restore the checkpoint's own config.json."
-  for read in (lambda: hf.read_config(tmp_path), lambda: load_hf_tokenizer(str(tmp_path))):
+  for read in (lambda: hf.read_config(tmp_path), lambda: load_hf_tokenizer(str(tmp_path)),
+               lambda: holds_vl_checkpoint(str(tmp_path))):
     with pytest.raises(InputError) as e:
       read()
     assert str(e.value) == sentence

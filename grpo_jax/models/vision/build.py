@@ -30,12 +30,13 @@ decoder adds its adapter path beside x W instead).
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
+import pathlib
 
 import numpy as np
 
 from grpo_jax.errors import ConfigError
+from grpo_jax.models.hf import read_config
 from grpo_jax.models.vision.qwen2_5_vl import VisionConfig
 from grpo_jax.models.vision.qwen2_5_vl_model import VlmConfig, init_vlm_params
 
@@ -49,8 +50,8 @@ def _from_folder(path: str, model) -> tuple:
   from safetensors.numpy import load_file  # noqa: PLC0415
   from grpo_jax.models.vision.qwen2_5_vl_model_hf import (vlm_config_from_hf,  # noqa: PLC0415
                                                           vlm_params_from_hf)
-  with open(os.path.join(path, "config.json")) as f:
-    cfg = vlm_config_from_hf(json.load(f), model.param_dtype, model.compute_dtype)
+  cfg = vlm_config_from_hf(read_config(pathlib.Path(path)), model.param_dtype,
+                          model.compute_dtype)
   tensors = {}
   for name in sorted(os.listdir(path)):
     if name.endswith(".safetensors"):
@@ -64,11 +65,9 @@ def _from_folder(path: str, model) -> tuple:
 def holds_vl_checkpoint(path: str) -> bool:
   """True when folder `path` has a config.json with a vision_config (a Qwen2.5-VL checkpoint);
   a folder with a tokenizer alone gives the task its tokenizer and the policy is random."""
-  config_file = os.path.join(path, "config.json")
-  if not os.path.isfile(config_file):
+  if not os.path.isfile(os.path.join(path, "config.json")):
     return False
-  with open(config_file) as f:
-    return json.load(f).get("vision_config") is not None
+  return read_config(pathlib.Path(path)).get("vision_config") is not None  # damage: a sentence
 
 
 def build_vlm(model, vision: dict, key, task):
