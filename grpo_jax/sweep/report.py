@@ -21,16 +21,36 @@ import os
 
 import numpy as np
 
+from grpo_jax.errors import first_line
 from grpo_jax.sweep.runner import DONE_FILE, is_done
-from grpo_jax.sweep.spec import Sweep, run_dir
+from grpo_jax.sweep.spec import Sweep, SweepError, run_dir
 
 FIGURES = ("final_reward", "eval_accuracy", "kl", "wall_s", "eval_length")
 LAST_FRACTION = 0.1
 
 
 def read_metrics(directory: str) -> list[dict]:
+  """metrics.jsonl's records; a line that is not JSON (a record a kill cut short) or that
+  Python's json cannot read is left out, as the run's own reader leaves it out."""
+  records = []
   with open(os.path.join(directory, "metrics.jsonl")) as f:
-    return [json.loads(line) for line in f if line.strip()]
+    for line in filter(str.strip, f):
+      try:
+        records.append(json.loads(line))
+      except (ValueError, RecursionError):
+        continue
+  return records
+
+
+def done_wall_s(directory: str) -> float:
+  """The wall_s of a finished run's DONE.json; SweepError naming the file when it is damaged."""
+  path = os.path.join(directory, DONE_FILE)
+  try:
+    with open(path) as f:
+      return float(json.load(f)["wall_s"])
+  except (ValueError, RecursionError, KeyError, TypeError) as e:
+    raise SweepError(f"{path} is damaged ({first_line(e)}); delete it to "
+                     f"run that seed again (its checkpoints resume it), or restore it.") from None
 
 
 def run_figures(directory: str) -> dict:
@@ -40,13 +60,11 @@ def run_figures(directory: str) -> dict:
   tail = steps[-max(1, int(round(len(steps) * LAST_FRACTION))):]
   evals = [r["eval_accuracy"] for r in records if "eval_accuracy" in r]
   lengths = [r["eval_length"] for r in records if "eval_length" in r]
-  with open(os.path.join(directory, DONE_FILE)) as f:
-    done = json.load(f)
   nan = float("nan")  # a run without RL steps (the DPO stage): no reward or KL figures
   return dict(final_reward=float(np.mean([r["reward_mean"] for r in tail])) if tail else nan,
               eval_accuracy=float(evals[-1]) if evals else nan,
               kl=float(np.mean([r["kl"] for r in tail])) if tail else nan,
-              wall_s=float(done["wall_s"]),
+              wall_s=done_wall_s(directory),
               steps=int(steps[-1]["step"]) if steps else 0,
               eval_length=float(lengths[-1]) if lengths else nan)
 
