@@ -93,6 +93,20 @@ def test_a_tool_that_exits_or_returns_bad_unicode_is_a_tool_message():
       "bad \ufffd text"]
 
 
+def test_a_tools_own_timeout_error_is_its_failure_not_the_harness_timeout():
+  """A tool that raises TimeoutError itself (its HTTP client's, say) was reported as stopped by
+  the harness after its timeout_s (error kind "timeout", timeout_s seconds): on Python 3.11
+  concurrent.futures.TimeoutError is the built-in one. It is the tool's failure, as any other."""
+  def search(query: str) -> str:
+    raise TimeoutError("upstream did not answer in 0.1 s")
+  tool = Tool("search", "", {"type": "object", "properties": {"query": {"type": "string"}}},
+              search, timeout_s=30.0)
+  (out,) = call_tools([ToolCall("search", {"query": "x"})], {"search": tool}, ToolPool(1))
+  assert (out.error, out.message["content"]) == (
+      "exception", "Error: search failed: TimeoutError: upstream did not answer in 0.1 s")
+  assert out.seconds < 5
+
+
 def test_a_hung_tool_does_not_keep_a_finished_process_alive():
   """Round 5's E02: a call abandoned after its timeout (here sleeping 3,600 s) is on a daemon
   thread (envs/tools.ToolPool): the process exits when its work is done."""

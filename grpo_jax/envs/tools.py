@@ -91,10 +91,14 @@ def _timed(clock: list, function, /, **arguments):
   return function(**arguments)
 
 
+class _Expired(Exception):
+  """A tool call's time ran out (not a TimeoutError, which a tool may raise itself: a socket's)."""
+
+
 def _wait(future, clock: list, timeout_s: float):
   """The call's result, waited for at most timeout_s from when it got its slot (clock[0]). A
   call still waiting for a slot timeout_s after this wait began is cancelled (it never runs).
-  TimeoutError when either time is up."""
+  _Expired when either time is up; the tool's own exception (its TimeoutError too) as raised."""
   began = time.perf_counter()
   while True:
     started = clock[0]
@@ -102,8 +106,10 @@ def _wait(future, clock: list, timeout_s: float):
     try:
       return future.result(timeout=max(deadline - time.perf_counter(), 0))
     except concurrent.futures.TimeoutError:
+      if future.done():  # the tool raised it, or ended just now: its own outcome
+        return future.result()
       if started is not None or future.cancel():
-        raise
+        raise _Expired from None
       # (it got its slot meanwhile: it runs on its own clock from there)
 
 
@@ -166,7 +172,7 @@ def call_tools(calls: list, tools: dict, pool: concurrent.futures.Executor) -> l
       result = _wait(future, clock, tool.timeout_s)
       outcomes[index] = CallOutcome(_message(call.name, str(result)), "",
                                     time.perf_counter() - clock[0])
-    except concurrent.futures.TimeoutError:
+    except _Expired:
       outcomes[index] = CallOutcome(_message(call.name, f"Error: {call.name} took longer than "
                                              f"{tool.timeout_s:g} s and was stopped."), "timeout",
                                     tool.timeout_s)
