@@ -323,6 +323,23 @@ def test_the_environment_adds_the_templates_delta_and_never_retokenises_the_assi
     environment_delta_ids(tok, first, text, result.messages)
 
 
+def test_a_template_that_trims_the_assistants_text_still_has_the_environments_delta(tmp_path):
+  """Llama 3's template renders `message['content'] | trim`: a sampled turn ending in a newline
+  renders without it, so `rendered(before) + text + end of turn` was not a prefix and the run
+  stopped mid-training in a ValueError traceback. The delta now starts after the turn's end."""
+  from grpo_jax.envs.chat import environment_delta_ids  # noqa: PLC0415
+  from tests.hf_fixtures import save_tiny_tokenizer  # noqa: PLC0415
+  tok = save_tiny_tokenizer(tmp_path)
+  tok.chat_template = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n"
+                       "{{ m['content'] | trim }}<|im_end|>\n{% endfor %}"
+                       "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+  first, reply = [{"role": "user", "content": "1234 * 5678?"}], [{"role": "tool",
+                                                                  "content": "7006652"}]
+  plain = environment_delta_ids(tok, first, "call", reply)
+  assert tok.decode(plain) == "\n<|im_start|>tool\n7006652<|im_end|>\n<|im_start|>assistant\n"
+  assert environment_delta_ids(tok, first, " call\n", reply) == plain
+
+
 TOOLS_TEMPLATE = (  # Qwen 2.5's way, shortened: the tools' JSON in the system turn
     "{% if tools %}<|im_start|>system\n# Tools\n<tools>\n{% for t in tools %}"
     "{{ t | tojson }}\n{% endfor %}</tools><|im_end|>\n{% endif %}"
