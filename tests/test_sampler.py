@@ -192,6 +192,12 @@ def test_a_nonpositive_top_p_keeps_the_most_likely_token_and_settings_are_checke
       Sampling(tiny_cfg, **settings)
   with pytest.raises(ConfigError, match="sampling group_size=0"):
     Sampling(tiny_cfg, 4, 2, 0).grouped(0)
+  # A misspelt decode loop ran "segments", a weight dtype failed later in a ValueError.
+  with pytest.raises(ConfigError, match="sampling decode_loop='Bounded'; use 'auto', "
+                                        "'segments' or 'bounded'."):
+    Sampling(tiny_cfg, 4, 2, 0, decode_loop="Bounded")
+  with pytest.raises(ConfigError, match=r"sampling weight_dtype='int4'; use '' \(the params"):
+    Sampling(tiny_cfg, 4, 2, 0, weight_dtype="int4")
 
 
 def test_raw_uint32_keys_draw_what_their_typed_keys_draw():

@@ -37,8 +37,11 @@ from grpo_jax.errors import ConfigError
 from grpo_jax.models.config import ModelConfig
 from grpo_jax.models.layout import compute_copy, split_layers
 from grpo_jax.models.partitioning import shardings
-from grpo_jax.models.quantized import quantize_layers
+from grpo_jax.models.quantized import WEIGHT_DTYPES, quantize_layers
 from grpo_jax.rollout.sampling import choose_tokens, token_uniforms
+
+
+DECODE_LOOPS = ("segments", "bounded")  # the static engine's (rollout/static.py)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,7 +59,7 @@ class Settings:
   group_size: int = 1  # sample rows per prompt row (prefix sharing)
   decode_block: int = 0  # decode steps per segment; <= 0: one segment reading all slots
   decode_slots: int = 0  # slot-refill engine with min(this, rows) slots; 0: static
-  decode_loop: str = "auto"  # the static engine's (static.DECODE_LOOPS); auto: platform table
+  decode_loop: str = "auto"  # the static engine's (DECODE_LOOPS); auto: the platform table
   # Record each token's top-k / top-p truncation (Rollout.keep_cutoff, kept_logmass) for the
   # keep-sampling mask (rl.keep_sampling_mask); the tokens and log-probs do not change.
   keep_mask: bool = False
@@ -75,9 +78,13 @@ class Settings:
                            ("temperature", self.temperature >= 0, ">= 0 (0 = greedy)"),
                            ("top_k", self.top_k >= 0, ">= 0 (0 = off)"),
                            ("top_p", 0 < self.top_p <= 1, "in (0, 1]"),
-                           ("decode_slots", self.decode_slots >= 0, ">= 0 (0 = static)")):
+                           ("decode_slots", self.decode_slots >= 0, ">= 0 (0 = static)"),
+                           ("decode_loop", self.decode_loop in ("auto", *DECODE_LOOPS),
+                            "'auto', " + " or ".join(map(repr, DECODE_LOOPS))),
+                           ("weight_dtype", self.weight_dtype in ("", *WEIGHT_DTYPES),
+                            "'' (the params as given) or one of " + str(sorted(WEIGHT_DTYPES)))):
       if not ok:
-        raise ConfigError(f"sampling {name}={getattr(self, name)}; use {must}.")
+        raise ConfigError(f"sampling {name}={getattr(self, name)!r}; use {must}.")
     if self.record_routes and not self.model_cfg.num_experts:
       raise ConfigError("sampling record_routes=True records a mixture of experts' routing, "
                         "and this model has none (num_experts=0); leave it False.")

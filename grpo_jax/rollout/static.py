@@ -11,7 +11,7 @@ import jax.numpy as jnp
 from grpo_jax.models.decoder import decoder_apply
 from grpo_jax.models.kv_cache import grow_cache
 from grpo_jax.parallel.choices import choose
-from grpo_jax.rollout.engine import DecodeState, Recorded, Settings, draw, generator
+from grpo_jax.rollout.engine import DECODE_LOOPS, DecodeState, Recorded, Settings, draw, generator
 from grpo_jax.rollout.prefill import constrain_cache, first_positions, prefill, repeat_rows
 from grpo_jax.rollout.types import DecodeStats, Rollout, finish
 
@@ -22,7 +22,6 @@ from grpo_jax.rollout.types import DecodeStats, Rollout, finish
 # "bounded": one loop, each step reading the blocks below its filled slot (one copy of the
 # decode step; on the CPU each block read is a copy). The platform table picks one
 # (parallel/platform.py, "auto").
-DECODE_LOOPS = ("segments", "bounded")
 
 
 def decode_segments(max_new_tokens: int, decode_block: int) -> list:
