@@ -9,7 +9,7 @@ import math
 
 from grpo_jax.errors import ConfigError
 from grpo_jax.config_checks import (_one_of, _require, _validate_devices,
-                                    _validate_distill, _validate_fused,
+                                    _validate_distill, _validate_fractions, _validate_fused,
                                     _validate_lora, _validate_rewards)
 from grpo_jax.rl.aggregation import LOSS_AGGREGATIONS
 
@@ -77,6 +77,7 @@ def validate(config) -> None:
   from grpo_jax.rl.losses import POLICY_LOSSES  # noqa: PLC0415
   import_plugins(config.imports, log=lambda *_: None)
   _check_integer_ranges(config)
+  _validate_fractions(config)
   r, rl, tr, opt = config.rollout, config.rl, config.train, config.optim
   task = TASKS.get(config.task.name)
   estimator = ESTIMATORS.get(rl.advantage)

@@ -11,6 +11,20 @@ import os
 from grpo_jax.errors import ConfigError, one_of as _one_of, require as _require
 
 
+FRACTIONS = ("warmup.carry_drop_fraction", "rm.policy_fraction", "dpo.policy_fraction")
+
+
+def _validate_fractions(config) -> None:
+  """Shares of a batch or of made pairs: finite and in [0, 1] (rm.policy_fraction = 2 made a
+  negative count of pairs and an IndexError; the others acted as 0 or 1 without a word)."""
+  for name in FRACTIONS:
+    section, field = name.split(".")
+    if field in (config.get(section) or {}):
+      value = config[section][field]
+      _require(isinstance(value, (int, float)) and 0 <= value <= 1,
+               f"{name}={value!r}; use a fraction in [0, 1].")
+
+
 def _validate_lora(config) -> None:
   lo = config.get("lora")
   if lo is None:

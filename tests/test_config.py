@@ -82,6 +82,12 @@ def test_config_error_from_main_is_one_line(tmp_path):
     ("model", "head_dim", 7, "model.head_dim=7 is odd; RoPE rotates pairs"),
     ("model", "rope_theta", 0.0, "model.rope_theta=0.0; use a finite number > 0"),
     ("model", "rms_norm_eps", -1e-6, "model.rms_norm_eps=-1e-06; use a finite number >= 0"),
+    # rm.policy_fraction=2 made a negative count of pairs (an IndexError); the others acted as
+    # 0 or 1; 5 digits listed 5e9 pairs (9.3 GiB) before a MemoryError
+    ("rm", "policy_fraction", 2.0, "rm.policy_fraction=2.0; use a fraction in [0, 1]."),
+    ("dpo", "policy_fraction", -3.0, "dpo.policy_fraction=-3.0; use a fraction in [0, 1]."),
+    ("warmup", "carry_drop_fraction", float("nan"), "warmup.carry_drop_fraction=nan; use a"),
+    ("task", "num_digits", 5, "task.num_digits=5; use 1 to 4 (the task lists every pair"),
 ])
 
 def test_invalid_values_fail_before_any_compute(tmp_path, section, field, value, expected):

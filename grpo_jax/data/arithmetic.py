@@ -51,6 +51,14 @@ class PromptBatch:
   operands: np.ndarray  # (B, 2) int64
 
 
+def check_digits(num_digits) -> None:
+  """task.num_digits in 1..4: the task lists every unordered pair of operands, 10^(2n) / 2 of
+  them (5 digits: 5e9 pairs, 9.3 GiB for their indices alone, then a MemoryError)."""
+  if not (isinstance(num_digits, int) and 1 <= num_digits <= 4):
+    raise ConfigError(f"task.num_digits={num_digits!r}; use 1 to 4 (the task lists every pair "
+                      f"of operands: 10^(2n) / 2 of them).")
+
+
 @register_task("addition", capabilities=("step_rewards", "device", "warmup", "supervised",
                                            "preference_pairs"))
 class AdditionTask(CharTask):
@@ -62,8 +70,7 @@ class AdditionTask(CharTask):
                fixed_width: bool = False, reverse_answer: bool = False,
                reward: str = "exact_match"):
     self.reward = get_reward(reward, "tokens", "addition")
-    if num_digits < 1:
-      raise ConfigError(f"task.num_digits={num_digits}; use an integer >= 1.")
+    check_digits(num_digits)
     self.num_digits = num_digits
     self.fixed_width = fixed_width
     self.reverse_answer = reverse_answer
@@ -131,6 +138,7 @@ class AdditionTask(CharTask):
                         f"written for this task (e.g. by python -m grpo_jax.train_sft), or "
                         f"task.name='gsm8k'.")
     get_reward(reward_name(config, "exact_match"), "tokens", "addition")
+    check_digits(config.task.get("num_digits", 2))
 
   @classmethod
   def from_config(cls, config, log=print, *, num_digits=2, test_size=500, fixed_width=True,
