@@ -150,11 +150,14 @@ def test_dpo_with_lora_starts_at_the_base_and_resumes_exactly(tmp_path):
     ("dpo.loss", "dpoo", "dpo.loss"),
     ("dpo.reference", "cache", "dpo.reference='cache'"),
     ("dpo.label_smoothing", 0.5, "dpo.label_smoothing=0.5"),
-    ("dpo.batch_size", 0, "dpo.batch_size=0")])
+    ("dpo.batch_size", 0, "dpo.batch_size=0"),
+    # the file was read, checked and fingerprinted, then each round trained on its own pairs
+    ("dpo.rounds", 2, "dpo.train_path='/nonexistent.jsonl' is not read when dpo.rounds=2")])
 def test_bad_dpo_configs_fail_in_one_sentence_before_compute(field, value, message, tmp_path):
+  extra = ({"dpo.loss": "cdpo"} if "smoothing" in field else
+           {"dpo.train_path": "/nonexistent.jsonl"} if field == "dpo.rounds" else {})
   with pytest.raises(ConfigError, match=message.replace(".", r"\.").replace("(", r"\(")):
-    _train(_config(2, **{field: value, **({"dpo.loss": "cdpo"} if "smoothing" in field
-                                          else {})}), tmp_path)
+    _train(_config(2, **{field: value, **extra}), tmp_path)
 
 
 def test_iterative_rpo_rounds_resume_exactly(tmp_path):

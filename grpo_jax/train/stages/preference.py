@@ -81,6 +81,10 @@ def check_dpo_config(config) -> dict:
     raise ConfigError(f"dpo.rounds={d.rounds}, dpo.round_prompts={d.round_prompts}, "
                       f"dpo.pairs_per_prompt={d.pairs_per_prompt}; use rounds 0 (offline pairs) "
                       f"or rounds >= 1 with round_prompts and pairs_per_prompt >= 1.")
+  if d.rounds > 0 and d.train_path:
+    raise ConfigError(f"dpo.train_path={d.train_path!r} is not read when dpo.rounds={d.rounds} "
+                      f"(each round trains on the policy's own pairs); clear it, or set "
+                      f"dpo.rounds=0 to train on the file.")
   if d.reference not in REFERENCES:
     raise ConfigError(f"dpo.reference={d.reference!r}; use one of {', '.join(REFERENCES)}.")
   if d.on_degenerate_pair not in ON_DEGENERATE_PAIR:
