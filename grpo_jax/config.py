@@ -317,6 +317,10 @@ def _validate_capabilities(config, task) -> None:
       fix += ", or give warmup.data_path, a jsonl file of {prompt, response}"
     task.require("warmup", f"warmup.steps={w.steps} (a supervised warm-up on the task's own "
                  f"data)", fix)
+  k = config.train.eval_pass_k
+  _require(not (k and "episodes" in task.capabilities),
+           f"train.eval_pass_k={k}: a task of episodes is evaluated on one greedy episode per "
+           f"problem (train/run/evaluation.py), with no pass@k; set train.eval_pass_k=0.")
 
 
 def check_wandb_config(train_cfg) -> None:

@@ -211,6 +211,17 @@ def test_a_bad_environment_field_is_one_sentence(field, value, expected):
   assert str(err.value).startswith(expected), str(err.value)
 
 
+def test_pass_at_k_on_a_task_of_episodes_is_refused():
+  """The episode evaluator plays one greedy episode per problem: train.eval_pass_k was accepted
+  and no eval_pass_at_k was ever written."""
+  from configs import grpo_calculator_tiny  # noqa: PLC0415
+  config = grpo_calculator_tiny.get_config()
+  config.train.eval_pass_k = 2
+  with pytest.raises(ConfigError, match=r"^train.eval_pass_k=2: a task of episodes is evaluated "
+                                        r"on one greedy episode per problem"):
+    validate(config)
+
+
 def test_round_5s_unclear_sentences_now_say_the_cause():
   """VR5: a vision policy's warm-up was refused with a fix that could not work; it now runs
   (the decoder on the visual task's own text: tests/test_vlm_features.py). X09: a training
