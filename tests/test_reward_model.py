@@ -139,3 +139,24 @@ def test_a_reward_model_with_its_own_tokenizer_reads_re_tokenised_text(tmp_path)
     with torch.no_grad():
       expected.append(float(model(input_ids=torch.tensor([ids])).logits[0, 0]))
   np.testing.assert_allclose(parts["rm"], expected, atol=1e-4)
+
+
+def test_a_reward_model_folder_without_a_tokenizer_read_as_own_is_one_sentence(tmp_path):
+  """tokenizer='own' on a folder without tokenizer files (the RM stage's export has none) ended
+  in transformers' ValueError traceback."""
+  from configs import grpo_tiny  # noqa: PLC0415
+  from grpo_jax.errors import ConfigError  # noqa: PLC0415
+  from grpo_jax.train.run.reward_models import build_reward_sources  # noqa: PLC0415
+  from grpo_jax.train.run.sections import ModelSection, RewardSection  # noqa: PLC0415
+  from grpo_jax.train.run.setup import build_task  # noqa: PLC0415
+  config = transformers.Qwen2Config(vocab_size=32, hidden_size=16, intermediate_size=32,
+                                    num_hidden_layers=1, num_attention_heads=2,
+                                    num_key_value_heads=1, num_labels=1)
+  transformers.Qwen2ForSequenceClassification(config).save_pretrained(tmp_path)
+  run = grpo_tiny.get_config()
+  run.reward.models = [dict(path=str(tmp_path), tokenizer="own")]
+  with pytest.raises(ConfigError, match=rf"^reward.models\[0\].tokenizer='own' reads the "
+                     rf"tokenizer of {tmp_path}, which does not load \(.*\); copy the tokenizer "
+                     rf"files there \(an exported reward model has none\), or set "
+                     rf"reward.models\[0\].tokenizer='policy'.$"):
+    build_reward_sources(RewardSection.of(run), ModelSection.of(run), build_task(run))

@@ -226,11 +226,18 @@ def _download_hint(path) -> str:
   return f"`hf download {_EXAMPLE_REPO} --local-dir {path}`"
 
 
+TOKENIZER_FILES = ("tokenizer.json", "vocab.json", "tokenizer.model")  # one of them: a vocabulary
+
+
+def has_tokenizer_files(path) -> bool:
+  return any((pathlib.Path(path) / f).is_file() for f in TOKENIZER_FILES)
+
+
 def same_vocabulary(path, tokenizer) -> bool:
   """Whether the checkpoint folder `path` has no tokenizer (it reads `tokenizer`'s ids) or one
   with `tokenizer`'s vocabulary."""
   path = pathlib.Path(path)
-  if not any((path / f).is_file() for f in ("tokenizer.json", "vocab.json", "tokenizer.model")):
+  if not has_tokenizer_files(path):
     return True
   vocab = getattr(tokenizer, "get_vocab", None)
   if vocab is None:

@@ -5,12 +5,14 @@ imports no model code)."""
 
 from __future__ import annotations
 
+import contextlib
 import pathlib
 
 import jax
 
-from grpo_jax.errors import ConfigError
-from grpo_jax.models.hf import load_hf_checkpoint, same_vocabulary
+from grpo_jax.errors import ConfigError, first_line
+from grpo_jax.models.hf import (TOKENIZER_FILES, has_tokenizer_files, load_hf_checkpoint,
+                                same_vocabulary)
 from grpo_jax.models.partitioning import place
 from grpo_jax.models.process_reward_model import prm_token_scores, step_rewards_from_token_scores
 from grpo_jax.models.reward_model import load_reward_model, sequence_reward
@@ -38,12 +40,15 @@ def build_reward_sources(rewards: RewardSection, model: ModelSection, task,
     cfg, params, _ = load_reward_model(path, model.param_dtype, model.compute_dtype)
     params = place(params, mesh)
     mode = m.get("tokenizer", "auto")
-    own = mode == "own" or (mode == "auto" and not same_vocabulary(path, task.tokenizer))
-    tokenizer = None
-    if own:
-      from transformers import AutoTokenizer  # noqa: PLC0415
-      tokenizer = AutoTokenizer.from_pretrained(path)
-    elif cfg.vocab_size < len(task.tokenizer):
+    with _tokenizer_sentence(i, mode, path):
+      own = mode == "own" or (mode == "auto" and not same_vocabulary(path, task.tokenizer))
+      tokenizer = None
+      if own and not has_tokenizer_files(path):  # transformers would make an empty one
+        raise FileNotFoundError(f"no {' / '.join(TOKENIZER_FILES)}")
+      if own:
+        from transformers import AutoTokenizer  # noqa: PLC0415
+        tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+    if not own and cfg.vocab_size < len(task.tokenizer):
       raise ConfigError(f"reward.models[{i}] ({path}) has vocab_size={cfg.vocab_size} but reads "
                         f"the policy's {len(task.tokenizer)}-token ids; set "
                         f"reward.models[{i}].tokenizer='own' (its folder needs a tokenizer).")
@@ -55,6 +60,18 @@ def build_reward_sources(rewards: RewardSection, model: ModelSection, task,
   return RewardSources(float(reward["rule_weight"]), rule_name, tuple(models),
                        tuple(remote), reward["combine"],
                        _process_model(rewards.process_model, model, mesh), teacher)
+
+
+@contextlib.contextmanager
+def _tokenizer_sentence(i: int, mode: str, path: pathlib.Path):
+  """A reward model's own tokenizer that does not load (no or damaged files): one sentence."""
+  try:
+    yield
+  except (OSError, ValueError, TypeError, KeyError) as e:
+    raise ConfigError(f"reward.models[{i}].tokenizer={mode!r} reads the tokenizer of {path}, "
+                      f"which does not load ({first_line(e)}); copy the tokenizer files there "
+                      f"(an exported reward model has none), or set reward.models[{i}]."
+                      f"tokenizer='policy'.") from None
 
 
 def _teacher(rewards: RewardSection, model: ModelSection, task, mesh) -> TeacherSource | None:
