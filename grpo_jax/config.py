@@ -266,7 +266,7 @@ def validate(config) -> None:
   _one_of(opt.get("schedule", "constant"), tuple(sorted(LR_SCHEDULES)), "optim.schedule")
   frac = opt.get("final_lr_fraction", 0.0)
   _require(math.isfinite(frac) and 0 <= frac <= 1, f"optim.final_lr_fraction={frac}; use a "
-           f"fraction of the peak rate in [0, 1] (0: the rate falls to 0 by the last update).")
+           f"fraction of the peak rate in [0, 1] (0: the rate falls toward 0).")
   _require(opt.b1 < 1 and opt.b2 < 1, f"optim.b1={opt.b1}, optim.b2={opt.b2}; AdamW's decay "
            f"rates must be below 1 (0.9 and 0.99 are usual).")
   for name in ("num_samples", "samples_every"):

@@ -210,8 +210,9 @@ def get_defaults() -> ml_collections.ConfigDict:
   c.rl = rl_defaults()
 
   # AdamW after a linear learning-rate warm-up, with global-norm gradient clipping; then the
-  # rate stays (schedule "constant") or falls to final_lr_fraction x its peak by the last
-  # update ("linear", "cosine"; grpo_jax/train/learner/state.py LR_SCHEDULES).
+  # rate stays (schedule "constant") or falls toward final_lr_fraction x its peak, reached one
+  # update after the last as in transformers' schedulers ("linear", "cosine";
+  # grpo_jax/rl/lr_schedules.py).
   c.optim = ml_collections.ConfigDict(dict(
       learning_rate=2e-4, warmup_steps=30, weight_decay=0.0, b1=0.9, b2=0.99,
       max_grad_norm=1.0, schedule="constant", final_lr_fraction=0.0))

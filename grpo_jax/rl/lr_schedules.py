@@ -1,9 +1,12 @@
 """The learning-rate schedules of optim.schedule (train/learner/state.make_optimizer): a linear
 warm-up over optim.warmup_steps to the peak (none at 0: the peak from the first update), then
-the peak held ("constant", verl's default), or lowered to optim.final_lr_fraction x the peak by
-the run's last update, linearly ("linear", TRL's default, there to 0) or along a half cosine
-("cosine"). Each maker takes (peak, warm-up steps, total updates, final rate) and returns an
-optax schedule of the update count. Add one by name here."""
+the peak held ("constant", verl's default), or lowered toward optim.final_lr_fraction x the peak,
+linearly ("linear", TRL's default, there to 0) or along a half cosine ("cosine"). The decay
+spans total - warm-up updates and reaches the final rate at update `total`, one after the run's
+last, as transformers' get_linear_schedule_with_warmup / get_cosine_schedule_with_warmup do (so
+the last update of a linear decay to 0 runs at peak / (total - warm-up)); a warm-up as long as
+the run never reaches the peak. Each maker takes (peak, warm-up steps, total updates, final
+rate) and returns an optax schedule of the update count. Add one by name here."""
 
 from __future__ import annotations
 
