@@ -188,7 +188,7 @@ def validate(config) -> None:
   _require(isinstance(r.decode_slots, int) and r.decode_slots >= 0,
            f"rollout.decode_slots={r.get('decode_slots')!r}; use a whole number of decode slots "
            f">= 0 (0 = one per row, the static engine).")
-  from grpo_jax.rollout.static import DECODE_LOOPS  # noqa: PLC0415
+  from grpo_jax.rollout.engine import DECODE_LOOPS  # noqa: PLC0415
   _one_of(r.get("decode_loop", "auto"), ("auto",) + DECODE_LOOPS, "rollout.decode_loop")
   _validate_engines(config)
   _require(math.isfinite(rl.kl_coef) and rl.kl_coef >= 0,

@@ -198,6 +198,17 @@ def test_a_nonpositive_top_p_keeps_the_most_likely_token_and_settings_are_checke
     Sampling(tiny_cfg, 4, 2, 0, decode_loop="Bounded")
   with pytest.raises(ConfigError, match=r"sampling weight_dtype='int4'; use '' \(the params"):
     Sampling(tiny_cfg, 4, 2, 0, weight_dtype="int4")
+  # One row_id per prompt instead of per row: the refill engine's gather clamped it (rows
+  # 1-7 drew row 1's tokens), a single prompt's broadcast (every row the same draws).
+  from grpo_jax.models.decoder import init_params  # noqa: PLC0415
+  params = init_params(tiny_cfg, jax.random.key(0))
+  prompts, mask = jnp.ones((2, 3), jnp.int32), jnp.ones((2, 3), bool)
+  for slots in (0, 3):
+    sampling = Sampling(tiny_cfg, 4, 2, 0, decode_slots=slots).grouped(4)
+    with pytest.raises(ConfigError, match=r"^row_ids has shape \(2,\), the call samples 8 rows"):
+      sampling.with_stats(params, prompts, mask, jax.random.key(1), row_ids=jnp.arange(2))
+  with pytest.raises(ConfigError, match=r"^row_limits has shape \(1,\), the call samples 4 rows"):
+    sampling.with_stats(params, prompts[:1], mask[:1], jax.random.key(1), row_limits=jnp.ones(1))
 
 
 def test_raw_uint32_keys_draw_what_their_typed_keys_draw():

@@ -61,7 +61,7 @@ PLATFORM_TABLE = {
                           "device runs 8,184 blocks contiguous (1.87x the mean), 4,488 zigzag "
                           "(1.01x) (benchmarks/context_balance.py)"),
     },
-    # The static engine's decode loop (rollout/static.py DECODE_LOOPS).
+    # The static engine's decode loop (rollout/engine.py DECODE_LOOPS).
     "rollout.decode_loop": {
         "cpu": ("segments", "measured: 1,450 against 1,265 decode tokens/s (qwen2-8L-512, "
                             "64 rows, prompt 192, 256 new; XLA:CPU copies each block a "

@@ -35,7 +35,7 @@ from grpo_jax.models.vision.policy import vlm_prompt_inputs
 from grpo_jax.parallel.mesh import sampler_rules
 from grpo_jax.rollout import engine, refill, static  # noqa: F401 (refill, static: register)
 from grpo_jax.rollout.prefill import repeat_rows
-from grpo_jax.rollout.types import DecodeStats, Rollout, row_limits_or_max
+from grpo_jax.rollout.types import DecodeStats, Rollout, check_per_row, row_limits_or_max
 
 
 class Sampling(engine.Settings):
@@ -88,6 +88,7 @@ def _sample(params, prompt_tokens, prompt_mask, key, row_limits, row_ids=None, i
                                if getattr(s, f)] + ["images"] * (inputs is not None))
     params = engine.read_params(params, s)
     rows = prompt_tokens.shape[0] * s.group_size
+    check_per_row(rows, row_ids=row_ids, row_limits=row_limits)  # shapes: at trace time
     limits = row_limits_or_max(row_limits, rows, s.max_new_tokens)
     rollout, stats = engine.GENERATE[s.engine](params, prompt_tokens, prompt_mask, key, limits,
                                                 sampling=s, row_ids=row_ids, inputs=inputs)

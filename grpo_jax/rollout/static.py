@@ -11,7 +11,7 @@ import jax.numpy as jnp
 from grpo_jax.models.decoder import decoder_apply
 from grpo_jax.models.kv_cache import grow_cache
 from grpo_jax.parallel.choices import choose
-from grpo_jax.rollout.engine import DECODE_LOOPS, DecodeState, Recorded, Settings, draw, generator
+from grpo_jax.rollout.engine import DecodeState, Recorded, Settings, draw, generator
 from grpo_jax.rollout.prefill import constrain_cache, first_positions, prefill, repeat_rows
 from grpo_jax.rollout.types import DecodeStats, Rollout, finish
 
@@ -40,7 +40,7 @@ def generate_static(params, prompt_tokens, prompt_mask, key, row_limits, *,
   """The static engine (rollout/engine.py's protocol): all B rows decode together until every
   row has ended (EOS or its limit). The loop carries the chosen token, not the (B, V) logits,
   and runs the decode forwards in segments of `decode_block` steps that read only the filled
-  cache (`decode_segments`; sampling.decode_loop "bounded": one loop, DECODE_LOOPS); the last
+  cache (`decode_segments`; sampling.decode_loop "bounded": one loop, engine.DECODE_LOOPS); the last
   token is recorded after them. With a `mesh`, the KV cache is laid out by the mesh rules (rows
   over data/fsdp, kv heads over tensor); params and prompts carry their own shardings in.
   sampling.keep_mask: also record each token's truncation (sampling.keep_record) in the

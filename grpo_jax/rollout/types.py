@@ -9,6 +9,8 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
+from grpo_jax.errors import ConfigError
+
 
 class Rollout(NamedTuple):
   """Completions of B = prompts x G rows (groups contiguous)."""
@@ -47,6 +49,15 @@ class DecodeStats(NamedTuple):
   (an iteration records at most one token per slot), so useful tokens / slot_steps is the
   decode-slot utilisation."""
   slot_steps: jax.Array  # () int32
+
+
+def check_per_row(rows: int, **arrays) -> None:
+  """ConfigError when a per-row array (row_ids, row_limits) is not of shape (rows,): a shorter
+  one was broadcast or gathered past its end (rows sharing one row's draws), silently."""
+  for name, x in arrays.items():
+    if x is not None and jnp.shape(x) != (rows,):
+      raise ConfigError(f"{name} has shape {jnp.shape(x)}, the call samples {rows} rows "
+                        f"(prompts x group_size); pass one per row or None.")
 
 
 def row_limits_or_max(row_limits, rows: int, max_new_tokens: int) -> jax.Array:

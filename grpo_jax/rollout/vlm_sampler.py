@@ -21,12 +21,12 @@ from __future__ import annotations
 import jax.numpy as jnp
 import numpy as np
 
-from grpo_jax.errors import ConfigError
 from grpo_jax.models.prompt_inputs import PromptInputs
 from grpo_jax.models.vision.mrope import mrope_position_ids
 from grpo_jax.models.vision.placeholders import check_image_features
 from grpo_jax.models.vision.qwen2_5_vl_model import VlmConfig, image_features, merged_embeddings
 from grpo_jax.rollout.sampler import Sampling, _sample
+from grpo_jax.rollout.types import check_per_row
 
 NO_EOS = -1  # eos_id=None: no token ends a row
 
@@ -50,14 +50,6 @@ def host_prompt_inputs(params, input_ids, attention_mask, pixel_values, image_gr
   return ids, mask, inputs
 
 
-def check_row_ids(rows: int, row_ids=None) -> None:
-  """vlm_sample's row_ids, checked on the host before any compute (its other settings are
-  Sampling's, checked when it is built)."""
-  if row_ids is not None and np.shape(row_ids) != (rows,):
-    raise ConfigError(f"row_ids has shape {np.shape(row_ids)}, the call samples {rows} rows "
-                      f"(prompts x group_size); pass one id per row or None.")
-
-
 def vlm_sample(params, input_ids, attention_mask, pixel_values, image_grid_thw, key,
                cfg: VlmConfig, max_new_tokens: int, temperature: float = 1.0,
                group_size: int = 1, *, eos_id: int | None = None, pad_id: int = 0,
@@ -71,7 +63,7 @@ def vlm_sample(params, input_ids, attention_mask, pixel_values, image_grid_thw, 
   of each row's draws (None: its index, prompt x G + sample)."""
   sampling = Sampling(cfg.text, int(max_new_tokens), NO_EOS if eos_id is None else eos_id,
                       pad_id, float(temperature), group_size=group_size)  # checked here
-  check_row_ids(np.shape(input_ids)[0] * group_size, row_ids)
+  check_per_row(np.shape(input_ids)[0] * group_size, row_ids=row_ids)
   ids, mask, inputs = host_prompt_inputs(params, input_ids, attention_mask, pixel_values,
                                          image_grid_thw, cfg)
   row_ids = None if row_ids is None else jnp.asarray(row_ids, jnp.int32)
