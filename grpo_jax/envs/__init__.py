@@ -19,7 +19,10 @@ An environment, registered by name (env.name) like tasks and rewards:
 * ``step(state, assistant_turn)``: the assistant's turn (its text, decoded from the sampled
   ids for reading only: the trajectory keeps the sampled ids) -> StepResult(state, the new
   messages (tool results as role "tool", the user's reply as "user"), a reward or None, done).
-  Rewards per turn go through the per-step rewards; a final reward comes with done.
+  The reward of the step that ends the episode (done, or its env.max_turns-th turn) is the
+  episode's reward; a reward with done False is not read otherwise, so an environment that
+  rewards each turn returns the running total (as the OpenEnv adapter does). An episode cut
+  by the token budget (env.max_completion_tokens) scores 0.
 * Tool calls are parsed by a registered parser (envs/parsers.py, "hermes" or "pythonic") and
   run by `call_tools` (envs/tools.py): malformed calls, unknown tools, bad arguments, tool
   exceptions and time-outs come back as a "tool" message that says what went wrong, counted by
