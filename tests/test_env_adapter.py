@@ -123,8 +123,9 @@ def _server_or_stand_in(monkeypatch):
     return server
 
 
-def test_an_episode_cut_at_max_turns_closes_its_environment(monkeypatch):
-  """Not only when its observation is done: also after the last turn the episode gets."""
+def test_an_episode_closes_its_environment_however_it_ends(monkeypatch):
+  """By end_episode, which the players call for every episode: the step closed it only when
+  done or at env.max_turns, so an episode the token budget cut (no step) kept it open."""
   server, open_now = _server_or_stand_in(monkeypatch), []
 
   class Say(server.Action):
@@ -158,7 +159,9 @@ def test_an_episode_cut_at_max_turns_closes_its_environment(monkeypatch):
   assert len(open_now) == 1  # still playing
   result = env.step(state, "b")
   assert not result.done and result.messages == [{"role": "user", "content": "again"}]
-  assert open_now == []  # (sample_episodes steps it no more)
+  assert len(open_now) == 1
+  env.end_episode(result.state)
+  assert open_now == []
 
 
 def test_sample_episodes_plays_the_wrapped_game_with_a_tiny_random_model(server):

@@ -147,3 +147,16 @@ def test_a_prompt_wider_than_the_prompt_width_is_one_sentence_before_any_turn(se
                      r"than task\.prompt_width=8; raise it\.$"):
     sample_episodes(sampling, params, Chatter(), tok, ROWS, [0] * 4, jax.random.key(7), 40,
                     prompt_width=8)
+
+
+def test_every_episode_ends_through_the_environments_end_episode(setup):
+  """Episodes cut by the token budget end without a step: the environment's end_episode (the
+  OpenEnv adapter closes its environment there) is called once per episode, for every one."""
+  ended = []
+
+  class Ending(Chatter):
+    def end_episode(self, state):
+      ended.append(state["turn"])
+
+  rollout, info = _play(setup, Ending(max_turns=3), n=8)  # a budget that cuts episodes
+  assert len(ended) == len(ROWS) and any(i["truncated"] for i in info)

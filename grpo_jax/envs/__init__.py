@@ -23,6 +23,9 @@ An environment, registered by name (env.name) like tasks and rewards:
   episode's reward; a reward with done False is not read otherwise, so an environment that
   rewards each turn returns the running total (as the OpenEnv adapter does). An episode cut
   by the token budget (env.max_completion_tokens) scores 0.
+* ``end_episode(state)`` (optional): called once per episode when its batch is played,
+  whatever ended it (done, max_turns, the token budget): release what the state holds (the
+  OpenEnv adapter closes the episode's environment here).
 * Tool calls are parsed by a registered parser (envs/parsers.py, "hermes" or "pythonic") and
   run by `call_tools` (envs/tools.py): malformed calls, unknown tools, bad arguments, tool
   exceptions and time-outs come back as a "tool" message that says what went wrong, counted by

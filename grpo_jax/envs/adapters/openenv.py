@@ -22,8 +22,8 @@ Conversion, per episode:
   metadata) as "name: value" lines (one field: its value alone).
 * Reward: R = the sum of the observations' rewards so far (None counts 0), the episode's
   return, reported at every step so that an episode cut at env.max_turns keeps what it earned.
-* The episode's environment is closed (`close()`) when its observation is done or at turn
-  env.max_turns, the last the episode gets.
+* The episode's environment is closed (`close()`) by `end_episode`, which the episode players
+  call once the episode is over, whatever ended it (done, env.max_turns, the token budget).
 
 Without the package, building the environment raises one ConfigError sentence with the pip
 command.
@@ -153,13 +153,13 @@ class OpenEnvAdapter:
                             "content": observation_text(observation, self.observation_field)}]
 
   def step(self, state: dict, assistant_turn: str) -> StepResult:
-    """The turn as the episode's action; its OpenEnv environment is closed when the episode
-    ends: its observation is done, or this is turn env.max_turns (the last the episode gets)."""
-    state = dict(state, turn=state["turn"] + 1)
-    result = self._step(state, assistant_turn)
-    if result.done or state["turn"] >= self.max_turns:
-      state["environment"].close()
-    return result
+    """The turn as the episode's action."""
+    return self._step(dict(state, turn=state["turn"] + 1), assistant_turn)
+
+  def end_episode(self, state: dict) -> None:
+    """Closes the episode's OpenEnv environment, however the episode ended (done, the last
+    turn, or the token budget, which ends it without a step)."""
+    state["environment"].close()
 
   def _step(self, state: dict, assistant_turn: str) -> StepResult:
     try:

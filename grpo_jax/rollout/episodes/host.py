@@ -114,7 +114,7 @@ def sample_episodes(sampling, params, env, tokenizer, rows: list, seeds: list, k
     if async_slots:
       play_async(sampling, params, env, tokenizer, episodes, runner, key, max_completion_tokens,
                  cache_width, row_ids, async_slots)
-      return _finish(episodes, max_completion_tokens, sampling.pad_id, prompt_width)
+      return _finish(episodes, env, max_completion_tokens, sampling.pad_id, prompt_width)
     sample_turn = (_continued_turns(sampling, params, len(episodes), cache_width,
                                     max_completion_tokens, row_ids)
                    if kv_continuation else
@@ -134,11 +134,15 @@ def sample_episodes(sampling, params, env, tokenizer, rows: list, seeds: list, k
       for (e, text), result in zip(stepping, runner.step([e.state for e, _ in stepping],
                                                          [t for _, t in stepping])):
         take_result(e, text, result, env, tokenizer, max_completion_tokens)
-  return _finish(episodes, max_completion_tokens, sampling.pad_id, prompt_width)
+  return _finish(episodes, env, max_completion_tokens, sampling.pad_id, prompt_width)
 
 
-def _finish(episodes: list, n: int, pad_id: int, prompt_width: int | None):
-  """(Rollout, [per-episode dict(reward, turns, truncated, state)])."""
+def _finish(episodes: list, env, n: int, pad_id: int, prompt_width: int | None):
+  """(Rollout, [per-episode dict(reward, turns, truncated, state)]); the environment's optional
+  end_episode(state) once per episode, whatever ended it (done, env.max_turns, the budget)."""
+  end = getattr(env, "end_episode", None)
+  for e in episodes if end is not None else ():
+    end(e.state)
   width = prompt_width or max(len(e.prompt) for e in episodes)
   prompt_tokens, prompt_mask = _left_pad([e.prompt for e in episodes], width, pad_id)
   b = len(episodes)
