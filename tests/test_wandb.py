@@ -48,3 +48,20 @@ def test_offline_wandb_gets_every_record_and_a_resume_continues_the_run(tmp_path
   runs = sorted(p.name for p in (workdir / "wandb").glob(f"offline-run-*-{run_id}"))
   assert len(runs) == 2 and all((workdir / "wandb" / r / f"run-{run_id}.wandb").stat().st_size
                                 for r in runs)
+
+
+def test_two_workdirs_in_one_process_get_two_wandb_runs(tmp_path):
+  """Stacked seeds start one W&B run per seed folder in one process: each is its own run (the
+  id of its wandb_run_id), not the one opened first."""
+  from grpo_jax.train.run.wandb_logging import start_wandb  # noqa: PLC0415
+  config = _config(1)
+  for s in (0, 1):
+    (tmp_path / f"seed_{s}").mkdir()
+  runs = [start_wandb(config, str(tmp_path / f"seed_{s}")) for s in (0, 1)]
+  try:
+    assert [r.id for r in runs] == [(tmp_path / f"seed_{s}" / "wandb_run_id").read_text()
+                                    for s in (0, 1)]
+    assert runs[0].id != runs[1].id
+  finally:
+    for r in runs:
+      r.finish()
