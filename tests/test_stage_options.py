@@ -1,6 +1,7 @@
 """The SFT and RM stages (grpo_jax/train/stages/supervised.py) against the run options the RL
 stage honours: train.export_dtype and train.export_max_shard_mb shape their exports, lora.rank
-is refused before any compute. One step of the tiny model each (W&B: tests/test_wandb.py)."""
+is refused before any compute, train.wandb_project gets a W&B run, and a finished SFT run says
+how a longer one starts. One or two steps of the tiny model each."""
 
 import json
 import os
@@ -71,3 +72,14 @@ def test_lora_is_refused_before_anything_is_written(stage, tmp_path):
   with pytest.raises(ConfigError, match=r"^lora\.rank=4: the (sft|rm) stage trains every "):
     stage(config, str(tmp_path / "run"), log=quiet)
   assert not (tmp_path / "run").exists()
+
+
+def test_a_finished_sft_run_says_a_longer_one_needs_a_fresh_workdir(tmp_path):
+  train_sft(_sft(), str(tmp_path), log=quiet)
+  lines = []
+  train_sft(_sft(), str(tmp_path), log=lines.append)
+  (line,) = [x for x in lines if "this run is finished" in x]
+  assert line.endswith("nothing to do; a longer sft run needs a fresh --workdir (its learning "
+                       "rate's schedule spans its length)"), line
+  with pytest.raises(ConfigError, match=r"warmup\.steps 1 -> 2"):  # as the line says
+    train_sft(_sft(**{"warmup.steps": 2}), str(tmp_path), log=quiet)

@@ -98,7 +98,7 @@ def run_stage(name: str, config, workdir: str, fresh, advance, evaluate, report,
       finished = resumed and step_of(state) >= schedule.steps
       if finished:
         log(f"{name}: this run is finished (step {step_of(state)} of {schedule.steps}): "
-            f"nothing to do; more steps continue it, a fresh --workdir starts a new one")
+            f"nothing to do; {_longer_run(name, length, config)}")
       elif resumed:
         log(f"{name}: resumed from checkpoint {ckpts.directory}/{step_of(state)}")
       state = restored(state) if resumed else fresh()
@@ -117,6 +117,16 @@ def run_stage(name: str, config, workdir: str, fresh, advance, evaluate, report,
     finally:
       ckpts.close()
   return state
+
+
+def _longer_run(name: str, length: tuple, config) -> str:
+  """How a longer run of a finished stage starts: a larger `length` field resumes it under
+  optim.schedule 'constant'; else (no such field, as SFT's warm-up cosine, or a decaying
+  schedule) only a fresh workdir does."""
+  if length and config.optim.get("schedule", "constant") == "constant":
+    return f"a larger {' / '.join(length)} continues it, a fresh --workdir starts a new one"
+  return (f"a longer {name} run needs a fresh --workdir (its learning rate's schedule spans its "
+          f"length)")
 
 
 def check_no_lora(config, name: str) -> None:
