@@ -222,3 +222,30 @@ def test_a_seed_folder_in_use_stops_the_stacked_run(tmp_path):
   assert not (workdir / "seed_0" / "metrics.jsonl").exists()
   with WorkdirLock(str(alone)):  # the stacked run's locks were released
     pass
+
+
+def test_stacked_seeds_export_and_log_to_w_and_b_each_in_its_own_folder(tmp_path, monkeypatch):
+  """train.export writes each seed's policy to seed_<s>/hf_export, and train.wandb_project
+  gives each seed its own W&B run (its seed_<s>/wandb_run_id), all in one process."""
+  wandb = pytest.importorskip("wandb")
+  from grpo_jax.models.hf import load_hf_checkpoint  # noqa: PLC0415
+  logged = []
+  original = wandb.sdk.wandb_run.Run.log
+
+  def log(self, data, step=None, **kwargs):
+    logged.append((self.id, step))
+    return original(self, data, step=step, **kwargs)
+
+  monkeypatch.setattr(wandb.sdk.wandb_run.Run, "log", log)
+  config = _small_config(steps=1)
+  config.warmup.steps, config.train.num_samples = 0, 0
+  config.train.eval_size = config.train.eval_batch_size = 8
+  config.rl.num_iterations = config.rl.num_minibatches = 1
+  config.train.export = True
+  config.train.wandb_project, config.train.wandb_mode = "grpo_jax_test", "offline"
+  state = train(config, str(tmp_path), log=quiet, seeds=[0, 1])
+  for i, params in enumerate(SeedAxis((0, 1), "vmap").unstack(state.train.params)):
+    _, exported = load_hf_checkpoint(tmp_path / f"seed_{i}" / "hf_export")
+    jax.tree.map(np.testing.assert_array_equal, exported, jax.device_get(params))
+  ids = [(tmp_path / f"seed_{s}" / "wandb_run_id").read_text() for s in (0, 1)]
+  assert sorted(logged) == sorted((i, step) for i in ids for step in (0, 1))

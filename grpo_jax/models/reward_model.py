@@ -111,9 +111,10 @@ def load_reward_model(path, param_dtype: str = "float32", compute_dtype: str = "
 
 def export_reward_model(params, model_cfg: ModelConfig, out_dir, model_type: str = "qwen2",
                         pad_token_id: int = 0, dtype: str = "float32",
-                        tokenizer_dir=None) -> pathlib.Path:
+                        tokenizer_dir=None, max_shard_bytes: int = 0) -> pathlib.Path:
   """Writes a `*ForSequenceClassification` folder that transformers loads with
-  AutoModelForSequenceClassification (and load_reward_model reads back)."""
+  AutoModelForSequenceClassification (and load_reward_model reads back): its tensors in
+  `dtype`, in shards of at most max_shard_bytes when > 0 (hf_export.save_shards)."""
   np_dtype = export_dtype(dtype)
   tensors = _hf_tensors(params["backbone"], backbone_config(model_cfg), np_dtype)
   kernel = np.asarray(params["score"]["kernel"], np.float32)
@@ -124,4 +125,4 @@ def export_reward_model(params, model_cfg: ModelConfig, out_dir, model_type: str
   hf_config.update(architectures=[arch], num_labels=len(labels),
                    id2label={str(i): f"LABEL_{i}" for i in labels},
                    label2id={f"LABEL_{i}": i for i in labels}, pad_token_id=int(pad_token_id))
-  return write_folder(tensors, hf_config, out_dir, source_dir=tokenizer_dir)
+  return write_folder(tensors, hf_config, out_dir, max_shard_bytes, source_dir=tokenizer_dir)

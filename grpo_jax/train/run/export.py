@@ -1,5 +1,6 @@
 """The end of a model.path run: the trained policy as a Hugging Face checkpoint and, under LoRA,
-its adapters in PEFT's format (grpo_jax/models/hf_export.py)."""
+its adapters in PEFT's format (grpo_jax/models/hf_export.py); for stacked seeds, each seed's in
+its own folder."""
 
 from __future__ import annotations
 
@@ -89,3 +90,18 @@ def export_policy(model: ModelSection, state, model_cfg: ModelConfig, workdir: s
         export_peft_adapter(params, model_cfg, folder, rank=lo.rank, alpha=lo.alpha,
                             use_rslora=lo.use_rslora, base_model=model.path)
     log(f"exported the LoRA adapters in PEFT's format: {out}")
+
+
+def export_seeds(model: ModelSection, state, model_cfg: ModelConfig, workdirs, axis, log,
+                 finished: bool) -> None:
+  """export_policy of each seed of an RL run (`axis`, a SeedAxis) into its workdir: one seed's
+  state as it is, stacked seeds' slices (params and the LoRA base) into workdir/seed_<s>. A
+  finished run run again leaves a folder whose hf_export is written as it is."""
+  if axis.stacked:
+    states = [state.replace(params=p, base_params=b)
+              for p, b in axis.unstack((state.params, state.base_params))]
+  else:
+    states = [state]
+  for wd, one in zip(workdirs, states):
+    if not (finished and files.exists(files.path(wd, "hf_export", "config.json"))):
+      export_policy(model, one, model_cfg, wd, log)

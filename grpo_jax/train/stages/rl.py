@@ -41,7 +41,7 @@ from grpo_jax.train.stages.rl_advance import make_advance
 from grpo_jax.train.stages.rl_checks import (check_batches_fit_mesh, check_batches_fit_sampler,
                                              check_rl_config, check_split_placement)
 from grpo_jax.train.run.reward_models import build_reward_sources
-from grpo_jax.train.run.export import export_policy
+from grpo_jax.train.run.export import export_seeds
 from grpo_jax.train.run.faults import TerminationFlag, check_skips, check_state_finite
 from grpo_jax.train.run.metrics import MetricsWriter
 from grpo_jax.train.run.no_signal import NoSignalWatch, warmup_check_line
@@ -371,9 +371,7 @@ def _run(run: Run, sections: Sections, configs, state, resumed: bool, ckpts,
   finally:
     for writer in writers:
       writer.close()
-  export = os.path.join(run.workdirs[0], "hf_export")
-  if not axis.stacked and not (finished and files.exists(files.path(export, "config.json"))):
-    export_policy(sections.model, state.train, run.spec.model_cfg, run.workdirs[0], log)
+  export_seeds(sections.model, state.train, run.spec.model_cfg, run.workdirs, axis, log, finished)
   if enabled:
     wall = None if finished else time.perf_counter() - started
     newest = (f"{os.path.basename(ckpts.directory)}/{step_of(state)}" if not axis.stacked

@@ -45,6 +45,7 @@ from grpo_jax.train.run.runner import Schedule, run_steps
 from grpo_jax.train.run.sections import EvalSection, ModelSection
 from grpo_jax.train.run.summary import CURVES, closing_line, where_line, write_curves
 from grpo_jax.train.run.seed_axis import SeedAxis
+from grpo_jax.train.run.wandb_logging import start_wandb
 from grpo_jax.train.run.setup import build_model, build_task, check_task_fits_model
 from grpo_jax.train.learner.state import create_train_state, guarded_update, make_optimizer
 from grpo_jax.train.stages.warmup import make_warmup_step, warmup_data, warmup_files, warmup_log_due
@@ -59,7 +60,8 @@ def run_stage(name: str, config, workdir: str, fresh, advance, evaluate, report,
   (WorkdirLock): the config recorded, the newest checkpoint restored (the records trimmed to its
   step) or `fresh()` started, `run_steps` with SIGTERM / SIGINT handled, each step's record said by
   report(step, record, clock) (its progress line; clock None at step 0), then written to
-  metrics.jsonl. A resume follows the RL run's rules (train/run/workdir.py), `free` naming the
+  metrics.jsonl (and the workdir's W&B run with train.wandb_project: wandb_logging.py). A
+  resume follows the RL run's rules (train/run/workdir.py), `free` naming the
   stage's own fields that may change, `length` those of its length (free under optim.schedule
   'constant' only: its rate decays over them); `fresh_shape` (default `fresh`) builds a state
   of the same structure cheaply, for restoring (a `fresh` that trains, a warm-up, is not traced);
@@ -91,17 +93,20 @@ def run_stage(name: str, config, workdir: str, fresh, advance, evaluate, report,
       resumed = state is not None
       resume_records([workdir], [config], step_of(state) if resumed else None, changes, devices,
                      name, data)
-      writer = MetricsWriter(workdir, schedule.steps, stream=None)
+      writer = MetricsWriter(workdir, schedule.steps, stream=None,
+                             wandb_run=start_wandb(config, workdir))
       finished = resumed and step_of(state) >= schedule.steps
       if finished:
         log(f"{name}: this run is finished (step {step_of(state)} of {schedule.steps}): "
-            f"nothing to do; more steps continue it, a fresh --workdir starts a new one")
+            f"nothing to do; {_longer_run(name, length, config)}")
       elif resumed:
         log(f"{name}: resumed from checkpoint {ckpts.directory}/{step_of(state)}")
       state = restored(state) if resumed else fresh()
-      state = run_steps(state, advance, evaluate, functools.partial(write, writer),
-                        schedule=schedule, ckpts=ckpts, sigterm=sigterm, resumed=resumed)
-      writer.close()
+      try:
+        state = run_steps(state, advance, evaluate, functools.partial(write, writer),
+                          schedule=schedule, ckpts=ckpts, sigterm=sigterm, resumed=resumed)
+      finally:
+        writer.close()
       if not (finished and files.exists(files.path(workdir, "hf_export", "config.json"))):
         export(state)
       log(closing_line(workdir, schedule.steps,
@@ -112,6 +117,24 @@ def run_stage(name: str, config, workdir: str, fresh, advance, evaluate, report,
     finally:
       ckpts.close()
   return state
+
+
+def _longer_run(name: str, length: tuple, config) -> str:
+  """How a longer run of a finished stage starts: a larger `length` field resumes it under
+  optim.schedule 'constant'; else (no such field, as SFT's warm-up cosine, or a decaying
+  schedule) only a fresh workdir does."""
+  if length and config.optim.get("schedule", "constant") == "constant":
+    return f"a larger {' / '.join(length)} continues it, a fresh --workdir starts a new one"
+  return (f"a longer {name} run needs a fresh --workdir (its learning rate's schedule spans its "
+          f"length)")
+
+
+def check_no_lora(config, name: str) -> None:
+  """lora.rank > 0 refused by a stage that trains every parameter (SFT, RM)."""
+  rank = config.get("lora", {}).get("rank", 0)
+  if rank > 0:
+    raise ConfigError(f"lora.rank={rank}: the {name} stage trains every parameter (LoRA is the "
+                      f"DPO and RL stages'); set lora.rank=0.")
 
 
 def stage_model(config, task):
@@ -138,6 +161,7 @@ def train_sft(config, workdir: str, log=print):
   train.checkpoint_every steps, SIGTERM / SIGINT save and stop, and a rerun resumes from the
   newest checkpoint exactly. Returns the trained params."""
   config_lib.validate(config)
+  check_no_lora(config, "sft")
   check_workdir(workdir)
   start_backend(config.train.compilation_cache)
   steps = config.warmup.steps
@@ -165,8 +189,9 @@ def train_sft(config, workdir: str, log=print):
     out = os.path.join(workdir, "hf_export")
     with files.local_folder(out) as folder:
       export_hf_checkpoint(state.params, model_cfg, folder, model.path or None,
-                           export_model_type(model, model_cfg))
-    log(f"sft: exported the policy to {out}")
+                           export_model_type(model, model_cfg), dtype=model.export_dtype,
+                           max_shard_bytes=model.export_max_shard_bytes)
+    log(f"sft: exported the policy ({model.export_dtype}) to {out}")
 
   def advance(state):
     batch = source.warmup_batch(int(state.step), warm.batch_size, seed, warm.carry_drop_fraction)
@@ -303,6 +328,7 @@ def evaluate_pairs(rewards, params, data: PairData, batch_size: int) -> dict:
 def train_reward_model(config, workdir: str, log=print):
   """The RM stage (module docstring); resumes from the newest checkpoint. Returns the state."""
   config_lib.validate(config)
+  check_no_lora(config, "rm")
   check_workdir(workdir)
   start_backend(config.train.compilation_cache)
   rm = config.rm
@@ -346,8 +372,9 @@ def train_reward_model(config, workdir: str, log=print):
       out = os.path.join(workdir, "hf_export")
       with files.local_folder(out) as folder:
         export_reward_model(state.params, model_cfg, folder, export_model_type(model, model_cfg),
-                            task.pad_id)
-      log(f"rm: exported the reward model to {out}")
+                            task.pad_id, dtype=model.export_dtype,
+                            max_shard_bytes=model.export_max_shard_bytes)
+      log(f"rm: exported the reward model ({model.export_dtype}) to {out}")
 
   def report(first, record, clock):
     if clock is not None and "pair_accuracy" in record:
