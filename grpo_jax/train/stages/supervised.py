@@ -39,14 +39,15 @@ from grpo_jax.train.run import files
 from grpo_jax.train.run.checkpoint import Checkpoints, step_of
 from grpo_jax.train.run.evaluation import evaluator_for
 from grpo_jax.train.run.export import export_model_type
-from grpo_jax.train.run.faults import TerminationFlag
+from grpo_jax.train.run.faults import TerminationFlag, check_skips
 from grpo_jax.train.run.metrics import MetricsWriter
 from grpo_jax.train.run.runner import Schedule, run_steps
 from grpo_jax.train.run.sections import EvalSection, ModelSection
 from grpo_jax.train.run.summary import CURVES, closing_line, where_line, write_curves
 from grpo_jax.train.run.seed_axis import SeedAxis
 from grpo_jax.train.run.setup import build_model, build_task, check_task_fits_model
-from grpo_jax.train.learner.state import create_train_state, guarded_update, make_optimizer
+from grpo_jax.train.learner.state import (counted_skips, create_train_state, guarded_update,
+                                          make_optimizer)
 from grpo_jax.train.stages.warmup import make_warmup_step, warmup_data, warmup_files, warmup_log_due
 from grpo_jax.train.run.workdir import WorkdirLock, check_workdir, open_records, resume_records
 
@@ -59,7 +60,9 @@ def run_stage(name: str, config, workdir: str, fresh, advance, evaluate, report,
   (WorkdirLock): the config recorded, the newest checkpoint restored (the records trimmed to its
   step) or `fresh()` started, `run_steps` with SIGTERM / SIGINT handled, each step's record said by
   report(step, record, clock) (its progress line; clock None at step 0), then written to
-  metrics.jsonl. A resume follows the RL run's rules (train/run/workdir.py), `free` naming the
+  metrics.jsonl; once train.max_consecutive_skips updates in a row were refused for a non-finite
+  loss or gradient, the run stops there (faults.check_skips: RunStopped, exit 1), that step's
+  record written, neither saved nor exported, as the RL loop does. A resume follows the RL run's rules (train/run/workdir.py), `free` naming the
   stage's own fields that may change, `length` those of its length (free under optim.schedule
   'constant' only: its rate decays over them); `fresh_shape` (default `fresh`) builds a state
   of the same structure cheaply, for restoring (a `fresh` that trains, a warm-up, is not traced);
@@ -77,6 +80,7 @@ def run_stage(name: str, config, workdir: str, fresh, advance, evaluate, report,
     writer.write(first, record)
     if any(key in record for key, _ in CURVES):
       write_curves(workdir)
+    check_skips(int(state.consecutive_skips), config.train.max_consecutive_skips, first)
 
   with WorkdirLock(workdir), TerminationFlag() as sigterm:
     log(where_line(workdir, tensorboard=False))
@@ -99,9 +103,11 @@ def run_stage(name: str, config, workdir: str, fresh, advance, evaluate, report,
       elif resumed:
         log(f"{name}: resumed from checkpoint {ckpts.directory}/{step_of(state)}")
       state = restored(state) if resumed else fresh()
-      state = run_steps(state, advance, evaluate, functools.partial(write, writer),
-                        schedule=schedule, ckpts=ckpts, sigterm=sigterm, resumed=resumed)
-      writer.close()
+      try:
+        state = run_steps(state, advance, evaluate, functools.partial(write, writer),
+                          schedule=schedule, ckpts=ckpts, sigterm=sigterm, resumed=resumed)
+      finally:
+        writer.close()
       if not (finished and files.exists(files.path(workdir, "hf_export", "config.json"))):
         export(state)
       log(closing_line(workdir, schedule.steps,
@@ -154,8 +160,8 @@ def train_sft(config, workdir: str, log=print):
   @functools.partial(jax.jit, donate_argnums=0)
   def step_fn(state, batch):
     new_params, opt_state, loss, applied = sft_step(state.params, state.opt_state, *batch)
-    return state.replace(params=new_params, opt_state=opt_state, step=state.step + 1,
-                         skipped_updates=state.skipped_updates + (~applied).astype(jnp.int32)), loss
+    return counted_skips(state, applied).replace(params=new_params, opt_state=opt_state,
+                                                 step=state.step + 1), loss
 
   seed, warm = int(config.seed), config.warmup
   fields = ("prompt_tokens", "prompt_mask", "target_tokens", "target_mask")
