@@ -39,7 +39,8 @@ from grpo_jax.train.sources.experience_source import Run, SourceSettings, for_so
 from grpo_jax.train.sources.pipeline import initial_in_flight
 from grpo_jax.train.stages.rl_advance import make_advance
 from grpo_jax.train.stages.rl_checks import (check_batches_fit_mesh, check_batches_fit_sampler,
-                                             check_rl_config, check_split_placement)
+                                             check_rl_config, check_seed_axis,
+                                             check_split_placement)
 from grpo_jax.train.run.reward_models import build_reward_sources
 from grpo_jax.train.run.export import export_policy
 from grpo_jax.train.run.faults import TerminationFlag, check_skips, check_state_finite
@@ -246,6 +247,7 @@ def _start_devices(devices: DeviceSection, axis: SeedAxis, rl, settings: SourceS
   stacked seeds, which run in one process on one device."""
   dist = devices.distributed
   split = int(devices.mesh.get("rollout_devices", 0))
+  check_seed_axis(t_cfg, axis.stacked)
   check_split_placement(split, t_cfg, axis.stacked, 1)
   if axis.stacked:
     if dist is not None and dist.mode != "none":
