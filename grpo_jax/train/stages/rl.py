@@ -57,7 +57,7 @@ from grpo_jax.train.learner.state import (RunState, TrainState, create_source_st
                                   make_optimizer, policy_params)
 from grpo_jax.train.learner.step import StepSpec
 from grpo_jax.train.run.wandb_logging import start_wandb
-from grpo_jax.train.stages.warmup import run_warmup, warmup_data, warmup_files
+from grpo_jax.train.stages.warmup import check_warmup_fits, run_warmup, warmup_data, warmup_files
 from grpo_jax.train.run.workdir import WorkdirLock, check_workdir, open_records, resume_records
 
 
@@ -122,6 +122,7 @@ def train(config, workdir: str, log=print, seeds=None, seed_axis: str = "vmap") 
   del built
   rollout = sections.eval.rollout
   check_task_fits_model(model_cfg, task, sections.eval.eval_size, rollout.max_new_tokens)
+  check_warmup_fits(warm_data, model_cfg)
   sources = build_reward_sources(sections.rewards, sections.model, task, mesh)
   optimizer = make_optimizer(config.optim, settings.steps * rl.num_iterations *
                              rl.num_minibatches)

@@ -48,7 +48,8 @@ from grpo_jax.train.run.seed_axis import SeedAxis
 from grpo_jax.train.run.setup import build_model, build_task, check_task_fits_model
 from grpo_jax.train.learner.state import (counted_skips, create_train_state, guarded_update,
                                           make_optimizer)
-from grpo_jax.train.stages.warmup import make_warmup_step, warmup_data, warmup_files, warmup_log_due
+from grpo_jax.train.stages.warmup import (check_warmup_fits, make_warmup_step, warmup_data,
+                                          warmup_files, warmup_log_due)
 from grpo_jax.train.run.workdir import WorkdirLock, check_workdir, open_records, resume_records
 
 
@@ -120,16 +121,18 @@ def run_stage(name: str, config, workdir: str, fresh, advance, evaluate, report,
   return state
 
 
-def stage_model(config, task):
+def stage_model(config, task, warm_data=None):
   """(key, model section, model_cfg, params, evaluate_policy) of a stage that measures held-out
-  accuracy (SFT, DPO): config.seed's key, the model built from it and checked against the task,
-  and its evaluator (evaluation.evaluator_for: episodes for an environment's task) over the
-  prompts' full width."""
+  accuracy (SFT, DPO): config.seed's key, the model built from it and checked against the task
+  and the warm-up's data (`warm_data`, warmup.warmup_data: check_warmup_fits), and its
+  evaluator (evaluation.evaluator_for: episodes for an environment's task) over the prompts'
+  full width."""
   key = jax.random.key(config.seed)
   model = ModelSection.of(config)
   evaluation = dataclasses.replace(EvalSection.of(config), prompt_bucket=0)  # full width
   model_cfg, params = build_model(model, jax.random.fold_in(key, 0))
   check_task_fits_model(model_cfg, task, evaluation.eval_size, evaluation.rollout.max_new_tokens)
+  check_warmup_fits(warm_data, model_cfg)
   evaluate_policy = evaluator_for(task)(task, model_cfg, evaluation,
                                         [jax.random.fold_in(key, 3)], SeedAxis((int(config.seed),)))
   return key, model, model_cfg, params, evaluate_policy
@@ -152,7 +155,7 @@ def train_sft(config, workdir: str, log=print):
                       f"> 0.")
   task = build_task(config, log)
   source = warmup_data(config, task)  # the file read and checked before the model
-  key, model, model_cfg, params, evaluate_policy = stage_model(config, task)
+  key, model, model_cfg, params, evaluate_policy = stage_model(config, task, source)
   optimizer, sft_step = make_warmup_step(model_cfg, config.warmup)
   fresh = lambda: create_train_state(params, optimizer, jax.random.fold_in(key, 1)).replace(  # noqa: E731
       opt_state=optimizer.init(params))
