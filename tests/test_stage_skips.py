@@ -58,6 +58,31 @@ def test_an_sft_stage_whose_every_loss_is_nan_stops_after_max_consecutive_skips(
   _assert_stopped_at_step_2(tmp_path, "sft_loss")
 
 
+def test_a_dpo_stage_whose_every_loss_is_nan_stops_after_max_consecutive_skips(monkeypatch,
+                                                                               tmp_path):
+  from configs import dpo_tiny
+  from grpo_jax.train.stages import preference, preference_step
+  losses = preference_step.PREFERENCE_LOSSES
+
+  class NanLosses:
+    get = staticmethod(losses.get)
+
+    @staticmethod
+    def bind(name, section):
+      loss = losses.bind(name, section)
+      return lambda p: jnp.nan * loss(p)
+
+  monkeypatch.setattr(preference_step, "PREFERENCE_LOSSES", NanLosses)
+  config = with_fields(dpo_tiny.get_config(), {
+      "warmup.steps": 0, "dpo.steps": 4, "dpo.batch_size": 8, "dpo.eval_every": 4,
+      "dpo.train_pairs": 16, "dpo.test_pairs": 8, "train.eval_size": 8,
+      "train.eval_batch_size": 8, "train.checkpoint_every": 1, "train.max_consecutive_skips": 2})
+  with pytest.raises(RunStopped, match=r"^2 optimizer updates in a row were skipped .*at step 2, "
+                     r"train.max_consecutive_skips=2\)"):
+    preference.train_dpo(config, str(tmp_path), log=quiet)
+  _assert_stopped_at_step_2(tmp_path, "loss")
+
+
 def test_a_nan_reward_model_margin_is_refused_in_one_sentence():
   config = rlhf_tiny_sft.get_config()
   config.rm.margin = float("nan")
