@@ -137,10 +137,7 @@ def _validate_fused(config, task) -> None:
   tr = config.train
   k, source = tr.fused_steps, tr.experience_source
   _require(k >= 0, f"train.fused_steps={k}; use 0 (host loop) or K > 0 steps per program.")
-  _require(not (source == "episodes" and _host_reward(config.get("reward"))),
-           "train.experience_source='episodes' rewards each episode by its environment alone; "
-           "leave reward.models, reward.remote, reward.rule_weight and reward.combine at their "
-           "defaults.")
+  _validate_episodes(config, task, source)
   if not k and source not in ("fused", "fused_episodes"):
     return
   what = f"train.fused_steps={k}" if k else f"train.experience_source={source!r}"
@@ -160,3 +157,26 @@ def _validate_fused(config, task) -> None:
                       ("train.checkpoint_every", tr.checkpoint_every)):
     _require(value % k == 0, f"{name}={value} is not a multiple of train.fused_steps={k}: "
              f"evaluations, checkpoints and the end fall between fused calls; make it one.")
+
+
+def _validate_episodes(config, task, source: str) -> None:
+  """The sources that play an environment's episodes ("episodes", "fused_episodes") need a task
+  that has them; "episodes" keeps every episode it plays and rewards it by its environment
+  alone; "fused_episodes" gives the estimator rewards only."""
+  if source not in ("episodes", "fused_episodes"):
+    return
+  what = f"train.experience_source={source!r}"
+  _require("episodes" in task.capabilities, f"{what} plays an environment's episodes; set "
+           f"task.name='env' with a config.env section.")
+  if source == "fused_episodes":
+    from grpo_jax.rewards.estimator_inputs import step_needs  # noqa: PLC0415
+    needs = step_needs(config)
+    _require(not needs, f"{what} gives the estimator rewards only, but it needs "
+             f"{', '.join(map(str, needs))}; use train.experience_source='episodes'.")
+    return
+  _require(not _host_reward(config.get("reward")),
+           f"{what} rewards each episode by its environment alone; leave reward.models, "
+           f"reward.remote, reward.rule_weight and reward.combine at their defaults.")
+  _require(not (config.rl.gfpo_keep or config.rl.dynamic_sampling),
+           f"{what} keeps every episode it plays; set rl.gfpo_keep=0 and "
+           f"rl.dynamic_sampling=False.")

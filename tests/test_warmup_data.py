@@ -185,3 +185,37 @@ def test_a_reward_model_file_past_the_models_positions_names_its_line(tmp_path, 
       f"needs {tokens + n} positions, more than the model's max_position_embeddings=9; "
       f"shorten or remove that line, or lower rollout.max_new_tokens.")
   assert not (tmp_path / "rm" / "metrics.jsonl").exists()
+
+
+@pytest.mark.parametrize("stage", ["sft", "rl", "dpo"])
+def test_a_warmup_file_past_the_models_positions_names_its_line(stage, tmp_path, monkeypatch):
+  """A warmup.data_path prompt whose tokens with rollout.max_new_tokens need more positions than
+  the model's max_position_embeddings: the sentence the RM and DPO pair files get, once the model
+  is built and before any step or record (the SFT stage and the RL and DPO warm-ups trained on
+  it)."""
+  import dataclasses  # noqa: PLC0415
+
+  from grpo_jax.train.stages import preference, rl, supervised  # noqa: PLC0415
+  data = tmp_path / "sft.jsonl"
+  write_jsonl(str(data), [{"prompt": "12+34=", "response": "46"},
+                          {"prompt": "1111111111+2=", "response": "1113"}])
+  module, run = {"sft": (supervised, supervised.train_sft), "rl": (rl, rl.train),
+                 "dpo": (supervised, preference.train_dpo)}[stage]
+  built = module.build_model
+  monkeypatch.setattr(module, "build_model", lambda *a: (
+      lambda cfg, params: (dataclasses.replace(cfg, max_position_embeddings=12), params))(
+          *built(*a)))
+  config = _set(dpo_tiny.get_config() if stage == "dpo" else grpo_tiny.get_config(),
+                warmup__steps=2, warmup__batch_size=2, warmup__data_path=str(data),
+                train__eval_size=8, train__eval_batch_size=8, train__num_samples=0,
+                train__steps=1, dpo__steps=1, dpo__eval_every=1)
+  tokens = len(build_task(config).supervised_example("1111111111+2=", "1113")[0])
+  n = config.rollout.max_new_tokens
+  assert tokens + n > 12
+  with pytest.raises(InputError) as e:
+    run(config, str(tmp_path / "w"), log=lambda *a: None)
+  assert str(e.value) == (
+      f"{data} line 2 has a prompt of {tokens} tokens, which with rollout.max_new_tokens={n} "
+      f"needs {tokens + n} positions, more than the model's max_position_embeddings=12; "
+      f"shorten or remove that line, or lower rollout.max_new_tokens.")
+  assert not (tmp_path / "w" / "metrics.jsonl").exists()

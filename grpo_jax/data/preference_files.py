@@ -27,8 +27,8 @@ import dataclasses
 import hashlib
 from typing import NamedTuple
 
-from grpo_jax.data.supervised import (LabelledData, PairData, check_prompt_tokens,
-                                      encode_example, jsonl_lines)
+from grpo_jax.data.supervised import (LabelledData, PairData, check_prompt_positions,
+                                      check_prompt_tokens, encode_example, jsonl_lines)
 from grpo_jax.errors import ConfigError, InputError
 
 PAIRS, UNPAIRED = "pairs", "unpaired"
@@ -149,13 +149,8 @@ def check_fits_positions(f: PreferenceFile, t: TokenizedFile, max_new_tokens: in
                          max_positions: int) -> None:
   """InputError when the file's longest prompt + rollout.max_new_tokens exceeds the model's
   max_position_embeddings (0: no limit), naming its line; once the model is built."""
-  positions = t.longest_tokens + max_new_tokens
-  if max_positions and positions > max_positions:
-    raise InputError(f"{f.path} line {t.longest_line} has a prompt of {t.longest_tokens} "
-                     f"tokens, which with rollout.max_new_tokens={max_new_tokens} needs "
-                     f"{positions} positions, more than the model's max_position_embeddings="
-                     f"{max_positions}; shorten or remove that line, or lower "
-                     f"rollout.max_new_tokens.")
+  check_prompt_positions(f"{f.path} line {t.longest_line}", t.longest_tokens, max_new_tokens,
+                         max_positions)
 
 
 def _degenerate(f: PreferenceFile, keep: list, same: list, n: int, on_degenerate: str,

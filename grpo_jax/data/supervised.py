@@ -158,6 +158,19 @@ def check_prompt_tokens(where: str, tokens: int, max_prompt_tokens: int) -> None
                      f"or raise data.max_prompt_tokens.")
 
 
+def check_prompt_positions(where: str, tokens: int, max_new_tokens: int,
+                           max_positions: int) -> None:
+  """InputError when the prompt at `where` (a file and its line), of `tokens` tokens, with
+  rollout.max_new_tokens needs more positions than the model's max_position_embeddings (0: no
+  limit); once the model is built."""
+  positions = tokens + max_new_tokens
+  if max_positions and positions > max_positions:
+    raise InputError(f"{where} has a prompt of {tokens} tokens, which with "
+                     f"rollout.max_new_tokens={max_new_tokens} needs {positions} positions, more "
+                     f"than the model's max_position_embeddings={max_positions}; shorten or "
+                     f"remove that line, or lower rollout.max_new_tokens.")
+
+
 def _where(records):
   """where(i) of records read from a file (FileRecords), else "record i + 1" (records a stage
   made itself)."""
@@ -173,7 +186,8 @@ def write_jsonl(path: str, records: list[dict]) -> None:
 class SupervisedData:
   """{prompt, response} records tokenised by `task`, each prompt within data.max_prompt_tokens
   (`check_prompt_tokens`): `warmup_batch(step, count, seed, _)` as the warm-up asks of a task
-  (grpo_jax/train/stages/warmup.py)."""
+  (grpo_jax/train/stages/warmup.py). `longest` is where the longest prompt is (its first
+  record), for `check_fits_positions` once the model is built."""
 
   def __init__(self, task, records: list[dict], max_new_tokens: int, max_prompt_tokens: int):
     where = _where(records)
@@ -182,8 +196,15 @@ class SupervisedData:
     for i, (prompt, _) in enumerate(self.examples):
       check_prompt_tokens(where(i), len(prompt), max_prompt_tokens)
     self.prompt_len = max(len(p) for p, _ in self.examples)
+    self.longest = where(next(i for i, (p, _) in enumerate(self.examples)
+                              if len(p) == self.prompt_len))
     self.max_new_tokens = max_new_tokens
     self.pad_id = task.pad_id
+
+  def check_fits_positions(self, max_positions: int) -> None:
+    """InputError naming the longest prompt's line when it with rollout.max_new_tokens needs
+    more than the model's `max_positions` (`check_prompt_positions`)."""
+    check_prompt_positions(self.longest, self.prompt_len, self.max_new_tokens, max_positions)
 
   def batch(self, rows) -> SupervisedBatch:
     prompts = [self.examples[i][0] for i in rows]

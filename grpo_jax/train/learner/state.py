@@ -130,12 +130,21 @@ def rollout_key(source: SourceState) -> jax.Array:
 
 def guarded_update(state: TrainState, grads, loss, optimizer) -> TrainState:
   """One optimizer step of the policy's params (`guarded_apply`: none if the loss or any gradient
-  is not finite), the step counted and a refused update counted as skipped: the update of the
-  SFT, reward-model and preference stages."""
+  is not finite), the step counted and a refused update counted as skipped, in all and in a row
+  (`counted_skips`): the update of the SFT, reward-model and preference stages."""
   (params, _), opt_state, finite, _ = guarded_apply(
       (state.params, None), state.opt_state, (grads, None), loss, optimizer)
-  return state.replace(step=state.step + 1, params=params, opt_state=opt_state,
-                       skipped_updates=state.skipped_updates + (~finite).astype(jnp.int32))
+  return counted_skips(state, finite).replace(step=state.step + 1, params=params,
+                                              opt_state=opt_state)
+
+
+def counted_skips(state: TrainState, applied) -> TrainState:
+  """`state` with an update that was `applied` (or refused) counted: skipped_updates + 1 and
+  consecutive_skips + 1 when refused, consecutive_skips 0 when applied (what the stages' loop
+  stops on: faults.check_skips)."""
+  return state.replace(
+      skipped_updates=state.skipped_updates + (~applied).astype(jnp.int32),
+      consecutive_skips=jnp.where(applied, 0, state.consecutive_skips + 1).astype(jnp.int32))
 
 
 def guarded_apply(params, opt_state, grads, loss, optimizer, *, skip_without_signal=False):

@@ -19,7 +19,6 @@ import numpy as np
 
 from grpo_jax.interrupts import interruptible
 from grpo_jax.rollout.episodes.host import episode_metrics, episode_samples, sample_episodes
-from grpo_jax.errors import ConfigError
 from grpo_jax.parallel.distributed import to_host
 from grpo_jax.parallel.mesh import shard_batch
 from grpo_jax.train.learner.experience import RewardInputs
@@ -33,17 +32,10 @@ from grpo_jax.train.sources.experience_source import Experience, Run, register_e
 @register_experience_source("episodes")
 def make_episodes_source(run: Run, state, samples_out=None):
   """next_experience(train_state, source_state) -> (source_state, Experience): one step's
-  episodes (see the module docstring)."""
+  episodes (see the module docstring). What it cannot run (a task without episodes, GFPO,
+  dynamic sampling, stacked seeds) is refused before any compute: config_checks.py,
+  rl_checks.check_seed_axis."""
   settings, task = run.settings, run.task
-  if run.axis.stacked:
-    raise ConfigError("train.experience_source='episodes' runs one seed per program; run the "
-                      "seeds separately (no seeds=).")
-  if "episodes" not in getattr(task, "capabilities", ()):
-    raise ConfigError("train.experience_source='episodes' plays an environment's episodes; "
-                      "set task.name='env' with a config.env section.")
-  if settings.gfpo_keep or settings.dynamic_sampling:
-    raise ConfigError("train.experience_source='episodes' keeps every episode it plays; set "
-                      "rl.gfpo_keep=0 and rl.dynamic_sampling=False.")
   group = settings.group_size
   seed = run.axis.seeds[0]
   turns = run.sampling.quantized(run.rollout.weight_dtype)  # one row per episode

@@ -48,22 +48,13 @@ def env_name(env) -> str:
 
 
 def check_fused_episodes(run) -> None:
-  """One-sentence ConfigErrors for what this source cannot run, before any compute."""
-  task, settings = run.task, run.settings
-  if "episodes" not in getattr(task, "capabilities", ()):
-    raise ConfigError("train.experience_source='fused_episodes' plays an environment's "
-                      "episodes; set task.name='env' with a config.env section.")
+  """A ConfigError when the task's environment has no JAX form (the rest of what this source
+  cannot run is refused by config validation: config_checks.py and data/env_task.py)."""
+  task = run.task
   if jax_form(env_name(task.env)) is None:
     raise ConfigError(f"train.experience_source='fused_episodes' has no JAX form of the "
                       f"environment {env_name(task.env)!r} (it has: "
                       f"{', '.join(jax_form_names())}); use "
-                      f"train.experience_source='episodes'.")
-  if settings.gfpo_keep or settings.dynamic_sampling:
-    raise ConfigError("train.experience_source='fused_episodes' keeps every episode it plays; "
-                      "set rl.gfpo_keep=0 and rl.dynamic_sampling=False.")
-  if run.needs:
-    raise ConfigError(f"train.experience_source='fused_episodes' gives the estimator rewards "
-                      f"only, but it needs {', '.join(map(str, run.needs))}; use "
                       f"train.experience_source='episodes'.")
 
 

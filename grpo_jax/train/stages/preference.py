@@ -138,7 +138,7 @@ def train_dpo(config, workdir: str, log=print):
   tokenized = tokenize_preference_files(files, task, Limits(config.data.max_prompt_tokens, n),
                                         d.on_degenerate_pair, log)  # before model and warm-up
   warm_data = warmup_data(config, task)
-  key, model, model_cfg, params, evaluate_policy = stage_model(config, task)
+  key, model, model_cfg, params, evaluate_policy = stage_model(config, task, warm_data)
   for split, t in tokenized.items():
     check_fits_positions(files[split], t, n, model_cfg.max_position_embeddings)
   seed, axis = int(config.seed), SeedAxis((int(config.seed),))

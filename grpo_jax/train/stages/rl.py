@@ -39,7 +39,8 @@ from grpo_jax.train.sources.experience_source import Run, SourceSettings, for_so
 from grpo_jax.train.sources.pipeline import initial_in_flight
 from grpo_jax.train.stages.rl_advance import make_advance
 from grpo_jax.train.stages.rl_checks import (check_batches_fit_mesh, check_batches_fit_sampler,
-                                             check_rl_config, check_split_placement)
+                                             check_rl_config, check_seed_axis,
+                                             check_split_placement)
 from grpo_jax.train.run.reward_models import build_reward_sources
 from grpo_jax.train.run.export import export_seeds
 from grpo_jax.train.run.faults import TerminationFlag, check_skips, check_state_finite
@@ -56,7 +57,7 @@ from grpo_jax.train.learner.state import (RunState, TrainState, create_source_st
                                   make_optimizer, policy_params)
 from grpo_jax.train.learner.step import StepSpec
 from grpo_jax.train.run.wandb_logging import start_wandb
-from grpo_jax.train.stages.warmup import run_warmup, warmup_data, warmup_files
+from grpo_jax.train.stages.warmup import check_warmup_fits, run_warmup, warmup_data, warmup_files
 from grpo_jax.train.run.workdir import WorkdirLock, check_workdir, open_records, resume_records
 
 
@@ -121,6 +122,7 @@ def train(config, workdir: str, log=print, seeds=None, seed_axis: str = "vmap") 
   del built
   rollout = sections.eval.rollout
   check_task_fits_model(model_cfg, task, sections.eval.eval_size, rollout.max_new_tokens)
+  check_warmup_fits(warm_data, model_cfg)
   sources = build_reward_sources(sections.rewards, sections.model, task, mesh)
   optimizer = make_optimizer(config.optim, settings.steps * rl.num_iterations *
                              rl.num_minibatches)
@@ -246,6 +248,7 @@ def _start_devices(devices: DeviceSection, axis: SeedAxis, rl, settings: SourceS
   stacked seeds, which run in one process on one device."""
   dist = devices.distributed
   split = int(devices.mesh.get("rollout_devices", 0))
+  check_seed_axis(t_cfg, axis.stacked)
   check_split_placement(split, t_cfg, axis.stacked, 1)
   if axis.stacked:
     if dist is not None and dist.mode != "none":

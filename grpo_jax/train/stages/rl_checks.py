@@ -80,6 +80,14 @@ def check_batches_fit_mesh(rl, settings: SourceSettings, eval_batch_size: int, m
         f"expert devices.")
 
 
+def check_seed_axis(t_cfg, stacked: bool) -> None:
+  """The "episodes" source plays one seed's episodes per program: stacked seeds are refused
+  before the devices start."""
+  if stacked and source_name(t_cfg) == "episodes":
+    raise config_lib.ConfigError("train.experience_source='episodes' runs one seed per "
+                                 "program; run the seeds separately (no seeds=).")
+
+
 def check_split_placement(rollout_devices: int, t_cfg, stacked: bool, processes: int) -> None:
   """mesh.rollout_devices > 0 (the sampler on a mesh of its own) needs a source that samples
   apart from its update (not one that owns the step in one program), one seed per program, and

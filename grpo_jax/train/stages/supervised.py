@@ -39,7 +39,7 @@ from grpo_jax.train.run import files
 from grpo_jax.train.run.checkpoint import Checkpoints, step_of
 from grpo_jax.train.run.evaluation import evaluator_for
 from grpo_jax.train.run.export import export_model_type
-from grpo_jax.train.run.faults import TerminationFlag
+from grpo_jax.train.run.faults import TerminationFlag, check_skips
 from grpo_jax.train.run.metrics import MetricsWriter
 from grpo_jax.train.run.runner import Schedule, run_steps
 from grpo_jax.train.run.sections import EvalSection, ModelSection
@@ -47,8 +47,10 @@ from grpo_jax.train.run.summary import CURVES, closing_line, where_line, write_c
 from grpo_jax.train.run.seed_axis import SeedAxis
 from grpo_jax.train.run.wandb_logging import start_wandb
 from grpo_jax.train.run.setup import build_model, build_task, check_task_fits_model
-from grpo_jax.train.learner.state import create_train_state, guarded_update, make_optimizer
-from grpo_jax.train.stages.warmup import make_warmup_step, warmup_data, warmup_files, warmup_log_due
+from grpo_jax.train.learner.state import (counted_skips, create_train_state, guarded_update,
+                                          make_optimizer)
+from grpo_jax.train.stages.warmup import (check_warmup_fits, make_warmup_step, warmup_data,
+                                          warmup_files, warmup_log_due)
 from grpo_jax.train.run.workdir import WorkdirLock, check_workdir, open_records, resume_records
 
 
@@ -60,8 +62,11 @@ def run_stage(name: str, config, workdir: str, fresh, advance, evaluate, report,
   (WorkdirLock): the config recorded, the newest checkpoint restored (the records trimmed to its
   step) or `fresh()` started, `run_steps` with SIGTERM / SIGINT handled, each step's record said by
   report(step, record, clock) (its progress line; clock None at step 0), then written to
-  metrics.jsonl (and the workdir's W&B run with train.wandb_project: wandb_logging.py). A
-  resume follows the RL run's rules (train/run/workdir.py), `free` naming the
+  metrics.jsonl (and the workdir's W&B run with train.wandb_project: wandb_logging.py); once
+  train.max_consecutive_skips updates in a row were refused for a non-finite loss or gradient,
+  the run stops there (faults.check_skips: RunStopped, exit 1), that step's record written,
+  neither saved nor exported, as the RL loop does. A resume follows the RL run's rules
+  (train/run/workdir.py), `free` naming the
   stage's own fields that may change, `length` those of its length (free under optim.schedule
   'constant' only: its rate decays over them); `fresh_shape` (default `fresh`) builds a state
   of the same structure cheaply, for restoring (a `fresh` that trains, a warm-up, is not traced);
@@ -79,6 +84,7 @@ def run_stage(name: str, config, workdir: str, fresh, advance, evaluate, report,
     writer.write(first, record)
     if any(key in record for key, _ in CURVES):
       write_curves(workdir)
+    check_skips(int(state.consecutive_skips), config.train.max_consecutive_skips, first)
 
   with WorkdirLock(workdir), TerminationFlag() as sigterm:
     log(where_line(workdir, tensorboard=False))
@@ -137,16 +143,18 @@ def check_no_lora(config, name: str) -> None:
                       f"DPO and RL stages'); set lora.rank=0.")
 
 
-def stage_model(config, task):
+def stage_model(config, task, warm_data=None):
   """(key, model section, model_cfg, params, evaluate_policy) of a stage that measures held-out
-  accuracy (SFT, DPO): config.seed's key, the model built from it and checked against the task,
-  and its evaluator (evaluation.evaluator_for: episodes for an environment's task) over the
-  prompts' full width."""
+  accuracy (SFT, DPO): config.seed's key, the model built from it and checked against the task
+  and the warm-up's data (`warm_data`, warmup.warmup_data: check_warmup_fits), and its
+  evaluator (evaluation.evaluator_for: episodes for an environment's task) over the prompts'
+  full width."""
   key = jax.random.key(config.seed)
   model = ModelSection.of(config)
   evaluation = dataclasses.replace(EvalSection.of(config), prompt_bucket=0)  # full width
   model_cfg, params = build_model(model, jax.random.fold_in(key, 0))
   check_task_fits_model(model_cfg, task, evaluation.eval_size, evaluation.rollout.max_new_tokens)
+  check_warmup_fits(warm_data, model_cfg)
   evaluate_policy = evaluator_for(task)(task, model_cfg, evaluation,
                                         [jax.random.fold_in(key, 3)], SeedAxis((int(config.seed),)))
   return key, model, model_cfg, params, evaluate_policy
@@ -170,7 +178,7 @@ def train_sft(config, workdir: str, log=print):
                       f"> 0.")
   task = build_task(config, log)
   source = warmup_data(config, task)  # the file read and checked before the model
-  key, model, model_cfg, params, evaluate_policy = stage_model(config, task)
+  key, model, model_cfg, params, evaluate_policy = stage_model(config, task, source)
   optimizer, sft_step = make_warmup_step(model_cfg, config.warmup)
   fresh = lambda: create_train_state(params, optimizer, jax.random.fold_in(key, 1)).replace(  # noqa: E731
       opt_state=optimizer.init(params))
@@ -178,8 +186,8 @@ def train_sft(config, workdir: str, log=print):
   @functools.partial(jax.jit, donate_argnums=0)
   def step_fn(state, batch):
     new_params, opt_state, loss, applied = sft_step(state.params, state.opt_state, *batch)
-    return state.replace(params=new_params, opt_state=opt_state, step=state.step + 1,
-                         skipped_updates=state.skipped_updates + (~applied).astype(jnp.int32)), loss
+    return counted_skips(state, applied).replace(params=new_params, opt_state=opt_state,
+                                                 step=state.step + 1), loss
 
   seed, warm = int(config.seed), config.warmup
   fields = ("prompt_tokens", "prompt_mask", "target_tokens", "target_mask")

@@ -29,6 +29,15 @@ def warmup_data(config, task):
                         config.data.max_prompt_tokens)
 
 
+def check_warmup_fits(data, model_cfg) -> None:
+  """With a warmup.data_path file (`warmup_data`), an InputError naming its longest prompt's
+  line when that prompt with rollout.max_new_tokens needs more positions than the model's
+  max_position_embeddings (a vision-language policy's: its decoder's); once the model is built,
+  before any step."""
+  if isinstance(data, SupervisedData):
+    data.check_fits_positions(getattr(model_cfg, "text", model_cfg).max_position_embeddings)
+
+
 def warmup_files(config) -> dict:
   """The warm-up's data file's fingerprint for the run record ({} without one): a resume
   against a rewritten file is refused (train/run/resume_guards.py)."""
