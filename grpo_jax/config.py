@@ -262,8 +262,9 @@ def validate(config) -> None:
              f"optim.{name}={opt[name]}; use a finite value >= 0.")
   _require(math.isfinite(opt.max_grad_norm) and opt.max_grad_norm > 0,
            f"optim.max_grad_norm={opt.max_grad_norm}; use a finite value > 0 (1.0 is usual).")
-  _require(math.isfinite(config.rm.margin), f"rm.margin={config.rm.margin}; use a finite "
-           f"margin of the Bradley-Terry loss (0.0: none).")
+  margin = (config.get("rm") or {}).get("margin", 0.0)
+  _require(math.isfinite(margin), f"rm.margin={margin}; use a finite margin of the "
+           f"Bradley-Terry loss (0.0: none).")
   from grpo_jax.rl.lr_schedules import LR_SCHEDULES  # noqa: PLC0415
   _one_of(opt.get("schedule", "constant"), tuple(sorted(LR_SCHEDULES)), "optim.schedule")
   frac = opt.get("final_lr_fraction", 0.0)

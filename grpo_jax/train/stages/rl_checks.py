@@ -85,7 +85,7 @@ def check_seed_axis(t_cfg, stacked: bool) -> None:
   before the devices start."""
   if stacked and source_name(t_cfg) == "episodes":
     raise config_lib.ConfigError("train.experience_source='episodes' runs one seed per "
-                                 "program; run the seeds separately (no seeds=).")
+                                 "program; run the seeds separately (without --vmap_seeds).")
 
 
 def check_split_placement(rollout_devices: int, t_cfg, stacked: bool, processes: int) -> None:
