@@ -226,11 +226,11 @@ def _download_hint(path) -> str:
   return f"`hf download {_EXAMPLE_REPO} --local-dir {path}`"
 
 
-TOKENIZER_FILES = ("tokenizer.json", "vocab.json", "tokenizer.model")  # one of them: a vocabulary
+VOCABULARY_FILES = ("tokenizer.json", "vocab.json", "tokenizer.model")  # a tokenizer has one
 
 
 def has_tokenizer_files(path) -> bool:
-  return any((pathlib.Path(path) / f).is_file() for f in TOKENIZER_FILES)
+  return any((pathlib.Path(path) / f).is_file() for f in VOCABULARY_FILES)
 
 
 def same_vocabulary(path, tokenizer) -> bool:

@@ -11,7 +11,7 @@ import pathlib
 import jax
 
 from grpo_jax.errors import ConfigError, first_line
-from grpo_jax.models.hf import (TOKENIZER_FILES, has_tokenizer_files, load_hf_checkpoint,
+from grpo_jax.models.hf import (VOCABULARY_FILES, has_tokenizer_files, load_hf_checkpoint,
                                 same_vocabulary)
 from grpo_jax.models.partitioning import place
 from grpo_jax.models.process_reward_model import prm_token_scores, step_rewards_from_token_scores
@@ -44,7 +44,7 @@ def build_reward_sources(rewards: RewardSection, model: ModelSection, task,
       own = mode == "own" or (mode == "auto" and not same_vocabulary(path, task.tokenizer))
       tokenizer = None
       if own and not has_tokenizer_files(path):  # transformers would make an empty one
-        raise FileNotFoundError(f"no {' / '.join(TOKENIZER_FILES)}")
+        raise FileNotFoundError(f"no {' / '.join(VOCABULARY_FILES)}")
       if own:
         from transformers import AutoTokenizer  # noqa: PLC0415
         tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
