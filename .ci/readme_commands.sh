@@ -17,7 +17,7 @@ step "   the same command again: a finished run says so"
 python -m grpo_jax.main --config=configs/grpo_tiny.py --workdir="$OUT/grpo_tiny" \
   --config.warmup.steps=50 --config.train.steps=2 --config.train.eval_every=2 \
   --config.train.eval_size=50 --config.train.eval_batch_size=50 > "$OUT/again.txt"
-grep -q "this run is finished" "$OUT/again.txt"
+grep -q "this run is finished.*nothing to do; a larger train.steps continues it" "$OUT/again.txt"
 
 step "2. SmolLM2: fetch, 1 step with export, evaluate the export (2 prompts)"
 if python -m grpo_jax.fetch_model smollm2-135m-instruct; then

@@ -83,3 +83,17 @@ def test_a_finished_sft_run_says_a_longer_one_needs_a_fresh_workdir(tmp_path):
                        "rate's schedule spans its length)"), line
   with pytest.raises(ConfigError, match=r"warmup\.steps 1 -> 2"):  # as the line says
     train_sft(_sft(**{"warmup.steps": 2}), str(tmp_path), log=quiet)
+
+
+def test_a_finished_run_names_how_a_longer_one_starts_by_its_schedule():
+  """The RL stage said "a larger train.steps continues it" under optim.schedule 'linear' or
+  'cosine' too, whose resume refuses a new train.steps (its decay spans the run)."""
+  from configs import grpo_tiny  # noqa: PLC0415
+  from grpo_jax.train.run.summary import longer_run  # noqa: PLC0415
+  config = grpo_tiny.get_config()
+  assert longer_run("rl", ("train.steps",), config) == (
+      "a larger train.steps continues it, a fresh --workdir starts a new one")
+  for schedule in ("linear", "cosine"):
+    config.optim.schedule = schedule
+    assert longer_run("rl", ("train.steps",), config) == (
+        "a longer rl run needs a fresh --workdir (its learning rate's schedule spans its length)")

@@ -95,6 +95,16 @@ def _draw(workdir: str, records: list[dict] | None) -> bool:
   return True
 
 
+def longer_run(name: str, length: tuple, config) -> str:
+  """How a longer run of a finished stage starts: a larger `length` field resumes it under
+  optim.schedule 'constant'; else (no such field, as SFT's warm-up cosine, or a decaying
+  schedule: the resume guard refuses a new length) only a fresh workdir does."""
+  if length and config.optim.get("schedule", "constant") == "constant":
+    return f"a larger {' / '.join(length)} continues it, a fresh --workdir starts a new one"
+  return (f"a longer {name} run needs a fresh --workdir (its learning rate's schedule spans its "
+          f"length)")
+
+
 def closing_line(workdir: str, steps: int, wall_s: float | None, checkpoint: str | None,
                  exported: bool, records: list[dict] | None = None,
                  metric: str = "eval_accuracy") -> str:

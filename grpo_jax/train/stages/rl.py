@@ -48,7 +48,8 @@ from grpo_jax.train.run.metrics import MetricsWriter
 from grpo_jax.train.run.no_signal import NoSignalWatch, warmup_check_line
 from grpo_jax.train.run.runner import run_steps
 from grpo_jax.train.run.samples import SamplesWriter, format_samples
-from grpo_jax.train.run.summary import closing_line, elapsed_before, where_line, write_curves
+from grpo_jax.train.run.summary import (closing_line, elapsed_before, longer_run, where_line,
+                                         write_curves)
 from grpo_jax.train.run.seed_axis import SeedAxis
 from grpo_jax.train.run.sections import DeviceSection, LoraSection, Sections
 from grpo_jax.train.run.setup import (build_model, build_task, check_task_fits_model,
@@ -295,7 +296,7 @@ def _run(run: Run, sections: Sections, configs, state, resumed: bool, ckpts,
   before = elapsed_before(run.workdirs[0]) if resumed else 0.0  # elapsed_s counts on
   if finished:
     log(f"this run is finished (step {step_of(state)}, train.steps={t.steps}): nothing to do; "
-        f"a larger train.steps continues it, a fresh --workdir starts a new one")
+        f"{longer_run('rl', ('train.steps',), configs[0])}")
   pending = []  # sample records of the step being run (grpo_jax/train/run/samples.py)
   advance = make_advance(run, state, pending)
   run_eval = evaluator_for(run.task)(run.task, run.spec.model_cfg, sections.eval,

@@ -43,7 +43,8 @@ from grpo_jax.train.run.faults import TerminationFlag, check_skips
 from grpo_jax.train.run.metrics import MetricsWriter
 from grpo_jax.train.run.runner import Schedule, run_steps
 from grpo_jax.train.run.sections import EvalSection, ModelSection
-from grpo_jax.train.run.summary import CURVES, closing_line, where_line, write_curves
+from grpo_jax.train.run.summary import (CURVES, closing_line, longer_run, where_line,
+                                         write_curves)
 from grpo_jax.train.run.seed_axis import SeedAxis
 from grpo_jax.train.run.wandb_logging import start_wandb
 from grpo_jax.train.run.setup import build_model, build_task, check_task_fits_model
@@ -104,7 +105,7 @@ def run_stage(name: str, config, workdir: str, fresh, advance, evaluate, report,
       finished = resumed and step_of(state) >= schedule.steps
       if finished:
         log(f"{name}: this run is finished (step {step_of(state)} of {schedule.steps}): "
-            f"nothing to do; {_longer_run(name, length, config)}")
+            f"nothing to do; {longer_run(name, length, config)}")
       elif resumed:
         log(f"{name}: resumed from checkpoint {ckpts.directory}/{step_of(state)}")
       state = restored(state) if resumed else fresh()
@@ -123,16 +124,6 @@ def run_stage(name: str, config, workdir: str, fresh, advance, evaluate, report,
     finally:
       ckpts.close()
   return state
-
-
-def _longer_run(name: str, length: tuple, config) -> str:
-  """How a longer run of a finished stage starts: a larger `length` field resumes it under
-  optim.schedule 'constant'; else (no such field, as SFT's warm-up cosine, or a decaying
-  schedule) only a fresh workdir does."""
-  if length and config.optim.get("schedule", "constant") == "constant":
-    return f"a larger {' / '.join(length)} continues it, a fresh --workdir starts a new one"
-  return (f"a longer {name} run needs a fresh --workdir (its learning rate's schedule spans its "
-          f"length)")
 
 
 def check_no_lora(config, name: str) -> None:
