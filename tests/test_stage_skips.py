@@ -88,3 +88,22 @@ def test_a_nan_reward_model_margin_is_refused_in_one_sentence():
   config.rm.margin = float("nan")
   with pytest.raises(ConfigError, match=r"^rm.margin=nan; use a finite margin"):
     config_lib.validate(config)
+
+
+def test_an_rl_warm_up_whose_every_loss_is_nan_stops_after_max_consecutive_skips(
+    monkeypatch, tmp_path):
+  """The RL and DPO warm-ups refused each such update but went on, and the run started from
+  the unwarmed policy; the stop is read at the warm-up's progress lines (5) and its end."""
+  from configs import grpo_tiny  # noqa: PLC0415
+  from grpo_jax.train.stages import warmup  # noqa: PLC0415
+  from grpo_jax.train.stages.rl import train  # noqa: PLC0415
+  real = warmup.sft_loss
+  monkeypatch.setattr(warmup, "sft_loss", lambda *a: jnp.nan * real(*a))
+  config = with_fields(grpo_tiny.get_config(), {
+      "warmup.steps": 5, "warmup.batch_size": 8, "train.steps": 2,
+      "train.max_consecutive_skips": 3})
+  with pytest.raises(RunStopped, match=r"^3 warm-up updates in a row were skipped for a "
+                     r"non-finite loss or gradient \(by warm-up step 3 of 5, "
+                     r"train.max_consecutive_skips=3\); lower warmup.learning_rate"):
+    train(config, str(tmp_path), log=quiet)
+  assert not (tmp_path / "checkpoints" / "0").exists()

@@ -163,7 +163,8 @@ def train_dpo(config, workdir: str, log=print):
 
   @functools.cache
   def warmed():  # the SFT start, where the state holds no copy of it (see start_params)
-    return run_warmup(params, warm_data, model_cfg, config.warmup, axis, log)
+    return run_warmup(params, warm_data, model_cfg, config.warmup, axis, log,
+                      max_skips=config.train.max_consecutive_skips)
 
   def restored(state):
     if lora is not None:  # a checkpoint holds the adapters, not the frozen base

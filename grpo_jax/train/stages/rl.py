@@ -203,7 +203,7 @@ def _train(run: Run, sections: Sections, workdir: str, configs, warm, warm_data,
           log(f"dropped {dropped} metrics records written after it")
       else:
         warmed = run_warmup(params, warm_data, model_cfg, warm, axis, log,
-                            stop=lambda: sigterm.requested)
+                            lambda: sigterm.requested, sections.loop.max_consecutive_skips)
         if sigterm.requested:  # the warm-up stopped early: nothing of this run is saved yet
           raise sigterm.stop("stopped during the warm-up, before the first checkpoint; run the "
                              "same command again to start over (the warm-up is a pure "

@@ -12,6 +12,7 @@ from grpo_jax.data.supervised import SupervisedData, read_jsonl
 from grpo_jax.models.config import ModelConfig
 from grpo_jax.models.scoring import completion_logprobs
 from grpo_jax.rl.losses import masked_mean
+from grpo_jax.errors import RunStopped
 from grpo_jax.train.learner.state import guarded_apply
 from grpo_jax.train.run.resume_guards import file_fingerprints
 
@@ -80,21 +81,26 @@ def warmup_log_due(i: int, total: int) -> bool:
 
 
 def run_warmup(params, data, model_cfg: ModelConfig, warmup_cfg, axis, log=print,
-               stop=lambda: False):
+               stop=lambda: False, max_skips: int = 0):
   """`warmup_cfg.steps` AdamW steps of SFT for every seed of `axis` (a SeedAxis; params as it
   holds them), each on its own seed's batches of `data` (`warmup_data`: the task, or its
   warmup.data_path file); returns the new params (a pure function of the seed). Returns
-  early, after the step in flight, once `stop()` is true (SIGTERM / SIGINT)."""
+  early, after the step in flight, once `stop()` is true (SIGTERM / SIGINT). With max_skips
+  (train.max_consecutive_skips) > 0, RunStopped once a seed had that many updates in a row
+  refused for a non-finite loss or gradient (counted on the device, read at each progress
+  line and at the end)."""
   if warmup_cfg.steps <= 0:
     return params
   if hasattr(model_cfg, "text"):  # a vision-language policy: its decoder learns its own text
-    text = run_warmup(params["text"], data, model_cfg.text, warmup_cfg, axis, log, stop)
+    text = run_warmup(params["text"], data, model_cfg.text, warmup_cfg, axis, log, stop,
+                      max_skips)
     return {**params, "text": text}
   optimizer, step = make_warmup_step(model_cfg, warmup_cfg)
   step = axis.compile(step, donate_argnums=(0, 1))
   opt_state = axis.stack([optimizer.init(p) for p in axis.unstack(params)])
   params = jax.tree.map(jnp.copy, params)
   fields = ("prompt_tokens", "prompt_mask", "target_tokens", "target_mask")
+  in_a_row = longest = jnp.zeros((len(axis.seeds),), jnp.int32)  # refused updates, per seed
   for i in range(warmup_cfg.steps):
     if stop():
       break
@@ -102,9 +108,20 @@ def run_warmup(params, data, model_cfg: ModelConfig, warmup_cfg, axis, log=print
                for s in axis.seeds]
     if getattr(batches[0], "loss_mask", None) is not None:
       fields = fields[:4] + ("loss_mask",)
-    params, opt_state, loss, _ = step(params, opt_state,
-                                   *[axis.stack([getattr(b, f) for b in batches]) for f in fields])
+    params, opt_state, loss, applied = step(
+        params, opt_state, *[axis.stack([getattr(b, f) for b in batches]) for f in fields])
+    in_a_row = jnp.where(applied, 0, in_a_row + 1)
+    longest = jnp.maximum(longest, in_a_row)
     if warmup_log_due(i, warmup_cfg.steps):
       losses = " ".join(f"{float(x):.4f}" for x in np.atleast_1d(np.asarray(loss)))
       log(f"warm-up {i + 1:>5}/{warmup_cfg.steps} | sft loss {losses}")
+      _check_warmup_skips(int(longest.max()), max_skips, i + 1, warmup_cfg.steps)
   return params
+
+
+def _check_warmup_skips(longest: int, limit: int, step: int, steps: int) -> None:
+  if limit and longest >= limit:
+    raise RunStopped(f"{longest} warm-up updates in a row were skipped for a non-finite loss or "
+                     f"gradient (by warm-up step {step} of {steps}, train.max_consecutive_skips="
+                     f"{limit}); lower warmup.learning_rate, check the warm-up's data "
+                     f"(warmup.data_path), or raise train.max_consecutive_skips.")
