@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import decimal
 import functools
 import importlib
 import inspect
@@ -48,9 +49,19 @@ class RewardFunction:
   timeout_s: float = 0.0  # one call's time limit (reward.timeout_s); 0 = none
 
 
-def _number(text) -> float | None:
-  found = re.findall(r"-?(?:\d[\d,]*\.?\d*|\.\d+)", str(text))  # ".5" is 0.5
-  return float(found[-1].replace(",", "").rstrip(".")) if found else None
+def _plain(value) -> str:
+  """A cell as text; a number (an answer column read from JSON) by its digits: 1e-05 is
+  "0.00001"."""
+  if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+    return format(decimal.Decimal(repr(value)), "f")
+  return str(value)
+
+
+def _number(text) -> decimal.Decimal | None:
+  """The last number of text, exactly (a Decimal: 2**53 + 1 is not 2**53; ".5" is 0.5, "2e16"
+  is 2e16); a number that is not a string (an answer column read from JSON) by its digits."""
+  found = re.findall(r"-?(?:\d[\d,]*\.?\d*|\.\d+)(?:[eE][-+]?\d+)?", _plain(text))
+  return decimal.Decimal(found[-1].replace(",", "").rstrip(".")) if found else None
 
 
 def answer_number(prompts, completions, *, answers, **_):
@@ -65,7 +76,7 @@ def answer_match(completion, answer) -> float:
   answer is a number and the completion's last number equals it (answer_number's rule; "1/2"
   is not a number here: its match needs math_verify). The held-out eval_accuracy of a table
   task with an answer column."""
-  text = str(answer).strip()
+  text = _plain(answer).strip()
   if text == str(completion).strip():
     return 1.0
   want = _number(text)

@@ -21,6 +21,7 @@ more forgiving than verl, so their figures do not compare with verl's.
 
 from __future__ import annotations
 
+import decimal
 import re
 
 from grpo_jax.errors import ConfigError
@@ -58,13 +59,15 @@ def normalize_number(text: str | None) -> str | None:
   text = text.replace(",", "").replace("$", "").strip().rstrip(".")
   if not any(c.isdigit() for c in text):
     return None
-  try:
-    value = float(text)
-  except ValueError:
+  try:  # exactly: 9007199254740993 is not 9007199254740992
+    value = decimal.Decimal(text)
+  except decimal.InvalidOperation:
     return text
-  if value == int(value) and abs(value) < 1e15:
+  if not value.is_finite():
+    return text
+  if value == value.to_integral_value():
     return str(int(value))
-  return repr(value).rstrip("0").rstrip(".") if "e" not in repr(value) else text
+  return format(value.normalize(), "f")
 
 
 def gold_answer(answer_field: str) -> str:

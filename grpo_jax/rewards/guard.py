@@ -34,7 +34,7 @@ def _score_rows(task, prompts, tokens, mask, group_size: int):
     one = take_rows(prompts, np.array([row // group_size]))
     try:
       r = float(np.asarray(task.score(one, tokens[row:row + 1], mask[row:row + 1], 1))[0])
-      if not np.isfinite(r):
+      if not _finite_in_float32(r):
         failures[row] = (f"the reward function returned {r}", None)
     except RunStopped:  # a time limit: scoring the rows one by one would wait again
       raise
@@ -42,6 +42,12 @@ def _score_rows(task, prompts, tokens, mask, group_size: int):
       r, failures[row] = None, (_what_failed(e), e)
     rewards.append(0.0 if row in failures else r)
   return np.asarray(rewards, np.float32), failures
+
+
+def _finite_in_float32(values):
+  """Whether each value is finite in float32, the dtype the run learns in (1e39 is inf there)."""
+  with np.errstate(over="ignore"):
+    return np.isfinite(np.asarray(values, np.float64).astype(np.float32))
 
 
 def _what_failed(error: Exception) -> str:
@@ -99,7 +105,7 @@ def guarded_score(task, prompts, tokens, mask, group_size: int, on_error: str):
     ok, first_error = None, e
   else:
     _check_reward_shape(task, rewards, tokens.shape[0])
-    ok, first_error = np.isfinite(np.asarray(rewards, np.float64)), None
+    ok, first_error = _finite_in_float32(rewards), None
   if ok is not None and ok.all():
     return np.asarray(rewards, np.float32), np.zeros(tokens.shape[0], bool)
   if ok is not None:  # a reward may depend on the batch: the good rows keep the batch's values

@@ -199,7 +199,13 @@ def retokenise(tokenizer, prompts: list, completions: list, max_tokens: int):
 
 
 def config_entries(section, key: str) -> list:
+  """reward.<key>'s entries as dicts, or a ConfigError naming one that is not a dict."""
   value = section.get(key, ()) if section is not None else ()
+  for i, v in enumerate(value or ()):
+    if not hasattr(v, "keys"):
+      example = "{'url': 'http://127.0.0.1:8000/score'}" if key == "remote" else "{'path': DIR}"
+      raise ConfigError(f"reward.{key}[{i}]={v!r} is not an entry of fields; give a dict, e.g. "
+                        f"{example}.")
   return [dict(v) for v in (value or ())]
 
 
@@ -246,6 +252,9 @@ def check_reward_config(config) -> None:
     if unknown := set(r) - fields:
       raise ConfigError(f"reward.remote[{i}] has unknown field(s) {sorted(unknown)}; valid: "
                         f"{', '.join(sorted(fields))}.")
+    if not r.get("url"):
+      raise ConfigError(f"reward.remote[{i}] has no url; set it to the scoring server's address, "
+                        f"e.g. 'http://127.0.0.1:8000/score'.")
     check_weight(r.get("weight", 1.0), f"reward.remote[{i}].weight")
     remote_config(r, i).check(f"reward.remote[{i}]")
   if uses_process_model(config):
@@ -290,8 +299,9 @@ def remote_config(entry: dict, index: int):
   from grpo_jax.rewards.remote import RemoteRewardConfig  # noqa: PLC0415
   fields = {k: v for k, v in entry.items() if k != "weight"}
   fields.setdefault("name", f"remote{index}")
-  if "headers" in fields:
-    fields["headers"] = tuple(tuple(h) for h in fields["headers"])
+  if isinstance(fields.get("headers"), (list, tuple)):  # else the check names its type
+    fields["headers"] = tuple(tuple(h) if isinstance(h, (list, tuple)) else h
+                              for h in fields["headers"])
   return RemoteRewardConfig(**fields)
 
 
