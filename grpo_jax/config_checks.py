@@ -111,7 +111,8 @@ def _validate_distill(config) -> None:
            f"{token_env!r}, but the environment has no {token_env}; export {token_env}=TOKEN "
            f"(the token the teacher's server was started with).")
   if remote:  # the URL (no user:password@) and its client's deadline and retries
-    from grpo_jax.rewards.remote_teacher import settings_problem  # noqa: PLC0415
+    from grpo_jax.rewards.remote_teacher import settings_problem, token_headers  # noqa: PLC0415
+    token_headers(token_env)
     problem = settings_problem(rl.distill_teacher, rl.distill_teacher_timeout_s,
                                rl.distill_teacher_max_retries, rl.distill_teacher_backoff_s)
     _require(problem is None, problem)

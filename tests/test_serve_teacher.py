@@ -163,6 +163,10 @@ def test_the_client_sends_the_token_of_distill_teacher_token_env(server, monkeyp
   monkeypatch.delenv("MY_TEACHER_TOKEN", raising=False)
   with pytest.raises(ConfigError, match="the environment has no MY_TEACHER_TOKEN; export"):
     validate(config)
+  monkeypatch.setenv("MY_TEACHER_TOKEN", "part-one\npart-two")  # http.client printed it
+  with pytest.raises(ConfigError, match=r"the token in \$MY_TEACHER_TOKEN has a line break") as e:
+    validate(config)
+  assert "part-" not in str(e.value)
   monkeypatch.setenv("MY_TEACHER_TOKEN", TOKEN)
   validate(config)
   tokenizer = build_task(config).tokenizer

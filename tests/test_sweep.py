@@ -70,7 +70,12 @@ def test_recipes_pick_each_arms_config_and_program(tmp_path):
   assert all(not any(c.startswith("--config.recipe") for c in j.command) for j in jobs)
   assert "--config.train.steps=5" in jobs[1].command
   for bad, words in ((dict(recipes={}), "recipes does not define"),
-                     (dict(seed_axis="vmap"), "seed_axis='none'")):
+                     (dict(seed_axis="vmap"), "seed_axis='none'"),
+                     (dict(recipes={"dpo": {"config": "d.py", "programme": "x"}}),
+                      r"recipes\['dpo'\] has unknown key\(s\) \['programme'\]"),
+                     (dict(recipes={"dpo": {"config": None}}), r"config=None is not a non-empty"),
+                     (dict(recipes={"dpo": {"config": "d.py", "program": 5}}), r"program=5 is"),
+                     (dict(recipes={"dpo": "d.py"}), r"recipes\['dpo'\] is 'd.py', not a dict")):
     fields = dict(base_config="c.py", grid={"recipe": ["dpo"]},
                   recipes={"dpo": {"config": "d.py", "program": "grpo_jax.train_dpo"}})
     with pytest.raises(SweepError, match=words):

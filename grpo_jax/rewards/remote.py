@@ -99,7 +99,7 @@ def _is_number(value) -> bool:
 MAX_TIMEOUT_S = 1e6  # seconds: a longer deadline overflows the platform's timers
 
 
-def _headers_problem(headers) -> str | None:
+def headers_problem(headers) -> str | None:
   """Why `headers` is not a tuple of (str, str) pairs that http.client can send, without
   showing a value (a secret)."""
   if not isinstance(headers, (tuple, list)):
@@ -139,7 +139,7 @@ def config_problems(cfg: RemoteRewardConfig) -> list:
   if not (_is_number(cfg.backoff_s) and cfg.backoff_s >= 0):
     problems.append(f"backoff_s={cfg.backoff_s!r} must be a number of 0 or more seconds; set it "
                     f"to e.g. 0.5.")
-  headers = _headers_problem(cfg.headers)
+  headers = headers_problem(cfg.headers)
   if headers:
     problems.append(f"headers {headers}; write them as a tuple of (name, value) string pairs, "
                     f"e.g. (('Authorization', 'Bearer TOKEN'),).")
@@ -208,8 +208,9 @@ def _post(cfg: RemoteRewardConfig, body: bytes | None, abandon: Abandon | None) 
   except TimeoutError:  # DeadlineExceeded, or connecting took the whole socket timeout
     raise _Fault(f"timed out after {cfg.timeout_s:g} s", transport=True, retry=True) from None
   except (OSError, http.client.HTTPException, ValueError) as e:
-    raise _Fault("request failed", f": {first_line(e, 200)}", transport=True,
-                 retry=True) from None
+    # (http.client's "Invalid header value b'...'" would print a header's value: a secret)
+    why = "an invalid header" if str(e).startswith("Invalid header") else first_line(e, 200)
+    raise _Fault("request failed", f": {why}", transport=True, retry=True) from None
 
 
 def json_float(value) -> float | None:

@@ -35,7 +35,8 @@ import numpy as np
 from grpo_jax.errors import ConfigError, RemoteOutage, RewardError
 from grpo_jax.rewards.http_deadline import map_abandoning, url_problem
 from grpo_jax.rewards.remote import (RemoteFault, RemoteRewardConfig, config_problems,
-                                     json_float, outage_fix, post_with_retries)
+                                     headers_problem, json_float, outage_fix,
+                                     post_with_retries)
 from grpo_jax.rewards.sources import row_prompts
 
 # A log-prob may exceed 0 by this much (the rounding of log_softmax for a token of probability
@@ -111,6 +112,21 @@ def read_logprobs(payload, completion_ids: list, first: int) -> list:
   return out
 
 
+def token_headers(token_env: str) -> tuple:
+  """The Authorization header of the token in $token_env (() for ""), or a ConfigError that
+  names the variable, never the token (a line break inside it: http.client would refuse it
+  and print it)."""
+  if not token_env:
+    return ()
+  token = os.environ.get(token_env, "").strip()  # (a pasted trailing newline)
+  headers = (("Authorization", f"Bearer {token}"),)
+  if headers_problem(headers) is not None:
+    raise ConfigError(f"rl.distill_teacher_token_env={token_env!r}: the token in ${token_env} "
+                      f"has a line break or a character HTTP headers cannot carry (Latin-1); "
+                      f"export it again as one line.")
+  return headers
+
+
 @dataclasses.dataclass(frozen=True)
 class RemoteTeacher:
   """TeacherSource's interface (grpo_jax/rewards/sources.py) over HTTP."""
@@ -128,8 +144,7 @@ class RemoteTeacher:
     if problem:
       raise ConfigError(problem)
     base = url.rstrip("/")
-    token = os.environ.get(token_env, "").strip() if token_env else ""  # (a pasted newline)
-    headers = (("Authorization", f"Bearer {token}"),) if token_env else ()
+    headers = token_headers(token_env)
     cfg = RemoteRewardConfig(url=f"{base}/info", name="distillation teacher",
                              timeout_s=timeout_s, max_retries=0, backoff_s=backoff_s,
                              headers=headers)

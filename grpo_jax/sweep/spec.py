@@ -162,6 +162,17 @@ def _check_distinct_folders(arms: list, path: str) -> None:
                        f"give values that print differently.")
 
 
+def _recipe_problem(recipe) -> str | None:
+  """What is wrong with a recipes entry, or None."""
+  if not isinstance(recipe, dict):
+    return f"is {recipe!r}, not a dict"
+  if unknown := sorted(set(recipe) - {"config", "program"}):
+    return f"has unknown key(s) {unknown}"
+  bad = [k for k in ("config", "program")
+         if (k in recipe or k == "config") and not (isinstance(recipe.get(k), str) and recipe[k])]
+  return f"{bad[0]}={recipe.get(bad[0])!r} is not a non-empty string" if bad else None
+
+
 def load_sweep(path: str, seed_axis: str | None = None) -> Sweep:
   """Reads and checks a sweep file; `seed_axis` (the launcher's --seed_axis) overrides its
   seed_axis before the checks."""
@@ -190,6 +201,11 @@ def load_sweep(path: str, seed_axis: str | None = None) -> Sweep:
     raise SweepError(f"{path}: {seeded[0]} sets 'seed', which would make every seed of the "
                      f"sweep the same run; give the seeds as seeds=[...] alone.")
   recipes = dict(raw.get("recipes", {}))
+  for name, recipe in recipes.items():
+    problem = _recipe_problem(recipe)
+    if problem:
+      raise SweepError(f"{path}: recipes[{name!r}] {problem}; write it as {{'config': "
+                       f"'configs/<name>.py', 'program': 'grpo_jax.main'}} (program optional).")
   for recipe in grid.get("recipe", ()):
     if not isinstance(recipes.get(recipe) if isinstance(recipe, str) else None, dict) or (
         "config" not in recipes[recipe]):
