@@ -69,6 +69,21 @@ def test_a_metrics_line_is_left_out_like_a_line_cut_short(case, tmp_path):
   assert path.read_text() == '{"step": 0}\n{"step": 1}\n'
 
 
+@pytest.mark.parametrize("line", [b'{"step": 3, "loss": \xff\xfe\x00', b'{"step": Infinity}',
+                                  b'{"step": 1e400}'], ids=["not_utf8", "inf", "1e400"])
+def test_a_metrics_line_of_bytes_or_an_infinite_step_is_left_out(line, tmp_path):
+  """Bytes that are not UTF-8 stopped the resume with a UnicodeDecodeError, an infinite step
+  with an OverflowError; both lines are left out like a line cut short."""
+  from grpo_jax.train.run import metrics, resume_guards, summary  # noqa: PLC0415
+  path = tmp_path / "metrics.jsonl"
+  path.write_bytes(b'{"step": 0}\n{"step": 1}\n' + line + b"\n")
+  assert summary.read_records(str(tmp_path))[:2] == [{"step": 0}, {"step": 1}]
+  (tmp_path / "checkpoints" / "1").mkdir(parents=True)
+  resume_guards.check_records_reach_checkpoint(str(tmp_path))  # step 1 is recorded
+  assert metrics.keep_records_until(str(path), 1) == 1
+  assert path.read_text() == '{"step": 0}\n{"step": 1}\n'
+
+
 @pytest.mark.parametrize("case", sorted(BAD))
 def test_a_checkpoint_folders_config_and_index(case, tmp_path):
   """A model folder's config.json (read by the tokenizer, the model loader and the vision

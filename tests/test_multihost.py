@@ -94,3 +94,19 @@ def test_two_processes_equal_one_process_with_as_many_devices(tmp_path):
   assert refused.returncode == 2 and len(lines) == 2, refused.stderr[-3000:]
   assert lines[0].startswith(f"error: {tmp_path / 'multi'}/config.json is damaged")
   assert lines[1].startswith("error: process 0 refused to resume this workdir")
+
+
+@pytest.mark.parametrize("name", ["JAX_NUM_PROCESSES", "JAX_PROCESS_ID"])
+def test_an_explicit_start_with_a_variable_that_is_not_a_number_is_one_sentence(
+    name, monkeypatch):
+  from ml_collections import ConfigDict  # noqa: PLC0415
+
+  from grpo_jax.errors import ConfigError  # noqa: PLC0415
+  from grpo_jax.parallel import distributed  # noqa: PLC0415
+  monkeypatch.setenv("JAX_NUM_PROCESSES", "2")
+  monkeypatch.setenv("JAX_PROCESS_ID", "0")
+  monkeypatch.setenv(name, "two")
+  cfg = ConfigDict(dict(mode="explicit", coordinator_address="127.0.0.1:1", num_processes=0,
+                        process_id=-1))
+  with pytest.raises(ConfigError, match=rf"^{name}='two' is not a whole number; export {name}"):
+    distributed.initialize(cfg)

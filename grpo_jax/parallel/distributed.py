@@ -32,10 +32,9 @@ def initialize(dist_cfg) -> None:
     jax.distributed.initialize()
   else:  # "explicit" (validate refuses any other mode)
     address = dist_cfg.coordinator_address or os.environ.get("JAX_COORDINATOR_ADDRESS", "")
-    num = dist_cfg.num_processes if dist_cfg.num_processes > 0 else int(
-        os.environ.get("JAX_NUM_PROCESSES", "0"))
-    pid = dist_cfg.process_id if dist_cfg.process_id >= 0 else int(
-        os.environ.get("JAX_PROCESS_ID", "-1"))
+    num = dist_cfg.num_processes if dist_cfg.num_processes > 0 else _env_int(
+        "JAX_NUM_PROCESSES", "0")
+    pid = dist_cfg.process_id if dist_cfg.process_id >= 0 else _env_int("JAX_PROCESS_ID", "-1")
     if not address or num < 1 or pid < 0:
       raise ConfigError(
           f"distributed.mode='explicit' needs a coordinator address, a process count and a "
@@ -44,6 +43,17 @@ def initialize(dist_cfg) -> None:
           f" JAX_NUM_PROCESSES and JAX_PROCESS_ID variables.")
     jax.distributed.initialize(coordinator_address=address, num_processes=num, process_id=pid)
   _initialized = True
+
+
+def _env_int(name: str, default: str) -> int:
+  """$name as a whole number, or a ConfigError naming it."""
+  value = os.environ.get(name, default)
+  try:
+    return int(value)
+  except ValueError:
+    raise ConfigError(f"{name}={value!r} is not a whole number; export {name} as one (e.g. "
+                      f"{name}={'2' if name == 'JAX_NUM_PROCESSES' else '0'}), or set "
+                      f"distributed.{name[4:].lower()}.") from None
 
 
 def is_main_process() -> bool:

@@ -36,9 +36,10 @@ def makedirs(p) -> None:
 
 
 def read_text(p) -> str | None:
-  """The file's text, or None when it does not exist."""
+  """The file's text, or None when it does not exist; bytes that are not UTF-8 (a damaged line)
+  read as U+FFFD, so that the line is what its reader refuses, not the file."""
   p = epath.Path(p)
-  return p.read_text() if p.exists() else None
+  return p.read_bytes().decode("utf-8", errors="replace") if p.exists() else None
 
 
 def write_atomic(p, text: str) -> None:

@@ -107,7 +107,7 @@ def _record_steps(text: str) -> list:
   for line in text.splitlines():
     try:
       steps.append(int(json.loads(line)["step"]))
-    except (ValueError, KeyError, TypeError, RecursionError):
+    except (ValueError, KeyError, TypeError, RecursionError, OverflowError):
       continue  # a blank line or a record cut short: metrics.keep_records_until drops it
   return steps
 
