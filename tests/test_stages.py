@@ -108,6 +108,18 @@ def test_sft_stage_resumes_exactly(sft_root, tmp_path):
   assert lines[-1].startswith("done: step 40/40; held-out eval_accuracy")
   assert (split / "hf_export" / "model.safetensors").stat().st_mtime_ns == export
   assert _records(split) == b
+  # run again with another export dtype: the export is written again in it (it was kept as it
+  # was, its config.json saying float32 under a run record saying bfloat16)
+  config.train.export_dtype = "bfloat16"
+  train_sft(config, str(split), log=lines.append)
+  exported = json.loads((split / "hf_export" / "config.json").read_text())
+  assert exported.get("torch_dtype", exported.get("dtype")) == "bfloat16"
+  # an export that cannot be written is one sentence, as the RL stage's (it was a traceback)
+  shutil.rmtree(split / "hf_export")
+  (split / "hf_export").write_text("a file where the folder goes")
+  from grpo_jax.errors import RunStopped  # noqa: PLC0415
+  with pytest.raises(RunStopped, match=r"^writing the export .*hf_export failed \(File"):
+    train_sft(config, str(split), log=lines.append)
 
 
 def _rm_config(root, steps):

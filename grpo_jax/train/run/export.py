@@ -28,6 +28,37 @@ def export_model_type(model: ModelSection, model_cfg) -> str:
   return model_cfg.blocks.export_model_type(model_cfg)
 
 
+SETTINGS_FILE = "grpo_jax_export.json"  # in hf_export: the settings it was written with
+
+
+def _settings(model: ModelSection) -> dict:
+  return {"dtype": model.export_dtype, "max_shard_bytes": model.export_max_shard_bytes}
+
+
+def export_is_current(workdir: str, model: ModelSection) -> bool:
+  """Whether workdir/hf_export holds an export written with today's train.export_dtype and
+  train.export_max_shard_mb (a finished run run again exports again only if not; an export
+  without the settings file, from an older version, is kept)."""
+  folder = files.path(workdir, "hf_export")
+  if not files.exists(folder / "config.json"):
+    return False
+  text = files.read_text(folder / SETTINGS_FILE)
+  try:
+    return text is None or json.loads(text) == _settings(model)
+  except ValueError:
+    return False
+
+
+@contextlib.contextmanager
+def writing_export(out: str, model: ModelSection):
+  """A local folder to write the export `out` into (files.local_folder), its failure one
+  sentence, and its settings recorded beside it when it is written."""
+  with _export_failure_is_one_sentence(out), files.local_folder(out) as folder:
+    yield folder
+    with open(os.path.join(folder, SETTINGS_FILE), "w") as f:
+      json.dump(_settings(model), f)
+
+
 @contextlib.contextmanager
 def _export_failure_is_one_sentence(out: str):
   """A write that fails (a full disk, a folder that cannot be written): one RunStopped sentence;
@@ -67,7 +98,7 @@ def export_policy(model: ModelSection, state, model_cfg: ModelConfig, workdir: s
       full = params if base is None else (
           vlm_policy_params(LoraParams(base, params), model_cfg) if vlm
           else merge(base, params, model_cfg.lora_scale))
-    with _export_failure_is_one_sentence(out), files.local_folder(out) as folder:
+    with writing_export(out, model) as folder:
       if vlm:
         export_vlm_checkpoint(full, model_cfg, folder, source_dir=model.path or None,
                               dtype=model.export_dtype,
@@ -103,5 +134,5 @@ def export_seeds(model: ModelSection, state, model_cfg: ModelConfig, workdirs, a
   else:
     states = [state]
   for wd, one in zip(workdirs, states):
-    if not (finished and files.exists(files.path(wd, "hf_export", "config.json"))):
+    if not (finished and export_is_current(wd, model)):
       export_policy(model, one, model_cfg, wd, log)

@@ -38,7 +38,7 @@ from grpo_jax.rl.preference import bradley_terry_loss, pair_accuracy
 from grpo_jax.train.run import files
 from grpo_jax.train.run.checkpoint import Checkpoints, step_of
 from grpo_jax.train.run.evaluation import evaluator_for
-from grpo_jax.train.run.export import export_model_type
+from grpo_jax.train.run.export import export_is_current, export_model_type, writing_export
 from grpo_jax.train.run.faults import TerminationFlag, check_skips
 from grpo_jax.train.run.metrics import MetricsWriter
 from grpo_jax.train.run.runner import Schedule, run_steps
@@ -114,7 +114,7 @@ def run_stage(name: str, config, workdir: str, fresh, advance, evaluate, report,
                           schedule=schedule, ckpts=ckpts, sigterm=sigterm, resumed=resumed)
       finally:
         writer.close()
-      if not (finished and files.exists(files.path(workdir, "hf_export", "config.json"))):
+      if not (finished and export_is_current(workdir, ModelSection.of(config))):
         export(state)
       log(closing_line(workdir, schedule.steps,
                        None if finished else time.perf_counter() - started,
@@ -186,7 +186,7 @@ def train_sft(config, workdir: str, log=print):
   def export(state):
     from grpo_jax.models.hf_export import export_hf_checkpoint  # noqa: PLC0415
     out = os.path.join(workdir, "hf_export")
-    with files.local_folder(out) as folder:
+    with writing_export(out, model) as folder:
       export_hf_checkpoint(state.params, model_cfg, folder, model.path or None,
                            export_model_type(model, model_cfg), dtype=model.export_dtype,
                            max_shard_bytes=model.export_max_shard_bytes)
@@ -369,7 +369,7 @@ def train_reward_model(config, workdir: str, log=print):
   def export(state):
     if rm.export:
       out = os.path.join(workdir, "hf_export")
-      with files.local_folder(out) as folder:
+      with writing_export(out, model) as folder:
         export_reward_model(state.params, model_cfg, folder, export_model_type(model, model_cfg),
                             task.pad_id, dtype=model.export_dtype,
                             max_shard_bytes=model.export_max_shard_bytes)
