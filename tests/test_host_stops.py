@@ -1,6 +1,8 @@
 """Nothing on the host hangs a run or ends it silently: reward functions have a time limit,
 SIGTERM during a host wait saves the last completed step within seconds, a remote outage saves
-before it stops, user code's sys.exit is an error, and a run says where its files are."""
+before it stops, user code's sys.exit is an error, and a run says where its files are. The
+standalone evaluation (grpo_jax.eval): its folder, its samples file, its devices (config.mesh,
+distributed.*) and a vision-language policy."""
 
 import os
 import re
@@ -182,19 +184,59 @@ def test_eval_refuses_a_training_runs_workdir(tmp_path):
     check_not_a_run(str(tmp_path))
 
 
-def test_eval_without_samples_writes_the_figures_and_no_samples_file(tmp_path, capfd):
-  """`python -m grpo_jax.eval ... --config.train.num_samples=0` raised IndexError after
-  eval.json was written; without samples it writes no samples.jsonl and prints none."""
+def _eval(workdir, *overrides, config="grpo_tiny.py") -> int:
+  """`python -m grpo_jax.eval --config=configs/<config> --workdir=<workdir> <overrides>` in this
+  process: its exit status."""
   from grpo_jax import eval as evaluation  # noqa: PLC0415
   from grpo_jax.main import cli  # noqa: PLC0415
   from tests.tiny_runs import ROOT  # noqa: PLC0415
-  code = cli([f"--workdir={tmp_path}", f"--config={ROOT}/configs/grpo_tiny.py",
-              "--config.train.num_samples=0", "--config.train.eval_size=4",
-              "--config.train.eval_batch_size=4"], evaluation.main)
+  return cli([f"--workdir={workdir}", f"--config={ROOT}/configs/{config}", *overrides],
+             evaluation.main)
+
+
+def test_eval_without_samples_writes_the_figures_and_no_samples_file(tmp_path, capfd):
+  """`python -m grpo_jax.eval ... --config.train.num_samples=0` raised IndexError after
+  eval.json was written; without samples it writes no samples.jsonl and prints none, and an
+  earlier evaluation's samples.jsonl in the folder goes (it was left beside the new figures)."""
+  (tmp_path / "samples.jsonl").write_text('{"step": 0, "prompt": "an earlier evaluation"}\n')
+  code = _eval(tmp_path, "--config.train.num_samples=0", "--config.train.eval_size=4",
+               "--config.train.eval_batch_size=4")
   out, err = capfd.readouterr()
   assert code == 0, err
   assert sorted(os.listdir(tmp_path)) == ["eval.json"] and "eval_accuracy: " in out
   assert "[eval]" not in out
+
+
+@pytest.mark.parametrize("overrides,needle", [
+    (("--config.mesh.data=3", "--config.mesh.tensor=7"),
+     r"^error: mesh \(data, fsdp, tensor, expert, context\) = \(3, 1, 7, 1, 1\) has 21 devices "
+     r"but 1 are present; make the product 1 \(or set one axis to -1\)\.$"),
+    (("--config.distributed.mode=explicit",),
+     r"^error: distributed.mode='explicit' needs a coordinator address"),
+])
+def test_eval_starts_the_devices_as_training_does(tmp_path, capfd, monkeypatch, overrides,
+                                                  needle):
+  """grpo_jax.eval ignored config.mesh and config.distributed: a mesh the training refuses
+  (21 devices asked, 1 present) was evaluated on one device and exited 0. Now the mesh and the
+  multi-host start-up are the RL stage's: refused in one sentence before any compute."""
+  for name in ("JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID"):
+    monkeypatch.delenv(name, raising=False)
+  code = _eval(tmp_path / "eval", *overrides)
+  _, err = capfd.readouterr()
+  assert code == 2 and re.search(needle, err.strip()), err
+  assert not (tmp_path / "eval").exists()
+
+
+def test_eval_of_a_vision_language_policy(tmp_path, capfd):
+  """grpo_jax.eval built the model without the task, so configs/grpo_vision_tiny.py (task.name=
+  'visual') stopped at "model.vision is set but the task has no images"; the images now reach
+  the model, as in the RL stage."""
+  code = _eval(tmp_path, "--config.train.eval_size=2", "--config.train.eval_batch_size=2",
+               "--config.train.num_samples=1", config="grpo_vision_tiny.py")
+  out, err = capfd.readouterr()
+  assert code == 0, err
+  assert sorted(os.listdir(tmp_path)) == ["eval.json", "samples.jsonl"]
+  assert "eval_accuracy: " in out and "[eval] '<image> Which bar is taller" in out
 
 
 def test_an_imports_file_that_exits_is_one_sentence(tmp_path):
