@@ -146,11 +146,15 @@ def _eval_row_failure(task, batch, tokens, mask, row: int):
   return None
 
 
-def guarded_eval_scores(task, batch, tokens, mask, on_error: str):
+def guarded_eval_scores(task, batch, tokens, mask, on_error: str, where: str = "held-out",
+                        counted_in: str = "eval_reward_errors"):
   """task.eval_scores(batch, tokens, mask) -> ({metric: (B,) array}, failed (B,) bool), under
   train.on_reward_error as training rewards are: a held-out completion whose scoring raises or
   is not finite stops the run with a RewardError showing it ("raise"), or scores 0 in every
-  metric and is marked ("zero"), so that no NaN reaches metrics.jsonl."""
+  metric and is marked ("zero"), so that no NaN reaches metrics.jsonl. Messages call the
+  prompts `where` ("training" where Training-Free GRPO grades its training completions with
+  these scores) and the count the metric `counted_in`."""
+  held_out = where == "held-out"
   tokens, mask = np.asarray(tokens), np.asarray(mask)
   rows = tokens.shape[0]
   try:
@@ -158,13 +162,13 @@ def guarded_eval_scores(task, batch, tokens, mask, on_error: str):
   except RunStopped:
     raise
   except Exception as e:  # noqa: BLE001
-    _refuse_wrong_count(e, "held-out", rows)
+    _refuse_wrong_count(e, where, rows)
     scores = None
   if scores is not None:  # one score per prompt, as (B,) or e.g. (B, 1)
     scores = {k: v.reshape(rows) if v.size == rows else v for k, v in scores.items()}
     for name, v in scores.items():
       if v.shape != (rows,):
-        raise RewardContractError(f"the held-out scoring of {reward_name(task)!r} returned "
+        raise RewardContractError(f"the {where} scoring of {reward_name(task)!r} returned "
                                   f"{name} of shape {v.shape} for {rows} completions; it must "
                                   f"return one number per completion, shape ({rows},).")
   # (the scores keep their dtype)
@@ -172,7 +176,7 @@ def guarded_eval_scores(task, batch, tokens, mask, on_error: str):
     ok = scores is not None and all(np.isfinite(np.asarray(v, np.float64)).all()
                                     for v in scores.values())
   except (TypeError, ValueError):
-    raise RewardContractError(f"the held-out scoring of {reward_name(task)!r} returned "
+    raise RewardContractError(f"the {where} scoring of {reward_name(task)!r} returned "
                               f"values that are not numbers; it must return one number per "
                               f"completion.") from None
   if ok:
@@ -180,17 +184,17 @@ def guarded_eval_scores(task, batch, tokens, mask, on_error: str):
   failures = {r: what for r in range(rows)
               if (what := _eval_row_failure(task, batch, tokens, mask, r)) is not None}
   if not failures:
-    raise RewardError(f"the held-out scoring of {reward_name(task)!r} failed on the whole batch "
+    raise RewardError(f"the {where} scoring of {reward_name(task)!r} failed on the whole batch "
                       f"but on no completion alone; fix its batch handling.")
   if on_error == "raise":
     row, what = min(failures.items())
     one = take_rows(batch, np.array([row]))
     prompt = _text(task.tokenizer, one.prompt_tokens[0], one.prompt_mask[0])
     raise RewardError(
-        f"evaluation: {what} for the held-out prompt {prompt!r} and the "
+        f"{'evaluation: ' if held_out else ''}{what} for the {where} prompt {prompt!r} and the "
         f"completion {_text(task.tokenizer, tokens[row], mask[row])!r}; fix the reward "
         f"function, or set train.on_reward_error='zero' to score such completions 0 and count "
-        f"them (eval_reward_errors).")
+        f"them ({counted_in}).")
   failed = np.isin(np.arange(rows), list(failures))
   if scores is None:  # the batch call raised: score the rows that work one at a time
     ok_rows = [r for r in range(rows) if r not in failures]
