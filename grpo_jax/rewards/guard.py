@@ -62,11 +62,27 @@ def _what_failed(error: Exception) -> str:
 
 
 def reward_name(task) -> str:
-  """The name of the reward function a task scores with, for messages."""
+  """The name of the task's rule reward: its column and its metric `reward/<name>_mean` beside
+  other reward sources (train/run/reward_models.py; messages name it by _reward_label). A
+  registered "tokens" reward's registered name (addition, visual: `exact_match`); else the
+  Python name of the "text" reward function (GSM8K: `strict_reward` for
+  reward.name='gsm8k_strict'); else the task's own `name` (table: `table`, the weighted sum of
+  its reward.fns; the class name `TableTask` before); else the class name."""
   reward = getattr(task, "reward", None)
   name = getattr(reward, "name", None) or getattr(getattr(task, "reward_fn", None), "__name__",
                                                   None)
-  return name or type(task).__name__
+  own = getattr(type(task), "name", None)
+  return name or (own if isinstance(own, str) and own else type(task).__name__)
+
+
+def _reward_label(task) -> str:
+  """How messages name what scores a task: its reward_name quoted, or for a task that scores
+  with reward.fns (table) those functions, which the user wrote."""
+  fns = getattr(task, "rewards", None)
+  if getattr(getattr(task, "reward", None), "name", None) or getattr(task, "reward_fn", None) \
+      or not fns or not all(isinstance(getattr(r, "name", None), str) for r in fns):
+    return repr(reward_name(task))
+  return f"reward.fns={','.join(r.name for r in fns)!r}"
 
 
 def _check_reward_shape(task, rewards, rows: int) -> None:
@@ -81,7 +97,7 @@ def _check_reward_shape(task, rewards, rows: int) -> None:
       return
   got = "None" if rewards is None else (
       f"values of shape {shape}" if isinstance(shape, tuple) else "values that are not numbers")
-  raise RewardContractError(f"the reward function {reward_name(task)!r} returned {got} for "
+  raise RewardContractError(f"the reward function {_reward_label(task)} returned {got} for "
                             f"{rows} completions; it must return one finite number per "
                             f"completion, shape ({rows},).")
 
@@ -168,7 +184,7 @@ def guarded_eval_scores(task, batch, tokens, mask, on_error: str, where: str = "
     scores = {k: v.reshape(rows) if v.size == rows else v for k, v in scores.items()}
     for name, v in scores.items():
       if v.shape != (rows,):
-        raise RewardContractError(f"the {where} scoring of {reward_name(task)!r} returned "
+        raise RewardContractError(f"the {where} scoring of {_reward_label(task)} returned "
                                   f"{name} of shape {v.shape} for {rows} completions; it must "
                                   f"return one number per completion, shape ({rows},).")
   # (the scores keep their dtype)
@@ -176,7 +192,7 @@ def guarded_eval_scores(task, batch, tokens, mask, on_error: str, where: str = "
     ok = scores is not None and all(np.isfinite(np.asarray(v, np.float64)).all()
                                     for v in scores.values())
   except (TypeError, ValueError):
-    raise RewardContractError(f"the {where} scoring of {reward_name(task)!r} returned "
+    raise RewardContractError(f"the {where} scoring of {_reward_label(task)} returned "
                               f"values that are not numbers; it must return one number per "
                               f"completion.") from None
   if ok:
@@ -184,7 +200,7 @@ def guarded_eval_scores(task, batch, tokens, mask, on_error: str, where: str = "
   failures = {r: what for r in range(rows)
               if (what := _eval_row_failure(task, batch, tokens, mask, r)) is not None}
   if not failures:
-    raise RewardError(f"the {where} scoring of {reward_name(task)!r} failed on the whole batch "
+    raise RewardError(f"the {where} scoring of {_reward_label(task)} failed on the whole batch "
                       f"but on no completion alone; fix its batch handling.")
   if on_error == "raise":
     row, what = min(failures.items())
