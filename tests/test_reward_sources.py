@@ -293,6 +293,33 @@ def test_a_reward_named_like_the_rule_reward_is_one_sentence():
   assert build_reward_sources(RewardSection.of(config), None, task).names == ("exact_match",)
 
 
+def test_the_rule_reward_is_named_as_docs_rewards_md_says():
+  """Its column and metric reward/<name>_mean: GSM8K's Python function name (existing recipes'
+  key), the table task's `table` (the class name TableTask before); messages about a table task
+  name its reward.fns."""
+  import grpo_jax.rewards.gsm8k  # noqa: F401, PLC0415  (registers the gsm8k rewards)
+  from grpo_jax.data.gsm8k import GSM8KTask  # noqa: PLC0415
+  from grpo_jax.data.table import TableTask  # noqa: PLC0415
+  from grpo_jax.errors import RewardContractError  # noqa: PLC0415
+  from grpo_jax.rewards import guard  # noqa: PLC0415
+  from grpo_jax.rewards.functions import RewardFunction  # noqa: PLC0415
+  from grpo_jax.rewards.registry import get_reward  # noqa: PLC0415
+  gsm8k = object.__new__(GSM8KTask)
+  gsm8k.reward_fn = get_reward("gsm8k_strict", "text", "gsm8k").fn  # as from_config sets it
+  table = object.__new__(TableTask)
+  table.rewards = (RewardFunction("my_rewards.py:score", len, 1.0),)
+  names = {"gsm8k": guard.reward_name(gsm8k), "table": guard.reward_name(table)}
+  assert names == {"gsm8k": "strict_reward", "table": "table"}
+  with open(os.path.join(os.path.dirname(__file__), "..", "docs", "rewards.md")) as f:
+    docs = f.read()
+  assert all(f"`reward/{n}_mean`" in docs for n in names.values())
+  with pytest.raises(RewardContractError, match=r"^the reward function "
+                     r"reward.fns='my_rewards.py:score' returned None for 3 completions"):
+    guard._check_reward_shape(table, None, 3)
+  with pytest.raises(RewardContractError, match=r"^the reward function 'strict_reward' returned"):
+    guard._check_reward_shape(gsm8k, None, 3)
+
+
 def test_process_reward_model_gives_the_process_estimator_its_step_rewards(tmp_path):
   """reward.process_model: a causal LM sharing the policy's tokenizer scores each step (here a
   step ends at each digit '1' and at the last token) and rl.advantage='process' trains on it."""

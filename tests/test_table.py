@@ -291,14 +291,19 @@ def test_a_file_saved_with_a_utf8_bom_reads_as_the_same_rows(tmp_path):
 
 @pytest.mark.parametrize("fns,clash", [("mine:accuracy,answer_number", "eval_accuracy"),
                                        ("mine:reward,answer_number", "eval_reward"),
-                                       ("mine:score,other.py:score", "eval_score")])
+                                       ("mine:score,other.py:score", "eval_score"),
+                                       # the evaluator's own (train/run/evaluation.py)
+                                       ("mine:reward_errors,answer_number",
+                                        "eval_reward_errors"),
+                                       ("mine:pass_at_2,answer_number", "eval_pass_at_2")])
 def test_reward_functions_whose_metrics_collide_are_one_sentence(fns, clash):
   from grpo_jax.defaults import get_defaults  # noqa: PLC0415
   from grpo_jax.errors import ConfigError  # noqa: PLC0415
   from grpo_jax.rewards import functions  # noqa: PLC0415
   config = get_defaults()
   config.reward.fns = fns
-  found = lambda *_: types.SimpleNamespace(accuracy=len, reward=len, score=len)  # noqa: E731
+  found = lambda *_: types.SimpleNamespace(accuracy=len, reward=len, score=len,  # noqa: E731
+                                          reward_errors=len, pass_at_2=len)
   with pytest.MonkeyPatch.context() as patch:
     patch.setattr(functions, "_import_module", found)
     with pytest.raises(ConfigError, match=f"would log the held-out metric.s. {clash} twice") as e:

@@ -3,14 +3,16 @@ by a scripted summariser, and the loop on a tiny checkpoint resuming to the same
 
 import ast
 import json
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
 from configs import training_free_grpo_smollm2 as recipe
 from grpo_jax.data.chat_arithmetic import ChatArithmeticTask
-from grpo_jax.errors import ConfigError
+from grpo_jax.errors import ConfigError, RewardError, RunStopped
 from grpo_jax.training_free import library as lib
+from grpo_jax.training_free import loop
 from grpo_jax.training_free.loop import train_training_free, update_library
 from tests.hf_fixtures import save_tiny_qwen2
 
@@ -185,6 +187,49 @@ def test_loop_resumes_to_the_same_library(tmp_path, monkeypatch):
   for k, step_calls in zip(kept, calls):  # summaries (G each) + critiques (1 each) + revision
     assert len(step_calls) >= k * (3 + 1)
     assert all(set(c) == {"prompt", "reply"} for c in step_calls)
+
+
+def test_a_failing_reward_goes_through_train_on_reward_error(tmp_path, monkeypatch):
+  # A reward that raises on a completion whose first token is odd (scored alone, every other
+  # completion is right): the batch call raises, the guard finds the rows at fault. The sampler
+  # is replaced (nothing compiles): training completion r starts with token r, so 3 of the 6
+  # fail, one in each group's mix; held-out ones start with eval_first.
+  def eval_scores(self, batch, tokens, mask):
+    if (np.asarray(tokens)[:, 0] % 2).any():
+      raise ValueError("odd token")
+    return {"eval_accuracy": np.ones(len(tokens), np.float32)}
+  eval_first = [0, 1, 2, 3]
+
+  def sample(params, tokens, mask, key, *, max_new_tokens, group_size=1, **kwargs):
+    rows = len(tokens) * group_size
+    first = np.arange(rows) if group_size > 1 else np.asarray(eval_first[:rows])
+    return SimpleNamespace(completion_tokens=np.repeat(first[:, None], max_new_tokens, 1),
+                           completion_mask=np.ones((rows, max_new_tokens), bool)), None
+  monkeypatch.setattr(ChatArithmeticTask, "eval_scores", eval_scores)
+  monkeypatch.setattr(loop, "sample", sample)
+  c = _config(save_tiny_qwen2(str(tmp_path / "ckpt")), 1)
+  c.train.update(dict(on_reward_error="zero", max_reward_error_fraction=1.0))
+  train_training_free(c, str(tmp_path / "zero"), scripted_chat([]), log=lambda *a: None)
+  step0, step1 = [json.loads(x) for x in
+                  (tmp_path / "zero" / "metrics.jsonl").read_text().splitlines()]
+  # The failed completions count as wrong, and are counted; held out as in every stage.
+  assert (step1["tfgrpo_reward_errors"], step1["tfgrpo_train_accuracy"],
+          step1["tfgrpo_kept_groups"]) == (3, 0.5, 2)
+  for record in (step0, step1):
+    assert (record["eval_accuracy"], record["eval_reward_errors"]) == (0.5, 2.0)
+  c.train.max_reward_error_fraction = 0.4  # more than that failed: stopped before the library
+  with pytest.raises(RunStopped, match=r"3 of step 1's 6 completions failed \(50%, above "
+                                       r"train.max_reward_error_fraction=0.4\)"):
+    train_training_free(c, str(tmp_path / "limit"), scripted_chat([]), log=lambda *a: None)
+  assert not (tmp_path / "limit" / "library" / "step_1.json").exists()
+  c.train.on_reward_error = "raise"  # one sentence showing the completion, not a traceback
+  with pytest.raises(RewardError, match=r"^evaluation: the reward function raised ValueError: "
+                                        r"odd token for the held-out prompt .*'zero'"):
+    train_training_free(c, str(tmp_path / "raise_eval"), scripted_chat([]), log=lambda *a: None)
+  eval_first[:] = [0, 2, 4, 6]  # the held-out completions score: step 1's training ones stop it
+  with pytest.raises(RewardError, match=r"^the reward function raised ValueError: odd token "
+                                        r"for the training prompt .*\(tfgrpo_reward_errors\)"):
+    train_training_free(c, str(tmp_path / "raise"), scripted_chat([]), log=lambda *a: None)
 
 
 def test_seed_library_is_the_prompt_of_step_0(tmp_path, monkeypatch):

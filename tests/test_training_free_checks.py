@@ -41,6 +41,12 @@ def test_the_recipe_passes(model_path):
      r"tfgrpo.prompts.critique names the field \{0\}"),
     (dict(tfgrpo__prompts__summary="{trajectory} {grade"), r"prompts.summary is not a valid"),
     (dict(tfgrpo__prompts__batch_update="{updates:d}"), r"prompts.batch_update cannot be filled"),
+    # The loop fills {experiences} with a dict: a spec that only a string takes is refused here,
+    # not a TypeError at the first step.
+    (dict(tfgrpo__prompts__batch_update="{experiences:.2000} {updates}"),
+     r"prompts.batch_update cannot be filled in .*dict.* \{experiences\} is a dict"),
+    (dict(tfgrpo__prompts__batch_update="{experiences} {updates:>10}"),
+     r"prompts.batch_update cannot be filled in .*list"),
     (dict(tfgrpo__prompts__problem="Solve it. {experiences}"), r"lacks \{problem\}"),
     (dict(tfgrpo__summariser_path="/no/such/folder"), r"summariser_path='/no/such/folder' is not"),
 ])

@@ -154,6 +154,14 @@ def _builtin(name: str, config, index: int):
 
 
 BUILTIN = ("math_verify", "format_regex", "answer_number")
+# The held-out metrics eval_<name> that a reward function of that name would overwrite: the
+# task's (data/table.py eval_scores) and the evaluator's (train/run/evaluation.py), with
+# eval_pass_at_<k> for any k.
+RESERVED_EVAL_NAMES = ("accuracy", "reward", "reward_errors")
+
+
+def _reserved_eval_name(name: str) -> bool:
+  return name in RESERVED_EVAL_NAMES or re.fullmatch(r"pass_at_\d+", name) is not None
 ANSWER_READERS = ("math_verify", "answer_number")  # built-ins that read data.answer_field
 
 
@@ -193,16 +201,18 @@ def load_reward_functions(config) -> tuple[RewardFunction, ...]:
         raise ConfigError(f"reward.fns[{index}]={spec!r}: {module} has no function {attr!r}.")
     out.append(RewardFunction(spec, fn, weight, timeout_s))
   # Several functions are each logged as eval_<function name> (data/table.py eval_scores), beside
-  # the task's own eval_accuracy and eval_reward: a name shared by two different functions, or
-  # one of those two, would overwrite another metric (the same spec twice gives the same values).
+  # the task's own eval_accuracy and eval_reward and the evaluator's eval_reward_errors and
+  # eval_pass_at_<k> (train/run/evaluation.py): a name shared by two different functions, or
+  # one of those, would overwrite another metric (the same spec twice gives the same values).
   names = [spec.rpartition(":")[2] for spec in dict.fromkeys(specs)]  # of the distinct specs
-  clashes = sorted({n for n in names if names.count(n) > 1 or n in ("accuracy", "reward")})
+  clashes = sorted({n for n in names if names.count(n) > 1 or _reserved_eval_name(n)})
   if len(specs) > 1 and clashes:
     raise ConfigError(f"reward.fns={config.reward.fns!r} would log the held-out metric(s) "
                       f"{', '.join(f'eval_{n}' for n in clashes)} twice (each function's is "
-                      f"eval_<its name>, beside eval_accuracy and eval_reward); rename the "
-                      f"function(s) {', '.join(repr(n) for n in clashes)} so that every name "
-                      f"differs and none is accuracy or reward.")
+                      f"eval_<its name>, beside eval_accuracy, eval_reward, eval_reward_errors "
+                      f"and eval_pass_at_<k>); rename the function(s) "
+                      f"{', '.join(repr(n) for n in clashes)} so that every name differs and "
+                      f"none is {', '.join(RESERVED_EVAL_NAMES)} or pass_at_<k>.")
   return tuple(out)
 
 

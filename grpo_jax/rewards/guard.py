@@ -62,11 +62,27 @@ def _what_failed(error: Exception) -> str:
 
 
 def reward_name(task) -> str:
-  """The name of the reward function a task scores with, for messages."""
+  """The name of the task's rule reward: its column and its metric `reward/<name>_mean` beside
+  other reward sources (train/run/reward_models.py; messages name it by _reward_label). A
+  registered "tokens" reward's registered name (addition, visual: `exact_match`); else the
+  Python name of the "text" reward function (GSM8K: `strict_reward` for
+  reward.name='gsm8k_strict'); else the task's own `name` (table: `table`, the weighted sum of
+  its reward.fns; the class name `TableTask` before); else the class name."""
   reward = getattr(task, "reward", None)
   name = getattr(reward, "name", None) or getattr(getattr(task, "reward_fn", None), "__name__",
                                                   None)
-  return name or type(task).__name__
+  own = getattr(type(task), "name", None)
+  return name or (own if isinstance(own, str) and own else type(task).__name__)
+
+
+def _reward_label(task) -> str:
+  """How messages name what scores a task: its reward_name quoted, or for a task that scores
+  with reward.fns (table) those functions, which the user wrote."""
+  fns = getattr(task, "rewards", None)
+  if getattr(getattr(task, "reward", None), "name", None) or getattr(task, "reward_fn", None) \
+      or not fns or not all(isinstance(getattr(r, "name", None), str) for r in fns):
+    return repr(reward_name(task))
+  return f"reward.fns={','.join(r.name for r in fns)!r}"
 
 
 def _check_reward_shape(task, rewards, rows: int) -> None:
@@ -81,7 +97,7 @@ def _check_reward_shape(task, rewards, rows: int) -> None:
       return
   got = "None" if rewards is None else (
       f"values of shape {shape}" if isinstance(shape, tuple) else "values that are not numbers")
-  raise RewardContractError(f"the reward function {reward_name(task)!r} returned {got} for "
+  raise RewardContractError(f"the reward function {_reward_label(task)} returned {got} for "
                             f"{rows} completions; it must return one finite number per "
                             f"completion, shape ({rows},).")
 
@@ -146,11 +162,15 @@ def _eval_row_failure(task, batch, tokens, mask, row: int):
   return None
 
 
-def guarded_eval_scores(task, batch, tokens, mask, on_error: str):
+def guarded_eval_scores(task, batch, tokens, mask, on_error: str, where: str = "held-out",
+                        counted_in: str = "eval_reward_errors"):
   """task.eval_scores(batch, tokens, mask) -> ({metric: (B,) array}, failed (B,) bool), under
   train.on_reward_error as training rewards are: a held-out completion whose scoring raises or
   is not finite stops the run with a RewardError showing it ("raise"), or scores 0 in every
-  metric and is marked ("zero"), so that no NaN reaches metrics.jsonl."""
+  metric and is marked ("zero"), so that no NaN reaches metrics.jsonl. Messages call the
+  prompts `where` ("training" where Training-Free GRPO grades its training completions with
+  these scores) and the count the metric `counted_in`."""
+  held_out = where == "held-out"
   tokens, mask = np.asarray(tokens), np.asarray(mask)
   rows = tokens.shape[0]
   try:
@@ -158,13 +178,13 @@ def guarded_eval_scores(task, batch, tokens, mask, on_error: str):
   except RunStopped:
     raise
   except Exception as e:  # noqa: BLE001
-    _refuse_wrong_count(e, "held-out", rows)
+    _refuse_wrong_count(e, where, rows)
     scores = None
   if scores is not None:  # one score per prompt, as (B,) or e.g. (B, 1)
     scores = {k: v.reshape(rows) if v.size == rows else v for k, v in scores.items()}
     for name, v in scores.items():
       if v.shape != (rows,):
-        raise RewardContractError(f"the held-out scoring of {reward_name(task)!r} returned "
+        raise RewardContractError(f"the {where} scoring of {_reward_label(task)} returned "
                                   f"{name} of shape {v.shape} for {rows} completions; it must "
                                   f"return one number per completion, shape ({rows},).")
   # (the scores keep their dtype)
@@ -172,7 +192,7 @@ def guarded_eval_scores(task, batch, tokens, mask, on_error: str):
     ok = scores is not None and all(np.isfinite(np.asarray(v, np.float64)).all()
                                     for v in scores.values())
   except (TypeError, ValueError):
-    raise RewardContractError(f"the held-out scoring of {reward_name(task)!r} returned "
+    raise RewardContractError(f"the {where} scoring of {_reward_label(task)} returned "
                               f"values that are not numbers; it must return one number per "
                               f"completion.") from None
   if ok:
@@ -180,17 +200,17 @@ def guarded_eval_scores(task, batch, tokens, mask, on_error: str):
   failures = {r: what for r in range(rows)
               if (what := _eval_row_failure(task, batch, tokens, mask, r)) is not None}
   if not failures:
-    raise RewardError(f"the held-out scoring of {reward_name(task)!r} failed on the whole batch "
+    raise RewardError(f"the {where} scoring of {_reward_label(task)} failed on the whole batch "
                       f"but on no completion alone; fix its batch handling.")
   if on_error == "raise":
     row, what = min(failures.items())
     one = take_rows(batch, np.array([row]))
     prompt = _text(task.tokenizer, one.prompt_tokens[0], one.prompt_mask[0])
     raise RewardError(
-        f"evaluation: {what} for the held-out prompt {prompt!r} and the "
+        f"{'evaluation: ' if held_out else ''}{what} for the {where} prompt {prompt!r} and the "
         f"completion {_text(task.tokenizer, tokens[row], mask[row])!r}; fix the reward "
         f"function, or set train.on_reward_error='zero' to score such completions 0 and count "
-        f"them (eval_reward_errors).")
+        f"them ({counted_in}).")
   failed = np.isin(np.arange(rows), list(failures))
   if scores is None:  # the batch call raised: score the rows that work one at a time
     ok_rows = [r for r in range(rows) if r not in failures]

@@ -11,14 +11,18 @@ import string
 from grpo_jax import config as config_lib
 from grpo_jax.errors import ConfigError, InputError, first_line
 
-# The fields the loop fills in each template of tfgrpo.prompts (training_free/loop.py), with the
-# value each gets in the trial fill (max_operations is a number, the rest text).
+# The fields the loop fills in each template of tfgrpo.prompts (training_free/loop.py), with a
+# value of the type the loop gives each in the trial fill, so that a format spec or conversion
+# the check accepts also fills in at the first step: max_operations is a number; batch_update's
+# experiences the candidate library (a dict, id -> lesson) and updates the modify operations
+# waiting (a list of dicts); the rest text.
 TEMPLATE_FIELDS = {
     "problem": {"problem": "x", "experiences": "x"},
     "summary": {"trajectory": "x", "grade": "x", "answer": "x"},
     "critique": {"max_operations": 1, "problem": "x", "trajectories": "x", "answer": "x",
                  "experiences": "x"},
-    "batch_update": {"experiences": "x", "updates": "x"},
+    "batch_update": {"experiences": {"G0": "x", "C0": "x"},
+                     "updates": [{"option": "modify", "experience": "x", "modified_from": "G0"}]},
 }
 REQUIRED_FIELDS = {"problem": ("problem",)}  # without it the policy never sees the question
 
@@ -49,8 +53,12 @@ def check_template(name: str, template) -> None:
   try:
     template.format(**fields)
   except (ValueError, TypeError, IndexError, KeyError, AttributeError) as e:
+    kinds = {int: "a number", dict: "a dict", list: "a list"}
+    types = " and ".join(f"{{{f}}} is {kinds[type(v)]}" for f, v in fields.items()
+                         if not isinstance(v, str))
     raise ConfigError(f"tfgrpo.prompts.{name} cannot be filled in ({first_line(e)}); fix "
-                      f"that template's fields ({listed}).") from None
+                      f"that template's fields ({listed}{'; ' + types if types else ''})."
+                      ) from None
 
 
 def check_training_free_config(config) -> None:

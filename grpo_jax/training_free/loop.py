@@ -8,7 +8,11 @@ Each step, on the loop skeleton (train/run/runner.py):
   1. tfgrpo.batch_size training problems, each with the library in its user turn
      (tfgrpo.prompts.problem), G = rollout.group_size completions at rollout.temperature by our
      sampler; a completion is correct when the task's held-out score (eval_accuracy, the binary
-     verifier) is 1 for it;
+     verifier) is 1 for it. Scores go through train.on_reward_error as in every stage
+     (grpo_jax/rewards/guard.py): a reward that raises or is not finite stops the run in one
+     sentence ("raise"), or its completion counts as wrong and is counted
+     (tfgrpo_reward_errors; "zero"), and more than train.max_reward_error_fraction of a step's
+     completions failed stops the run before the library changes;
   2. groups with some but not all completions correct are kept; every kept completion is
      summarised (prompts.summary: its grade and the gold answer given), and each kept group's
      summaries give one critique (prompts.critique) ending in a JSON list of operations, of
@@ -27,8 +31,9 @@ replies of that step to calls_k.json); a rerun resumes from the newest one that 
 the resumed run equals an uninterrupted one. The config is checked first
 (training_free/checks.py: every stage's validation, config.imports, the tfgrpo section). Records
 (metrics.jsonl): tfgrpo_kept_groups, tfgrpo_train_accuracy, tfgrpo_critiques_parsed,
-tfgrpo_revision_parsed, tfgrpo_added / _modified / _merged / _skipped, tfgrpo_library_size, the
-eval_* scores and time_step_s.
+tfgrpo_revision_parsed, tfgrpo_added / _modified / _merged / _skipped, tfgrpo_library_size,
+tfgrpo_reward_errors (train.on_reward_error='zero'), the eval_* scores (eval_reward_errors when a
+held-out completion's scoring failed, as in train/run/evaluation.py) and time_step_s.
 """
 
 from __future__ import annotations
@@ -41,11 +46,12 @@ import numpy as np
 
 from grpo_jax.data.tokenizer import pad_rows
 from grpo_jax.prompt_batch import take_rows
+from grpo_jax.rewards.guard import guarded_eval_scores
 from grpo_jax.rollout.sampler import sample
 from grpo_jax.training_free import library as lib
 from grpo_jax.training_free.checks import check_training_free_config
 from grpo_jax.training_free.library_files import LibraryFiles, LibraryState
-from grpo_jax.train.run.faults import TerminationFlag
+from grpo_jax.train.run.faults import TerminationFlag, check_reward_error_fraction
 from grpo_jax.train.run.metrics import MetricsWriter
 from grpo_jax.train.run.runner import Schedule, run_steps
 from grpo_jax.train.run.sections import ModelSection
@@ -150,6 +156,7 @@ def train_training_free(config, workdir: str, chat: Chat | None = None, log=prin
     chat = sampler_chat(chat_params, chat_cfg, tokenizer, t.summary_max_new_tokens,
                         t.chat_batch_size)
   group, seed = config.rollout.group_size, int(config.seed)
+  on_error = config.train.on_reward_error
 
   def completions_of(batch, library, key_, group_size, temperature):
     ids = [task.tokenizer(task.chat_prompt(lib.problem_prompt(t.prompts.problem, u, library)),
@@ -166,7 +173,12 @@ def train_training_free(config, workdir: str, chat: Chat | None = None, log=prin
     tokens, mask = completions_of(batch, state.library, step_key, group,
                                   config.rollout.temperature)
     rows = take_rows(batch, np.repeat(np.arange(t.batch_size), group))
-    correct = (task.eval_scores(rows, tokens, mask)["eval_accuracy"] >= 1.0).reshape(-1, group)
+    scores, failed = guarded_eval_scores(task, rows, tokens, mask, on_error, "training",
+                                         "tfgrpo_reward_errors")
+    # before anything of the step is done: a step mostly scored 0 must not write the library
+    check_reward_error_fraction(int(failed.sum()), len(failed),
+                                config.train.max_reward_error_fraction, state.step + 1)
+    correct = ((scores["eval_accuracy"] >= 1.0) & ~failed).reshape(-1, group)  # failed: wrong
     texts = np.array(task.decode(tokens, mask), dtype=object).reshape(-1, group)
     calls = []
 
@@ -178,12 +190,16 @@ def train_training_free(config, workdir: str, chat: Chat | None = None, log=prin
     library, record = update_library(state.library, list(batch.user_text), list(batch.gold),
                                      texts.tolist(), correct.tolist(), traced, t.prompts)
     library_files.save_calls(state.step + 1, calls)
+    if on_error == "zero":
+      record["tfgrpo_reward_errors"] = int(failed.sum())
     return LibraryState(state.step + 1, library), [[record]], None
 
   def evaluate(state, step):
     batch = task.test_batch(config.train.eval_size)
     tokens, mask = completions_of(batch, state.library, jax.random.key(0), 1, 0.0)
-    scores = task.eval_scores(batch, tokens, mask)
+    scores, failed = guarded_eval_scores(task, batch, tokens, mask, on_error)
+    if failed.any():  # train.on_reward_error='zero': scored 0, counted (as evaluation.py)
+      scores["eval_reward_errors"] = failed.sum(keepdims=True).astype(np.float64)
     return [{k: float(np.mean(v)) for k, v in scores.items()}]
 
   def write(writer, state, first, records, tokens, seconds, clock):

@@ -27,7 +27,8 @@ from grpo_jax.train.run.sections import ModelSection, RewardSection
 def build_reward_sources(rewards: RewardSection, model: ModelSection, task,
                          mesh=None) -> RewardSources:
   """The run's RewardSources: reward models loaded (frozen, on the mesh like the policy), the
-  task's rule reward under its own name (its metrics' `reward_<name>`)."""
+  task's rule reward under its own name (rewards/guard.py `reward_name`; its metric
+  `reward/<name>_mean`)."""
   reward, rule_name = rewards.reward, reward_name(task)
   if reward is not None:
     check_names(reward, rule_name)
