@@ -42,8 +42,8 @@ def export_is_current(workdir: str, model: ModelSection) -> bool:
   folder = files.path(workdir, "hf_export")
   if not files.exists(folder / "config.json"):
     return False
-  text = files.read_text(folder / SETTINGS_FILE)
   try:
+    text = files.read_text(folder / SETTINGS_FILE)
     return text is None or json.loads(text) == _settings(model)
   except ValueError:
     return False

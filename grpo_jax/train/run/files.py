@@ -35,11 +35,12 @@ def makedirs(p) -> None:
   epath.Path(p).mkdir(parents=True, exist_ok=True)
 
 
-def read_text(p) -> str | None:
-  """The file's text, or None when it does not exist; bytes that are not UTF-8 (a damaged line)
-  read as U+FFFD, so that the line is what its reader refuses, not the file."""
+def read_text(p, errors: str = "strict") -> str | None:
+  """The file's text, or None when it does not exist. errors="replace" (a file of records, one
+  a line): bytes that are not UTF-8 read as U+FFFD, so that their line is what the reader
+  leaves out, not the file."""
   p = epath.Path(p)
-  return p.read_bytes().decode("utf-8", errors="replace") if p.exists() else None
+  return p.read_bytes().decode("utf-8", errors=errors) if p.exists() else None
 
 
 def write_atomic(p, text: str) -> None:

@@ -101,7 +101,7 @@ def keep_records_until(path: str, step: int) -> int:
       return json.loads(line)["step"] <= step
     except (ValueError, KeyError, TypeError, RecursionError):  # (RecursionError: too deep)
       return False
-  lines = (files.read_text(path) or "").splitlines()
+  lines = (files.read_text(path, errors="replace") or "").splitlines()
   kept = [line for line in lines if keep(line)]
   files.write_atomic(path, "".join(line + "\n" for line in kept))
   return len(lines) - len(kept)

@@ -130,7 +130,8 @@ def check_records_reach_checkpoint(workdir: str, checkpoints: str | None = None)
   saved = _saved_steps(folder)
   if not saved:
     return
-  last = max(_record_steps(files.read_text(files.path(workdir, "metrics.jsonl")) or ""),
+  records = files.read_text(files.path(workdir, "metrics.jsonl"), errors="replace")
+  last = max(_record_steps(records or ""),
              default=-1)
   if last >= saved[-1]:
     return

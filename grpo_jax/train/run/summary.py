@@ -23,7 +23,7 @@ CURVES = (("reward_mean", "training reward (mean over the batch)"),
 def read_records(workdir: str) -> list[dict]:
   """metrics.jsonl's records ([] before the first; a line that is not JSON, or that Python's
   json cannot read, is left out)."""
-  text = files.read_text(files.path(workdir, "metrics.jsonl")) or ""
+  text = files.read_text(files.path(workdir, "metrics.jsonl"), errors="replace") or ""
   records = []
   for line in text.splitlines():
     try:
