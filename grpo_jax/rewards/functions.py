@@ -154,6 +154,7 @@ def _builtin(name: str, config, index: int):
 
 
 BUILTIN = ("math_verify", "format_regex", "answer_number")
+ANSWER_READERS = ("math_verify", "answer_number")  # built-ins that read data.answer_field
 # The held-out metrics eval_<name> that a reward function of that name would overwrite: the
 # task's (data/table.py eval_scores) and the evaluator's (train/run/evaluation.py), with
 # eval_pass_at_<k> for any k.
@@ -162,7 +163,6 @@ RESERVED_EVAL_NAMES = ("accuracy", "reward", "reward_errors")
 
 def _reserved_eval_name(name: str) -> bool:
   return name in RESERVED_EVAL_NAMES or re.fullmatch(r"pass_at_\d+", name) is not None
-ANSWER_READERS = ("math_verify", "answer_number")  # built-ins that read data.answer_field
 
 
 def load_reward_functions(config) -> tuple[RewardFunction, ...]:
