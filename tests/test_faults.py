@@ -343,3 +343,15 @@ def test_a_command_line_run_in_process_gives_stderr_back(capfd):
   print("seen", file=sys.stderr, flush=True)
   os.write(2, b"and fd 2\n")
   assert capfd.readouterr().err == "seen\nand fd 2\n"
+
+
+def test_a_reward_past_float32s_range_counts_as_not_finite():
+  """1e39 is finite in float64 but inf in float32, the dtype the run learns in: failed, 0."""
+  task = AdditionTask(2, 100, 4, fixed_width=True, reverse_answer=True)
+  prompts = task.encode(np.array([[7, 68]]))
+  tokens, mask = np.zeros((2, 4), np.int32), np.ones((2, 4), bool)
+  huge = type("Huge", (), {"tokenizer": task.tokenizer,
+                           "score": lambda self, *a: np.array([1e39, 0.5])})()
+  rewards, failed = guard.guarded_score(huge, prompts, tokens, mask, 2, "zero")
+  np.testing.assert_array_equal(rewards, [0, 0.5])
+  np.testing.assert_array_equal(failed, [True, False])

@@ -263,20 +263,6 @@ def test_numbers_without_a_leading_digit_read_as_their_value():
                                                                          1.0, 1.0]
 
 
-
-def test_numbers_compare_exactly_and_a_number_cell_by_its_digits():
-  """Past 2**53 float64 took 9007199254740993 for ...992, and 400-digit numbers were all inf; a
-  number cell read from JSON (1e-05) was its text "1e-05", read as -5."""
-  from grpo_jax.rewards.functions import answer_match, answer_number  # noqa: PLC0415
-  from grpo_jax.rewards.gsm8k import normalize_number  # noqa: PLC0415
-  completions = ["9007199254740992", "2" * 400, "0.00001", "-5", "1.5e3", "it is 20000000000000000"]
-  answers = ["9007199254740993", "1" * 400, 1e-05, 1e-05, 1500, 2e16]
-  assert answer_number(None, completions, answers=answers) == [0.0, 0.0, 1.0, 0.0, 1.0, 1.0]
-  assert [answer_match(c, a) for c, a in zip(completions, answers)] == [0, 0, 1, 0, 1, 1]
-  assert normalize_number("9007199254740993") == "9007199254740993"
-  assert [normalize_number(t) for t in ("$18.00", "-3.50", "0.10", "1,234")] == [
-      "18", "-3.5", "0.1", "1234"]
-
 def test_a_file_saved_with_a_utf8_bom_reads_as_the_same_rows(tmp_path):
   """Excel's "CSV UTF-8" (and some editors) start the file with a byte-order mark."""
   from grpo_jax.data.table_files import read_splits  # noqa: PLC0415

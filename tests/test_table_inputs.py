@@ -56,3 +56,17 @@ def test_the_held_out_rows_do_not_move_when_a_row_is_skipped(tmp_path):
     task = _char_task(tmp_path / "rows.jsonl", max_prompt_tokens=limit, on_bad_row="skip")
     assert sorted(int(item[1]) // 2 for item in task.test) == [3, 9], limit
     assert len(task.train) == (18 if limit == 512 else 17)
+
+
+def test_numbers_compare_exactly_and_a_number_cell_by_its_digits():
+  """Past 2**53 float64 took 9007199254740993 for ...992, and 400-digit numbers were all inf; a
+  number cell read from JSON (1e-05) was its text "1e-05", read as -5."""
+  from grpo_jax.rewards.functions import answer_match, answer_number  # noqa: PLC0415
+  from grpo_jax.rewards.gsm8k import normalize_number  # noqa: PLC0415
+  completions = ["9007199254740992", "2" * 400, "0.00001", "-5", "1.5e3", "it is 20000000000000000"]
+  answers = ["9007199254740993", "1" * 400, 1e-05, 1e-05, 1500, 2e16]
+  assert answer_number(None, completions, answers=answers) == [0.0, 0.0, 1.0, 0.0, 1.0, 1.0]
+  assert [answer_match(c, a) for c, a in zip(completions, answers)] == [0, 0, 1, 0, 1, 1]
+  assert normalize_number("9007199254740993") == "9007199254740993"
+  assert [normalize_number(t) for t in ("$18.00", "-3.50", "0.10", "1,234")] == [
+      "18", "-3.5", "0.1", "1234"]
